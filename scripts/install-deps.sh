@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of Siphon from Debian's packages.
+# Idempotent and non-interactive: packages already present are left alone.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake ninja-build pkg-config git
+  libboost-dev libboost-system-dev
+  libprotobuf-dev protobuf-compiler
+  libabsl-dev libfmt-dev libspdlog-dev libcli11-dev
+  libbpf-dev bpftool clang llvm libclang-rt-14-dev
+  libelf-dev zlib1g-dev
+  libnl-3-dev libnl-route-3-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  iproute2 procps util-linux
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  echo "install-deps: all ${#PKGS[@]} packages present"
+  exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing packages (${missing[*]}); run as root to install them" >&2
+  exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
