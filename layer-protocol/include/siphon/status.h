@@ -26,6 +26,13 @@ namespace siphon {
     if (!siphon_status_.ok()) return siphon_status_; \
   } while (0)
 
+// The same for coroutines, which must co_return.
+#define CO_RETURN_IF_ERROR(expr)                   \
+  do {                                             \
+    ::absl::Status siphon_status_ = (expr);        \
+    if (!siphon_status_.ok()) co_return siphon_status_; \
+  } while (0)
+
 // `lhs` = value of `rexpr` (an absl::StatusOr<T>), or returns its status.
 #define ASSIGN_OR_RETURN(lhs, rexpr) \
   ASSIGN_OR_RETURN_IMPL_(SIPHON_CONCAT_(siphon_statusor_, __LINE__), lhs, rexpr)
@@ -33,6 +40,10 @@ namespace siphon {
   auto tmp = (rexpr);                           \
   if (!tmp.ok()) return tmp.status();           \
   lhs = std::move(tmp).value()
+
+// Debian's abseil has its own string_view type: convert at the boundary.
+inline std::string_view sv(absl::string_view s) { return std::string_view(s.data(), s.size()); }
+inline absl::string_view asv(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 // A Status for a failed system call: "context: strerror(err)", with the
 // canonical code that fits the errno (ENOENT -> NotFound, EPERM -> PermissionDenied...)

@@ -1,0 +1,90 @@
+// What the agent reads from /proc about a process: its environment, handles on
+// its network namespace and root directory, and a pidfd to watch it exit.
+//
+// Everything that touches /proc goes through ProcFs so Target and the env
+// service are unit-tested with a fake (tests/fakes/fake_proc_fs.h), no root.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "agent/common/unique_fd.h"
+
+namespace siphon::agent {
+
+// Enough for any real container environment (a few KiB), small enough to bound
+// the memory of one env request. execve itself allows argv+envp up to a quarter
+// of the stack rlimit (2 MiB with the default 8 MiB), so a larger environ is
+// possible in theory; it gets a clear error, never a truncated answer.
+inline constexpr size_t kDefaultMaxEnvironBytes = size_t{1} << 20;
+
+// Error codes common to every method (messages name the path or call, e.g.
+// "open /proc/4242/ns/net: Permission denied"; the errno is kept, see
+// siphon/status.h):
+//   NotFound          the process does not exist (ENOENT, ESRCH), or it is a
+//                     zombie whose namespaces are already gone.
+//   PermissionDenied  EACCES/EPERM: another user's process without
+//                     CAP_SYS_PTRACE (ptrace "read" access rule of /proc).
+// Implementations are stateless after construction and safe to call from any
+// thread. The calls block briefly on procfs; keep them off the event loop when
+// the answer can be large (readEnviron).
+class ProcFs {
+ public:
+  virtual ~ProcFs() = default;
+
+  // Raw bytes of /proc/PID/environ: NUL-terminated NAME=VALUE entries as the
+  // process received them from execve (later setenv() calls are not visible).
+  // ResourceExhausted above the implementation's byte cap.
+  virtual absl::StatusOr<std::string> readEnviron(pid_t pid) = 0;
+
+  // /proc/PID/ns/net opened O_RDONLY|O_CLOEXEC: an fd for setns(CLONE_NEWNET).
+  virtual absl::StatusOr<UniqueFd> openNetns(pid_t pid) = 0;
+
+  // /proc/PID/root opened O_PATH|O_DIRECTORY|O_CLOEXEC: the dirfd that
+  // openat2(RESOLVE_IN_ROOT) resolves container paths against.
+  virtual absl::StatusOr<UniqueFd> openRoot(pid_t pid) = 0;
+
+  // pidfd_open(2). Unimplemented when the kernel predates Linux 5.3.
+  virtual absl::StatusOr<UniqueFd> openPidfd(pid_t pid) = 0;
+
+  // st_ino of an open fd (for a netns fd: the N of "net:[N]").
+  virtual absl::StatusOr<uint64_t> inodeOf(int fd) = 0;
+
+  // True once the process behind `pidfd` has exited (a pidfd polls readable
+  // from then on, zombie or reaped). Never blocks.
+  virtual absl::StatusOr<bool> hasExited(int pidfd) = 0;
+
+  // Whether /proc/PID is there. A zombie still counts as existing.
+  virtual bool processExists(pid_t pid) = 0;
+
+  // The agent's own pid (whose namespaces a targetless agent uses).
+  virtual pid_t selfPid() = 0;
+};
+
+// ProcFs over a real procfs mount.
+class RealProcFs : public ProcFs {
+ public:
+  explicit RealProcFs(std::string proc_root = "/proc",
+                      size_t max_environ_bytes = kDefaultMaxEnvironBytes);
+
+  absl::StatusOr<std::string> readEnviron(pid_t pid) override;
+  absl::StatusOr<UniqueFd> openNetns(pid_t pid) override;
+  absl::StatusOr<UniqueFd> openRoot(pid_t pid) override;
+  absl::StatusOr<UniqueFd> openPidfd(pid_t pid) override;
+  absl::StatusOr<uint64_t> inodeOf(int fd) override;
+  absl::StatusOr<bool> hasExited(int pidfd) override;
+  bool processExists(pid_t pid) override;
+  pid_t selfPid() override;
+
+ private:
+  std::string path(pid_t pid, const char* leaf) const;
+
+  std::string proc_root_;
+  size_t max_environ_bytes_;
+};
+
+}  // namespace siphon::agent

@@ -1,0 +1,99 @@
+// Frame codec: 4-byte big-endian length + one siphon.v1.Frame.
+//
+// Data frames (Frame.data = StreamData{stream_id, payload}) are the hot path:
+// the encoder writes their few header bytes by hand so the payload can go to
+// the socket as a second buffer, and the decoder parses them in place, handing
+// out a view into its receive buffer. Every other frame goes through the
+// generated classes. Both forms are the ordinary protobuf wire format, so any
+// protobuf parser reads what we write.
+//
+// Call-order rules (FrameDecoder): feed() or prepare()/commit() bytes, then
+// call next() until it returns nullopt. A DataView from next() is valid until
+// the next feed()/prepare()/reset(). After an error every next() returns it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "siphon/v1/frame.pb.h"
+
+namespace siphon::protocol {
+
+inline constexpr uint32_t kDefaultMaxFrameSize = 1u << 20;
+inline constexpr size_t kLengthPrefixSize = 4;
+// Largest hand-written data frame header: prefix, then tag+varint(len) of
+// Frame.data, tag+varint(stream id), tag+varint(payload length).
+inline constexpr size_t kMaxDataHeaderSize = kLengthPrefixSize + 1 + 5 + 1 + 10 + 1 + 5;
+// Room a data frame needs beyond its payload; payload chunks are cut to
+// max_frame_size - kDataFrameOverhead.
+inline constexpr size_t kDataFrameOverhead = kMaxDataHeaderSize - kLengthPrefixSize;
+
+struct DataView {
+  uint64_t stream_id = 0;
+  std::string_view payload;
+};
+
+struct DecodedFrame {
+  bool is_data = false;
+  DataView data;     // is_data
+  v1::Frame frame;   // !is_data
+  size_t wire_size = 0;  // prefix included
+};
+
+class FrameDecoder {
+ public:
+  explicit FrameDecoder(uint32_t max_frame_size = kDefaultMaxFrameSize);
+
+  void setMaxFrameSize(uint32_t max_frame_size) { max_frame_size_ = max_frame_size; }
+  uint32_t maxFrameSize() const { return max_frame_size_; }
+
+  // Appends received bytes.
+  void feed(std::string_view bytes);
+  // Zero-copy receive: a writable span of at least `min` bytes at the end of
+  // the buffer; commit(n) makes the first n of them readable.
+  std::span<char> prepare(size_t min);
+  void commit(size_t n);
+
+  // The next complete frame, nullopt when more bytes are needed, or a typed
+  // error: FRAME_TOO_LARGE (length above the maximum) or PROTOCOL_ERROR
+  // (bytes that are not a Frame, an empty frame).
+  absl::StatusOr<std::optional<DecodedFrame>> next();
+
+  // Bytes received but not yet returned as frames; handing them to another
+  // decoder (after the handshake) loses nothing.
+  std::string takeBuffered();
+  size_t buffered() const { return end_ - pos_; }
+  void reset();
+
+ private:
+  void compact();
+
+  uint32_t max_frame_size_;
+  std::string buf_;
+  size_t pos_ = 0;  // first unread byte
+  size_t end_ = 0;  // end of readable bytes; buf_.size() may be larger
+  absl::Status error_;
+};
+
+// Appends [length][frame] to *out. The caller checks sizes against the limit
+// (frames we build are bounded by construction).
+void encodeFrame(const v1::Frame& frame, std::string* out);
+std::string encodeFrame(const v1::Frame& frame);
+
+// Writes the header of a data frame carrying `payload_size` bytes for
+// `stream_id` into out[0..kMaxDataHeaderSize) and returns its length. The
+// payload follows it on the wire.
+size_t encodeDataHeader(uint64_t stream_id, size_t payload_size, char* out);
+
+// Header + payload in one string (tests, small frames).
+std::string encodeDataFrame(uint64_t stream_id, std::string_view payload);
+
+// Whether a frame takes a sequence number (see frame.proto).
+bool isSequenced(const v1::Frame& frame);
+
+}  // namespace siphon::protocol

@@ -1,0 +1,34 @@
+// Limits of a session, negotiated in the handshake (Hello.requested_limits,
+// Welcome.limits): the agent answers each with min(asked, its own).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+#include "siphon/protocol/codec.h"
+#include "siphon/v1/handshake.pb.h"
+
+namespace siphon::protocol {
+
+struct SessionLimits {
+  uint32_t max_frame_size = kDefaultMaxFrameSize;
+  uint32_t initial_stream_window = 256 * 1024;
+  uint32_t max_streams = 1024;
+  uint32_t max_pending_requests = 1024;
+  // Unacked bytes a side keeps for replay; when full, streams get no credit
+  // (their sockets stop being read: TCP backpressure), nothing is dropped.
+  uint64_t replay_buffer_bytes = 16 * 1024 * 1024;
+  std::chrono::milliseconds keepalive_interval{5000};
+  std::chrono::milliseconds keepalive_timeout{20000};
+  std::chrono::milliseconds session_grace{60000};
+  uint32_t max_read_size = 1024 * 1024;
+};
+
+v1::Limits toProto(const SessionLimits& limits);
+// Fields left at 0 take the default.
+SessionLimits fromProto(const v1::Limits& limits);
+// Each limit: the smaller of the two, where `asked` sets it (non-zero).
+// Grace is the agent's own.
+SessionLimits negotiateLimits(const v1::Limits& asked, const SessionLimits& agent);
+
+}  // namespace siphon::protocol

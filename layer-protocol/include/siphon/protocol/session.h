@@ -1,0 +1,226 @@
+// The reliable, multiplexed session: no I/O, bytes and calls in, frames and
+// handler callbacks out (the Boost.Redis style). One object per side of a
+// session; it outlives transports, so a cut connection is resumed with
+// nothing lost and nothing duplicated.
+//
+// Layers inside:
+//  - reliability: sequenced frames (see frame.proto) are numbered implicitly
+//    from 1 per direction, kept in a bounded replay buffer until the peer's
+//    cumulative Ack covers them, and replayed on resume from the peer's
+//    last-received count;
+//  - multiplexing: request ids, stream ids (client odd, agent even) and
+//    credit-based flow control per stream, so a stream without credit stops
+//    only itself;
+//  - keepalive: Ping at an interval, the peer declared lost after a timeout.
+//
+// Call-order rules:
+//  - After a transport is up and the handshake is done: onBytes()/onRead()
+//    with everything the transport receives, takeWrites() whenever
+//    hasWrites() and the transport can write, onTick() periodically.
+//  - When the transport dies: onTransportLost(). Application calls keep
+//    working (frames queue in the replay buffer, within its bound).
+//  - On a new transport: resume(peer_last_received) with the count from the
+//    peer's Hello/Welcome, then as above. The local count to send the peer
+//    is receivedCount().
+//  - Handler callbacks run inside onBytes()/onRead()/onTick(); a handler may
+//    call the application methods but never onBytes()/onRead() itself.
+//  - A non-OK status from onBytes()/onRead()/onTick() ends the transport: send
+//    goawayFrame(status) if the transport still works, then close it. Protocol
+//    errors (PROTOCOL_ERROR, FRAME_TOO_LARGE, FLOW_CONTROL_ERROR) also end the
+//    session; a silent peer (UNAVAILABLE from onTick) only the transport.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "siphon/protocol/codec.h"
+#include "siphon/protocol/limits.h"
+#include "siphon/v1/frame.pb.h"
+
+namespace siphon::protocol {
+
+using Clock = std::chrono::steady_clock;
+using TimePoint = Clock::time_point;
+
+enum class Role { kClient, kAgent };
+
+// One encoded frame: `head` holds the whole frame, or for data frames the
+// hand-written header with the payload in `payload` (two buffers on the wire).
+struct OutFrame {
+  std::string head;
+  std::string payload;
+  bool sequenced = false;
+  size_t size() const { return head.size() + payload.size(); }
+};
+
+// Frames to write, in order. Keep the batch alive until the write completes.
+struct WriteBatch {
+  std::vector<std::shared_ptr<const OutFrame>> frames;
+  size_t bytes = 0;
+  bool empty() const { return frames.empty(); }
+  // Views of every buffer, in wire order (two per data frame).
+  std::vector<std::string_view> buffers() const;
+};
+
+// Callbacks for what the peer sent. Defaults ignore the event.
+class SessionHandler {
+ public:
+  virtual ~SessionHandler() = default;
+  virtual void onRequest(v1::Request /*request*/) {}
+  virtual void onResponse(v1::Response /*response*/) {}
+  // The peer opened a stream: answer with acceptStream() or resetStream().
+  virtual void onStreamOpen(v1::StreamOpen /*open*/) {}
+  virtual void onStreamAccept(v1::StreamAccept /*accept*/) {}
+  // `payload` is valid during the call only. Call consumed() once the bytes
+  // are delivered (written to a socket, say): that returns credit to the peer.
+  virtual void onStreamData(uint64_t /*stream_id*/, std::string_view /*payload*/) {}
+  virtual void onStreamDatagram(v1::StreamDatagram /*datagram*/) {}
+  virtual void onStreamHalfClose(uint64_t /*stream_id*/) {}
+  virtual void onStreamReset(uint64_t /*stream_id*/, v1::Error /*error*/) {}
+  virtual void onStreamGap(v1::StreamGap /*gap*/) {}
+  // A stream that had no send credit (sendCredit() returned 0) has some now.
+  virtual void onStreamWritable(uint64_t /*stream_id*/) {}
+  virtual void onDraining(v1::Draining /*draining*/) {}
+  virtual void onGoaway(v1::Goaway /*goaway*/) {}
+};
+
+class Session {
+ public:
+  Session(Role role, SessionLimits limits, TimePoint now = Clock::now());
+
+  Role role() const { return role_; }
+  const SessionLimits& limits() const { return limits_; }
+
+  // ---- transport side ----
+
+  // Decodes `bytes` and dispatches every complete frame to `handler`.
+  absl::Status onBytes(std::string_view bytes, SessionHandler& handler, TimePoint now);
+  // Zero-copy form: read into readBuffer(), then onRead(n).
+  std::span<char> readBuffer(size_t min = 64 * 1024) { return decoder_.prepare(min); }
+  absl::Status onRead(size_t n, SessionHandler& handler, TimePoint now);
+
+  bool hasWrites() const;
+  // Frames to write now, up to about `max_bytes` (at least one frame).
+  WriteBatch takeWrites(size_t max_bytes = 1 << 20);
+
+  // Keepalive. Sends a Ping when due; UNAVAILABLE when the peer has been
+  // silent past the timeout. Only while a transport is attached.
+  absl::Status onTick(TimePoint now);
+  // When the next onTick() has work to do.
+  TimePoint nextTick() const;
+
+  // The transport is gone. Unsent control frames are dropped, the partial
+  // frame being received is discarded (the peer replays it).
+  void onTransportLost();
+  bool attached() const { return attached_; }
+
+  // A new transport is attached and the peer has received
+  // `peer_last_received` of our sequenced frames. RESUME_FAILED when that
+  // count is outside what we can replay.
+  absl::Status resume(uint64_t peer_last_received, TimePoint now);
+
+  // Sequenced frames received from the peer (what the peer replays after).
+  uint64_t receivedCount() const { return received_; }
+  uint64_t sentCount() const { return sent_; }
+  // Bytes of sequenced frames the peer has not acked yet.
+  uint64_t unackedBytes() const { return replay_bytes_; }
+
+  // ---- application side ----
+
+  // Assigns and returns the request id. RESOURCE_EXHAUSTED past the pending
+  // request limit.
+  absl::StatusOr<uint64_t> sendRequest(v1::Request request);
+  void sendResponse(v1::Response response);
+  size_t pendingRequests() const { return pending_requests_.size(); }
+  // Requests still waiting for a response (to fail them when the session dies).
+  std::vector<uint64_t> pendingRequestIds() const;
+
+  // Opens a stream; assigns and returns its id and sets the credit the peer
+  // gets. RESOURCE_EXHAUSTED past the stream limit.
+  absl::StatusOr<uint64_t> openStream(v1::StreamOpen open);
+  // Accepts a stream the peer opened. STREAM_CLOSED for an unknown stream.
+  absl::Status acceptStream(v1::StreamAccept accept);
+  // Bytes sendData() takes now on this stream: the lesser of its credit and
+  // the free replay buffer. 0 means wait for onStreamWritable().
+  size_t sendCredit(uint64_t stream_id);
+  // Sends payload (at most sendCredit() bytes), cut into frames as needed.
+  // FLOW_CONTROL_ERROR beyond the credit, STREAM_CLOSED on a closed stream.
+  absl::Status sendData(uint64_t stream_id, std::string payload);
+  absl::Status sendDatagram(v1::StreamDatagram datagram);
+  absl::Status halfClose(uint64_t stream_id);
+  // Ends the stream both ways (no-op for an unknown stream).
+  void resetStream(uint64_t stream_id, v1::Error error);
+  absl::Status sendGap(v1::StreamGap gap);
+  // `n` bytes of the stream's received data were delivered: grants credit.
+  void consumed(uint64_t stream_id, size_t n);
+  bool streamOpen(uint64_t stream_id) const { return streams_.contains(stream_id); }
+  size_t streamCount() const { return streams_.size(); }
+  std::vector<uint64_t> streamIds() const;
+
+  void sendDraining(v1::Draining draining);
+  // Control frames, never sequenced.
+  void sendGoaway(v1::ErrorCode code, std::string_view message);
+
+ private:
+  struct Stream {
+    bool accepted = false;       // both sides have granted credit
+    uint64_t send_credit = 0;    // bytes we may still send
+    uint64_t recv_credit = 0;    // bytes the peer may still send
+    uint64_t unreported = 0;     // consumed, not yet returned as credit
+    uint32_t recv_window = 0;    // what we granted at start
+    bool local_closed = false;   // we half-closed
+    bool remote_closed = false;  // the peer half-closed
+    bool wants_write = false;    // saw zero credit: notify when it grows
+  };
+
+  absl::Status processDecoded(SessionHandler& handler, TimePoint now);
+  absl::Status dispatch(DecodedFrame& frame, SessionHandler& handler, TimePoint now);
+  absl::Status onData(uint64_t stream_id, std::string_view payload, SessionHandler& handler);
+  void onAck(uint64_t received, SessionHandler& handler);
+  void notifyWritable(SessionHandler& handler);
+  void queueSequenced(std::shared_ptr<OutFrame> frame);
+  void queueSequenced(const v1::Frame& frame);
+  void queueControl(const v1::Frame& frame);
+  void maybeClose(uint64_t stream_id);
+  bool isLocalStream(uint64_t stream_id) const;
+  uint64_t replayFree() const;
+
+  Role role_;
+  SessionLimits limits_;
+  FrameDecoder decoder_;
+  bool attached_ = true;
+
+  // Reliability. replay_ holds sequenced frames not yet acked; replay_[i]
+  // has seq acked_ + 1 + i. write_next_ is the index in replay_ of the next
+  // sequenced frame to hand to the transport.
+  std::deque<std::shared_ptr<OutFrame>> replay_;
+  uint64_t replay_bytes_ = 0;
+  uint64_t acked_ = 0;   // seqs the peer confirmed
+  uint64_t sent_ = 0;    // seqs assigned
+  size_t write_next_ = 0;
+  std::deque<std::shared_ptr<OutFrame>> control_;
+  uint64_t received_ = 0;
+  uint64_t ack_sent_ = 0;
+
+  // Keepalive.
+  TimePoint last_received_;
+  TimePoint last_ping_;
+  uint64_t ping_nonce_ = 0;
+
+  // Multiplexing.
+  uint64_t next_request_id_ = 1;
+  std::unordered_set<uint64_t> pending_requests_;
+  uint64_t next_stream_id_;
+  std::unordered_map<uint64_t, Stream> streams_;
+  bool any_wants_write_ = false;
+};
+
+}  // namespace siphon::protocol

@@ -1,0 +1,60 @@
+// Runs one connected socket for a protocol::Session: a reader coroutine that
+// feeds received bytes to the session, a writer coroutine that drains the
+// session's frames with gathered writes, and a keepalive ticker. The session
+// and its handler are owned by the caller and must outlive run().
+//
+// Threads: everything runs on the socket's executor (one event loop).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "siphon/protocol/session.h"
+#include "siphon/transport/asio.h"
+
+namespace siphon::net {
+
+class SessionTransport : public std::enable_shared_from_this<SessionTransport> {
+ public:
+  // `initial` holds bytes already read past the handshake frame.
+  SessionTransport(tcp::socket socket, protocol::Session& session,
+                   protocol::SessionHandler& handler, std::string initial);
+
+  // Runs until the transport ends. OK when close() ended it; otherwise why
+  // it died (peer closed, I/O error, protocol error, keepalive timeout).
+  // A protocol error is sent to the peer as Goaway before closing.
+  awaitable<absl::Status> run();
+
+  // Call after queueing frames on the session from outside the handler.
+  void wake() { writer_signal_.notify(); }
+  // Ends the transport; run() returns OK. Frames already handed to the
+  // socket may or may not arrive (the session replays what is unacked).
+  void close();
+  // Writes what the session has queued (a Goaway, say), then closes.
+  void closeAfterFlush();
+  bool closed() const { return closed_; }
+  std::string peer() const { return peer_; }
+
+ private:
+  awaitable<void> writer(std::shared_ptr<SessionTransport> self);
+  awaitable<void> ticker(std::shared_ptr<SessionTransport> self);
+  void fail(absl::Status status);
+
+  tcp::socket socket_;
+  protocol::Session& session_;
+  protocol::SessionHandler& handler_;
+  std::string initial_;
+  std::string peer_;
+  Signal writer_signal_;
+  asio::steady_timer tick_timer_;
+  bool closed_ = false;
+  bool close_after_flush_ = false;
+  bool writer_done_ = false;
+  absl::Status status_;
+};
+
+// "host:port" / "[v6]:port" -> parts. INVALID_ARGUMENT naming the input.
+absl::Status splitHostPort(const std::string& in, std::string* host, std::string* port);
+
+}  // namespace siphon::net

@@ -1,0 +1,56 @@
+#include "siphon/protocol/limits.h"
+
+#include <algorithm>
+
+namespace siphon::protocol {
+
+v1::Limits toProto(const SessionLimits& l) {
+  v1::Limits p;
+  p.set_max_frame_size(l.max_frame_size);
+  p.set_initial_stream_window(l.initial_stream_window);
+  p.set_max_streams(l.max_streams);
+  p.set_max_pending_requests(l.max_pending_requests);
+  p.set_replay_buffer_bytes(l.replay_buffer_bytes);
+  p.set_keepalive_interval_ms(static_cast<uint32_t>(l.keepalive_interval.count()));
+  p.set_keepalive_timeout_ms(static_cast<uint32_t>(l.keepalive_timeout.count()));
+  p.set_session_grace_ms(static_cast<uint32_t>(l.session_grace.count()));
+  p.set_max_read_size(l.max_read_size);
+  return p;
+}
+
+SessionLimits fromProto(const v1::Limits& p) {
+  SessionLimits l;
+  if (p.max_frame_size()) l.max_frame_size = p.max_frame_size();
+  if (p.initial_stream_window()) l.initial_stream_window = p.initial_stream_window();
+  if (p.max_streams()) l.max_streams = p.max_streams();
+  if (p.max_pending_requests()) l.max_pending_requests = p.max_pending_requests();
+  if (p.replay_buffer_bytes()) l.replay_buffer_bytes = p.replay_buffer_bytes();
+  if (p.keepalive_interval_ms()) l.keepalive_interval = std::chrono::milliseconds(p.keepalive_interval_ms());
+  if (p.keepalive_timeout_ms()) l.keepalive_timeout = std::chrono::milliseconds(p.keepalive_timeout_ms());
+  if (p.session_grace_ms()) l.session_grace = std::chrono::milliseconds(p.session_grace_ms());
+  if (p.max_read_size()) l.max_read_size = p.max_read_size();
+  return l;
+}
+
+SessionLimits negotiateLimits(const v1::Limits& asked, const SessionLimits& agent) {
+  SessionLimits l = agent;
+  auto pick = [](auto ask, auto own) { return ask ? std::min<decltype(own)>(ask, own) : own; };
+  // A frame must hold at least a small data frame; below that the session
+  // could not move a byte.
+  l.max_frame_size = std::max<uint32_t>(pick(asked.max_frame_size(), agent.max_frame_size), 4096);
+  l.initial_stream_window = std::max<uint32_t>(pick(asked.initial_stream_window(), agent.initial_stream_window), 1024);
+  l.max_streams = pick(asked.max_streams(), agent.max_streams);
+  l.max_pending_requests = pick(asked.max_pending_requests(), agent.max_pending_requests);
+  l.replay_buffer_bytes = std::max<uint64_t>(pick(asked.replay_buffer_bytes(), agent.replay_buffer_bytes), 2ull * l.max_frame_size);
+  l.max_read_size = pick(asked.max_read_size(), agent.max_read_size);
+  // Keepalive: the client may ask for faster pings and a shorter timeout.
+  if (asked.keepalive_interval_ms()) {
+    l.keepalive_interval = std::min(agent.keepalive_interval, std::chrono::milliseconds(asked.keepalive_interval_ms()));
+  }
+  if (asked.keepalive_timeout_ms()) {
+    l.keepalive_timeout = std::min(agent.keepalive_timeout, std::chrono::milliseconds(asked.keepalive_timeout_ms()));
+  }
+  return l;
+}
+
+}  // namespace siphon::protocol

@@ -1,0 +1,544 @@
+#include "siphon/protocol/session.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "siphon/status.h"
+
+namespace siphon::protocol {
+
+std::vector<std::string_view> WriteBatch::buffers() const {
+  std::vector<std::string_view> out;
+  out.reserve(frames.size() * 2);
+  for (const auto& f : frames) {
+    out.emplace_back(f->head);
+    if (!f->payload.empty()) out.emplace_back(f->payload);
+  }
+  return out;
+}
+
+Session::Session(Role role, SessionLimits limits, TimePoint now)
+    : role_(role),
+      limits_(limits),
+      decoder_(limits.max_frame_size),
+      last_received_(now),
+      last_ping_(now),
+      next_stream_id_(role == Role::kClient ? 1 : 2) {}
+
+bool Session::isLocalStream(uint64_t stream_id) const {
+  bool odd = (stream_id & 1) != 0;
+  return role_ == Role::kClient ? odd : !odd;
+}
+
+uint64_t Session::replayFree() const {
+  return limits_.replay_buffer_bytes > replay_bytes_ ? limits_.replay_buffer_bytes - replay_bytes_
+                                                     : 0;
+}
+
+// ---------------------------------------------------------------- receiving
+
+absl::Status Session::onBytes(std::string_view bytes, SessionHandler& handler, TimePoint now) {
+  decoder_.feed(bytes);
+  return processDecoded(handler, now);
+}
+
+absl::Status Session::onRead(size_t n, SessionHandler& handler, TimePoint now) {
+  decoder_.commit(n);
+  return processDecoded(handler, now);
+}
+
+absl::Status Session::processDecoded(SessionHandler& handler, TimePoint now) {
+  last_received_ = now;
+  while (true) {
+    auto next = decoder_.next();
+    if (!next.ok()) return next.status();
+    if (!next->has_value()) break;
+    RETURN_IF_ERROR(dispatch(**next, handler, now));
+  }
+  // One cumulative ack per batch of received bytes: cheap (a few bytes,
+  // written with whatever goes next) and it keeps the peer's replay buffer
+  // short.
+  if (received_ > ack_sent_) {
+    v1::Frame ack;
+    ack.mutable_ack()->set_received(received_);
+    queueControl(ack);
+    ack_sent_ = received_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, TimePoint now) {
+  (void)now;
+  if (decoded.is_data) {
+    ++received_;
+    return onData(decoded.data.stream_id, decoded.data.payload, handler);
+  }
+  v1::Frame& f = decoded.frame;
+  if (isSequenced(f)) ++received_;
+  switch (f.body_case()) {
+    case v1::Frame::kHello:
+    case v1::Frame::kWelcome:
+    case v1::Frame::kReject:
+      return protoError(v1::PROTOCOL_ERROR, "handshake frame inside an established session");
+    case v1::Frame::kAck: {
+      uint64_t r = f.ack().received();
+      if (r > acked_ + write_next_) {
+        return protoError(v1::PROTOCOL_ERROR,
+                          absl::StrCat("ack of ", r, " frames but only ", acked_ + write_next_,
+                                       " were sent"));
+      }
+      onAck(r, handler);
+      return absl::OkStatus();
+    }
+    case v1::Frame::kPing: {
+      v1::Frame pong;
+      pong.mutable_pong()->set_nonce(f.ping().nonce());
+      queueControl(pong);
+      return absl::OkStatus();
+    }
+    case v1::Frame::kPong:
+      return absl::OkStatus();
+    case v1::Frame::kGoaway:
+      handler.onGoaway(std::move(*f.mutable_goaway()));
+      return absl::OkStatus();
+    case v1::Frame::kRequest:
+      handler.onRequest(std::move(*f.mutable_request()));
+      return absl::OkStatus();
+    case v1::Frame::kResponse:
+      pending_requests_.erase(f.response().request_id());
+      handler.onResponse(std::move(*f.mutable_response()));
+      return absl::OkStatus();
+    case v1::Frame::kOpen: {
+      uint64_t id = f.open().stream_id();
+      if (id == 0 || isLocalStream(id)) {
+        return protoError(v1::PROTOCOL_ERROR,
+                          absl::StrCat("peer opened stream ", id, " with the wrong parity"));
+      }
+      if (streams_.contains(id)) {
+        return protoError(v1::PROTOCOL_ERROR, absl::StrCat("stream ", id, " opened twice"));
+      }
+      if (streams_.size() >= limits_.max_streams) {
+        v1::Frame reset;
+        reset.mutable_reset()->set_stream_id(id);
+        reset.mutable_reset()->mutable_error()->set_code(v1::RESOURCE_EXHAUSTED);
+        reset.mutable_reset()->mutable_error()->set_message(
+            absl::StrCat("stream limit of ", limits_.max_streams, " reached"));
+        queueSequenced(reset);
+        return absl::OkStatus();
+      }
+      Stream& s = streams_[id];
+      s.send_credit = f.open().initial_window();
+      handler.onStreamOpen(std::move(*f.mutable_open()));
+      return absl::OkStatus();
+    }
+    case v1::Frame::kAccept: {
+      uint64_t id = f.accept().stream_id();
+      auto it = streams_.find(id);
+      if (it == streams_.end()) return absl::OkStatus();  // we reset it meanwhile
+      if (!isLocalStream(id) || it->second.accepted) {
+        return protoError(v1::PROTOCOL_ERROR, absl::StrCat("unexpected accept of stream ", id));
+      }
+      it->second.accepted = true;
+      it->second.send_credit = f.accept().initial_window();
+      handler.onStreamAccept(std::move(*f.mutable_accept()));
+      return absl::OkStatus();
+    }
+    case v1::Frame::kData:
+      // The decoder reports every data frame as is_data.
+      return protoError(v1::INTERNAL, "data frame not decoded as data");
+    case v1::Frame::kDatagram: {
+      auto it = streams_.find(f.datagram().stream_id());
+      if (it == streams_.end()) return absl::OkStatus();
+      size_t n = f.datagram().payload().size();
+      if (n > it->second.recv_credit) {
+        return protoError(v1::FLOW_CONTROL_ERROR,
+                          absl::StrCat("datagram of ", n, " bytes on stream ",
+                                       f.datagram().stream_id(), " beyond its credit of ",
+                                       it->second.recv_credit));
+      }
+      it->second.recv_credit -= n;
+      handler.onStreamDatagram(std::move(*f.mutable_datagram()));
+      return absl::OkStatus();
+    }
+    case v1::Frame::kHalfClose: {
+      uint64_t id = f.half_close().stream_id();
+      auto it = streams_.find(id);
+      if (it == streams_.end() || it->second.remote_closed) return absl::OkStatus();
+      it->second.remote_closed = true;
+      handler.onStreamHalfClose(id);
+      maybeClose(id);
+      return absl::OkStatus();
+    }
+    case v1::Frame::kReset: {
+      uint64_t id = f.reset().stream_id();
+      if (streams_.erase(id) == 0) return absl::OkStatus();
+      handler.onStreamReset(id, std::move(*f.mutable_reset()->mutable_error()));
+      return absl::OkStatus();
+    }
+    case v1::Frame::kWindowUpdate: {
+      auto it = streams_.find(f.window_update().stream_id());
+      if (it == streams_.end()) return absl::OkStatus();
+      it->second.send_credit += f.window_update().increment();
+      if (it->second.wants_write) notifyWritable(handler);
+      return absl::OkStatus();
+    }
+    case v1::Frame::kGap:
+      handler.onStreamGap(std::move(*f.mutable_gap()));
+      return absl::OkStatus();
+    case v1::Frame::kDraining:
+      handler.onDraining(std::move(*f.mutable_draining()));
+      return absl::OkStatus();
+    case v1::Frame::BODY_NOT_SET:
+      break;
+  }
+  return protoError(v1::PROTOCOL_ERROR, "frame with no known body");
+}
+
+absl::Status Session::onData(uint64_t stream_id, std::string_view payload,
+                             SessionHandler& handler) {
+  auto it = streams_.find(stream_id);
+  // Data for a stream we reset may still be in flight: drop it quietly.
+  if (it == streams_.end()) return absl::OkStatus();
+  Stream& s = it->second;
+  if (s.remote_closed) {
+    return protoError(v1::STREAM_CLOSED,
+                      absl::StrCat("data on stream ", stream_id, " after its half-close"));
+  }
+  if (payload.size() > s.recv_credit) {
+    return protoError(v1::FLOW_CONTROL_ERROR,
+                      absl::StrCat(payload.size(), " bytes on stream ", stream_id,
+                                   " beyond its credit of ", s.recv_credit));
+  }
+  s.recv_credit -= payload.size();
+  handler.onStreamData(stream_id, payload);
+  return absl::OkStatus();
+}
+
+void Session::onAck(uint64_t received, SessionHandler& handler) {
+  if (received <= acked_) return;  // stale or repeated
+  uint64_t n = received - acked_;
+  for (uint64_t i = 0; i < n; ++i) {
+    replay_bytes_ -= replay_.front()->size();
+    replay_.pop_front();
+  }
+  write_next_ -= n;
+  acked_ = received;
+  if (any_wants_write_) notifyWritable(handler);
+}
+
+void Session::notifyWritable(SessionHandler& handler) {
+  std::vector<uint64_t> ready;
+  bool still_waiting = false;
+  uint64_t free = replayFree();
+  for (auto& [id, s] : streams_) {
+    if (!s.wants_write) continue;
+    if (s.send_credit > 0 && free > 0) {
+      s.wants_write = false;
+      ready.push_back(id);
+    } else {
+      still_waiting = true;
+    }
+  }
+  any_wants_write_ = still_waiting;
+  // Lowest id first, so the order does not depend on the hash map.
+  std::sort(ready.begin(), ready.end());
+  for (uint64_t id : ready) {
+    if (streams_.contains(id)) handler.onStreamWritable(id);
+  }
+}
+
+// ---------------------------------------------------------------- sending
+
+void Session::queueSequenced(std::shared_ptr<OutFrame> frame) {
+  frame->sequenced = true;
+  ++sent_;
+  replay_bytes_ += frame->size();
+  replay_.push_back(std::move(frame));
+}
+
+void Session::queueSequenced(const v1::Frame& frame) {
+  auto out = std::make_shared<OutFrame>();
+  encodeFrame(frame, &out->head);
+  queueSequenced(std::move(out));
+}
+
+void Session::queueControl(const v1::Frame& frame) {
+  if (!attached_) return;  // control frames mean nothing on a later transport
+  auto out = std::make_shared<OutFrame>();
+  encodeFrame(frame, &out->head);
+  control_.push_back(std::move(out));
+}
+
+bool Session::hasWrites() const {
+  return attached_ && (!control_.empty() || write_next_ < replay_.size());
+}
+
+WriteBatch Session::takeWrites(size_t max_bytes) {
+  WriteBatch batch;
+  if (!attached_) return batch;
+  while (!control_.empty()) {
+    batch.bytes += control_.front()->size();
+    batch.frames.push_back(std::move(control_.front()));
+    control_.pop_front();
+  }
+  while (write_next_ < replay_.size() && (batch.frames.empty() || batch.bytes < max_bytes)) {
+    const auto& f = replay_[write_next_++];
+    batch.bytes += f->size();
+    batch.frames.push_back(f);
+  }
+  return batch;
+}
+
+absl::Status Session::onTick(TimePoint now) {
+  if (!attached_) return absl::OkStatus();
+  auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_received_);
+  if (silent >= limits_.keepalive_timeout) {
+    return protoError(v1::UNAVAILABLE, absl::StrCat("peer silent for ", silent.count(),
+                                                    " ms (keepalive timeout ",
+                                                    limits_.keepalive_timeout.count(), " ms)"));
+  }
+  if (now - last_ping_ >= limits_.keepalive_interval) {
+    v1::Frame ping;
+    ping.mutable_ping()->set_nonce(++ping_nonce_);
+    queueControl(ping);
+    last_ping_ = now;
+  }
+  return absl::OkStatus();
+}
+
+TimePoint Session::nextTick() const {
+  return std::min(last_ping_ + limits_.keepalive_interval,
+                  last_received_ + limits_.keepalive_timeout);
+}
+
+void Session::onTransportLost() {
+  attached_ = false;
+  control_.clear();
+  decoder_.reset();
+  write_next_ = 0;
+}
+
+absl::Status Session::resume(uint64_t peer_last_received, TimePoint now) {
+  if (attached_) onTransportLost();
+  if (peer_last_received < acked_ || peer_last_received > sent_) {
+    return protoError(v1::RESUME_FAILED,
+                      absl::StrCat("peer resumes after frame ", peer_last_received,
+                                   " but frames ", acked_ + 1, "..", sent_,
+                                   " are what can be replayed"));
+  }
+  while (acked_ < peer_last_received) {
+    replay_bytes_ -= replay_.front()->size();
+    replay_.pop_front();
+    ++acked_;
+  }
+  write_next_ = 0;
+  attached_ = true;
+  last_received_ = now;
+  last_ping_ = now;
+  // Tell the peer at once what we hold, so its replay buffer shrinks.
+  v1::Frame ack;
+  ack.mutable_ack()->set_received(received_);
+  queueControl(ack);
+  ack_sent_ = received_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> Session::sendRequest(v1::Request request) {
+  if (pending_requests_.size() >= limits_.max_pending_requests) {
+    return protoError(v1::RESOURCE_EXHAUSTED,
+                      absl::StrCat("pending request limit of ", limits_.max_pending_requests,
+                                   " reached"));
+  }
+  uint64_t id = next_request_id_++;
+  request.set_request_id(id);
+  pending_requests_.insert(id);
+  v1::Frame f;
+  *f.mutable_request() = std::move(request);
+  queueSequenced(f);
+  return id;
+}
+
+void Session::sendResponse(v1::Response response) {
+  v1::Frame f;
+  *f.mutable_response() = std::move(response);
+  queueSequenced(f);
+}
+
+std::vector<uint64_t> Session::pendingRequestIds() const {
+  std::vector<uint64_t> ids(pending_requests_.begin(), pending_requests_.end());
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+absl::StatusOr<uint64_t> Session::openStream(v1::StreamOpen open) {
+  if (streams_.size() >= limits_.max_streams) {
+    return protoError(v1::RESOURCE_EXHAUSTED,
+                      absl::StrCat("stream limit of ", limits_.max_streams, " reached"));
+  }
+  uint64_t id = next_stream_id_;
+  next_stream_id_ += 2;
+  open.set_stream_id(id);
+  if (open.initial_window() == 0) open.set_initial_window(limits_.initial_stream_window);
+  Stream& s = streams_[id];
+  s.recv_credit = s.recv_window = open.initial_window();
+  v1::Frame f;
+  *f.mutable_open() = std::move(open);
+  queueSequenced(f);
+  return id;
+}
+
+absl::Status Session::acceptStream(v1::StreamAccept accept) {
+  auto it = streams_.find(accept.stream_id());
+  if (it == streams_.end() || isLocalStream(accept.stream_id()) || it->second.accepted) {
+    return protoError(v1::STREAM_CLOSED,
+                      absl::StrCat("no stream ", accept.stream_id(), " waiting to be accepted"));
+  }
+  if (accept.initial_window() == 0) accept.set_initial_window(limits_.initial_stream_window);
+  Stream& s = it->second;
+  s.accepted = true;
+  s.recv_credit = s.recv_window = accept.initial_window();
+  v1::Frame f;
+  *f.mutable_accept() = std::move(accept);
+  queueSequenced(f);
+  return absl::OkStatus();
+}
+
+size_t Session::sendCredit(uint64_t stream_id) {
+  auto it = streams_.find(stream_id);
+  if (it == streams_.end() || !it->second.accepted || it->second.local_closed) return 0;
+  uint64_t c = std::min(it->second.send_credit, replayFree());
+  if (c == 0) {
+    it->second.wants_write = true;
+    any_wants_write_ = true;
+  }
+  return static_cast<size_t>(c);
+}
+
+absl::Status Session::sendData(uint64_t stream_id, std::string payload) {
+  auto it = streams_.find(stream_id);
+  if (it == streams_.end() || it->second.local_closed) {
+    return protoError(v1::STREAM_CLOSED, absl::StrCat("stream ", stream_id, " is closed"));
+  }
+  Stream& s = it->second;
+  if (!s.accepted) {
+    return protoError(v1::FLOW_CONTROL_ERROR,
+                      absl::StrCat("stream ", stream_id, " is not accepted yet"));
+  }
+  if (payload.size() > s.send_credit) {
+    return protoError(v1::FLOW_CONTROL_ERROR,
+                      absl::StrCat(payload.size(), " bytes on stream ", stream_id,
+                                   " beyond its credit of ", s.send_credit));
+  }
+  s.send_credit -= payload.size();
+  size_t max_chunk = limits_.max_frame_size - kDataFrameOverhead;
+  auto emit = [&](std::string chunk) {
+    auto out = std::make_shared<OutFrame>();
+    char header[kMaxDataHeaderSize];
+    size_t n = encodeDataHeader(stream_id, chunk.size(), header);
+    out->head.assign(header, n);
+    out->payload = std::move(chunk);
+    queueSequenced(std::move(out));
+  };
+  if (payload.size() <= max_chunk) {
+    emit(std::move(payload));  // the common case: no copy
+    return absl::OkStatus();
+  }
+  for (size_t at = 0; at < payload.size(); at += max_chunk) {
+    emit(payload.substr(at, max_chunk));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Session::sendDatagram(v1::StreamDatagram datagram) {
+  auto it = streams_.find(datagram.stream_id());
+  if (it == streams_.end() || it->second.local_closed) {
+    return protoError(v1::STREAM_CLOSED,
+                      absl::StrCat("stream ", datagram.stream_id(), " is closed"));
+  }
+  if (!it->second.accepted || datagram.payload().size() > it->second.send_credit) {
+    return protoError(v1::FLOW_CONTROL_ERROR,
+                      absl::StrCat("datagram beyond the credit of stream ", datagram.stream_id()));
+  }
+  it->second.send_credit -= datagram.payload().size();
+  v1::Frame f;
+  *f.mutable_datagram() = std::move(datagram);
+  queueSequenced(f);
+  return absl::OkStatus();
+}
+
+absl::Status Session::halfClose(uint64_t stream_id) {
+  auto it = streams_.find(stream_id);
+  if (it == streams_.end() || it->second.local_closed) {
+    return protoError(v1::STREAM_CLOSED, absl::StrCat("stream ", stream_id, " is closed"));
+  }
+  it->second.local_closed = true;
+  v1::Frame f;
+  f.mutable_half_close()->set_stream_id(stream_id);
+  queueSequenced(f);
+  maybeClose(stream_id);
+  return absl::OkStatus();
+}
+
+void Session::resetStream(uint64_t stream_id, v1::Error error) {
+  if (streams_.erase(stream_id) == 0) return;
+  v1::Frame f;
+  f.mutable_reset()->set_stream_id(stream_id);
+  *f.mutable_reset()->mutable_error() = std::move(error);
+  queueSequenced(f);
+}
+
+absl::Status Session::sendGap(v1::StreamGap gap) {
+  if (!streams_.contains(gap.stream_id())) {
+    return protoError(v1::STREAM_CLOSED, absl::StrCat("stream ", gap.stream_id(), " is closed"));
+  }
+  v1::Frame f;
+  *f.mutable_gap() = std::move(gap);
+  queueSequenced(f);
+  return absl::OkStatus();
+}
+
+void Session::consumed(uint64_t stream_id, size_t n) {
+  auto it = streams_.find(stream_id);
+  if (it == streams_.end() || it->second.remote_closed) return;
+  Stream& s = it->second;
+  s.unreported += n;
+  // Return credit in chunks of a quarter window: fewer frames, and the
+  // sender never runs dry while we are keeping up.
+  if (s.unreported >= std::max<uint32_t>(s.recv_window / 4, 1)) {
+    v1::Frame f;
+    f.mutable_window_update()->set_stream_id(stream_id);
+    f.mutable_window_update()->set_increment(static_cast<uint32_t>(s.unreported));
+    s.recv_credit += s.unreported;
+    s.unreported = 0;
+    queueSequenced(f);
+  }
+}
+
+std::vector<uint64_t> Session::streamIds() const {
+  std::vector<uint64_t> ids;
+  for (const auto& [id, s] : streams_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+void Session::maybeClose(uint64_t stream_id) {
+  auto it = streams_.find(stream_id);
+  if (it != streams_.end() && it->second.local_closed && it->second.remote_closed) {
+    streams_.erase(it);
+  }
+}
+
+void Session::sendDraining(v1::Draining draining) {
+  v1::Frame f;
+  *f.mutable_draining() = std::move(draining);
+  queueSequenced(f);
+}
+
+void Session::sendGoaway(v1::ErrorCode code, std::string_view message) {
+  v1::Frame f;
+  f.mutable_goaway()->set_code(code);
+  f.mutable_goaway()->set_message(std::string(message));
+  queueControl(f);
+}
+
+}  // namespace siphon::protocol

@@ -1,0 +1,77 @@
+#include "siphon/transport/frame_io.h"
+
+#include "absl/strings/str_cat.h"
+#include "siphon/protocol/codec.h"
+#include "siphon/status.h"
+
+namespace siphon::net {
+
+awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(tcp::socket& socket,
+                                                      std::chrono::milliseconds timeout,
+                                                      uint32_t max_frame_size) {
+  protocol::FrameDecoder decoder(max_frame_size);
+  // The watchdog closes the socket at the deadline, which ends the read.
+  asio::steady_timer watchdog(socket.get_executor());
+  // Shared, since a completion already queued may run after we return.
+  struct Watch {
+    bool fired = false;
+    bool done = false;
+  };
+  auto watch = std::make_shared<Watch>();
+  watchdog.expires_after(timeout);
+  watchdog.async_wait([watch, &socket](error_code ec) {
+    if (!ec && !watch->done) {
+      watch->fired = true;
+      error_code ignored;
+      socket.cancel(ignored);
+    }
+  });
+  auto disarm = [&] {
+    watch->done = true;
+    watchdog.cancel();
+  };
+  while (true) {
+    auto next = decoder.next();
+    if (!next.ok()) {
+      disarm();
+      co_return next.status();
+    }
+    if (next->has_value()) {
+      disarm();
+      FirstFrame out;
+      auto& decoded = **next;
+      if (decoded.is_data) {
+        co_return protoError(v1::PROTOCOL_ERROR, "stream data before the handshake");
+      }
+      out.frame = std::move(decoded.frame);
+      out.leftover = decoder.takeBuffered();
+      co_return out;
+    }
+    auto buf = decoder.prepare(4096);
+    error_code ec;
+    size_t n = co_await socket.async_read_some(asio::buffer(buf.data(), buf.size()),
+                                               asio::redirect_error(use_awaitable, ec));
+    if (watch->fired) {
+      co_return protoError(v1::TIMEOUT, absl::StrCat("no handshake frame within ",
+                                                     timeout.count(), " ms"));
+    }
+    if (ec) {
+      disarm();
+      co_return protoError(v1::UNAVAILABLE,
+                           ec == asio::error::eof
+                               ? std::string("connection closed during the handshake")
+                               : absl::StrCat("read during the handshake: ", ec.message()));
+    }
+    decoder.commit(n);
+  }
+}
+
+awaitable<absl::Status> writeFrame(tcp::socket& socket, const v1::Frame& frame) {
+  std::string bytes = protocol::encodeFrame(frame);
+  error_code ec;
+  co_await asio::async_write(socket, asio::buffer(bytes), asio::redirect_error(use_awaitable, ec));
+  if (ec) co_return protoError(v1::UNAVAILABLE, absl::StrCat("write: ", ec.message()));
+  co_return absl::OkStatus();
+}
+
+}  // namespace siphon::net

@@ -1,0 +1,163 @@
+#include "siphon/transport/session_transport.h"
+
+#include "absl/strings/str_cat.h"
+#include "siphon/status.h"
+
+namespace siphon::net {
+
+SessionTransport::SessionTransport(tcp::socket socket, protocol::Session& session,
+                                   protocol::SessionHandler& handler, std::string initial)
+    : socket_(std::move(socket)),
+      session_(session),
+      handler_(handler),
+      initial_(std::move(initial)),
+      writer_signal_(socket_.get_executor()),
+      tick_timer_(socket_.get_executor()) {
+  error_code ec;
+  auto ep = socket_.remote_endpoint(ec);
+  if (!ec) peer_ = absl::StrCat(ep.address().to_string(), ":", ep.port());
+  socket_.set_option(tcp::no_delay(true), ec);
+}
+
+void SessionTransport::fail(absl::Status status) {
+  if (status_.ok()) status_ = std::move(status);
+  close();
+}
+
+void SessionTransport::close() {
+  if (closed_) return;
+  closed_ = true;
+  error_code ec;
+  socket_.shutdown(tcp::socket::shutdown_both, ec);
+  socket_.close(ec);
+  tick_timer_.cancel();
+  writer_signal_.notify();
+}
+
+void SessionTransport::closeAfterFlush() {
+  close_after_flush_ = true;
+  writer_signal_.notify();
+}
+
+awaitable<absl::Status> SessionTransport::run() {
+  auto self = shared_from_this();
+  auto ex = socket_.get_executor();
+  asio::co_spawn(ex, writer(self), asio::detached);
+  asio::co_spawn(ex, ticker(self), asio::detached);
+
+  auto now = protocol::Clock::now();
+  if (!initial_.empty()) {
+    absl::Status s = session_.onBytes(initial_, handler_, now);
+    initial_.clear();
+    if (!s.ok()) {
+      session_.sendGoaway(errorCodeOf(s), sv(s.message()));
+      status_ = s;
+      closeAfterFlush();
+    }
+    wake();
+  }
+  while (!closed_ && !close_after_flush_) {
+    auto buf = session_.readBuffer(64 * 1024);
+    error_code ec;
+    size_t n = co_await socket_.async_read_some(asio::buffer(buf.data(), buf.size()),
+                                                asio::redirect_error(use_awaitable, ec));
+    if (closed_) break;
+    if (ec) {
+      fail(ec == asio::error::eof
+               ? protoError(v1::UNAVAILABLE, absl::StrCat("connection closed by ", peer_))
+               : protoError(v1::UNAVAILABLE,
+                            absl::StrCat("read from ", peer_, ": ", ec.message())));
+      break;
+    }
+    absl::Status s = session_.onRead(n, handler_, protocol::Clock::now());
+    if (!s.ok()) {
+      // Tell the peer why, then close once the Goaway is written.
+      session_.sendGoaway(errorCodeOf(s), sv(s.message()));
+      if (status_.ok()) status_ = s;
+      closeAfterFlush();
+    }
+    wake();
+  }
+  // Let a pending Goaway go out (bounded by the writer finishing).
+  asio::steady_timer flush_wait(ex);
+  for (int i = 0; i < 200 && close_after_flush_ && !closed_ && !writer_done_; ++i) {
+    flush_wait.expires_after(std::chrono::milliseconds(10));
+    error_code ec;
+    co_await flush_wait.async_wait(asio::redirect_error(use_awaitable, ec));
+  }
+  close();
+  co_return status_;
+}
+
+awaitable<void> SessionTransport::writer(std::shared_ptr<SessionTransport> self) {
+  std::vector<asio::const_buffer> buffers;
+  while (!closed_) {
+    if (!session_.hasWrites()) {
+      if (close_after_flush_) break;
+      co_await writer_signal_.wait();
+      continue;
+    }
+    // Gathered write of many frames; data payloads go as their own buffers.
+    protocol::WriteBatch batch = session_.takeWrites(1 << 20);
+    buffers.clear();
+    for (std::string_view b : batch.buffers()) buffers.emplace_back(b.data(), b.size());
+    error_code ec;
+    co_await asio::async_write(socket_, buffers, asio::redirect_error(use_awaitable, ec));
+    if (closed_) break;
+    if (ec) {
+      fail(protoError(v1::UNAVAILABLE, absl::StrCat("write to ", peer_, ": ", ec.message())));
+      break;
+    }
+  }
+  writer_done_ = true;
+  if (close_after_flush_) close();
+  (void)self;
+}
+
+awaitable<void> SessionTransport::ticker(std::shared_ptr<SessionTransport> self) {
+  while (!closed_) {
+    auto next = session_.nextTick();
+    // Session and timer share the steady clock.
+    tick_timer_.expires_at(next);
+    error_code ec;
+    co_await tick_timer_.async_wait(asio::redirect_error(use_awaitable, ec));
+    if (closed_) break;
+    absl::Status s = session_.onTick(protocol::Clock::now());
+    if (!s.ok()) {
+      fail(s);
+      break;
+    }
+    wake();
+  }
+  (void)self;
+}
+
+absl::Status splitHostPort(const std::string& in, std::string* host, std::string* port) {
+  auto bad = [&](std::string_view why) {
+    return protoError(v1::INVALID_ARGUMENT,
+                      absl::StrCat("bad address '", in, "': ", asv(why), " (want HOST:PORT)"));
+  };
+  size_t colon;
+  if (!in.empty() && in[0] == '[') {
+    size_t close = in.find(']');
+    if (close == std::string::npos || close + 1 >= in.size() || in[close + 1] != ':') {
+      return bad("unbalanced brackets");
+    }
+    *host = in.substr(1, close - 1);
+    colon = close + 1;
+  } else {
+    colon = in.rfind(':');
+    if (colon == std::string::npos) return bad("no port");
+    *host = in.substr(0, colon);
+    if (host->find(':') != std::string::npos) return bad("IPv6 addresses need [brackets]");
+  }
+  *port = in.substr(colon + 1);
+  if (host->empty()) return bad("no host");
+  if (port->empty() || port->find_first_not_of("0123456789") != std::string::npos ||
+      port->size() > 5 || std::stoul(*port) > 65535) {
+    return bad("port must be a number from 0 to 65535");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace siphon::net

@@ -1,0 +1,122 @@
+// A ProcFs with scripted processes, for tests that must not need root or
+// depend on the machine's processes.
+//
+// Fds it hands out are real (each a fresh open of /dev/null), so UniqueFd
+// closes them as usual; inodeOf() and hasExited() answer from the script.
+#pragma once
+
+#include <fcntl.h>
+#include <sys/types.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "agent/target/proc_fs.h"
+#include "siphon/status.h"
+
+namespace siphon::fakes {
+
+struct FakeProcess {
+  std::string environ;       // raw bytes readEnviron returns
+  uint64_t netns_inode = 0;  // what inodeOf says for its netns fd
+  uint64_t root_inode = 0;   // what inodeOf says for its root fd
+  // A non-zero errno makes that call fail as the kernel would.
+  int environ_errno = 0;
+  int netns_errno = 0;
+  int root_errno = 0;
+  int pidfd_errno = 0;
+  bool exited = false;  // hasExited() on its pidfd
+};
+
+class FakeProcFs : public agent::ProcFs {
+ public:
+  // Adds (or replaces) process `pid` and returns it for further scripting.
+  FakeProcess& addProcess(pid_t pid, FakeProcess process = {}) {
+    return processes_[pid] = std::move(process);
+  }
+  void removeProcess(pid_t pid) { processes_.erase(pid); }
+  FakeProcess& process(pid_t pid) { return processes_.at(pid); }
+  void setSelfPid(pid_t pid) { self_pid_ = pid; }
+
+  // Paths in messages are those RealProcFs would print with "/proc".
+  absl::StatusOr<std::string> readEnviron(pid_t pid) override {
+    const std::string what = absl::StrCat("open /proc/", pid, "/environ");
+    auto it = processes_.find(pid);
+    if (it == processes_.end()) return errnoStatus(ENOENT, what);
+    if (it->second.environ_errno != 0) return errnoStatus(it->second.environ_errno, what);
+    return it->second.environ;
+  }
+
+  absl::StatusOr<agent::UniqueFd> openNetns(pid_t pid) override {
+    return openFor(pid, Kind::kNetns, "ns/net");
+  }
+  absl::StatusOr<agent::UniqueFd> openRoot(pid_t pid) override {
+    return openFor(pid, Kind::kRoot, "root");
+  }
+
+  absl::StatusOr<agent::UniqueFd> openPidfd(pid_t pid) override {
+    const std::string what = absl::StrCat("pidfd_open(", pid, ")");
+    auto it = processes_.find(pid);
+    if (it == processes_.end()) return errnoStatus(ESRCH, what);
+    if (it->second.pidfd_errno == ENOSYS) {
+      return absl::UnimplementedError(absl::StrCat(what, ": not supported by this kernel"));
+    }
+    if (it->second.pidfd_errno != 0) return errnoStatus(it->second.pidfd_errno, what);
+    return handOut(pid, Kind::kPidfd);
+  }
+
+  absl::StatusOr<uint64_t> inodeOf(int fd) override {
+    auto it = fds_.find(fd);
+    if (it == fds_.end()) return errnoStatus(EBADF, absl::StrCat("fstat fd ", fd));
+    auto p = processes_.find(it->second.pid);
+    if (p == processes_.end()) return uint64_t{0};
+    return it->second.kind == Kind::kNetns ? p->second.netns_inode : p->second.root_inode;
+  }
+
+  absl::StatusOr<bool> hasExited(int pidfd) override {
+    auto it = fds_.find(pidfd);
+    if (it == fds_.end() || it->second.kind != Kind::kPidfd) {
+      return errnoStatus(EBADF, absl::StrCat("poll pidfd ", pidfd));
+    }
+    auto p = processes_.find(it->second.pid);
+    return p == processes_.end() || p->second.exited;
+  }
+
+  bool processExists(pid_t pid) override { return processes_.count(pid) != 0; }
+  pid_t selfPid() override { return self_pid_; }
+
+ private:
+  enum class Kind { kNetns, kRoot, kPidfd };
+  struct Handed {
+    pid_t pid;
+    Kind kind;
+  };
+
+  absl::StatusOr<agent::UniqueFd> openFor(pid_t pid, Kind kind, const char* leaf) {
+    const std::string what = absl::StrCat("open /proc/", pid, "/", leaf);
+    auto it = processes_.find(pid);
+    if (it == processes_.end()) return errnoStatus(ENOENT, what);
+    const int err = kind == Kind::kNetns ? it->second.netns_errno : it->second.root_errno;
+    if (err != 0) return errnoStatus(err, what);
+    return handOut(pid, kind);
+  }
+
+  absl::StatusOr<agent::UniqueFd> handOut(pid_t pid, Kind kind) {
+    agent::UniqueFd fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!fd) return lastErrnoStatus("open /dev/null");
+    // A number closed earlier may come back: the newest owner wins.
+    fds_[fd.get()] = Handed{pid, kind};
+    return fd;
+  }
+
+  std::map<pid_t, FakeProcess> processes_;
+  std::map<int, Handed> fds_;
+  pid_t self_pid_ = 1000;
+};
+
+}  // namespace siphon::fakes
