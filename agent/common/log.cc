@@ -1,0 +1,157 @@
+#include "agent/common/log.h"
+
+#include <sys/time.h>
+
+#include <atomic>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "siphon/status.h"
+
+namespace siphon::agent::log {
+namespace {
+
+std::atomic<Format> g_format{Format::kText};
+std::atomic<Level> g_level{Level::kInfo};
+std::mutex g_mu;
+
+std::string_view levelName(Level l) {
+  switch (l) {
+    case Level::kDebug:
+      return "debug";
+    case Level::kInfo:
+      return "info";
+    case Level::kWarn:
+      return "warn";
+    case Level::kError:
+      return "error";
+  }
+  return "info";
+}
+
+std::string nowUtc() {
+  timeval tv;
+  gettimeofday(&tv, nullptr);
+  tm t;
+  gmtime_r(&tv.tv_sec, &t);
+  char buf[64];
+  size_t n = strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &t);
+  snprintf(buf + n, sizeof buf - n, ".%03dZ", static_cast<int>(tv.tv_usec / 1000));
+  return buf;
+}
+
+bool needsQuotes(std::string_view v) {
+  if (v.empty()) return true;
+  for (char c : v) {
+    if (c == ' ' || c == '"' || c == '=' || static_cast<unsigned char>(c) < 0x20) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+absl::Status parseFormat(std::string_view name, Format* out) {
+  if (name == "text") {
+    *out = Format::kText;
+  } else if (name == "json") {
+    *out = Format::kJson;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown log format '", asv(name), "' (want text or json)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status init(Format format, std::string_view level) {
+  Level l;
+  if (level == "debug" || level == "trace") {
+    l = Level::kDebug;
+  } else if (level == "info") {
+    l = Level::kInfo;
+  } else if (level == "warn" || level == "warning") {
+    l = Level::kWarn;
+  } else if (level == "error") {
+    l = Level::kError;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown log level '", asv(level), "' (want debug, info, warn or error)"));
+  }
+  g_format = format;
+  g_level = l;
+  return absl::OkStatus();
+}
+
+std::string jsonEscape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out;
+}
+
+std::string formatLine(Format format, Level level, std::string_view name,
+                       std::initializer_list<Field> fields, std::string_view time) {
+  std::string line;
+  if (format == Format::kJson) {
+    absl::StrAppend(&line, "{\"time\":\"", asv(time), "\",\"level\":\"", asv(levelName(level)),
+                    "\",\"event\":\"", jsonEscape(name), "\"");
+    for (const auto& f : fields) {
+      absl::StrAppend(&line, ",\"", jsonEscape(f.key), "\":");
+      if (f.quoted) {
+        absl::StrAppend(&line, "\"", jsonEscape(f.value), "\"");
+      } else {
+        absl::StrAppend(&line, f.value);
+      }
+    }
+    line += "}";
+    return line;
+  }
+  absl::StrAppend(&line, asv(time), " ", asv(levelName(level)), " ", asv(name));
+  for (const auto& f : fields) {
+    absl::StrAppend(&line, " ", f.key, "=");
+    if (f.quoted && needsQuotes(f.value)) {
+      absl::StrAppend(&line, "\"", jsonEscape(f.value), "\"");
+    } else {
+      absl::StrAppend(&line, f.value);
+    }
+  }
+  return line;
+}
+
+void event(Level level, std::string_view name, std::initializer_list<Field> fields) {
+  if (level < g_level.load()) return;
+  std::string line = formatLine(g_format.load(), level, name, fields, nowUtc());
+  line += '\n';
+  std::lock_guard<std::mutex> lock(g_mu);
+  fwrite(line.data(), 1, line.size(), stderr);
+  fflush(stderr);
+}
+
+}  // namespace siphon::agent::log

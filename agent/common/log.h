@@ -1,0 +1,57 @@
+// Agent logs: one event per line on stderr, as text or JSON
+// (--log-format json). stdout is kept for the ready line.
+//
+//   2026-11-29T23:59:00.123Z info session_opened session=3f2a client="siphon"
+//   {"time":"2026-11-29T23:59:00.123Z","level":"info","event":"session_opened",...}
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace siphon::agent::log {
+
+enum class Format { kText, kJson };
+enum class Level { kDebug, kInfo, kWarn, kError };
+
+absl::Status init(Format format, std::string_view level);
+absl::Status parseFormat(std::string_view name, Format* out);
+
+struct Field {
+  Field(std::string_view k, std::string_view v) : key(k), value(v), quoted(true) {}
+  Field(std::string_view k, const char* v) : key(k), value(v), quoted(true) {}
+  Field(std::string_view k, const std::string& v) : key(k), value(v), quoted(true) {}
+  Field(std::string_view k, int64_t v) : key(k), value(std::to_string(v)), quoted(false) {}
+  Field(std::string_view k, uint64_t v) : key(k), value(std::to_string(v)), quoted(false) {}
+  Field(std::string_view k, int v) : key(k), value(std::to_string(v)), quoted(false) {}
+  Field(std::string_view k, unsigned v) : key(k), value(std::to_string(v)), quoted(false) {}
+  Field(std::string_view k, long long v) : key(k), value(std::to_string(v)), quoted(false) {}
+  Field(std::string_view k, bool v) : key(k), value(v ? "true" : "false"), quoted(false) {}
+  std::string key;
+  std::string value;
+  bool quoted;
+};
+
+void event(Level level, std::string_view name, std::initializer_list<Field> fields = {});
+inline void debug(std::string_view name, std::initializer_list<Field> f = {}) {
+  event(Level::kDebug, name, f);
+}
+inline void info(std::string_view name, std::initializer_list<Field> f = {}) {
+  event(Level::kInfo, name, f);
+}
+inline void warn(std::string_view name, std::initializer_list<Field> f = {}) {
+  event(Level::kWarn, name, f);
+}
+inline void error(std::string_view name, std::initializer_list<Field> f = {}) {
+  event(Level::kError, name, f);
+}
+
+// Formats one line (no newline) as init() configured; exposed for tests.
+std::string formatLine(Format format, Level level, std::string_view name,
+                       std::initializer_list<Field> fields, std::string_view time);
+std::string jsonEscape(std::string_view s);
+
+}  // namespace siphon::agent::log

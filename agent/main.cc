@@ -1,0 +1,177 @@
+// siphon-agent: the privileged node-local agent. See README.md for the modes,
+// flags and exit codes.
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/duration.h"
+#include "agent/common/log.h"
+#include "agent/server/config.h"
+#include "agent/server/server.h"
+#include "agent/target/proc_fs.h"
+#include "agent/target/target.h"
+#include "siphon/status.h"
+
+namespace siphon::agent {
+namespace {
+
+int fail(int code, std::string_view message) {
+  std::fprintf(stderr, "siphon-agent: %.*s\n", static_cast<int>(message.size()), message.data());
+  return code;
+}
+
+int exitCodeForTarget(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kNotFound:
+      return kExitTargetNotFound;
+    case absl::StatusCode::kPermissionDenied:
+      return kExitPermission;
+    case absl::StatusCode::kInvalidArgument:
+      return kExitUsage;
+    default:
+      return kExitInternal;
+  }
+}
+
+absl::StatusOr<std::string> readToken(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return lastErrnoStatus(absl::StrCat("read --token-file ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string token = ss.str();
+  while (!token.empty() && isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--token-file ", path, " is empty"));
+  }
+  return token;
+}
+
+int realMain(int argc, char** argv) {
+  CLI::App app{"siphon-agent: lets a remote session act as if it ran inside a target pod",
+               "siphon-agent"};
+  app.set_version_flag("--version", SIPHON_VERSION);
+  app.require_subcommand(1);
+  // Global options may come before or after the mode.
+  app.fallthrough();
+
+  AgentConfig config;
+  std::string token_file, log_format = "text", log_level = "info";
+  std::string first_client_timeout = "30s", idle_timeout = "0s", session_grace = "60s";
+  app.add_option("--listen", config.listen, "HOST:PORT to serve clients on (port 0 picks one)")
+      ->capture_default_str();
+  app.add_option("--token-file", token_file, "file holding the client token (or env SIPHON_TOKEN)");
+  app.add_flag("--insecure-no-auth", config.insecure_no_auth,
+               "accept clients without a token (never on a shared network)");
+  app.add_option("--log-format", log_format, "text or json")->capture_default_str();
+  app.add_option("--log-level", log_level, "debug, info, warn or error")->capture_default_str();
+  app.add_option("--first-client-timeout", first_client_timeout,
+                 "exit (code 6) when no client connects within this time; 0 waits forever")
+      ->capture_default_str();
+  app.add_option("--idle-timeout", idle_timeout,
+                 "exit once the last session has been gone this long; 0 never")
+      ->capture_default_str();
+  app.add_option("--session-grace", session_grace,
+                 "how long a disconnected session waits for its client to resume")
+      ->capture_default_str();
+  app.add_option("--max-sessions", config.max_sessions, "concurrent sessions")
+      ->capture_default_str();
+
+  int pid = 0;
+  std::string container_id;
+  auto* targeted = app.add_subcommand("targeted", "serve inside a target process's namespaces");
+  auto* pid_opt = targeted->add_option("--pid", pid, "the target's PID on this node");
+  auto* cid_opt = targeted->add_option("--container-id", container_id,
+                                       "the target container, resolved through its runtime");
+  pid_opt->excludes(cid_opt);
+  auto* targetless = app.add_subcommand("targetless", "no target: the agent's own namespaces");
+  (void)targetless;
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitUsage;
+  }
+
+  log::Format format;
+  if (auto s = log::parseFormat(log_format, &format); !s.ok()) return fail(kExitUsage, sv(s.message()));
+  if (auto s = log::init(format, log_level); !s.ok()) return fail(kExitUsage, sv(s.message()));
+  for (auto [text, out] : {std::pair{&first_client_timeout, &config.first_client_timeout},
+                           std::pair{&idle_timeout, &config.idle_timeout},
+                           std::pair{&session_grace, &config.limits.session_grace}}) {
+    auto d = parseDuration(*text);
+    if (!d.ok()) return fail(kExitUsage, sv(d.status().message()));
+    *out = *d;
+  }
+
+  if (!token_file.empty()) {
+    auto token = readToken(token_file);
+    if (!token.ok()) return fail(kExitUsage, sv(token.status().message()));
+    config.token = *token;
+  } else if (const char* env = std::getenv("SIPHON_TOKEN"); env != nullptr && *env != '\0') {
+    config.token = env;
+  }
+  if (config.token.empty() && !config.insecure_no_auth) {
+    return fail(kExitUsage,
+                "refusing to start without client authentication: give --token-file PATH or "
+                "SIPHON_TOKEN, or --insecure-no-auth to accept anyone who can reach the port");
+  }
+
+  TargetSpec spec;
+  if (targeted->parsed()) {
+    if (!container_id.empty()) {
+      return fail(kExitUsage,
+                  "targeted --container-id is not yet supported by this agent; use --pid PID");
+    }
+    if (pid_opt->count() == 0) return fail(kExitUsage, "targeted needs --pid PID");
+    if (pid <= 0) return fail(kExitUsage, absl::StrCat("--pid ", pid, " is not a valid PID"));
+    spec.mode = TargetMode::kTargeted;
+    spec.pid = pid;
+  } else {
+    spec.mode = TargetMode::kTargetless;
+  }
+
+  auto procfs = std::make_unique<RealProcFs>();
+  auto target = Target::open(*procfs, spec);
+  if (!target.ok()) {
+    log::error("target_failed", {{"error", sv(target.status().message())}});
+    return fail(exitCodeForTarget(target.status()), sv(target.status().message()));
+  }
+  log::info("target_entered", {{"mode", targetModeName((*target)->mode())},
+                               {"pid", static_cast<int64_t>((*target)->pid())},
+                               {"netns", (*target)->netnsLabel()}});
+
+  net::asio::io_context io(1);
+  Server server(io, config, std::move(*target), std::move(procfs));
+  if (auto s = server.listen(); !s.ok()) {
+    log::error("listen_failed", {{"error", sv(s.message())}});
+    return fail(kExitListen, sv(s.message()));
+  }
+  if (config.insecure_no_auth) {
+    log::warn("insecure_no_auth", {{"listen", server.listenAddress()}});
+  }
+  std::string ready = server.readyLine();
+  std::fprintf(stdout, "%s\n", ready.c_str());
+  std::fflush(stdout);
+  log::info("ready", {{"listen", server.listenAddress()}});
+  return server.run();
+}
+
+}  // namespace
+}  // namespace siphon::agent
+
+int main(int argc, char** argv) {
+  try {
+    return siphon::agent::realMain(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "siphon-agent: internal error: %s\n", e.what());
+    return siphon::agent::kExitInternal;
+  }
+}

@@ -1,0 +1,34 @@
+// The agent's configuration, from the command line (agent/main.cc).
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "siphon/protocol/limits.h"
+
+namespace siphon::agent {
+
+struct AgentConfig {
+  std::string listen = "0.0.0.0:7140";
+  std::string token;  // empty only with insecure_no_auth
+  bool insecure_no_auth = false;
+  std::chrono::milliseconds first_client_timeout{30000};
+  std::chrono::milliseconds idle_timeout{0};  // 0: never
+  std::chrono::milliseconds handshake_timeout{10000};
+  std::chrono::milliseconds drain_timeout{25000};
+  uint32_t max_sessions = 64;
+  protocol::SessionLimits limits;  // limits.session_grace is --session-grace
+};
+
+// Exit codes of siphon-agent (documented in README.md).
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitInternal = 1,
+  kExitUsage = 2,
+  kExitTargetNotFound = 3,
+  kExitPermission = 4,
+  kExitListen = 5,
+  kExitNoClient = 6,
+};
+
+}  // namespace siphon::agent

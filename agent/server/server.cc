@@ -1,0 +1,524 @@
+#include "agent/server/server.h"
+
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "agent/common/log.h"
+#include "agent/target/environ.h"
+#include "siphon/protocol/handshake.h"
+#include "siphon/status.h"
+#include "siphon/transport/frame_io.h"
+
+#ifndef SIPHON_VERSION
+#define SIPHON_VERSION "0.0.0"
+#endif
+
+namespace siphon::agent {
+
+namespace asio = net::asio;
+using net::awaitable;
+using net::use_awaitable;
+
+namespace {
+
+// Transport endings that also end the session: the peer broke the protocol,
+// so its view of the session cannot be trusted for a resume.
+bool endsSession(const absl::Status& why) {
+  switch (errorCodeOf(why)) {
+    case v1::PROTOCOL_ERROR:
+    case v1::FRAME_TOO_LARGE:
+    case v1::FLOW_CONTROL_ERROR:
+    case v1::STREAM_CLOSED:
+    case v1::INTERNAL:
+      return true;
+    default:
+      return false;
+  }
+}
+
+int64_t unixMillis() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ AgentSession
+
+AgentSession::AgentSession(Server& server, std::string id, std::string resume_token,
+                           std::string client_name, protocol::SessionLimits limits)
+    : server_(server),
+      id_(std::move(id)),
+      resume_token_(std::move(resume_token)),
+      client_name_(std::move(client_name)),
+      session_(protocol::Role::kAgent, limits),
+      grace_timer_(server.executor()),
+      created_(std::chrono::steady_clock::now()) {}
+
+static awaitable<void> runTransport(std::shared_ptr<AgentSession> self,
+                                    std::shared_ptr<net::SessionTransport> transport,
+                                    std::function<void(const absl::Status&)> done) {
+  absl::Status why = co_await transport->run();
+  done(why);
+  (void)self;
+}
+
+void AgentSession::attach(net::tcp::socket socket, std::string leftover) {
+  uint64_t generation = ++generation_;
+  if (transport_) transport_->close();
+  grace_timer_.cancel();
+  transport_ = std::make_shared<net::SessionTransport>(std::move(socket), session_, *this,
+                                                       std::move(leftover));
+  auto self = shared_from_this();
+  asio::co_spawn(server_.executor(),
+                 runTransport(self, transport_,
+                              [self, generation](const absl::Status& why) {
+                                self->transportEnded(generation, why);
+                              }),
+                 asio::detached);
+  transport_->wake();
+}
+
+void AgentSession::transportEnded(uint64_t generation, const absl::Status& why) {
+  if (generation != generation_ || ended_) return;  // replaced by a resume, or over
+  if (client_closed_) {
+    end("closed by the client");
+    return;
+  }
+  if (endsSession(why)) {
+    log::warn("session_protocol_error",
+              {{"session", id_}, {"code", errorCodeName(errorCodeOf(why))},
+               {"error", sv(why.message())}});
+    end("protocol error");
+    return;
+  }
+  session_.onTransportLost();
+  log::info("session_detached", {{"session", id_},
+                                 {"reason", sv(why.message())},
+                                 {"grace_ms", static_cast<int64_t>(
+                                                  session_.limits().session_grace.count())}});
+  grace_timer_.expires_after(session_.limits().session_grace);
+  std::weak_ptr<AgentSession> weak = weak_from_this();
+  grace_timer_.async_wait([weak, generation](net::error_code ec) {
+    auto self = weak.lock();
+    if (ec || !self || self->generation_ != generation || self->ended_) return;
+    self->end("no resume within the session grace period");
+  });
+}
+
+void AgentSession::respond(v1::Response response) {
+  if (ended_) return;
+  session_.sendResponse(std::move(response));
+  if (transport_) transport_->wake();
+}
+
+void AgentSession::notifyDraining(int64_t deadline_unix_ms, std::string_view reason) {
+  if (ended_) return;
+  v1::Draining d;
+  d.set_deadline_unix_ms(deadline_unix_ms);
+  d.set_reason(std::string(reason));
+  session_.sendDraining(std::move(d));
+  if (transport_) transport_->wake();
+}
+
+void AgentSession::end(std::string_view reason) {
+  if (ended_) return;
+  ended_ = true;
+  grace_timer_.cancel();
+  if (transport_ && !transport_->closed()) {
+    session_.sendGoaway(v1::CANCELLED, reason);
+    transport_->closeAfterFlush();
+  }
+  log::info("session_ended", {{"session", id_}, {"client", client_name_}, {"reason", reason}});
+  server_.sessionEnded(id_);
+}
+
+void AgentSession::onRequest(v1::Request request) {
+  server_.handleRequest(shared_from_this(), std::move(request));
+}
+
+void AgentSession::onStreamOpen(v1::StreamOpen open) {
+  // No stream kind is served yet (outgoing, steal, mirror come later): say so
+  // at once instead of leaving the opener waiting.
+  std::string kind = open.kind_case() == v1::StreamOpen::KIND_NOT_SET
+                         ? "(none)"
+                         : open.GetDescriptor()->FindFieldByNumber(open.kind_case())->name();
+  session_.resetStream(open.stream_id(),
+                       toProtoError(protoError(v1::UNIMPLEMENTED,
+                                               absl::StrCat("stream kind '", kind,
+                                                            "' is not implemented by agent ",
+                                                            SIPHON_VERSION))));
+}
+
+void AgentSession::onGoaway(v1::Goaway goaway) {
+  client_closed_ = true;
+  log::debug("session_goaway", {{"session", id_}, {"message", goaway.message()}});
+}
+
+// ------------------------------------------------------------------ Server
+
+Server::Server(asio::io_context& io, AgentConfig config, std::unique_ptr<Target> target,
+               std::unique_ptr<ProcFs> procfs)
+    : io_(io),
+      config_(std::move(config)),
+      target_(std::move(target)),
+      procfs_(std::move(procfs)),
+      acceptor_(io),
+      first_client_timer_(io),
+      idle_timer_(io),
+      signals_(io, SIGTERM, SIGINT),
+      started_(std::chrono::steady_clock::now()) {}
+
+Server::~Server() { blocking_pool_.join(); }
+
+absl::Status Server::listen() {
+  std::string host, port;
+  RETURN_IF_ERROR(net::splitHostPort(config_.listen, &host, &port));
+  net::error_code ec;
+  auto address = asio::ip::make_address(host, ec);
+  if (ec) {
+    return protoError(v1::INVALID_ARGUMENT,
+                      absl::StrCat("--listen ", config_.listen, ": '", host,
+                                   "' is not an IP address"));
+  }
+  net::tcp::endpoint ep(address, static_cast<uint16_t>(std::stoul(port)));
+  auto fail = [&](std::string_view what) {
+    return protoError(v1::UNAVAILABLE, absl::StrCat("cannot listen on ", config_.listen, ": ",
+                                                    asv(what), ": ", ec.message()));
+  };
+  acceptor_.open(ep.protocol(), ec);
+  if (ec) return fail("socket");
+  acceptor_.set_option(net::tcp::acceptor::reuse_address(true), ec);
+  acceptor_.bind(ep, ec);
+  if (ec) return fail("bind");
+  acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return fail("listen");
+  return absl::OkStatus();
+}
+
+std::string Server::listenAddress() const {
+  net::error_code ec;
+  auto ep = acceptor_.local_endpoint(ec);
+  if (ec) return config_.listen;
+  if (ep.address().is_v6()) return absl::StrCat("[", ep.address().to_string(), "]:", ep.port());
+  return absl::StrCat(ep.address().to_string(), ":", ep.port());
+}
+
+std::string Server::readyLine() const {
+  return absl::StrCat("siphon-agent ready version=", SIPHON_VERSION, " listen=", listenAddress(),
+                      " target_pid=", target_->pid(), " netns=", target_->netnsLabel());
+}
+
+int Server::run() {
+  asio::co_spawn(io_, acceptLoop(), asio::detached);
+  asio::co_spawn(io_, watchSignals(), asio::detached);
+  if (target_->hasPidfd()) asio::co_spawn(io_, watchTarget(), asio::detached);
+  if (config_.first_client_timeout.count() > 0) {
+    first_client_timer_.expires_after(config_.first_client_timeout);
+    first_client_timer_.async_wait([this](net::error_code ec) {
+      if (ec || had_client_ || stopping_) return;
+      log::error("no_client", {{"timeout_ms", static_cast<int64_t>(
+                                                  config_.first_client_timeout.count())}});
+      shutdown(kExitNoClient, "no client connected within --first-client-timeout");
+    });
+  }
+  io_.run();
+  return exit_code_;
+}
+
+awaitable<void> Server::acceptLoop() {
+  while (!stopping_) {
+    net::error_code ec;
+    net::tcp::socket socket = co_await acceptor_.async_accept(
+        asio::redirect_error(use_awaitable, ec));
+    if (stopping_) break;
+    if (ec) {
+      if (ec == asio::error::operation_aborted) break;
+      // EMFILE and friends: log, breathe, go on; the listener must not die.
+      log::warn("accept_failed", {{"error", ec.message()}});
+      asio::steady_timer t(io_);
+      t.expires_after(std::chrono::milliseconds(100));
+      co_await t.async_wait(asio::redirect_error(use_awaitable, ec));
+      continue;
+    }
+    asio::co_spawn(io_, handshake(std::move(socket)), asio::detached);
+  }
+}
+
+std::string Server::newId(size_t bytes) const {
+  std::string raw(bytes, '\0');
+  size_t got = 0;
+  while (got < bytes) {
+    ssize_t n = getrandom(raw.data() + got, bytes - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      // Without randomness session tokens would be guessable: a broken
+      // invariant, not an operating condition.
+      perror("siphon-agent: getrandom");
+      abort();
+    }
+    got += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(raw);
+}
+
+awaitable<void> Server::handshake(net::tcp::socket socket) {
+  net::error_code ec;
+  auto remote = socket.remote_endpoint(ec);
+  std::string peer = ec ? "?" : absl::StrCat(remote.address().to_string(), ":", remote.port());
+  auto reject = [&](v1::ErrorCode code, std::string message) -> awaitable<void> {
+    log::warn("client_rejected",
+              {{"peer", peer}, {"code", errorCodeName(code)}, {"reason", message}});
+    co_await net::writeFrame(socket, protocol::makeReject(code, message));
+    net::error_code ignored;
+    socket.shutdown(net::tcp::socket::shutdown_both, ignored);
+    socket.close(ignored);
+  };
+
+  auto first =
+      co_await net::readFirstFrame(socket, config_.handshake_timeout, protocol::kDefaultMaxFrameSize);
+  if (!first.ok()) {
+    v1::ErrorCode code = errorCodeOf(first.status());
+    if (code == v1::PROTOCOL_ERROR || code == v1::FRAME_TOO_LARGE) {
+      co_await reject(code, std::string(first.status().message()));
+    } else {
+      log::info("handshake_failed", {{"peer", peer}, {"error", sv(first.status().message())}});
+    }
+    co_return;
+  }
+  if (stopping_) co_return;
+  if (!first->frame.has_hello()) {
+    co_await reject(v1::PROTOCOL_ERROR, "the first frame must be Hello");
+    co_return;
+  }
+  const v1::Hello& hello = first->frame.hello();
+  auto version = protocol::negotiateVersion(hello.version(), protocol::currentVersion());
+  if (!version.ok()) {
+    co_await reject(v1::UNSUPPORTED_VERSION, std::string(version.status().message()));
+    co_return;
+  }
+  if (!config_.insecure_no_auth &&
+      !protocol::constantTimeEquals(hello.auth_token(), config_.token)) {
+    co_await reject(v1::UNAUTHENTICATED, "wrong or missing token");
+    co_return;
+  }
+  if (draining_) {
+    co_await reject(v1::AGENT_DRAINING, "the agent is draining; connect to another agent");
+    co_return;
+  }
+
+  v1::Frame welcome_frame;
+  v1::Welcome& welcome = *welcome_frame.mutable_welcome();
+  *welcome.mutable_version() = *version;
+  welcome.set_agent_version(SIPHON_VERSION);
+  *welcome.mutable_target() = target_->describe();
+  welcome.add_features(v1::FEATURE_INFO);
+  welcome.add_features(v1::FEATURE_ENV);
+  welcome.add_features(v1::FEATURE_RESUME);
+
+  std::shared_ptr<AgentSession> session;
+  if (hello.has_resume()) {
+    auto it = sessions_.find(hello.resume().session_id());
+    if (it == sessions_.end()) {
+      co_await reject(v1::SESSION_EXPIRED,
+                      absl::StrCat("session ", hello.resume().session_id(),
+                                   " is unknown or expired (grace ",
+                                   config_.limits.session_grace.count(), " ms)"));
+      co_return;
+    }
+    session = it->second;
+    if (!protocol::constantTimeEquals(hello.resume().resume_token(), session->resumeToken())) {
+      co_await reject(v1::UNAUTHENTICATED, "wrong resume token");
+      co_return;
+    }
+    absl::Status s = session->session().resume(hello.resume().last_seq_received(),
+                                               protocol::Clock::now());
+    if (!s.ok()) {
+      co_await reject(v1::RESUME_FAILED, std::string(s.message()));
+      session->end("resume failed");
+      co_return;
+    }
+    welcome.set_resumed(true);
+    welcome.set_last_seq_received(session->session().receivedCount());
+  } else {
+    if (sessions_.size() >= config_.max_sessions) {
+      co_await reject(v1::RESOURCE_EXHAUSTED,
+                      absl::StrCat("session limit of ", config_.max_sessions, " reached"));
+      co_return;
+    }
+    auto limits = protocol::negotiateLimits(hello.requested_limits(), config_.limits);
+    session = std::make_shared<AgentSession>(*this, newId(8), newId(24), hello.client_name(),
+                                             limits);
+    sessions_[session->id()] = session;
+  }
+  welcome.set_session_id(session->id());
+  welcome.set_resume_token(session->resumeToken());
+  *welcome.mutable_limits() = protocol::toProto(session->session().limits());
+
+  // The Welcome goes out before the session's own frames: write it here,
+  // then hand the socket to the session's transport.
+  absl::Status w = co_await net::writeFrame(socket, welcome_frame);
+  if (!w.ok()) {
+    log::info("handshake_failed", {{"peer", peer}, {"error", sv(w.message())}});
+    if (!welcome.resumed()) session->end("handshake failed");
+    co_return;
+  }
+  if (session->ended()) co_return;
+  had_client_ = true;
+  first_client_timer_.cancel();
+  idle_timer_.cancel();
+  log::info(welcome.resumed() ? "session_resumed" : "session_opened",
+            {{"session", session->id()},
+             {"client", hello.client_name()},
+             {"peer", peer},
+             {"version", protocol::versionString(*version)}});
+  session->attach(std::move(socket), std::move(first->leftover));
+}
+
+void Server::handleRequest(std::shared_ptr<AgentSession> session, v1::Request request) {
+  v1::Response response;
+  response.set_request_id(request.request_id());
+  switch (request.body_case()) {
+    case v1::Request::kInfo:
+      *response.mutable_info() = info(*session);
+      session->respond(std::move(response));
+      return;
+    case v1::Request::kEnv: {
+      // /proc reads block: never on the event loop.
+      asio::post(blocking_pool_, [this, session, request = std::move(request)]() mutable {
+        auto env = envFor(*procfs_, target_->pid(), request.env());
+        asio::post(io_, [session, id = request.request_id(), env = std::move(env)]() mutable {
+          v1::Response r;
+          r.set_request_id(id);
+          if (env.ok()) {
+            *r.mutable_env() = std::move(*env);
+          } else {
+            log::warn("env_failed", {{"session", session->id()}, {"error", sv(env.status().message())}});
+            *r.mutable_error() = toProtoError(env.status());
+          }
+          session->respond(std::move(r));
+        });
+      });
+      return;
+    }
+    case v1::Request::BODY_NOT_SET:
+      *response.mutable_error() =
+          toProtoError(protoError(v1::INVALID_ARGUMENT, "request with no body"));
+      break;
+    default: {
+      std::string name = request.GetDescriptor()->FindFieldByNumber(request.body_case())->name();
+      *response.mutable_error() = toProtoError(protoError(
+          v1::UNIMPLEMENTED,
+          absl::StrCat("request '", name, "' is not implemented by agent ", SIPHON_VERSION)));
+      break;
+    }
+  }
+  session->respond(std::move(response));
+}
+
+v1::InfoResponse Server::info(const AgentSession& session) const {
+  v1::InfoResponse r;
+  r.set_agent_version(SIPHON_VERSION);
+  *r.mutable_protocol_version() = protocol::currentVersion();
+  *r.mutable_target() = target_->describe();
+  r.add_features(v1::FEATURE_INFO);
+  r.add_features(v1::FEATURE_ENV);
+  r.add_features(v1::FEATURE_RESUME);
+  r.set_sessions(static_cast<uint32_t>(sessions_.size()));
+  r.set_session_id(session.id());
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) == 0) r.set_hostname(host);
+  r.set_uptime_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - started_)
+                      .count());
+  *r.mutable_limits() = protocol::toProto(const_cast<AgentSession&>(session).session().limits());
+  return r;
+}
+
+void Server::requestStop() {
+  asio::post(io_, [this] { shutdown(kExitOk, "stop requested"); });
+}
+
+void Server::sessionEnded(const std::string& id) {
+  sessions_.erase(id);
+  if (sessions_.empty()) armIdleTimer();
+}
+
+void Server::armIdleTimer() {
+  if (config_.idle_timeout.count() == 0 || stopping_) return;
+  idle_timer_.expires_after(config_.idle_timeout);
+  idle_timer_.async_wait([this](net::error_code ec) {
+    if (ec || stopping_ || !sessions_.empty()) return;
+    log::info("idle_timeout",
+              {{"timeout_ms", static_cast<int64_t>(config_.idle_timeout.count())}});
+    shutdown(kExitOk, "idle: no session for --idle-timeout");
+  });
+}
+
+awaitable<void> Server::watchSignals() {
+  int count = 0;
+  while (!stopping_) {
+    net::error_code ec;
+    int sig = co_await signals_.async_wait(asio::redirect_error(use_awaitable, ec));
+    if (ec) co_return;
+    if (++count == 1) {
+      log::info("signal", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}, {"action", "drain"}});
+      startDrain(sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    } else {
+      log::info("signal", {{"signal", sig == SIGTERM ? "SIGTERM" : "SIGINT"}, {"action", "exit"}});
+      shutdown(kExitOk, "second signal");
+    }
+  }
+}
+
+awaitable<void> Server::watchTarget() {
+  // The pidfd turns readable when the target exits.
+  int fd = dup(target_->pidfd());
+  if (fd < 0) {
+    log::warn("watch_target_failed", {{"error", sv(lastErrnoStatus("dup pidfd").message())}});
+    co_return;
+  }
+  asio::posix::stream_descriptor pidfd(io_, fd);
+  net::error_code ec;
+  co_await pidfd.async_wait(asio::posix::stream_descriptor::wait_read,
+                            asio::redirect_error(use_awaitable, ec));
+  if (ec || stopping_) co_return;
+  log::info("target_exited", {{"pid", static_cast<int64_t>(target_->pid())}});
+  shutdown(kExitOk, absl::StrCat("target process ", target_->pid(), " exited"));
+}
+
+void Server::startDrain(std::string_view reason) {
+  if (draining_) return;
+  draining_ = true;
+  int64_t deadline = unixMillis() + config_.drain_timeout.count();
+  for (auto& [id, s] : sessions_) s->notifyDraining(deadline, reason);
+  // Nothing is stolen yet, so nothing in flight needs the drain period: the
+  // sessions hear Draining and then the Goaway.
+  shutdown(kExitOk, absl::StrCat("draining on ", asv(reason)));
+}
+
+void Server::shutdown(int exit_code, std::string_view reason) {
+  if (stopping_) return;
+  stopping_ = true;
+  exit_code_ = exit_code;
+  log::info("agent_exiting", {{"reason", reason}, {"exit_code", exit_code}});
+  net::error_code ec;
+  acceptor_.close(ec);
+  first_client_timer_.cancel();
+  idle_timer_.cancel();
+  signals_.cancel(ec);
+  // end() removes the session from the map: iterate over a copy.
+  auto sessions = sessions_;
+  for (auto& [id, s] : sessions) s->end(reason);
+  // Give the Goaways a moment to reach the clients, then stop.
+  auto t = std::make_shared<asio::steady_timer>(io_);
+  t->expires_after(std::chrono::milliseconds(200));
+  t->async_wait([this, t](net::error_code) { io_.stop(); });
+}
+
+}  // namespace siphon::agent

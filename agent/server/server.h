@@ -1,0 +1,127 @@
+// The agent's listener and session registry. Accepts clients, runs the
+// handshake (auth, version, new session or resume), keeps detached sessions
+// for their grace period, routes requests to the services, and decides when
+// the agent exits (no first client, idle, target gone, SIGTERM).
+//
+// Threads: everything here runs on one io_context thread; blocking work
+// (reading /proc) goes to the blocking pool and comes back by post().
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "agent/server/config.h"
+#include "agent/target/proc_fs.h"
+#include "agent/target/target.h"
+#include "siphon/protocol/session.h"
+#include "siphon/transport/asio.h"
+#include "siphon/transport/session_transport.h"
+
+namespace siphon::agent {
+
+class Server;
+
+// One client session: outlives its transports; detached while the client is
+// away, gone after the grace period.
+class AgentSession : public std::enable_shared_from_this<AgentSession>,
+                     public protocol::SessionHandler {
+ public:
+  AgentSession(Server& server, std::string id, std::string resume_token, std::string client_name,
+               protocol::SessionLimits limits);
+
+  const std::string& id() const { return id_; }
+  const std::string& resumeToken() const { return resume_token_; }
+  const std::string& clientName() const { return client_name_; }
+  protocol::Session& session() { return session_; }
+  bool attached() const { return transport_ != nullptr && !transport_->closed(); }
+  std::chrono::steady_clock::time_point created() const { return created_; }
+
+  // Runs a new transport for this session (after the handshake).
+  void attach(net::tcp::socket socket, std::string leftover);
+  // Sends a response, if the session still exists.
+  void respond(v1::Response response);
+  // Ends the session now: transport closed, removed from the registry.
+  void end(std::string_view reason);
+  // Queue a Draining notice.
+  void notifyDraining(int64_t deadline_unix_ms, std::string_view reason);
+  bool ended() const { return ended_; }
+
+  // SessionHandler
+  void onRequest(v1::Request request) override;
+  void onStreamOpen(v1::StreamOpen open) override;
+  void onGoaway(v1::Goaway goaway) override;
+
+ private:
+  void transportEnded(uint64_t generation, const absl::Status& why);
+
+  Server& server_;
+  std::string id_;
+  std::string resume_token_;
+  std::string client_name_;
+  protocol::Session session_;
+  std::shared_ptr<net::SessionTransport> transport_;
+  uint64_t generation_ = 0;
+  net::asio::steady_timer grace_timer_;
+  std::chrono::steady_clock::time_point created_;
+  bool ended_ = false;
+  bool client_closed_ = false;
+};
+
+class Server {
+ public:
+  Server(net::asio::io_context& io, AgentConfig config, std::unique_ptr<Target> target,
+         std::unique_ptr<ProcFs> procfs);
+  ~Server();
+
+  // Binds the listener. UNAVAILABLE with the address and the reason.
+  absl::Status listen();
+  // "127.0.0.1:7140" as bound (port 0 resolved).
+  std::string listenAddress() const;
+  // The ready line of design.md §6.
+  std::string readyLine() const;
+
+  // Accepts clients and serves until an exit condition; returns the exit
+  // code. Runs io.run() itself.
+  int run();
+
+  // Asks run() to end with exit code 0; safe from any thread.
+  void requestStop();
+
+  // Called by sessions.
+  void handleRequest(std::shared_ptr<AgentSession> session, v1::Request request);
+  void sessionEnded(const std::string& id);
+  net::asio::any_io_executor executor() { return io_.get_executor(); }
+  const AgentConfig& config() const { return config_; }
+
+ private:
+  net::awaitable<void> acceptLoop();
+  net::awaitable<void> handshake(net::tcp::socket socket);
+  net::awaitable<void> watchSignals();
+  net::awaitable<void> watchTarget();
+  void armIdleTimer();
+  void shutdown(int exit_code, std::string_view reason);
+  void startDrain(std::string_view reason);
+  v1::InfoResponse info(const AgentSession& session) const;
+  std::string newId(size_t bytes) const;
+
+  net::asio::io_context& io_;
+  AgentConfig config_;
+  std::unique_ptr<Target> target_;
+  std::unique_ptr<ProcFs> procfs_;
+  net::tcp::acceptor acceptor_;
+  net::asio::thread_pool blocking_pool_{2};
+  net::asio::steady_timer first_client_timer_;
+  net::asio::steady_timer idle_timer_;
+  net::asio::signal_set signals_;
+  std::map<std::string, std::shared_ptr<AgentSession>> sessions_;
+  std::chrono::steady_clock::time_point started_;
+  bool had_client_ = false;
+  bool draining_ = false;
+  bool stopping_ = false;
+  int exit_code_ = kExitOk;
+};
+
+}  // namespace siphon::agent

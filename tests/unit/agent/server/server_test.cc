@@ -1,0 +1,277 @@
+// The agent's server and the Asio client end to end, in process, on
+// loopback: handshake, auth, requests, concurrent sessions, resume after a
+// cut, and typed rejections. No root: the target is a fake /proc.
+#include "agent/server/server.h"
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <thread>
+
+#include "siphon/client/client.h"
+#include "siphon/protocol/handshake.h"
+#include "siphon/status.h"
+#include "siphon/transport/frame_io.h"
+#include "tests/fakes/fake_proc_fs.h"
+
+namespace siphon::agent {
+namespace {
+
+namespace asio = net::asio;
+using std::chrono::milliseconds;
+
+constexpr pid_t kPodPid = 4242;
+constexpr char kToken[] = "s3cret-token";
+
+class ServerTest : public testing::Test {
+ protected:
+  void start(AgentConfig config = {}) {
+    config.listen = "127.0.0.1:0";
+    config.token = kToken;
+    auto procfs = std::make_unique<fakes::FakeProcFs>();
+    procfs->setSelfPid(kPodPid);
+    fakes::FakeProcess pod;
+    pod.environ = std::string("SIPHON_POD=hello\0OTHER=x\0SIPHON_B=2\0", 36);
+    pod.netns_inode = 4026530001;
+    procfs->addProcess(kPodPid, pod);
+    TargetSpec spec;
+    spec.mode = TargetMode::kTargetless;
+    auto target = Target::open(*procfs, spec);
+    ASSERT_TRUE(target.ok()) << target.status();
+    server_ = std::make_unique<Server>(server_io_, config, std::move(*target), std::move(procfs));
+    ASSERT_TRUE(server_->listen().ok());
+    address_ = server_->listenAddress();
+    exit_code_ = std::async(std::launch::async, [this] { return server_->run(); });
+  }
+
+  void TearDown() override {
+    if (server_) {
+      server_->requestStop();
+      EXPECT_EQ(exit_code_.get(), kExitOk);
+    }
+  }
+
+  client::ClientOptions options(std::string token = kToken) {
+    client::ClientOptions o;
+    o.endpoints = {address_};
+    o.token = std::move(token);
+    o.client_name = "server-test";
+    return o;
+  }
+
+  // Runs a coroutine on a fresh client io_context until it finishes.
+  template <typename F>
+  void runClient(F f) {
+    asio::io_context io;
+    bool done = false;
+    asio::co_spawn(
+        io,
+        [&]() -> net::awaitable<void> {
+          co_await f(io.get_executor());
+          done = true;
+          io.stop();
+        },
+        asio::detached);
+    io.run();
+    ASSERT_TRUE(done);
+  }
+
+  asio::io_context server_io_;
+  std::unique_ptr<Server> server_;
+  std::string address_;
+  std::future<int> exit_code_;
+};
+
+v1::Request infoRequest() {
+  v1::Request r;
+  r.mutable_info();
+  return r;
+}
+
+TEST_F(ServerTest, InfoAndFilteredEnvComeFromTheTarget) {
+  start();
+  runClient([&](asio::any_io_executor ex) -> net::awaitable<void> {
+    auto c = client::Client::create(ex, options());
+    absl::Status s = co_await c->connect();
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(c->welcome().target().mode(), "targetless");
+    EXPECT_EQ(c->welcome().target().pid(), kPodPid);
+
+    auto info = co_await c->call(infoRequest());
+    EXPECT_TRUE(info.ok()) << info.status();
+    if (info.ok()) {
+      EXPECT_EQ(info->info().sessions(), 1u);
+      EXPECT_EQ(info->info().session_id(), c->welcome().session_id());
+      EXPECT_EQ(info->info().target().netns_inode(), 4026530001u);
+    }
+
+    v1::Request env;
+    env.mutable_env()->add_include("SIPHON_*");
+    auto r = co_await c->call(env);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (r.ok() && r->env().vars_size() == 2) {
+      EXPECT_EQ(r->env().vars(0).name(), "SIPHON_B");
+      EXPECT_EQ(r->env().vars(1).name(), "SIPHON_POD");
+      EXPECT_EQ(r->env().vars(1).value(), "hello");
+    } else if (r.ok()) {
+      ADD_FAILURE() << "want 2 variables, got " << r->env().ShortDebugString();
+    }
+    c->close();
+  });
+}
+
+TEST_F(ServerTest, WrongTokenIsRejectedAsUnauthenticated) {
+  start();
+  runClient([&](asio::any_io_executor ex) -> net::awaitable<void> {
+    auto c = client::Client::create(ex, options("not-the-token"));
+    absl::Status s = co_await c->connect();
+    EXPECT_EQ(errorCodeOf(s), v1::UNAUTHENTICATED) << s;
+  });
+}
+
+TEST_F(ServerTest, TwoConcurrentSessionsAreServed) {
+  start();
+  runClient([&](asio::any_io_executor ex) -> net::awaitable<void> {
+    auto a = client::Client::create(ex, options());
+    auto b = client::Client::create(ex, options());
+    EXPECT_TRUE((co_await a->connect()).ok());
+    EXPECT_TRUE((co_await b->connect()).ok());
+    EXPECT_NE(a->welcome().session_id(), b->welcome().session_id());
+    auto ia = co_await a->call(infoRequest());
+    auto ib = co_await b->call(infoRequest());
+    EXPECT_TRUE(ia.ok() && ib.ok());
+    if (ia.ok() && ib.ok()) {
+      EXPECT_EQ(ia->info().sessions(), 2u);
+      EXPECT_EQ(ib->info().session_id(), b->welcome().session_id());
+    }
+    a->close();
+    b->close();
+  });
+}
+
+TEST_F(ServerTest, UnimplementedRequestsAndStreamsAnswerAtOnce) {
+  start();
+  runClient([&](asio::any_io_executor ex) -> net::awaitable<void> {
+    auto c = client::Client::create(ex, options());
+    EXPECT_TRUE((co_await c->connect()).ok());
+    v1::Request dns;
+    dns.mutable_dns()->mutable_lookup()->set_name("example.internal");
+    auto r = co_await c->call(dns, milliseconds(5000));
+    EXPECT_EQ(errorCodeOf(r.status()), v1::UNIMPLEMENTED) << r.status();
+
+    v1::StreamOpen open;
+    open.mutable_outgoing()->set_protocol(v1::OutgoingConnect::TCP);
+    open.mutable_outgoing()->set_host("127.0.0.1");
+    open.mutable_outgoing()->set_port(1);
+    auto stream = co_await c->openStream(open);
+    EXPECT_EQ(errorCodeOf(stream.status()), v1::UNIMPLEMENTED) << stream.status();
+    c->close();
+  });
+}
+
+TEST_F(ServerTest, RequestsQueuedDuringACutAreAnsweredAfterResume) {
+  start();
+  runClient([&](asio::any_io_executor ex) -> net::awaitable<void> {
+    auto c = client::Client::create(ex, options());
+    EXPECT_TRUE((co_await c->connect()).ok());
+    EXPECT_TRUE((co_await c->call(infoRequest())).ok());
+    c->cutTransportForTest();
+    auto info = co_await c->call(infoRequest(), milliseconds(10000));
+    EXPECT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(c->resumeCountForTest(), 1u);
+    if (info.ok()) {
+      // Same session on the agent, not a new one.
+      EXPECT_EQ(info->info().session_id(), c->welcome().session_id());
+      EXPECT_EQ(info->info().sessions(), 1u);
+    }
+    c->close();
+  });
+}
+
+// Raw handshakes: what a foreign or broken client gets.
+class RawHandshakeTest : public ServerTest {
+ protected:
+  absl::StatusOr<v1::Frame> exchange(const std::string& bytes) {
+    absl::StatusOr<v1::Frame> out = absl::InternalError("not run");
+    runClient([&](asio::any_io_executor ex) -> net::awaitable<void> {
+      net::tcp::socket socket(ex);
+      std::string host, port;
+      EXPECT_TRUE(net::splitHostPort(address_, &host, &port).ok());
+      net::error_code ec;
+      co_await socket.async_connect(
+          net::tcp::endpoint(asio::ip::make_address(host), static_cast<uint16_t>(std::stoi(port))),
+          asio::redirect_error(net::use_awaitable, ec));
+      EXPECT_FALSE(ec) << ec.message();
+      co_await asio::async_write(socket, asio::buffer(bytes),
+                                 asio::redirect_error(net::use_awaitable, ec));
+      auto f = co_await net::readFirstFrame(socket, milliseconds(5000), 1 << 20);
+      if (f.ok()) {
+        out = f->frame;
+      } else {
+        out = f.status();
+      }
+    });
+    return out;
+  }
+};
+
+TEST_F(RawHandshakeTest, MajorVersionMismatchNamesBothVersions) {
+  start();
+  v1::Frame hello = protocol::makeHello("raw", kToken, {}, nullptr);
+  hello.mutable_hello()->mutable_version()->set_major(2);
+  hello.mutable_hello()->mutable_version()->set_minor(3);
+  auto f = exchange(protocol::encodeFrame(hello));
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE(f->has_reject());
+  EXPECT_EQ(f->reject().code(), v1::UNSUPPORTED_VERSION);
+  EXPECT_NE(f->reject().message().find("2.3"), std::string::npos) << f->reject().message();
+  EXPECT_NE(f->reject().message().find("1.0"), std::string::npos) << f->reject().message();
+}
+
+TEST_F(RawHandshakeTest, ResumeOfAnUnknownSessionIsSessionExpired) {
+  start();
+  v1::ResumeRequest resume;
+  resume.set_session_id("feedfacefeedface");
+  resume.set_resume_token("whatever");
+  auto f = exchange(protocol::encodeFrame(protocol::makeHello("raw", kToken, {}, &resume)));
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE(f->has_reject());
+  EXPECT_EQ(f->reject().code(), v1::SESSION_EXPIRED);
+}
+
+TEST_F(RawHandshakeTest, OversizedFirstFrameIsFrameTooLarge) {
+  start();
+  auto f = exchange(std::string("\x7f\xff\xff\xff", 4));
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE(f->has_reject());
+  EXPECT_EQ(f->reject().code(), v1::FRAME_TOO_LARGE);
+}
+
+TEST_F(RawHandshakeTest, GarbageIsAProtocolError) {
+  start();
+  auto f = exchange(std::string("\x00\x00\x00\x05\xff\xff\xff\xff\xff", 9));
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE(f->has_reject());
+  EXPECT_EQ(f->reject().code(), v1::PROTOCOL_ERROR);
+}
+
+TEST(ServerLifecycleTest, ExitsWithCodeSixWhenNoClientComes) {
+  asio::io_context io;
+  auto procfs = std::make_unique<fakes::FakeProcFs>();
+  procfs->setSelfPid(kPodPid);
+  procfs->addProcess(kPodPid, {});
+  TargetSpec spec;
+  spec.mode = TargetMode::kTargetless;
+  auto target = Target::open(*procfs, spec);
+  ASSERT_TRUE(target.ok());
+  AgentConfig config;
+  config.listen = "127.0.0.1:0";
+  config.token = kToken;
+  config.first_client_timeout = milliseconds(50);
+  Server server(io, config, std::move(*target), std::move(procfs));
+  ASSERT_TRUE(server.listen().ok());
+  EXPECT_EQ(server.run(), kExitNoClient);
+}
+
+}  // namespace
+}  // namespace siphon::agent
