@@ -1,0 +1,58 @@
+// A small JSON writer for the CLI's --json output: string escaping and a
+// pretty-printing builder. Enough for objects, arrays, strings, integers and
+// booleans; not a general JSON library.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace siphon::cli {
+
+// Appends `s` as a quoted JSON string. '"', '\\' and every control character
+// (U+0000..U+001F, and U+007F) are escaped; well-formed UTF-8 passes through
+// unchanged. Bytes that are not well-formed UTF-8 (stray continuation bytes,
+// overlong forms, surrogates, values above U+10FFFF, truncated sequences)
+// become U+FFFD each, so the output is always valid JSON in valid UTF-8 even
+// when a process's environment holds arbitrary bytes.
+void appendJsonString(std::string& out, std::string_view s);
+std::string jsonString(std::string_view s);
+
+// Builds one JSON document, indented by two spaces. Call-order rules: inside
+// an object, every value (scalar, object or array) is preceded by key(); in an
+// array, values come without keys; take() once every object and array is
+// closed. A broken rule is a bug in the caller and aborts.
+class JsonWriter {
+ public:
+  JsonWriter& beginObject();
+  JsonWriter& endObject();
+  JsonWriter& beginArray();
+  JsonWriter& endArray();
+  JsonWriter& key(std::string_view name);
+  JsonWriter& value(std::string_view s);
+  JsonWriter& value(const char* s) { return value(std::string_view(s)); }
+  JsonWriter& value(int64_t v);
+  JsonWriter& value(uint64_t v);
+  JsonWriter& value(int32_t v) { return value(static_cast<int64_t>(v)); }
+  JsonWriter& value(uint32_t v) { return value(static_cast<uint64_t>(v)); }
+  JsonWriter& value(bool v);
+  // The document, with a trailing newline.
+  std::string take();
+
+ private:
+  struct Level {
+    bool object;
+    bool empty = true;
+  };
+  void beforeValue();
+  void newline();
+  JsonWriter& close(bool object, char bracket);
+
+  std::string out_;
+  std::vector<Level> stack_;
+  bool key_pending_ = false;
+  bool done_ = false;
+};
+
+}  // namespace siphon::cli

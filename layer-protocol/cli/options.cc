@@ -1,0 +1,126 @@
+#include "cli/options.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "siphon/status.h"
+#include "siphon/transport/session_transport.h"
+
+namespace siphon::cli {
+namespace {
+
+// Tokens are short; this bounds what a wrong path (a log file, /dev/zero)
+// can make the CLI read.
+constexpr size_t kMaxTokenFileSize = 64 * 1024;
+
+absl::Status addEntries(std::string_view value, std::vector<std::string>* out) {
+  for (absl::string_view part : absl::StrSplit(asv(value), ',')) {
+    absl::string_view entry = absl::StripAsciiWhitespace(part);
+    if (entry.empty()) continue;
+    std::string address(entry);
+    std::string host, port;
+    RETURN_IF_ERROR(net::splitHostPort(address, &host, &port));
+    if (std::stoul(port) == 0) {
+      return protoError(v1::INVALID_ARGUMENT,
+                        absl::StrCat("bad address '", address, "': port 0 cannot be dialled"));
+    }
+    out->push_back(std::move(address));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> parseAgentList(const std::vector<std::string>& flags,
+                                                        std::optional<std::string_view> env_value) {
+  std::vector<std::string> agents;
+  if (!flags.empty()) {
+    for (const auto& f : flags) RETURN_IF_ERROR(addEntries(f, &agents));
+  } else if (env_value) {
+    RETURN_IF_ERROR(addEntries(*env_value, &agents));
+  }
+  if (agents.empty()) {
+    return protoError(v1::INVALID_ARGUMENT,
+                      "no agent address: pass --agent HOST:PORT or set SIPHON_AGENT");
+  }
+  return agents;
+}
+
+std::string trimTrailingWhitespace(std::string s) {
+  while (!s.empty() && absl::ascii_isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  return s;
+}
+
+absl::StatusOr<std::string> readTokenFile(const std::string& path) {
+  auto unreadable = [&](int err) {
+    return protoError(v1::INVALID_ARGUMENT,
+                      absl::StrCat("cannot read token file ", path, ": ", std::strerror(err)));
+  };
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return unreadable(errno);
+  std::string content;
+  char buf[4096];
+  while (true) {
+    ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      // A directory opens fine and fails here with EISDIR.
+      int err = errno;
+      close(fd);
+      return unreadable(err);
+    }
+    if (n == 0) break;
+    content.append(buf, static_cast<size_t>(n));
+    if (content.size() > kMaxTokenFileSize) {
+      close(fd);
+      return protoError(v1::INVALID_ARGUMENT,
+                        absl::StrCat("token file ", path, " is larger than ", kMaxTokenFileSize,
+                                     " bytes: not a token"));
+    }
+  }
+  close(fd);
+  std::string token = trimTrailingWhitespace(std::move(content));
+  if (token.empty()) {
+    return protoError(v1::INVALID_ARGUMENT, absl::StrCat("token file ", path, " is empty"));
+  }
+  return token;
+}
+
+absl::StatusOr<std::chrono::milliseconds> parseDuration(std::string_view s) {
+  auto bad = [&] {
+    return protoError(v1::INVALID_ARGUMENT,
+                      absl::StrCat("bad duration '", asv(s), "' (want e.g. 500ms, 5s, 2m, 1h)"));
+  };
+  size_t unit_at = s.find_first_not_of("0123456789.");
+  std::string_view number = s.substr(0, unit_at);
+  std::string_view unit = unit_at == std::string_view::npos ? "s" : s.substr(unit_at);
+  double scale;
+  if (unit == "ms") {
+    scale = 1;
+  } else if (unit == "s") {
+    scale = 1000;
+  } else if (unit == "m") {
+    scale = 60'000;
+  } else if (unit == "h") {
+    scale = 3'600'000;
+  } else {
+    return bad();
+  }
+  double value = 0;
+  if (number.empty() || !absl::SimpleAtod(asv(number), &value) || !std::isfinite(value)) {
+    return bad();
+  }
+  double ms = std::round(value * scale);
+  if (ms < 1 || ms > 365.0 * 24 * 3'600'000) return bad();
+  return std::chrono::milliseconds(static_cast<int64_t>(ms));
+}
+
+}  // namespace siphon::cli
