@@ -1,5 +1,6 @@
 #include "siphon/protocol/codec.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -9,9 +10,9 @@ namespace siphon::protocol {
 namespace {
 
 // Protobuf wire tags of the fields the data fast path touches.
-constexpr uint8_t kTagFrameData = (1 << 3) | 2;      // Frame.data, length-delimited
-constexpr uint8_t kTagStreamId = (1 << 3) | 0;       // StreamData.stream_id, varint
-constexpr uint8_t kTagPayload = (2 << 3) | 2;        // StreamData.payload, length-delimited
+constexpr uint8_t kTagFrameData = (1 << 3) | 2;  // Frame.data, length-delimited
+constexpr uint8_t kTagStreamId = (1 << 3) | 0;   // StreamData.stream_id, varint
+constexpr uint8_t kTagPayload = (2 << 3) | 2;    // StreamData.payload, length-delimited
 
 size_t putVarint(uint64_t v, char* out) {
   size_t n = 0;
@@ -104,6 +105,9 @@ void FrameDecoder::compact() {
 }
 
 void FrameDecoder::feed(std::string_view bytes) {
+  // An empty view may have a null data(); memcpy from null is undefined even
+  // for zero bytes.
+  if (bytes.empty()) return;
   auto span = prepare(bytes.size());
   std::memcpy(span.data(), bytes.data(), bytes.size());
   commit(bytes.size());
@@ -127,9 +131,9 @@ absl::StatusOr<std::optional<DecodedFrame>> FrameDecoder::next() {
   auto* p = reinterpret_cast<const uint8_t*>(buf_.data() + pos_);
   uint32_t len = (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
   if (len > max_frame_size_) {
-    error_ = protoError(v1::FRAME_TOO_LARGE,
-                        absl::StrCat("frame of ", len, " bytes is above the maximum of ",
-                                     max_frame_size_));
+    error_ = protoError(
+        v1::FRAME_TOO_LARGE,
+        absl::StrCat("frame of ", len, " bytes is above the maximum of ", max_frame_size_));
     return error_;
   }
   if (len == 0) {
@@ -144,8 +148,7 @@ absl::StatusOr<std::optional<DecodedFrame>> FrameDecoder::next() {
     out.is_data = true;
   } else {
     if (!out.frame.ParseFromArray(body.data(), static_cast<int>(body.size()))) {
-      error_ = protoError(v1::PROTOCOL_ERROR,
-                          absl::StrCat("undecodable frame of ", len, " bytes"));
+      error_ = protoError(v1::PROTOCOL_ERROR, absl::StrCat("undecodable frame of ", len, " bytes"));
       return error_;
     }
     if (out.frame.body_case() == v1::Frame::BODY_NOT_SET) {

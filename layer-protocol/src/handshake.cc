@@ -1,5 +1,7 @@
 #include "siphon/protocol/handshake.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "siphon/status.h"
 
@@ -16,10 +18,10 @@ std::string versionString(const v1::Version& v) { return absl::StrCat(v.major(),
 
 absl::StatusOr<v1::Version> negotiateVersion(const v1::Version& client, const v1::Version& agent) {
   if (client.major() != agent.major()) {
-    return protoError(v1::UNSUPPORTED_VERSION,
-                      absl::StrCat("protocol version mismatch: client speaks ",
-                                   versionString(client), ", agent speaks ", versionString(agent),
-                                   " (major versions must match)"));
+    return protoError(
+        v1::UNSUPPORTED_VERSION,
+        absl::StrCat("protocol version mismatch: client speaks ", versionString(client),
+                     ", agent speaks ", versionString(agent), " (major versions must match)"));
   }
   v1::Version v;
   v.set_major(agent.major());
@@ -53,17 +55,27 @@ v1::Frame makeHello(std::string_view client_name, std::string_view token,
   return f;
 }
 
+namespace {
+
+// The peer's refusal as a status that is never OK: protoError(OK) is an OK
+// status, and a StatusOr built from one is an invariant violation (abseil
+// aborts in debug builds), so a Reject or Goaway that carries OK or no code
+// becomes INTERNAL with the peer's message.
+absl::Status refusal(v1::ErrorCode code, const std::string& message) {
+  if (code == v1::OK || code == v1::ERROR_CODE_UNSPECIFIED) code = v1::INTERNAL;
+  return protoError(code, message);
+}
+
+}  // namespace
+
 absl::StatusOr<v1::Welcome> welcomeFrom(const v1::Frame& frame) {
   switch (frame.body_case()) {
     case v1::Frame::kWelcome:
       return frame.welcome();
     case v1::Frame::kReject:
-      return protoError(frame.reject().code() == v1::ERROR_CODE_UNSPECIFIED
-                            ? v1::INTERNAL
-                            : frame.reject().code(),
-                        frame.reject().message());
+      return refusal(frame.reject().code(), frame.reject().message());
     case v1::Frame::kGoaway:
-      return protoError(frame.goaway().code(), frame.goaway().message());
+      return refusal(frame.goaway().code(), frame.goaway().message());
     default:
       return protoError(v1::PROTOCOL_ERROR, "expected Welcome or Reject from the agent");
   }

@@ -25,8 +25,10 @@ SessionLimits fromProto(const v1::Limits& p) {
   if (p.max_streams()) l.max_streams = p.max_streams();
   if (p.max_pending_requests()) l.max_pending_requests = p.max_pending_requests();
   if (p.replay_buffer_bytes()) l.replay_buffer_bytes = p.replay_buffer_bytes();
-  if (p.keepalive_interval_ms()) l.keepalive_interval = std::chrono::milliseconds(p.keepalive_interval_ms());
-  if (p.keepalive_timeout_ms()) l.keepalive_timeout = std::chrono::milliseconds(p.keepalive_timeout_ms());
+  if (p.keepalive_interval_ms())
+    l.keepalive_interval = std::chrono::milliseconds(p.keepalive_interval_ms());
+  if (p.keepalive_timeout_ms())
+    l.keepalive_timeout = std::chrono::milliseconds(p.keepalive_timeout_ms());
   if (p.session_grace_ms()) l.session_grace = std::chrono::milliseconds(p.session_grace_ms());
   if (p.max_read_size()) l.max_read_size = p.max_read_size();
   return l;
@@ -38,18 +40,30 @@ SessionLimits negotiateLimits(const v1::Limits& asked, const SessionLimits& agen
   // A frame must hold at least a small data frame; below that the session
   // could not move a byte.
   l.max_frame_size = std::max<uint32_t>(pick(asked.max_frame_size(), agent.max_frame_size), 4096);
-  l.initial_stream_window = std::max<uint32_t>(pick(asked.initial_stream_window(), agent.initial_stream_window), 1024);
+  l.initial_stream_window =
+      std::max<uint32_t>(pick(asked.initial_stream_window(), agent.initial_stream_window), 1024);
   l.max_streams = pick(asked.max_streams(), agent.max_streams);
   l.max_pending_requests = pick(asked.max_pending_requests(), agent.max_pending_requests);
-  l.replay_buffer_bytes = std::max<uint64_t>(pick(asked.replay_buffer_bytes(), agent.replay_buffer_bytes), 2ull * l.max_frame_size);
-  l.max_read_size = pick(asked.max_read_size(), agent.max_read_size);
+  l.replay_buffer_bytes = std::max<uint64_t>(
+      pick(asked.replay_buffer_bytes(), agent.replay_buffer_bytes), 2ull * l.max_frame_size);
+  // A read's bytes travel in one Response frame: a read as large as a frame
+  // would make a frame above the maximum and end the session.
+  l.max_read_size = std::min<uint32_t>(pick(asked.max_read_size(), agent.max_read_size),
+                                       l.max_frame_size - kReadSizeHeadroom);
   // Keepalive: the client may ask for faster pings and a shorter timeout.
   if (asked.keepalive_interval_ms()) {
-    l.keepalive_interval = std::min(agent.keepalive_interval, std::chrono::milliseconds(asked.keepalive_interval_ms()));
+    l.keepalive_interval = std::min(agent.keepalive_interval,
+                                    std::chrono::milliseconds(asked.keepalive_interval_ms()));
   }
   if (asked.keepalive_timeout_ms()) {
-    l.keepalive_timeout = std::min(agent.keepalive_timeout, std::chrono::milliseconds(asked.keepalive_timeout_ms()));
+    l.keepalive_timeout =
+        std::min(agent.keepalive_timeout, std::chrono::milliseconds(asked.keepalive_timeout_ms()));
   }
+  // A peer is declared lost after keepalive_timeout of silence, and an idle
+  // peer is only heard when it pings: a shorter timeout alone (with the
+  // default interval) would drop every idle session. Ping at least twice per
+  // timeout.
+  l.keepalive_interval = std::min(l.keepalive_interval, l.keepalive_timeout / 2);
   return l;
 }
 

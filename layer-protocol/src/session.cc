@@ -49,6 +49,14 @@ absl::Status Session::onRead(size_t n, SessionHandler& handler, TimePoint now) {
 
 absl::Status Session::processDecoded(SessionHandler& handler, TimePoint now) {
   last_received_ = now;
+  if (recheck_writable_) {
+    // resume() dropped the frames the peer had received, which frees replay
+    // space, but it has no handler to tell the streams waiting for it. The
+    // peer's Ack that follows carries no news (it equals the resume count),
+    // so without this those streams would wait forever.
+    recheck_writable_ = false;
+    if (any_wants_write_) notifyWritable(handler);
+  }
   while (true) {
     auto next = decoder_.next();
     if (!next.ok()) return next.status();
@@ -83,9 +91,8 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
     case v1::Frame::kAck: {
       uint64_t r = f.ack().received();
       if (r > acked_ + write_next_) {
-        return protoError(v1::PROTOCOL_ERROR,
-                          absl::StrCat("ack of ", r, " frames but only ", acked_ + write_next_,
-                                       " were sent"));
+        return protoError(v1::PROTOCOL_ERROR, absl::StrCat("ack of ", r, " frames but only ",
+                                                           acked_ + write_next_, " were sent"));
       }
       onAck(r, handler);
       return absl::OkStatus();
@@ -101,9 +108,26 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
     case v1::Frame::kGoaway:
       handler.onGoaway(std::move(*f.mutable_goaway()));
       return absl::OkStatus();
-    case v1::Frame::kRequest:
+    case v1::Frame::kRequest: {
+      uint64_t id = f.request().request_id();
+      if (!incoming_requests_.insert(id).second) {
+        return protoError(v1::PROTOCOL_ERROR,
+                          absl::StrCat("request ", id, " sent again before its response"));
+      }
+      if (incoming_requests_.size() > limits_.max_pending_requests) {
+        // The limit binds both ways: a peer that ignores it gets a typed
+        // answer, and the work we hold for it stays bounded.
+        v1::Response r;
+        r.set_request_id(id);
+        r.mutable_error()->set_code(v1::RESOURCE_EXHAUSTED);
+        r.mutable_error()->set_message(
+            absl::StrCat("pending request limit of ", limits_.max_pending_requests, " reached"));
+        sendResponse(std::move(r));
+        return absl::OkStatus();
+      }
       handler.onRequest(std::move(*f.mutable_request()));
       return absl::OkStatus();
+    }
     case v1::Frame::kResponse:
       pending_requests_.erase(f.response().request_id());
       handler.onResponse(std::move(*f.mutable_response()));
@@ -151,10 +175,10 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
       if (it == streams_.end()) return absl::OkStatus();
       size_t n = f.datagram().payload().size();
       if (n > it->second.recv_credit) {
-        return protoError(v1::FLOW_CONTROL_ERROR,
-                          absl::StrCat("datagram of ", n, " bytes on stream ",
-                                       f.datagram().stream_id(), " beyond its credit of ",
-                                       it->second.recv_credit));
+        return protoError(
+            v1::FLOW_CONTROL_ERROR,
+            absl::StrCat("datagram of ", n, " bytes on stream ", f.datagram().stream_id(),
+                         " beyond its credit of ", it->second.recv_credit));
       }
       it->second.recv_credit -= n;
       handler.onStreamDatagram(std::move(*f.mutable_datagram()));
@@ -293,9 +317,9 @@ absl::Status Session::onTick(TimePoint now) {
   if (!attached_) return absl::OkStatus();
   auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_received_);
   if (silent >= limits_.keepalive_timeout) {
-    return protoError(v1::UNAVAILABLE, absl::StrCat("peer silent for ", silent.count(),
-                                                    " ms (keepalive timeout ",
-                                                    limits_.keepalive_timeout.count(), " ms)"));
+    return protoError(v1::UNAVAILABLE,
+                      absl::StrCat("peer silent for ", silent.count(), " ms (keepalive timeout ",
+                                   limits_.keepalive_timeout.count(), " ms)"));
   }
   if (now - last_ping_ >= limits_.keepalive_interval) {
     v1::Frame ping;
@@ -322,9 +346,8 @@ absl::Status Session::resume(uint64_t peer_last_received, TimePoint now) {
   if (attached_) onTransportLost();
   if (peer_last_received < acked_ || peer_last_received > sent_) {
     return protoError(v1::RESUME_FAILED,
-                      absl::StrCat("peer resumes after frame ", peer_last_received,
-                                   " but frames ", acked_ + 1, "..", sent_,
-                                   " are what can be replayed"));
+                      absl::StrCat("peer resumes after frame ", peer_last_received, " but frames ",
+                                   acked_ + 1, "..", sent_, " are what can be replayed"));
   }
   while (acked_ < peer_last_received) {
     replay_bytes_ -= replay_.front()->size();
@@ -333,6 +356,7 @@ absl::Status Session::resume(uint64_t peer_last_received, TimePoint now) {
   }
   write_next_ = 0;
   attached_ = true;
+  recheck_writable_ = true;
   last_received_ = now;
   last_ping_ = now;
   // Tell the peer at once what we hold, so its replay buffer shrinks.
@@ -345,9 +369,9 @@ absl::Status Session::resume(uint64_t peer_last_received, TimePoint now) {
 
 absl::StatusOr<uint64_t> Session::sendRequest(v1::Request request) {
   if (pending_requests_.size() >= limits_.max_pending_requests) {
-    return protoError(v1::RESOURCE_EXHAUSTED,
-                      absl::StrCat("pending request limit of ", limits_.max_pending_requests,
-                                   " reached"));
+    return protoError(
+        v1::RESOURCE_EXHAUSTED,
+        absl::StrCat("pending request limit of ", limits_.max_pending_requests, " reached"));
   }
   uint64_t id = next_request_id_++;
   request.set_request_id(id);
@@ -359,6 +383,7 @@ absl::StatusOr<uint64_t> Session::sendRequest(v1::Request request) {
 }
 
 void Session::sendResponse(v1::Response response) {
+  incoming_requests_.erase(response.request_id());
   v1::Frame f;
   *f.mutable_response() = std::move(response);
   queueSequenced(f);
@@ -424,10 +449,14 @@ absl::Status Session::sendData(uint64_t stream_id, std::string payload) {
     return protoError(v1::FLOW_CONTROL_ERROR,
                       absl::StrCat("stream ", stream_id, " is not accepted yet"));
   }
-  if (payload.size() > s.send_credit) {
-    return protoError(v1::FLOW_CONTROL_ERROR,
-                      absl::StrCat(payload.size(), " bytes on stream ", stream_id,
-                                   " beyond its credit of ", s.send_credit));
+  // The credit is sendCredit(): the stream's own and the replay buffer's, so
+  // the buffer stays within its bound whatever the caller does.
+  uint64_t credit = std::min(s.send_credit, replayFree());
+  if (payload.size() > credit) {
+    return protoError(
+        v1::FLOW_CONTROL_ERROR,
+        absl::StrCat(payload.size(), " bytes on stream ", stream_id, " beyond its credit of ",
+                     credit, " (stream ", s.send_credit, ", replay buffer ", replayFree(), ")"));
   }
   s.send_credit -= payload.size();
   size_t max_chunk = limits_.max_frame_size - kDataFrameOverhead;

@@ -398,7 +398,10 @@ void Client::onDraining(v1::Draining draining) {
 }
 
 void Client::onGoaway(v1::Goaway goaway) {
-  goaway_ = protoError(goaway.code() == v1::ERROR_CODE_UNSPECIFIED ? v1::INTERNAL : goaway.code(),
+  // OK or no code still ends the session: never leave goaway_ OK here.
+  v1::ErrorCode code = goaway.code();
+  if (code == v1::ERROR_CODE_UNSPECIFIED || code == v1::OK) code = v1::CANCELLED;
+  goaway_ = protoError(code,
                        absl::StrCat("the agent ended the session: ", goaway.message()));
 }
 

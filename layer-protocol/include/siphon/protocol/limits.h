@@ -10,6 +10,11 @@
 
 namespace siphon::protocol {
 
+// Room a Request or Response needs around the bytes of a file read or write
+// (envelope, ids, tags); max_read_size is kept this far below max_frame_size
+// so the largest read still fits in one frame.
+inline constexpr uint32_t kReadSizeHeadroom = 1024;
+
 struct SessionLimits {
   uint32_t max_frame_size = kDefaultMaxFrameSize;
   uint32_t initial_stream_window = 256 * 1024;
@@ -21,14 +26,17 @@ struct SessionLimits {
   std::chrono::milliseconds keepalive_interval{5000};
   std::chrono::milliseconds keepalive_timeout{20000};
   std::chrono::milliseconds session_grace{60000};
-  uint32_t max_read_size = 1024 * 1024;
+  uint32_t max_read_size = kDefaultMaxFrameSize - kReadSizeHeadroom;
 };
 
 v1::Limits toProto(const SessionLimits& limits);
 // Fields left at 0 take the default.
 SessionLimits fromProto(const v1::Limits& limits);
 // Each limit: the smaller of the two, where `asked` sets it (non-zero).
-// Grace is the agent's own.
+// Grace is the agent's own. Floors keep a session able to move data
+// (max_frame_size >= 4096, initial_stream_window >= 1024, replay buffer >= two
+// frames), max_read_size <= max_frame_size - kReadSizeHeadroom, and
+// keepalive_interval <= keepalive_timeout / 2.
 SessionLimits negotiateLimits(const v1::Limits& asked, const SessionLimits& agent);
 
 }  // namespace siphon::protocol

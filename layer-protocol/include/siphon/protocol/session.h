@@ -74,6 +74,8 @@ struct WriteBatch {
 class SessionHandler {
  public:
   virtual ~SessionHandler() = default;
+  // Answer each with sendResponse(). Past max_pending_requests unanswered
+  // requests the session answers RESOURCE_EXHAUSTED itself, without a call.
   virtual void onRequest(v1::Request /*request*/) {}
   virtual void onResponse(v1::Response /*response*/) {}
   // The peer opened a stream: answer with acceptStream() or resetStream().
@@ -152,7 +154,8 @@ class Session {
   // the free replay buffer. 0 means wait for onStreamWritable().
   size_t sendCredit(uint64_t stream_id);
   // Sends payload (at most sendCredit() bytes), cut into frames as needed.
-  // FLOW_CONTROL_ERROR beyond the credit, STREAM_CLOSED on a closed stream.
+  // FLOW_CONTROL_ERROR beyond sendCredit() (or before the peer accepted the
+  // stream), STREAM_CLOSED on a closed stream.
   absl::Status sendData(uint64_t stream_id, std::string payload);
   absl::Status sendDatagram(v1::StreamDatagram datagram);
   absl::Status halfClose(uint64_t stream_id);
@@ -203,8 +206,8 @@ class Session {
   // sequenced frame to hand to the transport.
   std::deque<std::shared_ptr<OutFrame>> replay_;
   uint64_t replay_bytes_ = 0;
-  uint64_t acked_ = 0;   // seqs the peer confirmed
-  uint64_t sent_ = 0;    // seqs assigned
+  uint64_t acked_ = 0;  // seqs the peer confirmed
+  uint64_t sent_ = 0;   // seqs assigned
   size_t write_next_ = 0;
   std::deque<std::shared_ptr<OutFrame>> control_;
   uint64_t received_ = 0;
@@ -217,10 +220,12 @@ class Session {
 
   // Multiplexing.
   uint64_t next_request_id_ = 1;
-  std::unordered_set<uint64_t> pending_requests_;
+  std::unordered_set<uint64_t> pending_requests_;   // sent, awaiting a response
+  std::unordered_set<uint64_t> incoming_requests_;  // received, not yet answered
   uint64_t next_stream_id_;
   std::unordered_map<uint64_t, Stream> streams_;
   bool any_wants_write_ = false;
+  bool recheck_writable_ = false;  // resume() freed replay space
 };
 
 }  // namespace siphon::protocol
