@@ -2,22 +2,21 @@
 // flags and exit codes.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
-#include <CLI/CLI.hpp>
-
 #include "absl/strings/str_cat.h"
-#include "agent/common/duration.h"
 #include "agent/common/log.h"
 #include "agent/server/config.h"
 #include "agent/server/server.h"
 #include "agent/target/proc_fs.h"
 #include "agent/target/target.h"
 #include "siphon/status.h"
+#include "siphon/text.h"
 
 namespace siphon::agent {
 namespace {
@@ -101,7 +100,8 @@ int realMain(int argc, char** argv) {
   }
 
   log::Format format;
-  if (auto s = log::parseFormat(log_format, &format); !s.ok()) return fail(kExitUsage, sv(s.message()));
+  if (auto s = log::parseFormat(log_format, &format); !s.ok())
+    return fail(kExitUsage, sv(s.message()));
   if (auto s = log::init(format, log_level); !s.ok()) return fail(kExitUsage, sv(s.message()));
   for (auto [text, out] : {std::pair{&first_client_timeout, &config.first_client_timeout},
                            std::pair{&idle_timeout, &config.idle_timeout},

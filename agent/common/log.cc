@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "siphon/status.h"
+#include "siphon/text.h"
 
 namespace siphon::agent::log {
 namespace {
@@ -83,49 +84,16 @@ absl::Status init(Format format, std::string_view level) {
   return absl::OkStatus();
 }
 
-std::string jsonEscape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 2);
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out;
-}
-
 std::string formatLine(Format format, Level level, std::string_view name,
                        std::initializer_list<Field> fields, std::string_view time) {
   std::string line;
   if (format == Format::kJson) {
     absl::StrAppend(&line, "{\"time\":\"", asv(time), "\",\"level\":\"", asv(levelName(level)),
-                    "\",\"event\":\"", jsonEscape(name), "\"");
+                    "\",\"event\":", jsonString(name));
     for (const auto& f : fields) {
-      absl::StrAppend(&line, ",\"", jsonEscape(f.key), "\":");
+      absl::StrAppend(&line, ",", jsonString(f.key), ":");
       if (f.quoted) {
-        absl::StrAppend(&line, "\"", jsonEscape(f.value), "\"");
+        absl::StrAppend(&line, jsonString(f.value));
       } else {
         absl::StrAppend(&line, f.value);
       }
@@ -137,7 +105,7 @@ std::string formatLine(Format format, Level level, std::string_view name,
   for (const auto& f : fields) {
     absl::StrAppend(&line, " ", f.key, "=");
     if (f.quoted && needsQuotes(f.value)) {
-      absl::StrAppend(&line, "\"", jsonEscape(f.value), "\"");
+      absl::StrAppend(&line, jsonString(f.value));
     } else {
       absl::StrAppend(&line, f.value);
     }

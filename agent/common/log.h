@@ -52,6 +52,5 @@ inline void error(std::string_view name, std::initializer_list<Field> f = {}) {
 // Formats one line (no newline) as init() configured; exposed for tests.
 std::string formatLine(Format format, Level level, std::string_view name,
                        std::initializer_list<Field> fields, std::string_view time);
-std::string jsonEscape(std::string_view s);
 
 }  // namespace siphon::agent::log

@@ -91,17 +91,17 @@ void AgentSession::transportEnded(uint64_t generation, const absl::Status& why) 
     return;
   }
   if (endsSession(why)) {
-    log::warn("session_protocol_error",
-              {{"session", id_}, {"code", errorCodeName(errorCodeOf(why))},
-               {"error", sv(why.message())}});
+    log::warn("session_protocol_error", {{"session", id_},
+                                         {"code", errorCodeName(errorCodeOf(why))},
+                                         {"error", sv(why.message())}});
     end("protocol error");
     return;
   }
   session_.onTransportLost();
-  log::info("session_detached", {{"session", id_},
-                                 {"reason", sv(why.message())},
-                                 {"grace_ms", static_cast<int64_t>(
-                                                  session_.limits().session_grace.count())}});
+  log::info("session_detached",
+            {{"session", id_},
+             {"reason", sv(why.message())},
+             {"grace_ms", static_cast<int64_t>(session_.limits().session_grace.count())}});
   grace_timer_.expires_after(session_.limits().session_grace);
   std::weak_ptr<AgentSession> weak = weak_from_this();
   grace_timer_.async_wait([weak, generation](net::error_code ec) {
@@ -148,11 +148,11 @@ void AgentSession::onStreamOpen(v1::StreamOpen open) {
   std::string kind = open.kind_case() == v1::StreamOpen::KIND_NOT_SET
                          ? "(none)"
                          : open.GetDescriptor()->FindFieldByNumber(open.kind_case())->name();
-  session_.resetStream(open.stream_id(),
-                       toProtoError(protoError(v1::UNIMPLEMENTED,
-                                               absl::StrCat("stream kind '", kind,
-                                                            "' is not implemented by agent ",
-                                                            SIPHON_VERSION))));
+  session_.resetStream(
+      open.stream_id(),
+      toProtoError(protoError(
+          v1::UNIMPLEMENTED,
+          absl::StrCat("stream kind '", kind, "' is not implemented by agent ", SIPHON_VERSION))));
 }
 
 void AgentSession::onGoaway(v1::Goaway goaway) {
@@ -182,9 +182,8 @@ absl::Status Server::listen() {
   net::error_code ec;
   auto address = asio::ip::make_address(host, ec);
   if (ec) {
-    return protoError(v1::INVALID_ARGUMENT,
-                      absl::StrCat("--listen ", config_.listen, ": '", host,
-                                   "' is not an IP address"));
+    return protoError(v1::INVALID_ARGUMENT, absl::StrCat("--listen ", config_.listen, ": '", host,
+                                                         "' is not an IP address"));
   }
   net::tcp::endpoint ep(address, static_cast<uint16_t>(std::stoul(port)));
   auto fail = [&](std::string_view what) {
@@ -222,8 +221,8 @@ int Server::run() {
     first_client_timer_.expires_after(config_.first_client_timeout);
     first_client_timer_.async_wait([this](net::error_code ec) {
       if (ec || had_client_ || stopping_) return;
-      log::error("no_client", {{"timeout_ms", static_cast<int64_t>(
-                                                  config_.first_client_timeout.count())}});
+      log::error("no_client",
+                 {{"timeout_ms", static_cast<int64_t>(config_.first_client_timeout.count())}});
       shutdown(kExitNoClient, "no client connected within --first-client-timeout");
     });
   }
@@ -234,8 +233,8 @@ int Server::run() {
 awaitable<void> Server::acceptLoop() {
   while (!stopping_) {
     net::error_code ec;
-    net::tcp::socket socket = co_await acceptor_.async_accept(
-        asio::redirect_error(use_awaitable, ec));
+    net::tcp::socket socket =
+        co_await acceptor_.async_accept(asio::redirect_error(use_awaitable, ec));
     if (stopping_) break;
     if (ec) {
       if (ec == asio::error::operation_aborted) break;
@@ -280,8 +279,8 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
     socket.close(ignored);
   };
 
-  auto first =
-      co_await net::readFirstFrame(socket, config_.handshake_timeout, protocol::kDefaultMaxFrameSize);
+  auto first = co_await net::readFirstFrame(socket, config_.handshake_timeout,
+                                            protocol::kDefaultMaxFrameSize);
   if (!first.ok()) {
     v1::ErrorCode code = errorCodeOf(first.status());
     if (code == v1::PROTOCOL_ERROR || code == v1::FRAME_TOO_LARGE) {
@@ -325,10 +324,10 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
   if (hello.has_resume()) {
     auto it = sessions_.find(hello.resume().session_id());
     if (it == sessions_.end()) {
-      co_await reject(v1::SESSION_EXPIRED,
-                      absl::StrCat("session ", hello.resume().session_id(),
-                                   " is unknown or expired (grace ",
-                                   config_.limits.session_grace.count(), " ms)"));
+      co_await reject(
+          v1::SESSION_EXPIRED,
+          absl::StrCat("session ", hello.resume().session_id(), " is unknown or expired (grace ",
+                       config_.limits.session_grace.count(), " ms)"));
       co_return;
     }
     session = it->second;
@@ -336,8 +335,8 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
       co_await reject(v1::UNAUTHENTICATED, "wrong resume token");
       co_return;
     }
-    absl::Status s = session->session().resume(hello.resume().last_seq_received(),
-                                               protocol::Clock::now());
+    absl::Status s =
+        session->session().resume(hello.resume().last_seq_received(), protocol::Clock::now());
     if (!s.ok()) {
       co_await reject(v1::RESUME_FAILED, std::string(s.message()));
       session->end("resume failed");
@@ -352,8 +351,8 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
       co_return;
     }
     auto limits = protocol::negotiateLimits(hello.requested_limits(), config_.limits);
-    session = std::make_shared<AgentSession>(*this, newId(8), newId(24), hello.client_name(),
-                                             limits);
+    session =
+        std::make_shared<AgentSession>(*this, newId(8), newId(24), hello.client_name(), limits);
     sessions_[session->id()] = session;
   }
   welcome.set_session_id(session->id());
@@ -398,7 +397,8 @@ void Server::handleRequest(std::shared_ptr<AgentSession> session, v1::Request re
           if (env.ok()) {
             *r.mutable_env() = std::move(*env);
           } else {
-            log::warn("env_failed", {{"session", session->id()}, {"error", sv(env.status().message())}});
+            log::warn("env_failed",
+                      {{"session", session->id()}, {"error", sv(env.status().message())}});
             *r.mutable_error() = toProtoError(env.status());
           }
           session->respond(std::move(r));
@@ -454,8 +454,7 @@ void Server::armIdleTimer() {
   idle_timer_.expires_after(config_.idle_timeout);
   idle_timer_.async_wait([this](net::error_code ec) {
     if (ec || stopping_ || !sessions_.empty()) return;
-    log::info("idle_timeout",
-              {{"timeout_ms", static_cast<int64_t>(config_.idle_timeout.count())}});
+    log::info("idle_timeout", {{"timeout_ms", static_cast<int64_t>(config_.idle_timeout.count())}});
     shutdown(kExitOk, "idle: no session for --idle-timeout");
   });
 }

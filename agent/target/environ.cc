@@ -7,41 +7,10 @@
 #include <utility>
 
 #include "siphon/status.h"
+#include "siphon/text.h"
 
 namespace siphon::agent {
 namespace {
-
-constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD
-
-// Length of the well-formed UTF-8 sequence at s[i], or 0 if there is none
-// (bad lead byte, truncated, overlong, surrogate, above U+10FFFF): the same
-// rules as the validator protobuf runs on proto3 strings.
-size_t utf8SequenceAt(std::string_view s, size_t i) {
-  const auto byte = [&](size_t k) { return static_cast<uint8_t>(s[k]); };
-  const uint8_t b0 = byte(i);
-  if (b0 < 0x80) return 1;
-  size_t len;
-  uint8_t lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    len = 2;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    len = 3;
-    if (b0 == 0xE0) lo = 0xA0;  // overlong
-    if (b0 == 0xED) hi = 0x9F;  // UTF-16 surrogates
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    len = 4;
-    if (b0 == 0xF0) lo = 0x90;  // overlong
-    if (b0 == 0xF4) hi = 0x8F;  // above U+10FFFF
-  } else {
-    return 0;
-  }
-  if (i + len > s.size()) return 0;
-  if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
-  for (size_t k = 2; k < len; ++k) {
-    if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return 0;
-  }
-  return len;
-}
 
 bool isUtf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
@@ -50,26 +19,6 @@ bool isUtf8(std::string_view s) {
     i += n;
   }
   return true;
-}
-
-// Each maximal run of bytes that starts no valid sequence becomes one U+FFFD.
-std::string toUtf8Lossy(std::string_view s) {
-  std::string out;
-  out.reserve(s.size());
-  bool in_bad_run = false;
-  for (size_t i = 0; i < s.size();) {
-    const size_t n = utf8SequenceAt(s, i);
-    if (n == 0) {
-      if (!in_bad_run) out.append(kReplacement);
-      in_bad_run = true;
-      ++i;
-      continue;
-    }
-    in_bad_run = false;
-    out.append(s.substr(i, n));
-    i += n;
-  }
-  return out;
 }
 
 bool matchesAny(const std::vector<std::string>& patterns, const std::string& name) {

@@ -6,104 +6,12 @@
 namespace siphon::cli {
 namespace {
 
-// Length of the well-formed UTF-8 sequence starting at s[i] (RFC 3629 table
-// 3-7: no overlong forms, no surrogates, nothing above U+10FFFF), or 0.
-size_t utf8SequenceAt(std::string_view s, size_t i) {
-  const auto b = [&](size_t k) { return static_cast<unsigned char>(s[i + k]); };
-  const unsigned char b0 = b(0);
-  size_t len;
-  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (b0 < 0x80) return 1;
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    len = 2;
-  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-    len = 3;
-    if (b0 == 0xE0) lo = 0xA0;  // overlong
-    if (b0 == 0xED) hi = 0x9F;  // UTF-16 surrogates
-  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-    len = 4;
-    if (b0 == 0xF0) lo = 0x90;  // overlong
-    if (b0 == 0xF4) hi = 0x8F;  // above U+10FFFF
-  } else {
-    return 0;
-  }
-  if (i + len > s.size()) return 0;
-  if (b(1) < lo || b(1) > hi) return 0;
-  for (size_t k = 2; k < len; ++k) {
-    if (b(k) < 0x80 || b(k) > 0xBF) return 0;
-  }
-  return len;
-}
-
 void die(const char* what) {
   std::fprintf(stderr, "JsonWriter: %s\n", what);
   std::abort();
 }
 
 }  // namespace
-
-void appendJsonString(std::string& out, std::string_view s) {
-  out.push_back('"');
-  for (size_t i = 0; i < s.size();) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        ++i;
-        continue;
-      case '\\':
-        out += "\\\\";
-        ++i;
-        continue;
-      case '\b':
-        out += "\\b";
-        ++i;
-        continue;
-      case '\f':
-        out += "\\f";
-        ++i;
-        continue;
-      case '\n':
-        out += "\\n";
-        ++i;
-        continue;
-      case '\r':
-        out += "\\r";
-        ++i;
-        continue;
-      case '\t':
-        out += "\\t";
-        ++i;
-        continue;
-      default:
-        break;
-    }
-    if (c < 0x20 || c == 0x7F) {
-      // JSON only requires escaping below U+0020; DEL is escaped too so the
-      // output never carries a raw terminal control byte.
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-      ++i;
-      continue;
-    }
-    const size_t n = utf8SequenceAt(s, i);
-    if (n == 0) {
-      out += "\xEF\xBF\xBD";  // U+FFFD REPLACEMENT CHARACTER
-      ++i;
-      continue;
-    }
-    out.append(s.substr(i, n));
-    i += n;
-  }
-  out.push_back('"');
-}
-
-std::string jsonString(std::string_view s) {
-  std::string out;
-  appendJsonString(out, s);
-  return out;
-}
 
 void JsonWriter::newline() {
   out_.push_back('\n');

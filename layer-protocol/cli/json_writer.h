@@ -8,16 +8,9 @@
 #include <string_view>
 #include <vector>
 
-namespace siphon::cli {
+#include "siphon/text.h"  // appendJsonString, jsonString
 
-// Appends `s` as a quoted JSON string. '"', '\\' and every control character
-// (U+0000..U+001F, and U+007F) are escaped; well-formed UTF-8 passes through
-// unchanged. Bytes that are not well-formed UTF-8 (stray continuation bytes,
-// overlong forms, surrogates, values above U+10FFFF, truncated sequences)
-// become U+FFFD each, so the output is always valid JSON in valid UTF-8 even
-// when a process's environment holds arbitrary bytes.
-void appendJsonString(std::string& out, std::string_view s);
-std::string jsonString(std::string_view s);
+namespace siphon::cli {
 
 // Builds one JSON document, indented by two spaces. Call-order rules: inside
 // an object, every value (scalar, object or array) is preceded by key(); in an

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "siphon/status.h"
+#include "siphon/text.h"
 #include "siphon/transport/session_transport.h"
 
 namespace siphon::cli {
@@ -95,32 +96,13 @@ absl::StatusOr<std::string> readTokenFile(const std::string& path) {
 }
 
 absl::StatusOr<std::chrono::milliseconds> parseDuration(std::string_view s) {
-  auto bad = [&] {
+  ASSIGN_OR_RETURN(auto d, siphon::parseDuration(s));
+  // A timeout of nothing would fail every call: say so instead.
+  if (d.count() < 1) {
     return protoError(v1::INVALID_ARGUMENT,
-                      absl::StrCat("bad duration '", asv(s), "' (want e.g. 500ms, 5s, 2m, 1h)"));
-  };
-  size_t unit_at = s.find_first_not_of("0123456789.");
-  std::string_view number = s.substr(0, unit_at);
-  std::string_view unit = unit_at == std::string_view::npos ? "s" : s.substr(unit_at);
-  double scale;
-  if (unit == "ms") {
-    scale = 1;
-  } else if (unit == "s") {
-    scale = 1000;
-  } else if (unit == "m") {
-    scale = 60'000;
-  } else if (unit == "h") {
-    scale = 3'600'000;
-  } else {
-    return bad();
+                      absl::StrCat("bad duration '", asv(s), "' (must be at least 1ms)"));
   }
-  double value = 0;
-  if (number.empty() || !absl::SimpleAtod(asv(number), &value) || !std::isfinite(value)) {
-    return bad();
-  }
-  double ms = std::round(value * scale);
-  if (ms < 1 || ms > 365.0 * 24 * 3'600'000) return bad();
-  return std::chrono::milliseconds(static_cast<int64_t>(ms));
+  return d;
 }
 
 }  // namespace siphon::cli

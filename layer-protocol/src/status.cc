@@ -93,9 +93,9 @@ absl::StatusCode canonicalForCode(v1::ErrorCode code) {
 }  // namespace
 
 absl::Status errnoStatus(int err, std::string_view context) {
-  absl::Status s(canonicalForErrno(err),
-                 absl::StrCat(absl::string_view(context.data(), context.size()), ": ",
-                              std::strerror(err)));
+  absl::Status s(
+      canonicalForErrno(err),
+      absl::StrCat(absl::string_view(context.data(), context.size()), ": ", std::strerror(err)));
   s.SetPayload(kCodeUrl, absl::Cord(absl::StrCat(static_cast<int>(v1::ERRNO))));
   s.SetPayload(kErrnoUrl, absl::Cord(absl::StrCat(err)));
   return s;

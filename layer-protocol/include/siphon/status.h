@@ -20,16 +20,16 @@ namespace siphon {
 #define SIPHON_CONCAT_(a, b) SIPHON_CONCAT_INNER_(a, b)
 
 // Returns from the current function when `expr` (an absl::Status) is not OK.
-#define RETURN_IF_ERROR(expr)                   \
-  do {                                          \
-    ::absl::Status siphon_status_ = (expr);     \
+#define RETURN_IF_ERROR(expr)                        \
+  do {                                               \
+    ::absl::Status siphon_status_ = (expr);          \
     if (!siphon_status_.ok()) return siphon_status_; \
   } while (0)
 
 // The same for coroutines, which must co_return.
-#define CO_RETURN_IF_ERROR(expr)                   \
-  do {                                             \
-    ::absl::Status siphon_status_ = (expr);        \
+#define CO_RETURN_IF_ERROR(expr)                        \
+  do {                                                  \
+    ::absl::Status siphon_status_ = (expr);             \
     if (!siphon_status_.ok()) co_return siphon_status_; \
   } while (0)
 

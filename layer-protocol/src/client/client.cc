@@ -99,8 +99,8 @@ net::awaitable<absl::StatusOr<net::tcp::socket>> Client::dial(const std::string&
   CO_RETURN_IF_ERROR(net::splitHostPort(endpoint, &host, &port));
   net::tcp::resolver resolver(ex_);
   net::error_code ec;
-  auto results = co_await resolver.async_resolve(host, port,
-                                                 asio::redirect_error(net::use_awaitable, ec));
+  auto results =
+      co_await resolver.async_resolve(host, port, asio::redirect_error(net::use_awaitable, ec));
   if (ec) co_return protoError(v1::UNAVAILABLE, absl::StrCat(endpoint, ": ", ec.message()));
   net::tcp::socket socket(ex_);
   steady_timer watchdog(ex_);
@@ -189,9 +189,8 @@ net::awaitable<absl::Status> Client::connect() {
 net::awaitable<void> Client::runTransports(std::shared_ptr<Client> self, net::tcp::socket socket,
                                            std::string leftover) {
   while (true) {
-    transport_ =
-        std::make_shared<net::SessionTransport>(std::move(socket), *session_,
-                                                        static_cast<SessionHandler&>(*this), leftover);
+    transport_ = std::make_shared<net::SessionTransport>(
+        std::move(socket), *session_, static_cast<SessionHandler&>(*this), leftover);
     transport_->wake();
     absl::Status why = co_await transport_->run();
     if (closing_) co_return;
@@ -336,9 +335,9 @@ void Client::onResponse(v1::Response response) {
 
 void Client::onStreamOpen(v1::StreamOpen open) {
   if (!acceptor_) {
-    session_->resetStream(open.stream_id(),
-                          toProtoError(protoError(v1::UNIMPLEMENTED,
-                                                  "this client accepts no streams")));
+    session_->resetStream(
+        open.stream_id(),
+        toProtoError(protoError(v1::UNIMPLEMENTED, "this client accepts no streams")));
     return;
   }
   auto stream = std::make_shared<ClientStream>(shared_from_this(), open.stream_id());
@@ -401,8 +400,7 @@ void Client::onGoaway(v1::Goaway goaway) {
   // OK or no code still ends the session: never leave goaway_ OK here.
   v1::ErrorCode code = goaway.code();
   if (code == v1::ERROR_CODE_UNSPECIFIED || code == v1::OK) code = v1::CANCELLED;
-  goaway_ = protoError(code,
-                       absl::StrCat("the agent ended the session: ", goaway.message()));
+  goaway_ = protoError(code, absl::StrCat("the agent ended the session: ", goaway.message()));
 }
 
 }  // namespace siphon::client

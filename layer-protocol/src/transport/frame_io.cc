@@ -7,8 +7,8 @@
 namespace siphon::net {
 
 awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(tcp::socket& socket,
-                                                      std::chrono::milliseconds timeout,
-                                                      uint32_t max_frame_size) {
+                                                     std::chrono::milliseconds timeout,
+                                                     uint32_t max_frame_size) {
   protocol::FrameDecoder decoder(max_frame_size);
   // The watchdog closes the socket at the deadline, which ends the read.
   asio::steady_timer watchdog(socket.get_executor());
@@ -52,8 +52,8 @@ awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(tcp::socket& socket,
     size_t n = co_await socket.async_read_some(asio::buffer(buf.data(), buf.size()),
                                                asio::redirect_error(use_awaitable, ec));
     if (watch->fired) {
-      co_return protoError(v1::TIMEOUT, absl::StrCat("no handshake frame within ",
-                                                     timeout.count(), " ms"));
+      co_return protoError(v1::TIMEOUT,
+                           absl::StrCat("no handshake frame within ", timeout.count(), " ms"));
     }
     if (ec) {
       disarm();

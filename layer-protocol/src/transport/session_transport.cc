@@ -63,10 +63,10 @@ awaitable<absl::Status> SessionTransport::run() {
                                                 asio::redirect_error(use_awaitable, ec));
     if (closed_) break;
     if (ec) {
-      fail(ec == asio::error::eof
-               ? protoError(v1::UNAVAILABLE, absl::StrCat("connection closed by ", peer_))
-               : protoError(v1::UNAVAILABLE,
-                            absl::StrCat("read from ", peer_, ": ", ec.message())));
+      fail(
+          ec == asio::error::eof
+              ? protoError(v1::UNAVAILABLE, absl::StrCat("connection closed by ", peer_))
+              : protoError(v1::UNAVAILABLE, absl::StrCat("read from ", peer_, ": ", ec.message())));
       break;
     }
     absl::Status s = session_.onRead(n, handler_, protocol::Clock::now());

@@ -92,7 +92,9 @@ class Client : public std::enable_shared_from_this<Client>, private protocol::Se
   absl::Status acceptStream(ClientStream& stream);
 
   // Draining notices from the agent.
-  void setDrainingHandler(std::function<void(const v1::Draining&)> h) { on_draining_ = std::move(h); }
+  void setDrainingHandler(std::function<void(const v1::Draining&)> h) {
+    on_draining_ = std::move(h);
+  }
 
   // Ends the session (the agent drops it at once).
   void close();

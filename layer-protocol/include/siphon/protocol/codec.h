@@ -40,8 +40,8 @@ struct DataView {
 
 struct DecodedFrame {
   bool is_data = false;
-  DataView data;     // is_data
-  v1::Frame frame;   // !is_data
+  DataView data;         // is_data
+  v1::Frame frame;       // !is_data
   size_t wire_size = 0;  // prefix included
 };
 

@@ -17,8 +17,7 @@ v1::Version currentVersion();
 
 // Versions are major.minor: the majors must match (else UNSUPPORTED_VERSION
 // naming both versions); the minor is the lower of the two.
-absl::StatusOr<v1::Version> negotiateVersion(const v1::Version& client,
-                                             const v1::Version& agent);
+absl::StatusOr<v1::Version> negotiateVersion(const v1::Version& client, const v1::Version& agent);
 
 std::string versionString(const v1::Version& v);
 

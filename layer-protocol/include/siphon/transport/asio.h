@@ -2,14 +2,13 @@
 // pieces Boost 1.74 has (no as_tuple, deferred, awaitable ||, channels).
 #pragma once
 
-#include <utility>  // GCC 12 + Boost 1.74 coroutines need it before Asio.
-
 #include <boost/asio.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <utility>  // GCC 12 + Boost 1.74 coroutines need it before Asio.
 
 namespace siphon::net {
 
@@ -29,8 +28,8 @@ class Signal {
   }
   void notify() { timer_.cancel(); }
   // Waits for notify() or `deadline`, whichever is first.
-  awaitable<void> wait(asio::steady_timer::time_point deadline =
-                           asio::steady_timer::time_point::max()) {
+  awaitable<void> wait(
+      asio::steady_timer::time_point deadline = asio::steady_timer::time_point::max()) {
     timer_.expires_at(deadline);
     error_code ec;
     co_await timer_.async_wait(asio::redirect_error(use_awaitable, ec));

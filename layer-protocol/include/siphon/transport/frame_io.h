@@ -19,8 +19,8 @@ struct FirstFrame {
 // Reads exactly one frame, with a deadline. UNAVAILABLE on I/O failure,
 // TIMEOUT past the deadline, PROTOCOL_ERROR / FRAME_TOO_LARGE on bad bytes.
 awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(tcp::socket& socket,
-                                                      std::chrono::milliseconds timeout,
-                                                      uint32_t max_frame_size);
+                                                     std::chrono::milliseconds timeout,
+                                                     uint32_t max_frame_size);
 
 // Writes one frame. UNAVAILABLE on failure.
 awaitable<absl::Status> writeFrame(tcp::socket& socket, const v1::Frame& frame);

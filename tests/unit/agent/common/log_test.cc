@@ -19,8 +19,10 @@ TEST(LogTest, JsonLineIsOneEscapedObject) {
             "\"reason\":\"bad \\\"token\\\"\\n\",\"code\":6,\"ok\":false}");
 }
 
-TEST(LogTest, ControlCharactersAreEscaped) {
-  EXPECT_EQ(jsonEscape(std::string("a\x01z", 3)), "a\\u0001z");
+TEST(LogTest, ControlCharactersInFieldsAreEscaped) {
+  std::string line =
+      formatLine(Format::kJson, Level::kInfo, "e", {{"v", std::string("a\x01z", 3)}}, "T");
+  EXPECT_NE(line.find("\"v\":\"a\\u0001z\""), std::string::npos) << line;
 }
 
 TEST(LogTest, RejectsUnknownFormatAndLevel) {
