@@ -13,6 +13,13 @@ PKGS=(
   libnl-3-dev libnl-route-3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   iproute2 procps util-linux
+  # Runtime resolution: containerd's gRPC API (stubs generated at build time),
+  # and a real containerd + runc + busybox image for the privileged tests.
+  libgrpc++-dev protobuf-compiler-grpc containerd runc busybox-static umoci
+  # DNS inside the target, and a real DNS server for the tests.
+  libc-ares-dev dnsmasq-base
+  # Test peers: echo services, relays.
+  socat
 )
 
 missing=()

@@ -63,9 +63,11 @@ AgentSession::AgentSession(Server& server, std::string id, std::string resume_to
 static awaitable<void> runTransport(std::shared_ptr<AgentSession> self,
                                     std::shared_ptr<net::SessionTransport> transport,
                                     std::function<void(const absl::Status&)> done) {
+  // GCC 12 drops coroutine parameters the body never names: hold the owner
+  // in a frame variable so it outlives every suspension.
+  const auto keep_alive = std::move(self);
   absl::Status why = co_await transport->run();
   done(why);
-  (void)self;
 }
 
 void AgentSession::attach(net::tcp::socket socket, std::string leftover) {
@@ -270,7 +272,9 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
   net::error_code ec;
   auto remote = socket.remote_endpoint(ec);
   std::string peer = ec ? "?" : absl::StrCat(remote.address().to_string(), ":", remote.port());
-  auto reject = [&](v1::ErrorCode code, std::string message) -> awaitable<void> {
+  // Parameters by reference: GCC 12 destroys by-value parameters of lambda
+  // coroutines twice.
+  auto reject = [&](v1::ErrorCode code, const std::string& message) -> awaitable<void> {
     log::warn("client_rejected",
               {{"peer", peer}, {"code", errorCodeName(code)}, {"reason", message}});
     co_await net::writeFrame(socket, protocol::makeReject(code, message));

@@ -3,7 +3,7 @@
 //   siphon --agent HOST:PORT [--agent HOST:PORT ...] [--token-file F] [--json]
 //          [--client-name N] [--timeout DUR] <command>
 //
-// Commands: `info`, `env [--include GLOB]... [--exclude GLOB]...`.
+// Commands are registered per area (cli/command.h): `info`, `env ...`.
 // Exit codes: see cli/exit_codes.h (0 ok, 1 error, 2 usage, 3 agent
 // unreachable, 4 session rejected).
 #include <fmt/core.h>
@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cli/command.h"
 #include "cli/exit_codes.h"
 #include "cli/options.h"
 #include "cli/output.h"
@@ -33,56 +34,9 @@ struct Flags {
   bool json = false;
   std::string client_name = "siphon";
   std::string timeout = "10s";
-  std::vector<std::string> include;
-  std::vector<std::string> exclude;
 };
 
-enum class Command { kInfo, kEnv };
-
-void printError(std::string_view message) { fmt::print(stderr, "siphon: {}\n", message); }
-
-int printOutput(const std::string& out) {
-  if (std::fwrite(out.data(), 1, out.size(), stdout) != out.size() || std::fflush(stdout) != 0) {
-    printError("cannot write the output");
-    return kExitError;
-  }
-  return kExitOk;
-}
-
-// Sends the command's one request and prints the answer. The caller closes
-// the client.
-net::awaitable<int> request(std::shared_ptr<client::Client> client, Command command, Flags flags,
-                            std::chrono::milliseconds timeout) {
-  v1::Request req;
-  const char* what = command == Command::kInfo ? "info" : "env";
-  if (command == Command::kInfo) {
-    req.mutable_info();
-  } else {
-    auto* env = req.mutable_env();
-    for (const auto& g : flags.include) env->add_include(g);
-    for (const auto& g : flags.exclude) env->add_exclude(g);
-  }
-  auto response = co_await client->call(std::move(req), timeout);
-  if (!response.ok()) {
-    Failure f = requestFailure(what, response.status());
-    printError(f.message);
-    co_return f.exit_code;
-  }
-  if (command == Command::kInfo) {
-    if (!response->has_info()) {
-      printError("info failed: the agent answered with another kind of response");
-      co_return kExitError;
-    }
-    co_return printOutput(flags.json ? infoJson(response->info()) : infoText(response->info()));
-  }
-  if (!response->has_env()) {
-    printError("env failed: the agent answered with another kind of response");
-    co_return kExitError;
-  }
-  co_return printOutput(flags.json ? envJson(response->env()) : envText(response->env()));
-}
-
-net::awaitable<int> run(client::ClientOptions options, Command command, Flags flags,
+net::awaitable<int> run(client::ClientOptions options, CommandRun command, bool json,
                         std::chrono::milliseconds timeout) {
   auto ex = co_await net::asio::this_coro::executor;
   auto client = client::Client::create(ex, std::move(options));
@@ -94,7 +48,8 @@ net::awaitable<int> run(client::ClientOptions options, Command command, Flags fl
   }
   int rc = kExitError;
   try {
-    rc = co_await request(client, command, std::move(flags), timeout);
+    CommandEnv env{client, json, timeout};
+    rc = co_await command(env);
   } catch (const std::exception& e) {
     printError(e.what());
   }
@@ -103,6 +58,32 @@ net::awaitable<int> run(client::ClientOptions options, Command command, Flags fl
   client->close();
   co_return rc;
 }
+
+}  // namespace
+
+void printError(std::string_view message) { fmt::print(stderr, "siphon: {}\n", message); }
+
+int printOutput(const std::string& out) {
+  if (std::fwrite(out.data(), 1, out.size(), stdout) != out.size() || std::fflush(stdout) != 0) {
+    printError("cannot write the output");
+    return kExitError;
+  }
+  return kExitOk;
+}
+
+net::awaitable<absl::StatusOr<v1::Response>> callOrReport(const CommandEnv& env,
+                                                          v1::Request request,
+                                                          std::string_view what, int* exit_code) {
+  auto response = co_await env.client->call(std::move(request), env.timeout);
+  if (!response.ok()) {
+    Failure f = requestFailure(std::string(what), response.status());
+    printError(f.message);
+    *exit_code = f.exit_code;
+  }
+  co_return response;
+}
+
+namespace {
 
 int realMain(int argc, char** argv) {
   Flags flags;
@@ -123,15 +104,8 @@ int realMain(int argc, char** argv) {
                  "Limit for connecting, the handshake and the request (500ms, 5s, 1m...)")
       ->capture_default_str();
 
-  CLI::App* info = app.add_subcommand("info", "The agent, its target and its sessions");
-  CLI::App* env = app.add_subcommand("env", "The target process's environment");
-  env->add_option("--include", flags.include,
-                  "Only variables whose name matches this glob (fnmatch); repeatable")
-      ->allow_extra_args(false);
-  env->add_option("--exclude", flags.exclude,
-                  "Leave out variables whose name matches this glob; repeatable; wins over "
-                  "--include")
-      ->allow_extra_args(false);
+  std::vector<Command> commands;
+  addBasicCommands(app, commands);
   app.footer(
       "Exit codes: 0 ok, 1 error, 2 usage, 3 agent unreachable, 4 session rejected by the "
       "agent.");
@@ -175,11 +149,18 @@ int realMain(int argc, char** argv) {
   options.connect_timeout = *timeout;
   options.handshake_timeout = *timeout;
 
-  Command command = info->parsed() ? Command::kInfo : Command::kEnv;
+  CommandRun command;
+  for (const auto& c : commands) {
+    if (c.app->parsed()) command = c.run;
+  }
+  if (!command) {
+    printError("no command given (see siphon --help)");
+    return kExitUsage;
+  }
 
   net::asio::io_context io;
   int rc = kExitError;
-  net::asio::co_spawn(io, run(std::move(options), command, std::move(flags), *timeout),
+  net::asio::co_spawn(io, run(std::move(options), std::move(command), flags.json, *timeout),
                       [&rc](std::exception_ptr e, int result) {
                         if (e) {
                           try {

@@ -188,6 +188,9 @@ net::awaitable<absl::Status> Client::connect() {
 
 net::awaitable<void> Client::runTransports(std::shared_ptr<Client> self, net::tcp::socket socket,
                                            std::string leftover) {
+  // GCC 12 drops coroutine parameters the body never names: hold the owner
+  // in a frame variable so it outlives every suspension.
+  const auto keep_alive = std::move(self);
   while (true) {
     transport_ = std::make_shared<net::SessionTransport>(
         std::move(socket), *session_, static_cast<SessionHandler&>(*this), leftover);
@@ -213,7 +216,6 @@ net::awaitable<void> Client::runTransports(std::shared_ptr<Client> self, net::tc
     socket = std::move(next->first);
     leftover = std::move(next->second);
   }
-  (void)self;
 }
 
 net::awaitable<absl::StatusOr<std::pair<net::tcp::socket, std::string>>> Client::reconnect() {

@@ -12,6 +12,7 @@ SessionTransport::SessionTransport(tcp::socket socket, protocol::Session& sessio
       handler_(handler),
       initial_(std::move(initial)),
       writer_signal_(socket_.get_executor()),
+      done_signal_(socket_.get_executor()),
       tick_timer_(socket_.get_executor()) {
   error_code ec;
   auto ep = socket_.remote_endpoint(ec);
@@ -78,7 +79,8 @@ awaitable<absl::Status> SessionTransport::run() {
     }
     wake();
   }
-  // Let a pending Goaway go out (bounded by the writer finishing).
+  // Let a pending Goaway go out, for a bounded time (a peer that does not
+  // read must not hold us).
   asio::steady_timer flush_wait(ex);
   for (int i = 0; i < 200 && close_after_flush_ && !closed_ && !writer_done_; ++i) {
     flush_wait.expires_after(std::chrono::milliseconds(10));
@@ -86,10 +88,16 @@ awaitable<absl::Status> SessionTransport::run() {
     co_await flush_wait.async_wait(asio::redirect_error(use_awaitable, ec));
   }
   close();
+  // The writer and the ticker use the session, which our owner may destroy
+  // as soon as run() returns: wait until both have stopped touching it.
+  while (!writer_done_ || !ticker_done_) co_await done_signal_.wait();
   co_return status_;
 }
 
 awaitable<void> SessionTransport::writer(std::shared_ptr<SessionTransport> self) {
+  // GCC 12 drops coroutine parameters the body never names: hold the owner
+  // in a frame variable so it outlives every suspension.
+  const auto keep_alive = std::move(self);
   std::vector<asio::const_buffer> buffers;
   while (!closed_) {
     if (!session_.hasWrites()) {
@@ -111,10 +119,13 @@ awaitable<void> SessionTransport::writer(std::shared_ptr<SessionTransport> self)
   }
   writer_done_ = true;
   if (close_after_flush_) close();
-  (void)self;
+  done_signal_.notify();
 }
 
 awaitable<void> SessionTransport::ticker(std::shared_ptr<SessionTransport> self) {
+  // GCC 12 drops coroutine parameters the body never names: hold the owner
+  // in a frame variable so it outlives every suspension.
+  const auto keep_alive = std::move(self);
   while (!closed_) {
     auto next = session_.nextTick();
     // Session and timer share the steady clock.
@@ -129,7 +140,8 @@ awaitable<void> SessionTransport::ticker(std::shared_ptr<SessionTransport> self)
     }
     wake();
   }
-  (void)self;
+  ticker_done_ = true;
+  done_signal_.notify();
 }
 
 absl::Status splitHostPort(const std::string& in, std::string* host, std::string* port) {

@@ -47,10 +47,12 @@ class SessionTransport : public std::enable_shared_from_this<SessionTransport> {
   std::string initial_;
   std::string peer_;
   Signal writer_signal_;
+  Signal done_signal_;  // the writer or the ticker finished
   asio::steady_timer tick_timer_;
   bool closed_ = false;
   bool close_after_flush_ = false;
   bool writer_done_ = false;
+  bool ticker_done_ = false;
   absl::Status status_;
 };
 

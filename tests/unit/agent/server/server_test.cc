@@ -90,7 +90,7 @@ v1::Request infoRequest() {
 
 TEST_F(ServerTest, InfoAndFilteredEnvComeFromTheTarget) {
   start();
-  runClient([&](asio::any_io_executor ex) -> net::awaitable<void> {
+  runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
     auto c = client::Client::create(ex, options());
     absl::Status s = co_await c->connect();
     EXPECT_TRUE(s.ok()) << s;
@@ -122,7 +122,7 @@ TEST_F(ServerTest, InfoAndFilteredEnvComeFromTheTarget) {
 
 TEST_F(ServerTest, WrongTokenIsRejectedAsUnauthenticated) {
   start();
-  runClient([&](asio::any_io_executor ex) -> net::awaitable<void> {
+  runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
     auto c = client::Client::create(ex, options("not-the-token"));
     absl::Status s = co_await c->connect();
     EXPECT_EQ(errorCodeOf(s), v1::UNAUTHENTICATED) << s;
@@ -131,7 +131,7 @@ TEST_F(ServerTest, WrongTokenIsRejectedAsUnauthenticated) {
 
 TEST_F(ServerTest, TwoConcurrentSessionsAreServed) {
   start();
-  runClient([&](asio::any_io_executor ex) -> net::awaitable<void> {
+  runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
     auto a = client::Client::create(ex, options());
     auto b = client::Client::create(ex, options());
     EXPECT_TRUE((co_await a->connect()).ok());
@@ -151,7 +151,7 @@ TEST_F(ServerTest, TwoConcurrentSessionsAreServed) {
 
 TEST_F(ServerTest, UnimplementedRequestsAndStreamsAnswerAtOnce) {
   start();
-  runClient([&](asio::any_io_executor ex) -> net::awaitable<void> {
+  runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
     auto c = client::Client::create(ex, options());
     EXPECT_TRUE((co_await c->connect()).ok());
     v1::Request dns;
@@ -171,7 +171,7 @@ TEST_F(ServerTest, UnimplementedRequestsAndStreamsAnswerAtOnce) {
 
 TEST_F(ServerTest, RequestsQueuedDuringACutAreAnsweredAfterResume) {
   start();
-  runClient([&](asio::any_io_executor ex) -> net::awaitable<void> {
+  runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
     auto c = client::Client::create(ex, options());
     EXPECT_TRUE((co_await c->connect()).ok());
     EXPECT_TRUE((co_await c->call(infoRequest())).ok());
@@ -193,7 +193,7 @@ class RawHandshakeTest : public ServerTest {
  protected:
   absl::StatusOr<v1::Frame> exchange(const std::string& bytes) {
     absl::StatusOr<v1::Frame> out = absl::InternalError("not run");
-    runClient([&](asio::any_io_executor ex) -> net::awaitable<void> {
+    runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
       net::tcp::socket socket(ex);
       std::string host, port;
       EXPECT_TRUE(net::splitHostPort(address_, &host, &port).ok());

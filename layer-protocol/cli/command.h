@@ -1,0 +1,52 @@
+// The CLI's commands. Each area registers its subcommands (and the options
+// they parse) on the CLI11 app, with the coroutine that runs them once the
+// client is connected. main.cc parses, connects, runs the chosen command and
+// closes the session.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/status/status.h"
+#include "siphon/client/client.h"
+#include "siphon/transport/asio.h"
+
+namespace siphon::cli {
+
+// What a command gets to work with.
+struct CommandEnv {
+  std::shared_ptr<client::Client> client;
+  bool json = false;
+  std::chrono::milliseconds timeout{10000};  // per request
+};
+
+// Returns the process exit code (cli/exit_codes.h). The env is passed by
+// reference (it outlives the call): GCC 12 destroys by-value parameters of
+// lambda coroutines twice.
+using CommandRun = std::function<net::awaitable<int>(const CommandEnv&)>;
+
+struct Command {
+  CLI::App* app = nullptr;  // the (sub)subcommand whose parsed() selects it
+  CommandRun run;
+};
+
+// Registration, one function per area (commands_<area>.cc).
+void addBasicCommands(CLI::App& app, std::vector<Command>& out);  // info, env
+
+// One line on stderr: "siphon: <message>".
+void printError(std::string_view message);
+// Writes `out` to stdout; kExitError when stdout fails.
+int printOutput(const std::string& out);
+// Sends one request and maps a failure to a message and an exit code
+// (printed here). `what` names the operation ("env", "fs stat /etc").
+net::awaitable<absl::StatusOr<v1::Response>> callOrReport(const CommandEnv& env,
+                                                          v1::Request request,
+                                                          std::string_view what, int* exit_code);
+
+}  // namespace siphon::cli
