@@ -81,6 +81,11 @@ int realMain(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-sessions", config.max_sessions, "concurrent sessions")
       ->capture_default_str();
+  std::string fs_mode = "ro";
+  app.add_option("--fs-mode", fs_mode,
+                 "file access inside the target: ro (writes answer EROFS), rw, or off")
+      ->check(CLI::IsMember({"ro", "rw", "off"}))
+      ->capture_default_str();
 
   int pid = 0;
   std::string container_id;
@@ -110,6 +115,10 @@ int realMain(int argc, char** argv) {
     if (!d.ok()) return fail(kExitUsage, sv(d.status().message()));
     *out = *d;
   }
+
+  config.fs_mode = fs_mode == "rw"    ? FsMode::kReadWrite
+                   : fs_mode == "off" ? FsMode::kOff
+                                      : FsMode::kReadOnly;
 
   if (!token_file.empty()) {
     auto token = readToken(token_file);
@@ -150,6 +159,11 @@ int realMain(int argc, char** argv) {
 
   net::asio::io_context io(1);
   Server server(io, config, std::move(*target), std::move(procfs));
+  if (auto s = server.init(); !s.ok()) {
+    log::error("init_failed", {{"error", sv(s.message())}});
+    return fail(s.code() == absl::StatusCode::kPermissionDenied ? kExitPermission : kExitInternal,
+                sv(s.message()));
+  }
   if (auto s = server.listen(); !s.ok()) {
     log::error("listen_failed", {{"error", sv(s.message())}});
     return fail(kExitListen, sv(s.message()));

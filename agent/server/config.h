@@ -8,6 +8,9 @@
 
 namespace siphon::agent {
 
+// --fs-mode: what file requests may do inside the target's root.
+enum class FsMode { kReadOnly, kReadWrite, kOff };
+
 struct AgentConfig {
   std::string listen = "0.0.0.0:7140";
   std::string token;  // empty only with insecure_no_auth
@@ -17,6 +20,7 @@ struct AgentConfig {
   std::chrono::milliseconds handshake_timeout{10000};
   std::chrono::milliseconds drain_timeout{25000};
   uint32_t max_sessions = 64;
+  FsMode fs_mode = FsMode::kReadOnly;
   protocol::SessionLimits limits;  // limits.session_grace is --session-grace
 };
 

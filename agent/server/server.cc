@@ -8,7 +8,6 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
-#include "agent/target/environ.h"
 #include "siphon/protocol/handshake.h"
 #include "siphon/status.h"
 #include "siphon/transport/frame_io.h"
@@ -136,6 +135,10 @@ void AgentSession::end(std::string_view reason) {
     session_.sendGoaway(v1::CANCELLED, reason);
     transport_->closeAfterFlush();
   }
+  // Streams die with the session: their sockets close now.
+  auto streams = std::move(streams_);
+  streams_.clear();
+  for (auto& [id, e] : streams) e->close();
   log::info("session_ended", {{"session", id_}, {"client", client_name_}, {"reason", reason}});
   server_.sessionEnded(id_);
 }
@@ -145,16 +148,66 @@ void AgentSession::onRequest(v1::Request request) {
 }
 
 void AgentSession::onStreamOpen(v1::StreamOpen open) {
-  // No stream kind is served yet (outgoing, steal, mirror come later): say so
-  // at once instead of leaving the opener waiting.
+  if (StreamService* service = server_.services().stream(open.kind_case())) {
+    service->open(shared_from_this(), std::move(open));
+    return;
+  }
+  // Say so at once instead of leaving the opener waiting.
   std::string kind = open.kind_case() == v1::StreamOpen::KIND_NOT_SET
                          ? "(none)"
                          : open.GetDescriptor()->FindFieldByNumber(open.kind_case())->name();
-  session_.resetStream(
-      open.stream_id(),
-      toProtoError(protoError(
-          v1::UNIMPLEMENTED,
-          absl::StrCat("stream kind '", kind, "' is not implemented by agent ", SIPHON_VERSION))));
+  session_.resetStream(open.stream_id(),
+                       toProtoError(protoError(v1::UNIMPLEMENTED,
+                                               absl::StrCat("stream kind '", kind,
+                                                            "' is not implemented by agent ",
+                                                            SIPHON_VERSION))));
+}
+
+void AgentSession::registerStream(uint64_t stream_id, std::shared_ptr<StreamEndpoint> endpoint) {
+  if (ended_) {
+    endpoint->close();
+    return;
+  }
+  streams_[stream_id] = std::move(endpoint);
+}
+
+void AgentSession::unregisterStream(uint64_t stream_id) { streams_.erase(stream_id); }
+
+void AgentSession::wake() {
+  if (transport_) transport_->wake();
+}
+
+StreamEndpoint* AgentSession::endpoint(uint64_t stream_id) {
+  auto it = streams_.find(stream_id);
+  return it == streams_.end() ? nullptr : it->second.get();
+}
+
+void AgentSession::onStreamData(uint64_t stream_id, std::string_view payload) {
+  if (StreamEndpoint* e = endpoint(stream_id)) {
+    e->onData(payload);
+  } else {
+    session_.consumed(stream_id, payload.size());  // nobody to deliver to
+  }
+}
+
+void AgentSession::onStreamDatagram(v1::StreamDatagram datagram) {
+  if (StreamEndpoint* e = endpoint(datagram.stream_id())) e->onDatagram(std::move(datagram));
+}
+
+void AgentSession::onStreamHalfClose(uint64_t stream_id) {
+  if (StreamEndpoint* e = endpoint(stream_id)) e->onHalfClose();
+}
+
+void AgentSession::onStreamReset(uint64_t stream_id, v1::Error error) {
+  auto it = streams_.find(stream_id);
+  if (it == streams_.end()) return;
+  auto e = std::move(it->second);
+  streams_.erase(it);
+  e->onReset(error);
+}
+
+void AgentSession::onStreamWritable(uint64_t stream_id) {
+  if (StreamEndpoint* e = endpoint(stream_id)) e->onWritable();
 }
 
 void AgentSession::onGoaway(v1::Goaway goaway) {
@@ -176,7 +229,21 @@ Server::Server(asio::io_context& io, AgentConfig config, std::unique_ptr<Target>
       signals_(io, SIGTERM, SIGINT),
       started_(std::chrono::steady_clock::now()) {}
 
-Server::~Server() { blocking_pool_.join(); }
+Server::~Server() {
+  // Blocking jobs may still post to the loop or use the services: let them
+  // finish first.
+  blocking_pool_.join();
+}
+
+absl::Status Server::init() {
+  // targetless: the agent's own namespace, no setns needed.
+  int netns_fd = target_->mode() == TargetMode::kTargetless ? -1 : target_->netnsFd();
+  ASSIGN_OR_RETURN(netns_, NetnsWorker::start(netns_fd));
+  service_ctx_ = std::make_unique<ServiceContext>(
+      ServiceContext{io_, blocking_pool_, *target_, *procfs_, *netns_, config_});
+  services_ = buildServices(*service_ctx_);
+  return absl::OkStatus();
+}
 
 absl::Status Server::listen() {
   std::string host, port;
@@ -320,9 +387,7 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
   *welcome.mutable_version() = *version;
   welcome.set_agent_version(SIPHON_VERSION);
   *welcome.mutable_target() = target_->describe();
-  welcome.add_features(v1::FEATURE_INFO);
-  welcome.add_features(v1::FEATURE_ENV);
-  welcome.add_features(v1::FEATURE_RESUME);
+  for (v1::Feature f : services_->features()) welcome.add_features(f);
 
   std::shared_ptr<AgentSession> session;
   if (hello.has_resume()) {
@@ -386,41 +451,19 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
 void Server::handleRequest(std::shared_ptr<AgentSession> session, v1::Request request) {
   v1::Response response;
   response.set_request_id(request.request_id());
-  switch (request.body_case()) {
-    case v1::Request::kInfo:
-      *response.mutable_info() = info(*session);
-      session->respond(std::move(response));
-      return;
-    case v1::Request::kEnv: {
-      // /proc reads block: never on the event loop.
-      asio::post(blocking_pool_, [this, session, request = std::move(request)]() mutable {
-        auto env = envFor(*procfs_, target_->pid(), request.env());
-        asio::post(io_, [session, id = request.request_id(), env = std::move(env)]() mutable {
-          v1::Response r;
-          r.set_request_id(id);
-          if (env.ok()) {
-            *r.mutable_env() = std::move(*env);
-          } else {
-            log::warn("env_failed",
-                      {{"session", session->id()}, {"error", sv(env.status().message())}});
-            *r.mutable_error() = toProtoError(env.status());
-          }
-          session->respond(std::move(r));
-        });
-      });
-      return;
-    }
-    case v1::Request::BODY_NOT_SET:
-      *response.mutable_error() =
-          toProtoError(protoError(v1::INVALID_ARGUMENT, "request with no body"));
-      break;
-    default: {
-      std::string name = request.GetDescriptor()->FindFieldByNumber(request.body_case())->name();
-      *response.mutable_error() = toProtoError(protoError(
-          v1::UNIMPLEMENTED,
-          absl::StrCat("request '", name, "' is not implemented by agent ", SIPHON_VERSION)));
-      break;
-    }
+  if (request.body_case() == v1::Request::kInfo) {
+    *response.mutable_info() = info(*session);
+  } else if (RequestService* service = services_->request(request.body_case())) {
+    service->handle(std::move(session), std::move(request));
+    return;
+  } else if (request.body_case() == v1::Request::BODY_NOT_SET) {
+    *response.mutable_error() =
+        toProtoError(protoError(v1::INVALID_ARGUMENT, "request with no body"));
+  } else {
+    std::string name = request.GetDescriptor()->FindFieldByNumber(request.body_case())->name();
+    *response.mutable_error() = toProtoError(protoError(
+        v1::UNIMPLEMENTED,
+        absl::StrCat("request '", name, "' is not implemented by agent ", SIPHON_VERSION)));
   }
   session->respond(std::move(response));
 }
@@ -430,9 +473,7 @@ v1::InfoResponse Server::info(const AgentSession& session) const {
   r.set_agent_version(SIPHON_VERSION);
   *r.mutable_protocol_version() = protocol::currentVersion();
   *r.mutable_target() = target_->describe();
-  r.add_features(v1::FEATURE_INFO);
-  r.add_features(v1::FEATURE_ENV);
-  r.add_features(v1::FEATURE_RESUME);
+  for (v1::Feature f : services_->features()) r.add_features(f);
   r.set_sessions(static_cast<uint32_t>(sessions_.size()));
   r.set_session_id(session.id());
   char host[256] = {};
@@ -450,6 +491,7 @@ void Server::requestStop() {
 
 void Server::sessionEnded(const std::string& id) {
   sessions_.erase(id);
+  services_->sessionEnded(id);
   if (sessions_.empty()) armIdleTimer();
 }
 

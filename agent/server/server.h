@@ -13,7 +13,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "agent/netns/netns_worker.h"
 #include "agent/server/config.h"
+#include "agent/services/service.h"
 #include "agent/target/proc_fs.h"
 #include "agent/target/target.h"
 #include "siphon/protocol/session.h"
@@ -49,12 +51,26 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   void notifyDraining(int64_t deadline_unix_ms, std::string_view reason);
   bool ended() const { return ended_; }
 
+  // Streams: the endpoint gets the peer's frames for `stream_id` until it
+  // is unregistered, the stream is reset, or the session ends.
+  void registerStream(uint64_t stream_id, std::shared_ptr<StreamEndpoint> endpoint);
+  void unregisterStream(uint64_t stream_id);
+  // Call after queueing frames on session() from outside a callback.
+  void wake();
+
   // SessionHandler
   void onRequest(v1::Request request) override;
   void onStreamOpen(v1::StreamOpen open) override;
+  void onStreamData(uint64_t stream_id, std::string_view payload) override;
+  void onStreamDatagram(v1::StreamDatagram datagram) override;
+  void onStreamHalfClose(uint64_t stream_id) override;
+  void onStreamReset(uint64_t stream_id, v1::Error error) override;
+  void onStreamWritable(uint64_t stream_id) override;
   void onGoaway(v1::Goaway goaway) override;
 
  private:
+  StreamEndpoint* endpoint(uint64_t stream_id);
+
   void transportEnded(uint64_t generation, const absl::Status& why);
 
   Server& server_;
@@ -68,6 +84,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   std::chrono::steady_clock::time_point created_;
   bool ended_ = false;
   bool client_closed_ = false;
+  std::map<uint64_t, std::shared_ptr<StreamEndpoint>> streams_;
 };
 
 class Server {
@@ -76,6 +93,9 @@ class Server {
          std::unique_ptr<ProcFs> procfs);
   ~Server();
 
+  // Enters the target's network namespace on a worker thread and builds the
+  // services. PERMISSION_DENIED when setns is not allowed.
+  absl::Status init();
   // Binds the listener. UNAVAILABLE with the address and the reason.
   absl::Status listen();
   // "127.0.0.1:7140" as bound (port 0 resolved).
@@ -94,6 +114,7 @@ class Server {
   void handleRequest(std::shared_ptr<AgentSession> session, v1::Request request);
   void sessionEnded(const std::string& id);
   net::asio::any_io_executor executor() { return io_.get_executor(); }
+  ServiceRegistry& services() { return *services_; }
   const AgentConfig& config() const { return config_; }
 
  private:
@@ -113,6 +134,9 @@ class Server {
   std::unique_ptr<ProcFs> procfs_;
   net::tcp::acceptor acceptor_;
   net::asio::thread_pool blocking_pool_{2};
+  std::unique_ptr<NetnsWorker> netns_;
+  std::unique_ptr<ServiceContext> service_ctx_;
+  std::unique_ptr<ServiceRegistry> services_;
   net::asio::steady_timer first_client_timer_;
   net::asio::steady_timer idle_timer_;
   net::asio::signal_set signals_;

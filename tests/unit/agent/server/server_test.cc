@@ -39,6 +39,7 @@ class ServerTest : public testing::Test {
     auto target = Target::open(*procfs, spec);
     ASSERT_TRUE(target.ok()) << target.status();
     server_ = std::make_unique<Server>(server_io_, config, std::move(*target), std::move(procfs));
+    ASSERT_TRUE(server_->init().ok());
     ASSERT_TRUE(server_->listen().ok());
     address_ = server_->listenAddress();
     exit_code_ = std::async(std::launch::async, [this] { return server_->run(); });
@@ -269,6 +270,7 @@ TEST(ServerLifecycleTest, ExitsWithCodeSixWhenNoClientComes) {
   config.token = kToken;
   config.first_client_timeout = milliseconds(50);
   Server server(io, config, std::move(*target), std::move(procfs));
+  ASSERT_TRUE(server.init().ok());
   ASSERT_TRUE(server.listen().ok());
   EXPECT_EQ(server.run(), kExitNoClient);
 }

@@ -1,0 +1,92 @@
+// How the agent's services plug into sessions. A RequestService answers unary
+// requests of some kinds; a StreamService opens streams of some kinds; a
+// StreamEndpoint is the agent side of one open stream. Services are built once
+// at start-up (registry.cc) with what they need (ServiceContext).
+//
+// Threads: every method here is called on the event loop. Blocking work goes
+// to ServiceContext::blocking and posts its result back to ServiceContext::io.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "agent/server/config.h"
+#include "agent/target/proc_fs.h"
+#include "agent/target/target.h"
+#include "siphon/transport/asio.h"
+#include "siphon/v1/frame.pb.h"
+
+namespace siphon::agent {
+
+class AgentSession;
+class NetnsWorker;
+
+struct ServiceContext {
+  net::asio::io_context& io;
+  net::asio::thread_pool& blocking;  // blocking calls (files, /proc) run here
+  const Target& target;
+  ProcFs& procfs;
+  NetnsWorker& netns;  // creates sockets inside the target's netns
+  const AgentConfig& config;
+};
+
+class RequestService {
+ public:
+  virtual ~RequestService() = default;
+  // Answers `request` exactly once with session->respond(), now or later
+  // (from the event loop). Errors go in Response.error (siphon::toProtoError).
+  virtual void handle(std::shared_ptr<AgentSession> session, v1::Request request) = 0;
+  // The session is gone for good: release what it held (open files...).
+  virtual void sessionEnded(const std::string& session_id) { (void)session_id; }
+};
+
+// The agent side of one stream. The session routes the peer's frames here.
+class StreamEndpoint {
+ public:
+  virtual ~StreamEndpoint() = default;
+  // Payload is valid during the call. Call session.consumed(id, n) once the
+  // bytes are delivered (written to the socket): that grants the peer credit.
+  virtual void onData(std::string_view payload) = 0;
+  virtual void onDatagram(v1::StreamDatagram datagram) { (void)datagram; }
+  virtual void onHalfClose() = 0;
+  virtual void onReset(const v1::Error& error) = 0;
+  // Send credit is back (sendCredit() was 0 before).
+  virtual void onWritable() = 0;
+  // The session ended: close sockets now; send no frames.
+  virtual void close() = 0;
+};
+
+class StreamService {
+ public:
+  virtual ~StreamService() = default;
+  // Opens the stream: accept it (session->session().acceptStream) and
+  // register an endpoint (session->registerStream), or reset it with a
+  // typed error. May finish later, from the event loop.
+  virtual void open(std::shared_ptr<AgentSession> session, v1::StreamOpen open) = 0;
+};
+
+class ServiceRegistry {
+ public:
+  void addRequest(v1::Request::BodyCase kind, std::shared_ptr<RequestService> service);
+  void addStream(v1::StreamOpen::KindCase kind, std::shared_ptr<StreamService> service);
+  void addFeature(v1::Feature feature) { features_.push_back(feature); }
+
+  RequestService* request(v1::Request::BodyCase kind) const;
+  StreamService* stream(v1::StreamOpen::KindCase kind) const;
+  const std::vector<v1::Feature>& features() const { return features_; }
+  void sessionEnded(const std::string& session_id);
+
+ private:
+  std::map<int, std::shared_ptr<RequestService>> requests_;
+  std::map<int, std::shared_ptr<StreamService>> streams_;
+  std::vector<std::shared_ptr<RequestService>> unique_requests_;
+  std::vector<v1::Feature> features_;
+};
+
+// Builds every service the agent offers (registry.cc).
+std::unique_ptr<ServiceRegistry> buildServices(ServiceContext& ctx);
+
+}  // namespace siphon::agent
