@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Siphon demo: installs the dependencies, builds siphon-agent and siphon, then
 # plays a pod and an operator on this machine:
-#   1. a "pod": a process with a known environment in a network namespace of
-#      its own (loopback only);
-#   2. siphon-agent targeting that process by PID, on 127.0.0.1 with a random
-#      token;
-#   3. the siphon CLI asking the agent for `info` and `env`.
+#   1. a "pod": a network namespace of its own (loopback only) with a DNS
+#      server (dnsmasq) and the application: busybox httpd in a root
+#      directory of its own (chroot), with a known environment;
+#   2. siphon-agent targeting that application by PID, on 127.0.0.1 with a
+#      random token;
+#   3. the siphon CLI asking the agent for `info` and `env`, reading a file
+#      of the pod's root, resolving a name with the pod's DNS, and talking to
+#      the pod's server from inside the pod.
 # Everything it creates (namespace, processes, temporary files) is removed on
 # exit, on failure and on Ctrl-C too.
 #
@@ -51,6 +54,7 @@ cli_bin="$root/$build/layer-protocol/cli/siphon"
 netns="siphon-demo-$$-$(head -c 3 /dev/urandom | od -An -tx1 | tr -d ' \n')"
 netns_created=0
 pod_pid=""
+dns_pid=""
 agent_pid=""
 tmp="$(mktemp -d /tmp/siphon-demo.XXXXXX)"
 
@@ -72,6 +76,7 @@ cleanup() {
   trap - EXIT INT TERM
   [ -n "$agent_pid" ] && stop "$agent_pid"
   [ -n "$pod_pid" ] && stop "$pod_pid"
+  [ -n "$dns_pid" ] && stop "$dns_pid"
   [ "$netns_created" -eq 1 ] && ip netns del "$netns"
   rm -rf "$tmp"
   if [ "$rc" -ne 0 ]; then
@@ -87,27 +92,46 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 # ---------------------------------------------------------------- the pod
-step "A pod: network namespace $netns with a process in it"
+step "A pod: network namespace $netns, its DNS server and its application"
 ip netns add "$netns"
 netns_created=1
 ip -n "$netns" link set lo up
-# `ip netns exec` and `env` exec in place, so $! ends up being the PID of
-# sleep itself, running in the namespace with exactly this environment.
+
+# The application's root: busybox and a web page, and the resolver settings
+# a Kubernetes pod gets (its DNS server, search domains, ndots).
+rootfs="$tmp/rootfs"
+mkdir -p "$rootfs/bin" "$rootfs/etc" "$rootfs/www"
+cp /bin/busybox "$rootfs/bin/busybox"
+printf 'Hello from the demo-shop pod\n' >"$rootfs/www/index.html"
+printf 'nameserver 127.0.0.1\nsearch demo-shop.svc.cluster.local svc.cluster.local\noptions ndots:5\n' \
+  >"$rootfs/etc/resolv.conf"
+printf '127.0.0.1 localhost\n' >"$rootfs/etc/hosts"
+
+# The pod's DNS server answers names that exist only in this pod.
+ip netns exec "$netns" dnsmasq --keep-in-foreground --no-resolv --no-hosts \
+  --listen-address=127.0.0.1 --bind-interfaces --port=53 --pid-file= --user=root \
+  --address=/db.demo-shop.svc.cluster.local/10.96.0.15 >"$tmp/dnsmasq.log" 2>&1 &
+dns_pid=$!
+
+# `ip netns exec`, `env` and `chroot` exec in place, so $! ends up being the
+# PID of busybox httpd itself, in the namespace, in its root, with exactly
+# this environment.
 ip netns exec "$netns" env -i \
   APP_NAME=demo-shop \
   DATABASE_URL=postgres://db:5432/shop \
   LOG_LEVEL=debug \
-  /bin/sleep 3600 &
+  "$(command -v chroot)" "$rootfs" /bin/busybox httpd -f -p 127.0.0.1:8080 -h /www &
 pod_pid=$!
 for _ in $(seq 100); do
-  [ "$(cat "/proc/$pod_pid/comm" 2>/dev/null)" = sleep ] && break
+  [ "$(readlink "/proc/$pod_pid/root" 2>/dev/null)" = "$rootfs" ] &&
+    ip netns exec "$netns" /bin/busybox nc -z 127.0.0.1 8080 2>/dev/null && break
   sleep 0.1
 done
-if [ "$(cat "/proc/$pod_pid/comm" 2>/dev/null)" != sleep ]; then
-  echo "demo: the pod process did not start" >&2
+if [ "$(readlink "/proc/$pod_pid/root" 2>/dev/null)" != "$rootfs" ]; then
+  echo "demo: the pod's application did not start" >&2
   exit 1
 fi
-echo "pod process: PID $pod_pid, $(readlink "/proc/$pod_pid/ns/net")"
+echo "pod application: busybox httpd, PID $pod_pid, $(readlink "/proc/$pod_pid/ns/net"), root $rootfs"
 
 # ---------------------------------------------------------------- the agent
 step "siphon-agent targeted --pid $pod_pid"
@@ -147,6 +171,19 @@ echo
 show siphon env
 echo
 show siphon env --include 'APP_*' --json
+
+step "Files of the pod's root (the host has no /www)"
+show siphon fs ls /www
+show siphon fs cat /www/index.html
+
+step "DNS as the pod resolves it (search domains, the pod's dnsmasq)"
+show siphon dns lookup db
+printf '\033[36m$ %s\033[0m\n' "getent hosts db.demo-shop.svc.cluster.local   # on the host"
+getent hosts db.demo-shop.svc.cluster.local || echo "(not resolvable on the host)"
+
+step "An outgoing connection from inside the pod (127.0.0.1:8080 is the pod's own server)"
+printf '\033[36m$ %s\033[0m\n' "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | siphon connect 127.0.0.1:8080"
+printf 'GET / HTTP/1.0\r\n\r\n' | siphon connect 127.0.0.1:8080
 
 step "A wrong token is refused (exit code 4)"
 echo wrong-token >"$tmp/wrong"

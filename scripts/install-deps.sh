@@ -22,6 +22,13 @@ PKGS=(
   socat
 )
 
+# containerd's .proto files, for the agent's gRPC client generated at build
+# time: unpacked from Debian's Go source packages into /var/cache/siphon, not
+# installed (see the script). Without root, CMake fetches them into build/.
+if [ "$(id -u)" -eq 0 ]; then
+  bash "$(dirname "${BASH_SOURCE[0]}")/fetch-containerd-protos.sh"
+fi
+
 missing=()
 for p in "${PKGS[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -46,8 +46,10 @@ class NetnsWorker {
 
   // Runs `task` on the worker and resumes the calling coroutine on `ex`
   // with its result. The event loop does not block.
+  // `task` by reference: GCC 12 destroys a by-value parameter built from a
+  // temporary lambda twice. The caller's temporary lives through co_await.
   template <typename T>
-  net::awaitable<T> runAsync(std::function<T()> task) {
+  net::awaitable<T> runAsync(const std::function<T()>& task) {
     auto ex = co_await net::asio::this_coro::executor;
     struct State {
       explicit State(net::asio::any_io_executor e) : signal(e) {}
@@ -55,7 +57,7 @@ class NetnsWorker {
       std::optional<T> result;
     };
     auto state = std::make_shared<State>(ex);
-    post([state, ex, task = std::move(task)]() mutable {
+    post([state, ex, task]() mutable {
       T value = task();
       net::asio::post(ex, [state, value = std::move(value)]() mutable {
         state->result = std::move(value);

@@ -33,6 +33,7 @@ enum ExitCode : int {
   kExitPermission = 4,
   kExitListen = 5,
   kExitNoClient = 6,
+  kExitRuntimeUnavailable = 7,  // no container runtime answered (--container-id)
 };
 
 }  // namespace siphon::agent

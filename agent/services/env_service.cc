@@ -15,19 +15,23 @@ class EnvService : public RequestService {
   void handle(std::shared_ptr<AgentSession> session, v1::Request request) override {
     // /proc reads block: never on the event loop.
     net::asio::post(ctx_.blocking, [this, session, request = std::move(request)]() mutable {
-      auto env = envFor(ctx_.procfs, ctx_.target.pid(), request.env());
-      net::asio::post(ctx_.io, [session, id = request.request_id(), env = std::move(env)]() mutable {
-        v1::Response r;
-        r.set_request_id(id);
-        if (env.ok()) {
-          *r.mutable_env() = std::move(*env);
-        } else {
-          log::warn("env_failed",
-                    {{"session", session->id()}, {"error", sv(env.status().message())}});
-          *r.mutable_error() = toProtoError(env.status());
-        }
-        session->respond(std::move(r));
-      });
+      // The runtime's env was resolved at start-up (agent/runtime/) and never
+      // changes; the process's is read now.
+      auto env =
+          envFor(ctx_.procfs, ctx_.target.pid(), request.env(), ctx_.target.spec().runtime_env);
+      net::asio::post(
+          ctx_.io, [session, id = request.request_id(), env = std::move(env)]() mutable {
+            v1::Response r;
+            r.set_request_id(id);
+            if (env.ok()) {
+              *r.mutable_env() = std::move(*env);
+            } else {
+              log::warn("env_failed",
+                        {{"session", session->id()}, {"error", sv(env.status().message())}});
+              *r.mutable_error() = toProtoError(env.status());
+            }
+            session->respond(std::move(r));
+          });
     });
   }
 

@@ -1,4 +1,7 @@
 // Every service the agent offers, in one place. Each area adds its own lines.
+#include "agent/dns/dns_service.h"
+#include "agent/files/file_service.h"
+#include "agent/outgoing/outgoing_service.h"
 #include "agent/services/env_service.h"
 #include "agent/services/service.h"
 
@@ -11,6 +14,15 @@ std::unique_ptr<ServiceRegistry> buildServices(ServiceContext& ctx) {
 
   r->addRequest(v1::Request::kEnv, makeEnvService(ctx));
   r->addFeature(v1::FEATURE_ENV);
+
+  // Registered even with --fs-mode off, to answer PERMISSION_DENIED.
+  r->addRequest(v1::Request::kFile, makeFileService(ctx));
+  if (ctx.config.fs_mode != FsMode::kOff) r->addFeature(v1::FEATURE_FILES);
+
+  r->addRequest(v1::Request::kDns, makeDnsService(ctx));
+  r->addFeature(v1::FEATURE_DNS);
+
+  outgoing::registerOutgoing(*r, ctx);  // TCP, UDP, unix streams from the target
 
   return r;
 }

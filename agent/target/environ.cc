@@ -29,16 +29,11 @@ bool matchesAny(const std::vector<std::string>& patterns, const std::string& nam
   return false;
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<v1::EnvVar>> parseEnviron(std::string_view raw) {
+// The shared rules of parseEnviron and parseEnvList (see environ.h).
+absl::StatusOr<std::vector<v1::EnvVar>> parseEntries(const std::vector<std::string_view>& entries) {
   // std::map: emplace keeps the first of duplicates and the order is bytewise.
   std::map<std::string, std::string, std::less<>> vars;
-  while (!raw.empty()) {
-    const size_t end = raw.find('\0');
-    const std::string_view entry = raw.substr(0, end);
-    raw = end == std::string_view::npos ? std::string_view() : raw.substr(end + 1);
-
+  for (const std::string_view entry : entries) {
     const size_t eq = entry.find('=');
     if (eq == std::string_view::npos || eq == 0) continue;
     const std::string_view name = entry.substr(0, eq);
@@ -52,6 +47,40 @@ absl::StatusOr<std::vector<v1::EnvVar>> parseEnviron(std::string_view raw) {
     v1::EnvVar& v = out.emplace_back();
     v.set_name(name);
     v.set_value(std::move(value));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<v1::EnvVar>> parseEnviron(std::string_view raw) {
+  std::vector<std::string_view> entries;
+  while (!raw.empty()) {
+    const size_t end = raw.find('\0');
+    entries.push_back(raw.substr(0, end));
+    raw = end == std::string_view::npos ? std::string_view() : raw.substr(end + 1);
+  }
+  return parseEntries(entries);
+}
+
+absl::StatusOr<std::vector<v1::EnvVar>> parseEnvList(const std::vector<std::string>& entries) {
+  return parseEntries(std::vector<std::string_view>(entries.begin(), entries.end()));
+}
+
+std::vector<v1::EnvVar> mergeEnv(const std::vector<v1::EnvVar>& runtime_env,
+                                 const std::vector<v1::EnvVar>& process_env) {
+  // Both sorted: one merge pass; on equal names the process's entry wins.
+  std::vector<v1::EnvVar> out;
+  out.reserve(runtime_env.size() + process_env.size());
+  auto r = runtime_env.begin();
+  auto p = process_env.begin();
+  while (r != runtime_env.end() || p != process_env.end()) {
+    if (p == process_env.end() || (r != runtime_env.end() && r->name() < p->name())) {
+      out.push_back(*r++);
+    } else {
+      if (r != runtime_env.end() && r->name() == p->name()) ++r;
+      out.push_back(*p++);
+    }
   }
   return out;
 }
@@ -78,9 +107,11 @@ v1::EnvResponse filterEnv(const std::vector<v1::EnvVar>& vars, const EnvFilter& 
   return response;
 }
 
-absl::StatusOr<v1::EnvResponse> envFor(ProcFs& procfs, pid_t pid, const v1::EnvRequest& request) {
+absl::StatusOr<v1::EnvResponse> envFor(ProcFs& procfs, pid_t pid, const v1::EnvRequest& request,
+                                       const std::vector<v1::EnvVar>& runtime_env) {
   ASSIGN_OR_RETURN(std::string raw, procfs.readEnviron(pid));
   ASSIGN_OR_RETURN(std::vector<v1::EnvVar> vars, parseEnviron(raw));
+  if (!runtime_env.empty()) vars = mergeEnv(runtime_env, vars);
   return filterEnv(vars, EnvFilter::fromRequest(request));
 }
 

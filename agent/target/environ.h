@@ -1,5 +1,6 @@
-// The target's environment as the env service answers it: /proc/PID/environ
-// parsed, filtered by include/exclude globs, sorted by name.
+// The target's environment as the env service answers it: the runtime's
+// container env merged with /proc/PID/environ (the process wins), filtered by
+// include/exclude globs, sorted by name.
 #pragma once
 
 #include <sys/types.h>
@@ -29,6 +30,21 @@ namespace siphon::agent {
 // not change its callers.
 absl::StatusOr<std::vector<v1::EnvVar>> parseEnviron(std::string_view raw);
 
+// The same rules for an environment given as a list of "NAME=VALUE" strings,
+// as container runtimes keep it (the OCI spec's process.env, Docker's
+// Config.Env). The first of duplicates wins: the list becomes the execve
+// envp of the container's process, where getenv() finds the first.
+absl::StatusOr<std::vector<v1::EnvVar>> parseEnvList(const std::vector<std::string>& entries);
+
+// Every name of either list (both sorted by name, as the parsers return
+// them), with the process's value where both have it: /proc/PID/environ is
+// what the process really started with (an entrypoint may have changed the
+// runtime's value, e.g. `env FOO=x app`), while the runtime's env adds what
+// the process does not show (a wrapper that cleared its environment, or a
+// process started later with another one). The result is sorted by name.
+std::vector<v1::EnvVar> mergeEnv(const std::vector<v1::EnvVar>& runtime_env,
+                                 const std::vector<v1::EnvVar>& process_env);
+
 // Include/exclude filter on variable names with fnmatch(3) globs (no flags:
 // '*' and '?' also match '/', and a leading '.' is not special).
 // An empty include list includes everything; exclude wins over include.
@@ -50,9 +66,12 @@ class EnvFilter {
 // The vars `filter` lets through, in order (callers pass them sorted).
 v1::EnvResponse filterEnv(const std::vector<v1::EnvVar>& vars, const EnvFilter& filter);
 
-// The env of `pid` from /proc/PID/environ, filtered by the request, sorted by
-// name. Errors are those of ProcFs::readEnviron (NotFound, PermissionDenied,
-// ResourceExhausted), with the path in the message.
-absl::StatusOr<v1::EnvResponse> envFor(ProcFs& procfs, pid_t pid, const v1::EnvRequest& request);
+// The env of `pid`: /proc/PID/environ merged over `runtime_env` (mergeEnv),
+// filtered by the request, sorted by name. Errors are those of
+// ProcFs::readEnviron (NotFound, PermissionDenied, ResourceExhausted), with
+// the path in the message; the runtime env alone is never a fallback, since
+// an unreadable environ means the target is gone or out of reach.
+absl::StatusOr<v1::EnvResponse> envFor(ProcFs& procfs, pid_t pid, const v1::EnvRequest& request,
+                                       const std::vector<v1::EnvVar>& runtime_env = {});
 
 }  // namespace siphon::agent

@@ -1,12 +1,16 @@
 #include "agent/target/proc_fs.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -28,8 +32,8 @@ std::string RealProcFs::path(pid_t pid, const char* leaf) const {
   return absl::StrCat(proc_root_, "/", pid, "/", leaf);
 }
 
-absl::StatusOr<std::string> RealProcFs::readEnviron(pid_t pid) {
-  const std::string p = path(pid, "environ");
+absl::StatusOr<std::string> RealProcFs::readCapped(const std::string& p, size_t cap,
+                                                   std::string_view what) {
   // The ptrace access check happens at open(), so EACCES shows up here.
   UniqueFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) return lastErrnoStatus(absl::StrCat("open ", p));
@@ -43,13 +47,17 @@ absl::StatusOr<std::string> RealProcFs::readEnviron(pid_t pid) {
       return lastErrnoStatus(absl::StrCat("read ", p));
     }
     if (n == 0) break;
-    if (out.size() + static_cast<size_t>(n) > max_environ_bytes_) {
-      return absl::ResourceExhaustedError(absl::StrCat("read ", p, ": environment larger than the ",
-                                                       max_environ_bytes_, "-byte limit"));
+    if (out.size() + static_cast<size_t>(n) > cap) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("read ", p, ": ", asv(what), " larger than the ", cap, "-byte limit"));
     }
     out.append(buf, static_cast<size_t>(n));
   }
   return out;
+}
+
+absl::StatusOr<std::string> RealProcFs::readEnviron(pid_t pid) {
+  return readCapped(path(pid, "environ"), max_environ_bytes_, "environment");
 }
 
 absl::StatusOr<UniqueFd> RealProcFs::openNetns(pid_t pid) {
@@ -117,5 +125,34 @@ bool RealProcFs::processExists(pid_t pid) {
 }
 
 pid_t RealProcFs::selfPid() { return ::getpid(); }
+
+absl::StatusOr<std::vector<pid_t>> RealProcFs::listPids() {
+  DIR* dir = ::opendir(proc_root_.c_str());
+  if (dir == nullptr) return lastErrnoStatus(absl::StrCat("opendir ", proc_root_));
+  std::vector<pid_t> pids;
+  int err = 0;
+  for (;;) {
+    errno = 0;  // readdir returns NULL both at the end and on error
+    const struct dirent* e = ::readdir(dir);
+    if (e == nullptr) {
+      err = errno;
+      break;
+    }
+    // Only all-digit names are processes ("self", "net", "sys"... are not).
+    const char* name = e->d_name;
+    const size_t len = std::strlen(name);
+    if (len == 0 || len > 9 || std::strspn(name, "0123456789") != len) continue;
+    const long pid = std::strtol(name, nullptr, 10);
+    if (pid > 0) pids.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(dir);
+  if (err != 0) return errnoStatus(err, absl::StrCat("readdir ", proc_root_));
+  std::sort(pids.begin(), pids.end());
+  return pids;
+}
+
+absl::StatusOr<std::string> RealProcFs::readCgroup(pid_t pid) {
+  return readCapped(path(pid, "cgroup"), size_t{64} << 10, "cgroup file");
+}
 
 }  // namespace siphon::agent

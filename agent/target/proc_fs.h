@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "agent/common/unique_fd.h"
@@ -63,6 +65,17 @@ class ProcFs {
 
   // The agent's own pid (whose namespaces a targetless agent uses).
   virtual pid_t selfPid() = 0;
+
+  // Every process /proc lists (its numeric entries: thread-group leaders,
+  // no threads), ascending. Processes come and go while the caller looks at
+  // them: a later call about one of them may answer NotFound.
+  virtual absl::StatusOr<std::vector<pid_t>> listPids() = 0;
+
+  // /proc/PID/cgroup as text: one "HIERARCHY-ID:CONTROLLERS:PATH" line per
+  // hierarchy (cgroup v1), or the single "0::PATH" line of cgroup v2. Paths
+  // are relative to the reader's cgroup namespace root. ResourceExhausted
+  // above 64 KiB (a real file is a few hundred bytes).
+  virtual absl::StatusOr<std::string> readCgroup(pid_t pid) = 0;
 };
 
 // ProcFs over a real procfs mount.
@@ -79,8 +92,15 @@ class RealProcFs : public ProcFs {
   absl::StatusOr<bool> hasExited(int pidfd) override;
   bool processExists(pid_t pid) override;
   pid_t selfPid() override;
+  absl::StatusOr<std::vector<pid_t>> listPids() override;
+  absl::StatusOr<std::string> readCgroup(pid_t pid) override;
 
  private:
+  // A whole /proc file of at most `cap` bytes; above it, ResourceExhausted
+  // "read PATH: WHAT larger than the CAP-byte limit".
+  absl::StatusOr<std::string> readCapped(const std::string& path, size_t cap,
+                                         std::string_view what);
+
   std::string path(pid_t pid, const char* leaf) const;
 
   std::string proc_root_;

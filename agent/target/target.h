@@ -13,11 +13,13 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "agent/common/unique_fd.h"
 #include "agent/target/proc_fs.h"
 #include "siphon/v1/handshake.pb.h"
+#include "siphon/v1/services.pb.h"
 
 namespace siphon::agent {
 
@@ -35,9 +37,14 @@ absl::StatusOr<TargetMode> parseTargetMode(std::string_view name);
 struct TargetSpec {
   TargetMode mode = TargetMode::kTargeted;
   pid_t pid = 0;  // > 0 for kTargeted/kEphemeral, 0 for kTargetless
-  // Only reported in describe(); resolving them to a pid happens elsewhere.
+  // Only reported in describe(); resolving them to a pid happens elsewhere
+  // (agent/runtime/).
   std::string container_id;
-  std::string runtime;
+  std::string runtime;  // "containerd", "docker", "cri-o", or empty
+  // The container's environment as its runtime configured it (sorted by
+  // name); the env service merges it under /proc/PID/environ. Empty when the
+  // target did not come from a runtime, or the runtime does not tell (CRI-O).
+  std::vector<v1::EnvVar> runtime_env;
 };
 
 class Target {

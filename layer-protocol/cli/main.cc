@@ -106,6 +106,9 @@ int realMain(int argc, char** argv) {
 
   std::vector<Command> commands;
   addBasicCommands(app, commands);
+  addFsCommands(app, commands);
+  addDnsCommands(app, commands);
+  addNetCommands(app, commands);
   app.footer(
       "Exit codes: 0 ok, 1 error, 2 usage, 3 agent unreachable, 4 session rejected by the "
       "agent.");

@@ -151,7 +151,9 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
         return absl::OkStatus();
       }
       Stream& s = streams_[id];
-      s.send_credit = f.open().initial_window();
+      // 0 means the default, as on our side (openStream).
+      s.send_credit = f.open().initial_window() != 0 ? f.open().initial_window()
+                                                     : limits_.initial_stream_window;
       handler.onStreamOpen(std::move(*f.mutable_open()));
       return absl::OkStatus();
     }
@@ -163,7 +165,8 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
         return protoError(v1::PROTOCOL_ERROR, absl::StrCat("unexpected accept of stream ", id));
       }
       it->second.accepted = true;
-      it->second.send_credit = f.accept().initial_window();
+      it->second.send_credit = f.accept().initial_window() != 0 ? f.accept().initial_window()
+                                                                 : limits_.initial_stream_window;
       handler.onStreamAccept(std::move(*f.mutable_accept()));
       return absl::OkStatus();
     }
@@ -428,11 +431,11 @@ absl::Status Session::acceptStream(v1::StreamAccept accept) {
   return absl::OkStatus();
 }
 
-size_t Session::sendCredit(uint64_t stream_id) {
+size_t Session::sendCredit(uint64_t stream_id, size_t wanted) {
   auto it = streams_.find(stream_id);
   if (it == streams_.end() || !it->second.accepted || it->second.local_closed) return 0;
   uint64_t c = std::min(it->second.send_credit, replayFree());
-  if (c == 0) {
+  if (c == 0 || c < wanted) {
     it->second.wants_write = true;
     any_wants_write_ = true;
   }

@@ -13,6 +13,7 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -31,6 +32,8 @@ struct FakeProcess {
   int root_errno = 0;
   int pidfd_errno = 0;
   bool exited = false;  // hasExited() on its pidfd
+  std::string cgroup;   // raw text readCgroup returns
+  int cgroup_errno = 0;
 };
 
 class FakeProcFs : public agent::ProcFs {
@@ -90,6 +93,23 @@ class FakeProcFs : public agent::ProcFs {
   bool processExists(pid_t pid) override { return processes_.count(pid) != 0; }
   pid_t selfPid() override { return self_pid_; }
 
+  // Ascending, as std::map keeps them.
+  absl::StatusOr<std::vector<pid_t>> listPids() override {
+    if (list_errno_ != 0) return errnoStatus(list_errno_, "opendir /proc");
+    std::vector<pid_t> pids;
+    for (const auto& [pid, process] : processes_) pids.push_back(pid);
+    return pids;
+  }
+  void setListErrno(int err) { list_errno_ = err; }
+
+  absl::StatusOr<std::string> readCgroup(pid_t pid) override {
+    const std::string what = absl::StrCat("open /proc/", pid, "/cgroup");
+    auto it = processes_.find(pid);
+    if (it == processes_.end()) return errnoStatus(ENOENT, what);
+    if (it->second.cgroup_errno != 0) return errnoStatus(it->second.cgroup_errno, what);
+    return it->second.cgroup;
+  }
+
  private:
   enum class Kind { kNetns, kRoot, kPidfd };
   struct Handed {
@@ -117,6 +137,7 @@ class FakeProcFs : public agent::ProcFs {
   std::map<pid_t, FakeProcess> processes_;
   std::map<int, Handed> fds_;
   pid_t self_pid_ = 1000;
+  int list_errno_ = 0;
 };
 
 }  // namespace siphon::fakes

@@ -62,6 +62,31 @@ net::awaitable<absl::Status> ClientStream::write(std::string data) {
   co_return absl::OkStatus();
 }
 
+net::awaitable<absl::Status> ClientStream::writeMessage(std::string data) {
+  const protocol::SessionLimits& limits = client_->session_->limits();
+  uint32_t window = accepted_ ? accepted_->initial_window() : 0;
+  if (window == 0) window = limits.initial_stream_window;
+  const size_t limit =
+      std::min<size_t>(window - window / 4, limits.max_frame_size - protocol::kDataFrameOverhead);
+  if (data.size() > limit) {
+    co_return protoError(v1::INVALID_ARGUMENT,
+                         absl::StrCat("a message of ", data.size(), " bytes is above the ", limit,
+                                      " bytes one frame of stream ", id_, " can carry"));
+  }
+  while (true) {
+    if (!error_.ok()) co_return error_;
+    if (!client_->lost_.ok()) co_return client_->lost_;
+    if (!client_->session_->streamOpen(id_)) {
+      co_return protoError(v1::STREAM_CLOSED, absl::StrCat("stream ", id_, " is closed"));
+    }
+    if (client_->session_->sendCredit(id_, std::max<size_t>(data.size(), 1)) >= data.size()) break;
+    co_await writable_.wait();
+  }
+  absl::Status s = client_->session_->sendData(id_, std::move(data));
+  if (s.ok()) client_->wake();
+  co_return s;
+}
+
 absl::Status ClientStream::halfClose() {
   if (!client_->lost_.ok()) return client_->lost_;
   RETURN_IF_ERROR(client_->session_->halfClose(id_));
@@ -194,6 +219,11 @@ net::awaitable<void> Client::runTransports(std::shared_ptr<Client> self, net::tc
   while (true) {
     transport_ = std::make_shared<net::SessionTransport>(
         std::move(socket), *session_, static_cast<SessionHandler&>(*this), leftover);
+    if (closing_) {
+      // close() came before this transport existed: end the session now.
+      session_->sendGoaway(v1::CANCELLED, "client closed the session");
+      transport_->closeAfterFlush();
+    }
     transport_->wake();
     absl::Status why = co_await transport_->run();
     if (closing_) co_return;

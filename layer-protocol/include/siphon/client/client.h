@@ -50,6 +50,11 @@ class ClientStream {
   // the stream was reset (the peer's code, or AGENT_LOST).
   net::awaitable<absl::StatusOr<std::optional<std::string>>> read();
   net::awaitable<absl::Status> write(std::string data);
+  // Sends `data` as exactly one Data frame (one datagram, one seqpacket
+  // record): waits until the credit covers all of it. INVALID_ARGUMENT when
+  // it never could (above 3/4 of the window the agent granted, since credit
+  // returns in quarter-window steps, or above one frame).
+  net::awaitable<absl::Status> writeMessage(std::string data);
   absl::Status halfClose();
   void reset(v1::ErrorCode code, std::string_view message);
 

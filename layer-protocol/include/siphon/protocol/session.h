@@ -151,8 +151,9 @@ class Session {
   // Accepts a stream the peer opened. STREAM_CLOSED for an unknown stream.
   absl::Status acceptStream(v1::StreamAccept accept);
   // Bytes sendData() takes now on this stream: the lesser of its credit and
-  // the free replay buffer. 0 means wait for onStreamWritable().
-  size_t sendCredit(uint64_t stream_id);
+  // the free replay buffer. 0 means wait for onStreamWritable(); so does
+  // less than `wanted` (a datagram or record that must go in one frame).
+  size_t sendCredit(uint64_t stream_id, size_t wanted = 1);
   // Sends payload (at most sendCredit() bytes), cut into frames as needed.
   // FLOW_CONTROL_ERROR beyond sendCredit() (or before the peer accepted the
   // stream), STREAM_CLOSED on a closed stream.

@@ -155,15 +155,13 @@ TEST_F(ServerTest, UnimplementedRequestsAndStreamsAnswerAtOnce) {
   runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
     auto c = client::Client::create(ex, options());
     EXPECT_TRUE((co_await c->connect()).ok());
-    v1::Request dns;
-    dns.mutable_dns()->mutable_lookup()->set_name("example.internal");
-    auto r = co_await c->call(dns, milliseconds(5000));
+    v1::Request mirror;
+    mirror.mutable_mirror()->set_port(80);  // a request kind nobody serves yet
+    auto r = co_await c->call(mirror, milliseconds(5000));
     EXPECT_EQ(errorCodeOf(r.status()), v1::UNIMPLEMENTED) << r.status();
 
     v1::StreamOpen open;
-    open.mutable_outgoing()->set_protocol(v1::OutgoingConnect::TCP);
-    open.mutable_outgoing()->set_host("127.0.0.1");
-    open.mutable_outgoing()->set_port(1);
+    open.mutable_capture()->set_interface("any");  // a stream kind nobody serves yet
     auto stream = co_await c->openStream(open);
     EXPECT_EQ(errorCodeOf(stream.status()), v1::UNIMPLEMENTED) << stream.status();
     c->close();

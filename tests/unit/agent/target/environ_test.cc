@@ -185,6 +185,73 @@ TEST(EnvFilterTest, FromRequestCopiesBothLists) {
   EXPECT_FALSE(f.matches("C"));
 }
 
+// ---- parseEnvList ----
+
+Pairs parseList(const std::vector<std::string>& entries) {
+  auto vars = parseEnvList(entries);
+  EXPECT_TRUE(vars.ok()) << vars.status();
+  return vars.ok() ? pairsOf(*vars) : Pairs{};
+}
+
+TEST(ParseEnvListTest, SameRulesAsEnviron) {
+  EXPECT_THAT(
+      parseList({"PATH=/bin", "A=b=c", "EMPTY=", "noequals", "=novalue", "B=2"}),
+      ElementsAre(Pair("A", "b=c"), Pair("B", "2"), Pair("EMPTY", ""), Pair("PATH", "/bin")));
+}
+
+TEST(ParseEnvListTest, FirstDuplicateWinsLikeTheExecveEnvp) {
+  EXPECT_THAT(parseList({"A=first", "A=second"}), ElementsAre(Pair("A", "first")));
+}
+
+TEST(ParseEnvListTest, EntriesMayHoldNulAndNewlines) {
+  // A list entry is a whole string: unlike environ, a NUL does not split it.
+  EXPECT_THAT(parseList({"A=x\0y"s, "B=line1\nline2"}),
+              ElementsAre(Pair("A", "x\0y"s), Pair("B", "line1\nline2")));
+}
+
+TEST(ParseEnvListTest, InvalidUtf8BecomesReplacementCharacter) {
+  EXPECT_THAT(parseList({"A=caf\xE9"}), ElementsAre(Pair("A", "caf\xEF\xBF\xBD")));
+  EXPECT_THAT(parseList({"\xFF=1", "OK=1"}), ElementsAre(Pair("OK", "1")));
+}
+
+TEST(ParseEnvListTest, EmptyListGivesNoVars) { EXPECT_THAT(parseList({}), IsEmpty()); }
+
+// ---- mergeEnv ----
+
+std::vector<v1::EnvVar> vars(const Pairs& pairs) {
+  std::vector<v1::EnvVar> out;
+  for (const auto& [name, value] : pairs) {
+    v1::EnvVar& v = out.emplace_back();
+    v.set_name(name);
+    v.set_value(value);
+  }
+  return out;
+}
+
+TEST(MergeEnvTest, UnionSortedWithTheProcessWinning) {
+  auto merged = mergeEnv(vars({{"A", "runtime"}, {"PATH", "/bin"}, {"Z", "rt"}}),
+                         vars({{"A", "process"}, {"B", "p"}, {"Z", "proc"}}));
+  EXPECT_THAT(pairsOf(merged), ElementsAre(Pair("A", "process"), Pair("B", "p"),
+                                           Pair("PATH", "/bin"), Pair("Z", "proc")));
+}
+
+TEST(MergeEnvTest, EitherSideMayBeEmpty) {
+  EXPECT_THAT(pairsOf(mergeEnv({}, vars({{"A", "1"}}))), ElementsAre(Pair("A", "1")));
+  EXPECT_THAT(pairsOf(mergeEnv(vars({{"A", "1"}}), {})), ElementsAre(Pair("A", "1")));
+  EXPECT_THAT(pairsOf(mergeEnv({}, {})), IsEmpty());
+}
+
+TEST(MergeEnvTest, EmptyProcessValueStillWins) {
+  EXPECT_THAT(pairsOf(mergeEnv(vars({{"A", "runtime"}}), vars({{"A", ""}}))),
+              ElementsAre(Pair("A", "")));
+}
+
+TEST(MergeEnvTest, OrderIsBytewise) {
+  auto merged = mergeEnv(vars({{"B", "1"}, {"a", "1"}}), vars({{"A", "1"}, {"_", "1"}}));
+  EXPECT_THAT(pairsOf(merged),
+              ElementsAre(Pair("A", "1"), Pair("B", "1"), Pair("_", "1"), Pair("a", "1")));
+}
+
 // ---- envFor ----
 
 TEST(EnvForTest, ReadsFiltersAndSorts) {
@@ -207,6 +274,30 @@ TEST(EnvForTest, EmptyRequestReturnsAll) {
   auto response = envFor(procfs, 7, v1::EnvRequest());
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_THAT(pairsOf(*response), ElementsAre(Pair("A", "1"), Pair("B", "2")));
+}
+
+TEST(EnvForTest, RuntimeEnvIsMergedUnderTheProcessEnvThenFiltered) {
+  fakes::FakeProcFs procfs;
+  procfs.addProcess(7).environ = "FROM_CTR_RUN=from-process\0PROC_ONLY=1\0"s;
+  auto runtime_env = parseEnvList({"PATH=/bin", "RUNTIME_ONLY_VAR=from-image", "FROM_CTR_RUN=1"});
+  ASSERT_TRUE(runtime_env.ok());
+  auto all = envFor(procfs, 7, v1::EnvRequest(), *runtime_env);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_THAT(pairsOf(*all),
+              ElementsAre(Pair("FROM_CTR_RUN", "from-process"), Pair("PATH", "/bin"),
+                          Pair("PROC_ONLY", "1"), Pair("RUNTIME_ONLY_VAR", "from-image")));
+  v1::EnvRequest req;
+  req.add_include("RUNTIME_*");
+  auto filtered = envFor(procfs, 7, req, *runtime_env);
+  ASSERT_TRUE(filtered.ok());
+  EXPECT_THAT(pairsOf(*filtered), ElementsAre(Pair("RUNTIME_ONLY_VAR", "from-image")));
+}
+
+TEST(EnvForTest, RuntimeEnvIsNoFallbackForAnUnreadableProcess) {
+  fakes::FakeProcFs procfs;
+  procfs.addProcess(7).environ_errno = EACCES;
+  auto response = envFor(procfs, 7, v1::EnvRequest(), *parseEnvList({"A=1"}));
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kPermissionDenied);
 }
 
 TEST(EnvForTest, MissingProcessIsNotFound) {

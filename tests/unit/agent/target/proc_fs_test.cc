@@ -10,8 +10,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -173,6 +176,46 @@ TEST(RealProcFsTest, ProcRootIsUsedForEveryPath) {
                                           "/ns/net: No such file or directory");
 }
 
+TEST(RealProcFsTest, ListPidsHasOurselvesAndOurChildAscending) {
+  EchoChild child({"X=1"});
+  ASSERT_TRUE(child.spawn());
+  RealProcFs procfs;
+  auto pids = procfs.listPids();
+  ASSERT_TRUE(pids.ok()) << pids.status();
+  EXPECT_TRUE(std::is_sorted(pids->begin(), pids->end()));
+  EXPECT_NE(std::find(pids->begin(), pids->end(), ::getpid()), pids->end());
+  EXPECT_NE(std::find(pids->begin(), pids->end(), child.pid()), pids->end());
+  // "self", "net", "sys"... are not processes; threads are not listed.
+  for (pid_t p : *pids) EXPECT_GT(p, 0);
+}
+
+TEST(RealProcFsTest, ListPidsOfAMissingProcIsAnError) {
+  RealProcFs procfs("/nonexistent-proc");
+  auto pids = procfs.listPids();
+  ASSERT_EQ(pids.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(pids.status().message(), "opendir /nonexistent-proc: No such file or directory");
+}
+
+TEST(RealProcFsTest, ReadCgroupOfOurselvesIsTheKernelsText) {
+  RealProcFs procfs;
+  auto cgroup = procfs.readCgroup(::getpid());
+  ASSERT_TRUE(cgroup.ok()) << cgroup.status();
+  std::ifstream in("/proc/self/cgroup");
+  std::stringstream expected;
+  expected << in.rdbuf();
+  EXPECT_EQ(*cgroup, expected.str());
+  // "0::/path" (v2) or "N:controllers:/path" lines (v1).
+  EXPECT_NE(cgroup->find(":/"), std::string::npos);
+}
+
+TEST(RealProcFsTest, ReadCgroupOfAMissingProcessIsNotFound) {
+  RealProcFs procfs;
+  auto cgroup = procfs.readCgroup(kNoSuchPid);
+  ASSERT_EQ(cgroup.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(cgroup.status().message(),
+            "open /proc/" + std::to_string(kNoSuchPid) + "/cgroup: No such file or directory");
+}
+
 TEST(RealProcFsTest, OwnNetnsInodeMatchesStat) {
   RealProcFs procfs;
   EXPECT_TRUE(procfs.processExists(::getpid()));
@@ -236,7 +279,7 @@ TEST(RealProcFsTest, OtherUsersProcessIsPermissionDenied) {
   ASSERT_FALSE(environ.ok());
   EXPECT_EQ(environ.status().code(), absl::StatusCode::kPermissionDenied);
 
-  auto target = Target::open(procfs, TargetSpec{TargetMode::kTargeted, 1, "", ""});
+  auto target = Target::open(procfs, TargetSpec{TargetMode::kTargeted, 1, "", "", {}});
   ASSERT_FALSE(target.ok());
   EXPECT_EQ(target.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(target.status().message(),
@@ -248,7 +291,7 @@ TEST(RealTargetTest, EntersOwnChild) {
   EchoChild child({"X=1"});
   ASSERT_TRUE(child.spawn());
   RealProcFs procfs;
-  auto target = Target::open(procfs, TargetSpec{TargetMode::kTargeted, child.pid(), "", ""});
+  auto target = Target::open(procfs, TargetSpec{TargetMode::kTargeted, child.pid(), "", "", {}});
   ASSERT_TRUE(target.ok()) << target.status();
   EXPECT_EQ((*target)->pid(), child.pid());
   EXPECT_TRUE((*target)->hasPidfd());
@@ -261,7 +304,7 @@ TEST(RealTargetTest, ZombieHasExited) {
   child.killLeavingZombie();
   RealProcFs procfs;
   EXPECT_TRUE(procfs.processExists(child.pid()));
-  auto target = Target::open(procfs, TargetSpec{TargetMode::kTargeted, child.pid(), "", ""});
+  auto target = Target::open(procfs, TargetSpec{TargetMode::kTargeted, child.pid(), "", "", {}});
   ASSERT_FALSE(target.ok());
   EXPECT_EQ(target.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(target.status().message(),
@@ -271,7 +314,7 @@ TEST(RealTargetTest, ZombieHasExited) {
 
 TEST(RealTargetTest, MissingProcessMessage) {
   RealProcFs procfs;
-  auto target = Target::open(procfs, TargetSpec{TargetMode::kTargeted, kNoSuchPid, "", ""});
+  auto target = Target::open(procfs, TargetSpec{TargetMode::kTargeted, kNoSuchPid, "", "", {}});
   ASSERT_FALSE(target.ok());
   EXPECT_EQ(target.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(target.status().message(), "target process 2147483632 does not exist");
@@ -279,7 +322,7 @@ TEST(RealTargetTest, MissingProcessMessage) {
 
 TEST(RealTargetTest, TargetlessIsTheAgentItself) {
   RealProcFs procfs;
-  auto target = Target::open(procfs, TargetSpec{TargetMode::kTargetless, 0, "", ""});
+  auto target = Target::open(procfs, TargetSpec{TargetMode::kTargetless, 0, "", "", {}});
   ASSERT_TRUE(target.ok()) << target.status();
   EXPECT_EQ((*target)->pid(), ::getpid());
   EXPECT_FALSE((*target)->hasPidfd());

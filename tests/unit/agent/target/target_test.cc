@@ -12,7 +12,7 @@ namespace {
 
 constexpr pid_t kPid = 4242;
 
-TargetSpec targeted(pid_t pid) { return TargetSpec{TargetMode::kTargeted, pid, "", ""}; }
+TargetSpec targeted(pid_t pid) { return TargetSpec{TargetMode::kTargeted, pid, "", "", {}}; }
 
 TEST(TargetModeTest, NamesRoundTrip) {
   for (TargetMode m : {TargetMode::kTargeted, TargetMode::kEphemeral, TargetMode::kTargetless}) {
@@ -30,7 +30,7 @@ TEST(TargetTest, OpensTargetedProcess) {
   fakes::FakeProcFs procfs;
   procfs.addProcess(kPid).netns_inode = 4026532001;
   auto target =
-      Target::open(procfs, TargetSpec{TargetMode::kTargeted, kPid, "abc123", "containerd"});
+      Target::open(procfs, TargetSpec{TargetMode::kTargeted, kPid, "abc123", "containerd", {}});
   ASSERT_TRUE(target.ok()) << target.status();
   const Target& t = **target;
   EXPECT_EQ(t.mode(), TargetMode::kTargeted);
@@ -53,7 +53,7 @@ TEST(TargetTest, OpensTargetedProcess) {
 TEST(TargetTest, EphemeralBehavesAsTargetedAndSaysSo) {
   fakes::FakeProcFs procfs;
   procfs.addProcess(1).netns_inode = 77;
-  auto target = Target::open(procfs, TargetSpec{TargetMode::kEphemeral, 1, "", ""});
+  auto target = Target::open(procfs, TargetSpec{TargetMode::kEphemeral, 1, "", "", {}});
   ASSERT_TRUE(target.ok()) << target.status();
   EXPECT_TRUE((*target)->hasPidfd());
   EXPECT_EQ((*target)->describe().mode(), "ephemeral");
@@ -63,7 +63,7 @@ TEST(TargetTest, TargetlessUsesAgentsOwnNamespaces) {
   fakes::FakeProcFs procfs;
   procfs.setSelfPid(321);
   procfs.addProcess(321).netns_inode = 4026531840;
-  auto target = Target::open(procfs, TargetSpec{TargetMode::kTargetless, 0, "", ""});
+  auto target = Target::open(procfs, TargetSpec{TargetMode::kTargetless, 0, "", "", {}});
   ASSERT_TRUE(target.ok()) << target.status();
   const Target& t = **target;
   EXPECT_EQ(t.mode(), TargetMode::kTargetless);
@@ -79,7 +79,7 @@ TEST(TargetTest, TargetlessUsesAgentsOwnNamespaces) {
 
 TEST(TargetTest, TargetlessRejectsAPid) {
   fakes::FakeProcFs procfs;
-  auto target = Target::open(procfs, TargetSpec{TargetMode::kTargetless, kPid, "", ""});
+  auto target = Target::open(procfs, TargetSpec{TargetMode::kTargetless, kPid, "", "", {}});
   ASSERT_FALSE(target.ok());
   EXPECT_EQ(target.status().code(), absl::StatusCode::kInvalidArgument);
 }

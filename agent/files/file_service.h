@@ -1,0 +1,46 @@
+// files: the file requests (siphon.v1.FileRequest) inside the target's root.
+//
+// Paths resolve under Target::rootFd() through RootFs (openat2,
+// RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS). --fs-mode decides first
+// (fs_policy.h): off answers PERMISSION_DENIED, ro answers EROFS to every
+// write-like request. Every system call runs on ServiceContext::blocking;
+// the answer is posted back to the event loop and sent with
+// AgentSession::respond(). Handles live per session (handles.h) and are
+// closed when the session ends.
+//
+// Answers, besides the errno of the call itself:
+//   read/pread    at most the session's negotiated max_read_size bytes per
+//                 request (a larger size is clamped, not refused); data+eof.
+//   readdir       at most max_entries entries (0: kDefaultDirEntries; above
+//                 kMaxDirEntries clamped) and max_read_size bytes of them.
+//   handles       EBADF for a handle this session does not hold (closed,
+//                 another session's, or a file handle given to readdir and
+//                 the other way round); EMFILE past max_handles_per_session.
+//   close         the handle is gone at once; its fd closes when no request
+//                 still uses it, and a close(2) error is reported only when
+//                 this request did the last close.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "agent/services/service.h"
+
+namespace siphon::agent::files {
+
+inline constexpr uint32_t kDefaultDirEntries = 1024;
+inline constexpr uint32_t kMaxDirEntries = 4096;
+
+struct FileServiceOptions {
+  size_t max_handles_per_session = 1024;
+};
+
+}  // namespace siphon::agent::files
+
+namespace siphon::agent {
+
+std::shared_ptr<RequestService> makeFileService(ServiceContext& ctx,
+                                                files::FileServiceOptions options = {});
+
+}  // namespace siphon::agent

@@ -1,0 +1,139 @@
+#include "agent/files/handles.h"
+
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "siphon/status.h"
+#include "siphon/text.h"
+
+namespace siphon::agent::files {
+namespace {
+
+// Bytes an entry adds to a FileDirEntries message besides its name (tags,
+// lengths, varints of ino and type), rounded up.
+constexpr size_t kEntryOverhead = 24;
+
+std::string handleCtx(std::string_view op, uint64_t handle) {
+  return absl::StrCat(asv(op), " fd ", handle);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ OpenDir
+
+absl::StatusOr<std::shared_ptr<OpenDir>> OpenDir::create(UniqueFd fd) {
+  DIR* dir = ::fdopendir(fd.get());
+  if (dir == nullptr) return lastErrnoStatus("opendir");
+  (void)fd.release();  // the DIR owns it now
+  return std::shared_ptr<OpenDir>(new OpenDir(dir));
+}
+
+OpenDir::~OpenDir() { ::closedir(dir_); }
+
+absl::StatusOr<v1::FileDirEntries> OpenDir::read(uint32_t max_entries, size_t max_bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::FileDirEntries out;
+  size_t bytes = 0;
+  while (!eof_) {
+    std::optional<v1::DirEntry> next = std::move(pending_);
+    pending_.reset();
+    if (!next) {
+      errno = 0;
+      struct dirent* d = ::readdir(dir_);
+      if (d == nullptr) {
+        if (errno != 0) return lastErrnoStatus("readdir");
+        eof_ = true;
+        break;
+      }
+      next.emplace();
+      next->set_name(toUtf8Lossy(d->d_name));
+      next->set_ino(d->d_ino);
+      next->set_type(d->d_type);
+    }
+    const size_t cost = next->name().size() + kEntryOverhead;
+    if (out.entries_size() > 0 &&
+        (static_cast<uint32_t>(out.entries_size()) >= max_entries || bytes + cost > max_bytes)) {
+      pending_ = std::move(next);  // first of the next batch
+      break;
+    }
+    bytes += cost;
+    *out.add_entries() = std::move(*next);
+  }
+  out.set_eof(eof_ && !pending_);
+  return out;
+}
+
+// ------------------------------------------------------------ HandleTable
+
+bool HandleTable::full(const std::string& session) const {
+  return count(session) >= max_per_session_;
+}
+
+size_t HandleTable::count(const std::string& session) const {
+  auto it = sessions_.find(session);
+  return it == sessions_.end() ? 0 : it->second.handles.size();
+}
+
+absl::StatusOr<uint64_t> HandleTable::add(const std::string& session, Handle h) {
+  if (full(session)) {
+    return errnoStatus(
+        EMFILE, absl::StrCat("open: the session holds ", max_per_session_, " handles already"));
+  }
+  Session& s = sessions_[session];
+  const uint64_t id = s.next++;
+  s.handles.emplace(id, std::move(h));
+  return id;
+}
+
+const Handle* HandleTable::find(const std::string& session, uint64_t handle) const {
+  auto s = sessions_.find(session);
+  if (s == sessions_.end()) return nullptr;
+  auto h = s->second.handles.find(handle);
+  return h == s->second.handles.end() ? nullptr : &h->second;
+}
+
+absl::StatusOr<std::shared_ptr<OpenFile>> HandleTable::file(const std::string& session,
+                                                            uint64_t handle,
+                                                            std::string_view op) const {
+  const Handle* h = find(session, handle);
+  if (h == nullptr || !std::holds_alternative<std::shared_ptr<OpenFile>>(*h)) {
+    return errnoStatus(EBADF, handleCtx(op, handle));
+  }
+  return std::get<std::shared_ptr<OpenFile>>(*h);
+}
+
+absl::StatusOr<std::shared_ptr<OpenDir>> HandleTable::dir(const std::string& session,
+                                                          uint64_t handle,
+                                                          std::string_view op) const {
+  const Handle* h = find(session, handle);
+  if (h == nullptr || !std::holds_alternative<std::shared_ptr<OpenDir>>(*h)) {
+    return errnoStatus(EBADF, handleCtx(op, handle));
+  }
+  return std::get<std::shared_ptr<OpenDir>>(*h);
+}
+
+absl::StatusOr<Handle> HandleTable::remove(const std::string& session, uint64_t handle, bool is_dir,
+                                           std::string_view op) {
+  auto s = sessions_.find(session);
+  if (s != sessions_.end()) {
+    auto h = s->second.handles.find(handle);
+    if (h != s->second.handles.end() &&
+        std::holds_alternative<std::shared_ptr<OpenDir>>(h->second) == is_dir) {
+      Handle out = std::move(h->second);
+      s->second.handles.erase(h);
+      return out;
+    }
+  }
+  return errnoStatus(EBADF, handleCtx(op, handle));
+}
+
+std::vector<Handle> HandleTable::removeSession(const std::string& session) {
+  std::vector<Handle> out;
+  auto s = sessions_.find(session);
+  if (s == sessions_.end()) return out;
+  for (auto& [id, h] : s->second.handles) out.push_back(std::move(h));
+  sessions_.erase(s);
+  return out;
+}
+
+}  // namespace siphon::agent::files

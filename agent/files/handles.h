@@ -1,0 +1,99 @@
+// The remote file and directory handles of each session.
+//
+// A client never sees a host fd: it gets a handle, a small integer counted
+// from 1 per session and never reused within it, so a stale handle (closed,
+// or from another session) is always EBADF rather than some other open file.
+// The objects behind handles are shared: a blocking job keeps the one it
+// works on alive, so a close racing a pread never lets the pread run on a
+// descriptor number the kernel has already handed to someone else; the fd
+// closes when the last holder lets go.
+#pragma once
+
+#include <dirent.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/common/unique_fd.h"
+#include "siphon/v1/files.pb.h"
+
+namespace siphon::agent::files {
+
+// One open file of a session.
+struct OpenFile {
+  explicit OpenFile(UniqueFd f) : fd(std::move(f)) {}
+  UniqueFd fd;
+};
+
+// One open directory of a session, read in batches. Thread-safe: two
+// readdir requests on the same handle may run on two pool threads at once.
+class OpenDir {
+ public:
+  // Takes `fd` (a directory opened O_RDONLY|O_DIRECTORY).
+  static absl::StatusOr<std::shared_ptr<OpenDir>> create(UniqueFd fd);
+  ~OpenDir();
+  OpenDir(const OpenDir&) = delete;
+  OpenDir& operator=(const OpenDir&) = delete;
+
+  // The next entries, in the kernel's order, "." and ".." included: at most
+  // `max_entries`, and no more than about `max_bytes` of entries so the
+  // answer fits one frame (at least one entry when there is one). eof is
+  // set once the end has been reached: an entry that does not fit is kept
+  // for the next call, so eof is exact. Names that are not valid UTF-8
+  // (they travel in a proto3 string) have each bad run replaced by U+FFFD.
+  absl::StatusOr<v1::FileDirEntries> read(uint32_t max_entries, size_t max_bytes);
+
+ private:
+  explicit OpenDir(DIR* dir) : dir_(dir) {}
+
+  std::mutex mu_;
+  DIR* dir_;
+  std::optional<v1::DirEntry> pending_;
+  bool eof_ = false;
+};
+
+using Handle = std::variant<std::shared_ptr<OpenFile>, std::shared_ptr<OpenDir>>;
+
+// Handles per session id. Not thread-safe: the file service uses it on the
+// event loop only.
+class HandleTable {
+ public:
+  explicit HandleTable(size_t max_per_session) : max_per_session_(max_per_session) {}
+
+  // Whether the session holds max_per_session handles already.
+  bool full(const std::string& session) const;
+  // A new handle for `h`. EMFILE when the session is full.
+  absl::StatusOr<uint64_t> add(const std::string& session, Handle h);
+  // The object behind a handle. EBADF when the session has no such handle,
+  // or it is a directory (file()) / a file (dir()). `op` names the call in
+  // the message ("pread fd 7: Bad file descriptor").
+  absl::StatusOr<std::shared_ptr<OpenFile>> file(const std::string& session, uint64_t handle,
+                                                 std::string_view op) const;
+  absl::StatusOr<std::shared_ptr<OpenDir>> dir(const std::string& session, uint64_t handle,
+                                               std::string_view op) const;
+  // Takes a handle out of the table (close, closedir); EBADF as above.
+  absl::StatusOr<Handle> remove(const std::string& session, uint64_t handle, bool is_dir,
+                                std::string_view op);
+  // Every handle of the session, taken out (the session ended).
+  std::vector<Handle> removeSession(const std::string& session);
+  size_t count(const std::string& session) const;
+
+ private:
+  struct Session {
+    uint64_t next = 1;
+    std::map<uint64_t, Handle> handles;
+  };
+  const Handle* find(const std::string& session, uint64_t handle) const;
+
+  size_t max_per_session_;
+  std::map<std::string, Session> sessions_;
+};
+
+}  // namespace siphon::agent::files

@@ -1,0 +1,411 @@
+#include "agent/outgoing/socket_pump.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/log.h"
+#include "siphon/protocol/codec.h"
+#include "siphon/status.h"
+
+namespace siphon::agent::outgoing {
+
+namespace asio = net::asio;
+
+namespace {
+
+// Room a StreamDatagram frame needs besides its payload: tags, lengths, the
+// stream id and the peer address (IPv6 text and port). Datagrams use the
+// generic encoding, not the data fast path.
+constexpr size_t kDatagramFrameOverhead = 96;
+
+}  // namespace
+
+SocketPump::SocketPump(asio::any_io_executor ex, uint64_t stream_id, std::shared_ptr<PumpHost> host,
+                       Options options)
+    : sock_(std::move(ex)), id_(stream_id), host_(std::move(host)), opt_(std::move(options)) {}
+
+SocketPump::~SocketPump() = default;
+
+absl::Status SocketPump::attach(UniqueFd fd) {
+  if (dead_) return protoError(v1::CANCELLED, "the stream ended before its socket was ready");
+  // Our own recv()/send() calls must never block the event loop.
+  int flags = fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || fcntl(fd.get(), F_SETFL, flags | O_NONBLOCK) < 0) {
+    return lastErrnoStatus("fcntl O_NONBLOCK");
+  }
+  net::error_code ec;
+  if (sock_.is_open()) sock_.close(ec);
+  sock_.assign(fd.get(), ec);
+  if (ec) return protoError(v1::INTERNAL, absl::StrCat("register socket: ", ec.message()));
+  (void)fd.release();
+  return absl::OkStatus();
+}
+
+net::awaitable<absl::Status> SocketPump::waitWritable(
+    std::chrono::steady_clock::time_point deadline) {
+  if (dead_ || !sock_.is_open()) {
+    co_return protoError(v1::CANCELLED, "the stream ended before its socket was ready");
+  }
+  auto fired = std::make_shared<bool>(false);
+  asio::steady_timer watchdog(sock_.get_executor());
+  watchdog.expires_at(deadline);
+  std::weak_ptr<SocketPump> weak = weak_from_this();
+  watchdog.async_wait([fired, weak](net::error_code ec) {
+    if (ec || *fired) return;
+    *fired = true;
+    if (auto self = weak.lock()) {
+      net::error_code ignored;
+      self->sock_.cancel(ignored);
+    }
+  });
+  net::error_code ec;
+  co_await sock_.async_wait(asio::posix::descriptor_base::wait_write,
+                            asio::redirect_error(net::use_awaitable, ec));
+  const bool timed_out = *fired;
+  *fired = true;  // disarm
+  watchdog.cancel();
+  if (dead_ || !sock_.is_open()) {
+    co_return protoError(v1::CANCELLED, "the stream ended before its socket was ready");
+  }
+  if (timed_out) co_return absl::DeadlineExceededError("no answer");
+  if (ec) co_return errnoStatus(ec.value(), "wait for the socket");
+  co_return absl::OkStatus();
+}
+
+void SocketPump::start() {
+  if (dead_ || started_) return;
+  started_ = true;
+  readMore();
+  flushWrites();
+}
+
+size_t SocketPump::maxMessage(protocol::Session& s) const {
+  uint32_t window = opt_.peer_window != 0 ? opt_.peer_window : s.limits().initial_stream_window;
+  size_t frame =
+      s.limits().max_frame_size -
+      (opt_.kind == Kind::kDatagram ? kDatagramFrameOverhead : protocol::kDataFrameOverhead);
+  return std::min<size_t>(window - window / 4, frame);
+}
+
+// ------------------------------------------------------ socket -> stream
+
+void SocketPump::readMore() {
+  if (dead_ || !started_ || read_done_ || read_armed_ || wants_credit_) return;
+  protocol::Session* s = host_->session();
+  if (s == nullptr) {
+    close();
+    return;
+  }
+  auto self = shared_from_this();  // reset() may release the last owner
+  bool queued = false;
+  bool more = true;
+  for (int i = 0; i < opt_.max_reads_per_wake && more; ++i) {
+    more = opt_.kind == Kind::kStream ? readBytes(*s, &queued) : readMessage(*s, &queued);
+  }
+  // Also when the stream just ended: its last Data and HalfClose must go.
+  if (queued) host_->wake();
+  // Out of reads for this turn but more may be there: come back through
+  // the reactor so other sockets get their turn.
+  if (more && !dead_ && !read_done_) armRead();
+}
+
+bool SocketPump::readBytes(protocol::Session& s, bool* queued) {
+  size_t credit = s.sendCredit(id_);
+  if (credit == 0) {
+    if (s.streamOpen(id_)) wants_credit_ = true;  // onWritable() resumes
+    return false;
+  }
+  std::string buf(std::min(credit, kReadChunk), '\0');
+  ssize_t n = ::recv(sock_.native_handle(), buf.data(), buf.size(), 0);
+  if (n > 0) {
+    // The buffer stays in the replay buffer until acked: do not keep 64 KiB
+    // of capacity for a few bytes.
+    if (static_cast<size_t>(n) < buf.size() / 2) {
+      buf = std::string(buf.data(), static_cast<size_t>(n));
+    } else {
+      buf.resize(static_cast<size_t>(n));
+    }
+    bytes_in_ += static_cast<uint64_t>(n);
+    absl::Status st = s.sendData(id_, std::move(buf));
+    if (!st.ok()) {
+      reset(wireError(v1::INTERNAL, absl::StrCat("stream ", id_, ": ", st.message())));
+      return false;
+    }
+    *queued = true;
+    return true;
+  }
+  if (n == 0) {
+    read_done_ = true;
+    if (s.halfClose(id_).ok()) *queued = true;
+    maybeFinish();
+    return false;
+  }
+  if (errno == EINTR) return true;
+  if (errno == EAGAIN || errno == EWOULDBLOCK) {
+    armRead();
+    return false;
+  }
+  reset(socketError(errno, absl::StrCat("read from ", opt_.label)));
+  return false;
+}
+
+bool SocketPump::readMessage(protocol::Session& s, bool* queued) {
+  const int fd = sock_.native_handle();
+  // The size of the next datagram or record, without taking it: it goes
+  // whole or not at all.
+  ssize_t len = ::recv(fd, nullptr, 0, MSG_PEEK | MSG_TRUNC);
+  if (len < 0) {
+    if (errno == EINTR) return true;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      armRead();
+      return false;
+    }
+    reset(socketError(errno, absl::StrCat("read from ", opt_.label)));
+    return false;
+  }
+  if (len == 0 && !opt_.udp) {
+    // seqpacket: 0 is the end of the peer's records (an empty UDP datagram
+    // is a datagram).
+    read_done_ = true;
+    if (s.halfClose(id_).ok()) *queued = true;
+    maybeFinish();
+    return false;
+  }
+  const size_t size = static_cast<size_t>(len);
+  const size_t limit = maxMessage(s);
+  if (size > limit) {
+    if (opt_.udp) {
+      // Taking it with a zero-length buffer discards the datagram.
+      (void)::recv(fd, nullptr, 0, 0);
+      ++dropped_;
+      log::debug("outgoing_udp_drop", {{"stream", id_},
+                                       {"bytes", static_cast<uint64_t>(size)},
+                                       {"limit", static_cast<uint64_t>(limit)}});
+      return true;
+    }
+    reset(wireError(v1::RESOURCE_EXHAUSTED,
+                    absl::StrCat("a record of ", size, " bytes from ", opt_.label, " is above the ",
+                                 limit, " bytes one frame of stream ", id_, " can carry")));
+    return false;
+  }
+  if (s.sendCredit(id_, std::max<size_t>(size, 1)) < std::max<size_t>(size, 1)) {
+    if (s.streamOpen(id_)) wants_credit_ = true;
+    return false;
+  }
+  std::string buf(size, '\0');
+  SockAddr peer;
+  peer.len = sizeof(peer.storage);
+  ssize_t n = opt_.kind == Kind::kDatagram
+                  ? ::recvfrom(fd, buf.data(), buf.size(), 0, peer.get(), &peer.len)
+                  : ::recv(fd, buf.data(), buf.size(), 0);
+  if (n < 0) {
+    if (errno == EINTR) return true;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      armRead();
+      return false;
+    }
+    reset(socketError(errno, absl::StrCat("read from ", opt_.label)));
+    return false;
+  }
+  buf.resize(static_cast<size_t>(n));
+  bytes_in_ += static_cast<uint64_t>(n);
+  absl::Status st;
+  if (opt_.kind == Kind::kDatagram) {
+    v1::StreamDatagram d;
+    d.set_stream_id(id_);
+    *d.mutable_peer() = toProto(peer);
+    d.set_payload(std::move(buf));
+    st = s.sendDatagram(std::move(d));
+  } else {
+    st = s.sendData(id_, std::move(buf));
+  }
+  if (!st.ok()) {
+    reset(wireError(v1::INTERNAL, absl::StrCat("stream ", id_, ": ", st.message())));
+    return false;
+  }
+  *queued = true;
+  return true;
+}
+
+void SocketPump::armRead() {
+  if (read_armed_ || dead_ || !sock_.is_open()) return;
+  read_armed_ = true;
+  sock_.async_wait(asio::posix::descriptor_base::wait_read,
+                   [self = shared_from_this()](net::error_code ec) {
+                     self->read_armed_ = false;
+                     if (ec || self->dead_) return;
+                     self->readMore();
+                   });
+}
+
+void SocketPump::onWritable() {
+  auto self = shared_from_this();
+  wants_credit_ = false;
+  readMore();
+}
+
+// ------------------------------------------------------ stream -> socket
+
+void SocketPump::onData(std::string_view payload) {
+  auto self = shared_from_this();
+  if (dead_) return;
+  if (opt_.kind == Kind::kDatagram) {
+    reset(wireError(v1::INVALID_ARGUMENT,
+                    "an unconnected UDP stream carries StreamDatagram frames (with a peer "
+                    "address), not Data"));
+    return;
+  }
+  out_.push_back(Out{std::string(payload), 0, std::nullopt});
+  flushWrites();
+}
+
+void SocketPump::onDatagram(v1::StreamDatagram datagram) {
+  auto self = shared_from_this();
+  if (dead_) return;
+  if (opt_.kind != Kind::kDatagram) {
+    reset(wireError(v1::INVALID_ARGUMENT,
+                    "a connected stream carries Data frames, not StreamDatagram (send a "
+                    "datagram to a peer only on an unconnected UDP stream)"));
+    return;
+  }
+  auto to = fromProto(datagram.peer());
+  if (to.ok() && sock_.is_open()) {
+    auto local = localAddress(sock_.native_handle());
+    if (local.ok()) to = forFamily(*to, local->family());
+  }
+  if (!to.ok()) {
+    reset(wireError(v1::INVALID_ARGUMENT, absl::StrCat("datagram peer: ", to.status().message())));
+    return;
+  }
+  out_.push_back(Out{std::move(*datagram.mutable_payload()), 0, *to});
+  flushWrites();
+}
+
+void SocketPump::flushWrites() {
+  if (dead_ || !started_ || write_armed_ || !sock_.is_open()) return;
+  auto self = shared_from_this();
+  const int fd = sock_.native_handle();
+  size_t done = 0;  // payload bytes the socket took (or that were dropped)
+  while (!out_.empty()) {
+    Out& o = out_.front();
+    const char* data = o.data.data() + o.offset;
+    const size_t size = o.data.size() - o.offset;
+    ssize_t n = o.to ? ::sendto(fd, data, size, MSG_NOSIGNAL, o.to->get(), o.to->len)
+                     : ::send(fd, data, size, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        armWrite();
+        break;
+      }
+      if (opt_.kind == Kind::kDatagram) {
+        // One unreachable or refused destination fails its own datagram,
+        // not the socket.
+        log::debug("outgoing_udp_send_failed",
+                   {{"stream", id_}, {"to", formatAddress(*o.to)}, {"errno", errno}});
+        ++dropped_;
+        done += o.data.size();
+        out_.pop_front();
+        continue;
+      }
+      reset(socketError(errno, absl::StrCat("write to ", opt_.label)));
+      return;
+    }
+    bytes_out_ += static_cast<uint64_t>(n);
+    if (opt_.kind == Kind::kStream) {
+      o.offset += static_cast<size_t>(n);
+      done += static_cast<size_t>(n);
+      if (o.offset == o.data.size()) out_.pop_front();
+    } else {
+      // A datagram or record goes whole.
+      done += o.data.size();
+      out_.pop_front();
+    }
+  }
+  if (done > 0) {
+    if (protocol::Session* s = host_->session()) {
+      s->consumed(id_, done);
+      host_->wake();
+    }
+  }
+  if (out_.empty() && peer_closed_ && !write_done_) {
+    write_done_ = true;
+    // UDP has no FIN to send: the peer's half-close only ends what it sends.
+    if (!opt_.udp) ::shutdown(fd, SHUT_WR);
+    maybeFinish();
+  }
+}
+
+void SocketPump::armWrite() {
+  if (write_armed_ || dead_ || !sock_.is_open()) return;
+  write_armed_ = true;
+  sock_.async_wait(asio::posix::descriptor_base::wait_write,
+                   [self = shared_from_this()](net::error_code ec) {
+                     self->write_armed_ = false;
+                     if (ec || self->dead_) return;
+                     self->flushWrites();
+                   });
+}
+
+void SocketPump::onHalfClose() {
+  auto self = shared_from_this();
+  if (dead_) return;
+  peer_closed_ = true;
+  flushWrites();
+}
+
+// ------------------------------------------------------------- endings
+
+void SocketPump::maybeFinish() {
+  if (dead_ || opt_.udp || !read_done_ || !write_done_) return;
+  // Both directions are closed: the session already forgot the stream.
+  dead_ = true;
+  host_->release(id_);
+  closeSocket(false);
+}
+
+void SocketPump::reset(v1::Error error) {
+  if (dead_) return;
+  auto self = shared_from_this();
+  dead_ = true;
+  log::debug("outgoing_stream_failed", {{"stream", id_}, {"error", error.message()}});
+  if (protocol::Session* s = host_->session()) {
+    s->resetStream(id_, std::move(error));
+    host_->wake();
+  }
+  host_->release(id_);
+  closeSocket(opt_.tcp);
+}
+
+void SocketPump::onReset(const v1::Error& error) {
+  auto self = shared_from_this();
+  if (dead_) return;
+  dead_ = true;
+  log::debug("outgoing_stream_reset", {{"stream", id_}, {"error", error.message()}});
+  host_->release(id_);
+  // The client aborted the stream: the target's peer sees an abort too (RST).
+  closeSocket(opt_.tcp);
+}
+
+void SocketPump::close() {
+  auto self = shared_from_this();
+  dead_ = true;
+  closeSocket(false);
+}
+
+void SocketPump::closeSocket(bool abortive) {
+  out_.clear();
+  if (!sock_.is_open()) return;
+  if (abortive) {
+    linger l{1, 0};
+    ::setsockopt(sock_.native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+  }
+  net::error_code ignored;
+  sock_.close(ignored);
+}
+
+}  // namespace siphon::agent::outgoing

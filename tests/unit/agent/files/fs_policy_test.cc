@@ -1,0 +1,129 @@
+// --fs-mode decisions per request kind.
+#include "agent/files/fs_policy.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <vector>
+
+#include "siphon/status.h"
+
+namespace siphon::agent::files {
+namespace {
+
+v1::FileRequest openWith(int flags) {
+  v1::FileRequest r;
+  r.mutable_open()->set_path("/etc/hosts");
+  r.mutable_open()->set_flags(flags);
+  return r;
+}
+
+// One request of every kind that changes the file system.
+std::vector<v1::FileRequest> writeLike() {
+  std::vector<v1::FileRequest> out;
+  for (int flags : {O_WRONLY, O_RDWR, O_RDONLY | O_CREAT, O_RDONLY | O_TRUNC, O_RDONLY | O_APPEND,
+                    O_TMPFILE | O_RDWR, O_ACCMODE}) {
+    out.push_back(openWith(flags));
+  }
+  v1::FileRequest r;
+  r.mutable_write()->set_fd(1);
+  out.push_back(r);
+  r.mutable_pwrite()->set_fd(1);
+  out.push_back(r);
+  r.mutable_mkdir()->set_path("/d");
+  out.push_back(r);
+  r.mutable_rmdir()->set_path("/d");
+  out.push_back(r);
+  r.mutable_unlink()->set_path("/f");
+  out.push_back(r);
+  r.mutable_rename()->set_from("/a");
+  out.push_back(r);
+  r.mutable_truncate()->set_path("/f");
+  out.push_back(r);
+  r.mutable_ftruncate()->set_fd(1);
+  out.push_back(r);
+  r.mutable_chmod()->set_path("/f");
+  out.push_back(r);
+  r.mutable_chown()->set_path("/f");
+  out.push_back(r);
+  r.mutable_utimens()->set_path("/f");
+  out.push_back(r);
+  return out;
+}
+
+std::vector<v1::FileRequest> readOnly() {
+  std::vector<v1::FileRequest> out;
+  out.push_back(openWith(O_RDONLY));
+  out.push_back(openWith(O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  v1::FileRequest r;
+  r.mutable_read()->set_fd(1);
+  out.push_back(r);
+  r.mutable_pread()->set_fd(1);
+  out.push_back(r);
+  r.mutable_seek()->set_fd(1);
+  out.push_back(r);
+  r.mutable_close()->set_fd(1);
+  out.push_back(r);
+  r.mutable_stat()->set_path("/");
+  out.push_back(r);
+  r.mutable_fstat()->set_fd(1);
+  out.push_back(r);
+  r.mutable_statfs()->set_path("/");
+  out.push_back(r);
+  r.mutable_access()->set_path("/");
+  out.push_back(r);
+  r.mutable_readlink()->set_path("/l");
+  out.push_back(r);
+  r.mutable_opendir()->set_path("/");
+  out.push_back(r);
+  r.mutable_readdir()->set_dir(1);
+  out.push_back(r);
+  r.mutable_closedir()->set_dir(1);
+  out.push_back(r);
+  return out;
+}
+
+TEST(FsPolicyTest, ReadOnlyRefusesEveryWriteLikeRequestWithErofs) {
+  for (const auto& r : writeLike()) {
+    EXPECT_TRUE(isWriteLike(r)) << r.ShortDebugString();
+    absl::Status s = checkFsMode(FsMode::kReadOnly, r);
+    EXPECT_EQ(errorCodeOf(s), v1::ERRNO) << r.ShortDebugString();
+    EXPECT_EQ(errnoOf(s), EROFS) << r.ShortDebugString();
+    EXPECT_TRUE(checkFsMode(FsMode::kReadWrite, r).ok());
+  }
+}
+
+TEST(FsPolicyTest, ReadOnlyLetsReadsThrough) {
+  for (const auto& r : readOnly()) {
+    EXPECT_FALSE(isWriteLike(r)) << r.ShortDebugString();
+    EXPECT_TRUE(checkFsMode(FsMode::kReadOnly, r).ok()) << r.ShortDebugString();
+  }
+}
+
+TEST(FsPolicyTest, OffRefusesEverythingWithPermissionDenied) {
+  auto all = writeLike();
+  for (auto& r : readOnly()) all.push_back(r);
+  for (const auto& r : all) {
+    absl::Status s = checkFsMode(FsMode::kOff, r);
+    EXPECT_EQ(errorCodeOf(s), v1::PERMISSION_DENIED) << r.ShortDebugString();
+    EXPECT_EQ(s.message(), "file access is off (--fs-mode off)");
+  }
+}
+
+TEST(FsPolicyTest, MessagesNameTheRequest) {
+  v1::FileRequest r;
+  r.mutable_mkdir()->set_path("/data/x");
+  EXPECT_EQ(fileOpName(r), "mkdir");
+  EXPECT_EQ(checkFsMode(FsMode::kReadOnly, r).message(),
+            "mkdir /data/x (--fs-mode ro): Read-only file system");
+  r.mutable_pwrite()->set_fd(7);
+  EXPECT_EQ(fileRequestTarget(r), "fd 7");
+  r.mutable_rename()->set_from("/a");
+  r.mutable_rename()->set_to("/b");
+  EXPECT_EQ(fileRequestTarget(r), "/a to /b");
+  EXPECT_EQ(fileOpName(v1::FileRequest()), "(none)");
+}
+
+}  // namespace
+}  // namespace siphon::agent::files
