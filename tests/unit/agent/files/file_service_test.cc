@@ -18,6 +18,7 @@
 #include "siphon/client/client.h"
 #include "siphon/status.h"
 #include "tests/fakes/fake_proc_fs.h"
+#include "tests/fakes/in_process_agent.h"
 #include "tests/unit/agent/files/files_test_util.h"
 
 namespace siphon::agent::files {
@@ -99,20 +100,8 @@ class FileServiceTest : public ::testing::Test {
     procfs->addProcess(kSelfPid, {});
     TargetSpec spec;
     spec.mode = TargetMode::kTargetless;
-    auto target = Target::open(*procfs, spec);
-    ASSERT_TRUE(target.ok()) << target.status();
-    server_ = std::make_unique<Server>(server_io_, config, std::move(*target), std::move(procfs));
-    ASSERT_TRUE(server_->init().ok());
-    ASSERT_TRUE(server_->listen().ok());
-    address_ = server_->listenAddress();
-    exit_code_ = std::async(std::launch::async, [this] { return server_->run(); });
-  }
-
-  void TearDown() override {
-    if (server_) {
-      server_->requestStop();
-      EXPECT_EQ(exit_code_.get(), kExitOk);
-    }
+    agent_.start(config, std::move(procfs), spec);
+    address_ = agent_.address();
   }
 
   client::ClientOptions options() {
@@ -125,25 +114,12 @@ class FileServiceTest : public ::testing::Test {
 
   template <typename F>
   void runClient(F f) {
-    asio::io_context io;
-    bool done = false;
-    asio::co_spawn(
-        io,
-        [&]() -> net::awaitable<void> {
-          co_await f(io.get_executor());
-          done = true;
-          io.stop();
-        },
-        asio::detached);
-    io.run();
-    ASSERT_TRUE(done);
+    fakes::runClient(std::move(f));
   }
 
   ScratchTree tree_;
-  asio::io_context server_io_;
-  std::unique_ptr<Server> server_;
+  fakes::InProcessAgent agent_;
   std::string address_;
-  std::future<int> exit_code_;
 };
 
 bool hasFeature(const v1::Welcome& w, v1::Feature f) {

@@ -19,6 +19,7 @@
 #include "siphon/client/client.h"
 #include "siphon/status.h"
 #include "tests/fakes/echo_server.h"
+#include "tests/fakes/in_process_agent.h"
 
 namespace siphon::agent {
 namespace {
@@ -116,19 +117,7 @@ class OutgoingServiceTest : public testing::Test {
     auto procfs = std::make_unique<RealProcFs>();
     TargetSpec spec;
     spec.mode = TargetMode::kTargetless;
-    auto target = Target::open(*procfs, spec);
-    ASSERT_TRUE(target.ok()) << target.status();
-    server_ = std::make_unique<Server>(server_io_, config, std::move(*target), std::move(procfs));
-    ASSERT_TRUE(server_->init().ok());
-    ASSERT_TRUE(server_->listen().ok());
-    exit_code_ = std::async(std::launch::async, [this] { return server_->run(); });
-  }
-
-  void TearDown() override {
-    if (server_) {
-      server_->requestStop();
-      EXPECT_EQ(exit_code_.get(), kExitOk);
-    }
+    agent_.start(config, std::move(procfs), spec);
   }
 
   // Runs `f(client)` with a connected client on a fresh io_context.
@@ -140,7 +129,7 @@ class OutgoingServiceTest : public testing::Test {
         io,
         [&]() -> net::awaitable<void> {
           client::ClientOptions o;
-          o.endpoints = {server_->listenAddress()};
+          o.endpoints = {agent_.address()};
           o.token = kToken;
           auto c = client::Client::create(io.get_executor(), o);
           absl::Status s = co_await c->connect();
@@ -154,9 +143,7 @@ class OutgoingServiceTest : public testing::Test {
     ASSERT_TRUE(done);
   }
 
-  asio::io_context server_io_;
-  std::unique_ptr<Server> server_;
-  std::future<int> exit_code_;
+  fakes::InProcessAgent agent_;
 };
 
 TEST_F(OutgoingServiceTest, WelcomeAdvertisesTheFeatures) {

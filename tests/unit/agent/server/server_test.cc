@@ -13,6 +13,7 @@
 #include "siphon/status.h"
 #include "siphon/transport/frame_io.h"
 #include "tests/fakes/fake_proc_fs.h"
+#include "tests/fakes/in_process_agent.h"
 
 namespace siphon::agent {
 namespace {
@@ -36,20 +37,8 @@ class ServerTest : public testing::Test {
     procfs->addProcess(kPodPid, pod);
     TargetSpec spec;
     spec.mode = TargetMode::kTargetless;
-    auto target = Target::open(*procfs, spec);
-    ASSERT_TRUE(target.ok()) << target.status();
-    server_ = std::make_unique<Server>(server_io_, config, std::move(*target), std::move(procfs));
-    ASSERT_TRUE(server_->init().ok());
-    ASSERT_TRUE(server_->listen().ok());
-    address_ = server_->listenAddress();
-    exit_code_ = std::async(std::launch::async, [this] { return server_->run(); });
-  }
-
-  void TearDown() override {
-    if (server_) {
-      server_->requestStop();
-      EXPECT_EQ(exit_code_.get(), kExitOk);
-    }
+    agent_.start(config, std::move(procfs), spec);
+    address_ = agent_.address();
   }
 
   client::ClientOptions options(std::string token = kToken) {
@@ -63,24 +52,11 @@ class ServerTest : public testing::Test {
   // Runs a coroutine on a fresh client io_context until it finishes.
   template <typename F>
   void runClient(F f) {
-    asio::io_context io;
-    bool done = false;
-    asio::co_spawn(
-        io,
-        [&]() -> net::awaitable<void> {
-          co_await f(io.get_executor());
-          done = true;
-          io.stop();
-        },
-        asio::detached);
-    io.run();
-    ASSERT_TRUE(done);
+    fakes::runClient(std::move(f));
   }
 
-  asio::io_context server_io_;
-  std::unique_ptr<Server> server_;
+  fakes::InProcessAgent agent_;
   std::string address_;
-  std::future<int> exit_code_;
 };
 
 v1::Request infoRequest() {

@@ -1,0 +1,75 @@
+// An agent Server on loopback, run on its own thread, for tests that drive it
+// with the real client: start() builds the target from a (fake) ProcFs, inits
+// the services and listens; the destructor stops it and checks it exited 0.
+// runClient() runs one client coroutine on a fresh io_context to completion.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <memory>
+#include <string>
+
+#include "agent/server/server.h"
+#include "siphon/transport/asio.h"
+
+namespace siphon::fakes {
+
+class InProcessAgent {
+ public:
+  InProcessAgent() = default;
+  InProcessAgent(const InProcessAgent&) = delete;
+  InProcessAgent& operator=(const InProcessAgent&) = delete;
+  ~InProcessAgent() { stop(); }
+
+  // Starts the agent on 127.0.0.1:0 (config.listen is overridden).
+  void start(agent::AgentConfig config, std::unique_ptr<agent::ProcFs> procfs,
+             agent::TargetSpec spec) {
+    config.listen = "127.0.0.1:0";
+    auto target = agent::Target::open(*procfs, spec);
+    ASSERT_TRUE(target.ok()) << target.status();
+    server_ = std::make_unique<agent::Server>(io_, config, std::move(*target), std::move(procfs));
+    absl::Status init = server_->init();
+    ASSERT_TRUE(init.ok()) << init;
+    absl::Status listen = server_->listen();
+    ASSERT_TRUE(listen.ok()) << listen;
+    address_ = server_->listenAddress();
+    exit_code_ = std::async(std::launch::async, [this] { return server_->run(); });
+  }
+
+  void stop() {
+    if (!server_ || !exit_code_.valid()) return;
+    server_->requestStop();
+    EXPECT_EQ(exit_code_.get(), agent::kExitOk);
+  }
+
+  agent::Server& server() { return *server_; }
+  const std::string& address() const { return address_; }
+
+ private:
+  net::asio::io_context io_;
+  std::unique_ptr<agent::Server> server_;
+  std::string address_;
+  std::future<int> exit_code_;
+};
+
+// Runs `f(executor)` (a coroutine) on a fresh io_context until it finishes.
+// `f` takes its executor by const reference (GCC 12: by-value parameters of
+// lambda coroutines are destroyed twice).
+template <typename F>
+void runClient(F f) {
+  net::asio::io_context io;
+  bool done = false;
+  net::asio::co_spawn(
+      io,
+      [&]() -> net::awaitable<void> {
+        co_await f(io.get_executor());
+        done = true;
+        io.stop();
+      },
+      net::asio::detached);
+  io.run();
+  ASSERT_TRUE(done);
+}
+
+}  // namespace siphon::fakes
