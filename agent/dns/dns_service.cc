@@ -83,6 +83,16 @@ std::shared_ptr<RequestService> makeDnsService(ServiceContext& ctx) {
                                        [&netns](int domain, int type, int protocol) {
                                          return netns.socketSync(domain, type, protocol);
                                        });
+  if (resolver.ok()) {
+    // Other services (outgoing connections to a host name) resolve through
+    // the same resolver. It lives as long as this service, which the server
+    // destroys before the context.
+    dns::Resolver* raw = resolver->get();
+    ctx.resolve_name = [raw](v1::DnsRequest request,
+                             std::function<void(absl::StatusOr<v1::DnsResponse>)> done) {
+      raw->resolve(std::move(request), std::move(done));
+    };
+  }
   if (!resolver.ok()) {
     log::error("dns_unavailable", {{"error", sv(resolver.status().message())}});
     resolver = absl::UnavailableError(

@@ -135,17 +135,66 @@ class Connect {
   }
 
  private:
+  // The target's DNS answers on its own thread; the answer hops back to the
+  // event loop before this coroutine resumes.
+  net::awaitable<absl::StatusOr<std::vector<SockAddr>>> resolveWithTargetDns(
+      const std::string& name, uint16_t port) {
+    struct State {
+      explicit State(net::asio::any_io_executor ex) : signal(ex) {}
+      net::Signal signal;
+      std::optional<absl::StatusOr<v1::DnsResponse>> result;
+    };
+    auto ex = co_await net::asio::this_coro::executor;
+    auto state = std::make_shared<State>(ex);
+    v1::DnsRequest request;
+    request.mutable_lookup()->set_name(name);
+    ctx_.resolve_name(std::move(request),
+                      [state, ex](absl::StatusOr<v1::DnsResponse> result) {
+                        net::asio::post(ex, [state, result = std::move(result)]() mutable {
+                          state->result = std::move(result);
+                          state->signal.notify();
+                        });
+                      });
+    while (!state->result) co_await state->signal.wait();
+    if (!state->result->ok()) co_return state->result->status();
+    const v1::DnsResponse& answer = **state->result;
+    if (answer.status() != v1::DNS_OK) {
+      v1::ErrorCode code = answer.status() == v1::DNS_NXDOMAIN || answer.status() == v1::DNS_NODATA
+                               ? v1::NOT_FOUND
+                           : answer.status() == v1::DNS_TIMEOUT ? v1::TIMEOUT
+                                                                : v1::UNAVAILABLE;
+      co_return protoError(code, absl::StrCat("resolve ", name, " with the target's DNS: ",
+                                              v1::DnsStatus_Name(answer.status())));
+    }
+    std::vector<SockAddr> out;
+    for (const std::string& a : answer.addresses()) {
+      if (auto addr = ipAddress(a, port)) out.push_back(*addr);
+    }
+    if (out.empty()) {
+      co_return protoError(v1::NOT_FOUND, absl::StrCat("resolve ", name, ": no address"));
+    }
+    co_return out;
+  }
+
   net::awaitable<void> connectIp(int type) {
     const auto port = static_cast<uint16_t>(req_.port());
     std::vector<SockAddr> addrs;
     if (auto literal = ipAddress(req_.host(), port)) {
       addrs.push_back(*literal);
     } else {
-      // A named function object, not a temporary in the co_await
-      // expression: GCC 12 destroys such temporaries twice.
-      std::function<absl::StatusOr<std::vector<SockAddr>>()> resolve =
-          [name = req_.host(), port, type] { return resolveName(name, port, type); };
-      auto resolved = co_await ctx_.netns.runAsync(std::move(resolve));
+      absl::StatusOr<std::vector<SockAddr>> resolved;
+      if (ctx_.resolve_name) {
+        // As the target resolves it: its resolv.conf and hosts, from its netns.
+        resolved = co_await resolveWithTargetDns(req_.host(), port);
+      } else {
+        // No DNS service: getaddrinfo on the NetnsWorker (the agent's own
+        // resolver configuration, queries from the target's netns). A named
+        // function object, not a temporary in the co_await expression: GCC 12
+        // destroys such temporaries twice.
+        std::function<absl::StatusOr<std::vector<SockAddr>>()> resolve =
+            [name = req_.host(), port, type] { return resolveName(name, port, type); };
+        resolved = co_await ctx_.netns.runAsync(std::move(resolve));
+      }
       if (pump_->dead()) co_return;
       if (!resolved.ok()) {
         v1::Error e = toProtoError(resolved.status());

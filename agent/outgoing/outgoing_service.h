@@ -17,11 +17,10 @@
 //                   an abstract socket of the target's network namespace.
 //                   Seqpacket: one Data frame = one record.
 //
-// Names are resolved with getaddrinfo on the NetnsWorker thread: the query
-// packets leave from the target's namespace, but the resolver configuration
-// (/etc/resolv.conf, /etc/hosts, nsswitch) is the agent's own. The DNS
-// service (c-ares with the target's resolv.conf) will replace this; until
-// then, a slow name server also delays other sockets being created.
+// Names are resolved as the target resolves them, through the DNS service
+// (ServiceContext::resolve_name: its resolv.conf and hosts, queries from its
+// netns). Without a DNS service, getaddrinfo on the NetnsWorker thread is the
+// fallback (the agent's own resolver configuration).
 //
 // Threads: open() and everything after it on the event loop; blocking parts
 // (the path walk, getaddrinfo) run elsewhere and come back.

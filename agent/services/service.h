@@ -7,6 +7,7 @@
 // to ServiceContext::blocking and posts its result back to ServiceContext::io.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -31,6 +32,12 @@ struct ServiceContext {
   ProcFs& procfs;
   NetnsWorker& netns;  // creates sockets inside the target's netns
   const AgentConfig& config;
+  // Resolves a name as the target would (its resolv.conf and hosts, queries
+  // from its netns). Set by the DNS service when it starts; empty otherwise.
+  // `done` runs on the resolver's thread: post back to `io` before touching
+  // sessions.
+  std::function<void(v1::DnsRequest, std::function<void(absl::StatusOr<v1::DnsResponse>)>)>
+      resolve_name;
 };
 
 class RequestService {

@@ -125,6 +125,7 @@ class DnsTest : public ::testing::Test {
          "--host-record=dual.pod.example,10.5.5.5,fd00::5", "--host-record=dots.only,10.9.9.1",
          "--host-record=dots.only.pod.example,10.9.9.2",
          "--host-record=shadowed.pod.example,10.3.3.3",
+         "--host-record=echo.pod.example,127.0.0.1",
          "--cname=alias.pod.example,short.pod.example",
          // Names under these are answered NXDOMAIN when unknown; anything
          // else gets REFUSED (no upstream servers).
@@ -196,6 +197,33 @@ TEST_F(DnsTest, ResolvesWhatOnlyThePodCanResolve) {
   // there (.test is reserved, RFC 2606), so the answer above came from the
   // pod's dnsmasq through a socket in the pod's namespace.
   EXPECT_FALSE(resolvesOnHost("only-in-pod.test"));
+}
+
+// Outgoing connections to a host name resolve as the target would: through
+// this same resolver (the pod's dnsmasq), not the agent's getaddrinfo.
+TEST_F(DnsTest, OutgoingConnectionsToANameUseThePodsDns) {
+  Child echo = spawn({"ip", "netns", "exec", netns_->name(), "socat",
+                      "TCP-LISTEN:7007,bind=127.0.0.1,reuseaddr,fork", "EXEC:cat"},
+                     std::nullopt, -1, -1);
+  ASSERT_GT(echo.pid(), 0);
+  // Ready once it listens: its socket in the pod's /proc/net/tcp (port 0x1B5F).
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  bool listening = false;
+  while (!listening && Clock::now() < deadline) {
+    Result tcp = run({"ip", "netns", "exec", netns_->name(), "cat", "/proc/net/tcp"});
+    listening = tcp.out.find(":1B5F 00000000:0000 0A") != std::string::npos;
+    if (!listening) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(listening) << "socat did not start listening in the pod";
+  EXPECT_FALSE(resolvesOnHost("echo.pod.example"));
+
+  Result r = cli({"connect", "echo.pod.example:7007"});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.err, "");
+
+  Result missing = cli({"connect", "nothing-here.pod.example:7007"});
+  EXPECT_EQ(missing.exit_code, 1) << missing;
+  EXPECT_NE(missing.err.find("NXDOMAIN"), std::string::npos) << missing;
 }
 
 TEST_F(DnsTest, JsonOutput) {
