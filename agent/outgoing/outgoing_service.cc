@@ -148,13 +148,12 @@ class Connect {
     auto state = std::make_shared<State>(ex);
     v1::DnsRequest request;
     request.mutable_lookup()->set_name(name);
-    ctx_.resolve_name(std::move(request),
-                      [state, ex](absl::StatusOr<v1::DnsResponse> result) {
-                        net::asio::post(ex, [state, result = std::move(result)]() mutable {
-                          state->result = std::move(result);
-                          state->signal.notify();
-                        });
-                      });
+    ctx_.resolve_name(std::move(request), [state, ex](absl::StatusOr<v1::DnsResponse> result) {
+      net::asio::post(ex, [state, result = std::move(result)]() mutable {
+        state->result = std::move(result);
+        state->signal.notify();
+      });
+    });
     while (!state->result) co_await state->signal.wait();
     if (!state->result->ok()) co_return state->result->status();
     const v1::DnsResponse& answer = **state->result;

@@ -87,6 +87,45 @@ net::awaitable<absl::Status> ClientStream::writeMessage(std::string data) {
   co_return s;
 }
 
+net::awaitable<absl::StatusOr<std::optional<v1::StreamDatagram>>> ClientStream::readDatagram() {
+  while (true) {
+    if (!datagrams_.empty()) {
+      v1::StreamDatagram d = std::move(datagrams_.front());
+      datagrams_.pop_front();
+      if (client_->session_) {
+        client_->session_->consumed(id_, d.payload().size());
+        client_->wake();
+      }
+      co_return std::optional<v1::StreamDatagram>(std::move(d));
+    }
+    if (!error_.ok()) co_return error_;
+    if (eof_) co_return std::optional<v1::StreamDatagram>();
+    co_await readable_.wait();
+  }
+}
+
+net::awaitable<absl::Status> ClientStream::writeDatagram(v1::SocketAddress peer,
+                                                         std::string payload) {
+  const size_t size = payload.size();
+  while (true) {
+    if (!error_.ok()) co_return error_;
+    if (!client_->lost_.ok()) co_return client_->lost_;
+    if (!client_->session_->streamOpen(id_)) {
+      co_return protoError(v1::STREAM_CLOSED, absl::StrCat("stream ", id_, " is closed"));
+    }
+    // A datagram goes whole: wait until the credit covers all of it.
+    if (client_->session_->sendCredit(id_, std::max<size_t>(size, 1)) >= size) break;
+    co_await writable_.wait();
+  }
+  v1::StreamDatagram d;
+  d.set_stream_id(id_);
+  *d.mutable_peer() = std::move(peer);
+  d.set_payload(std::move(payload));
+  absl::Status s = client_->session_->sendDatagram(std::move(d));
+  if (s.ok()) client_->wake();
+  co_return s;
+}
+
 absl::Status ClientStream::halfClose() {
   if (!client_->lost_.ok()) return client_->lost_;
   RETURN_IF_ERROR(client_->session_->halfClose(id_));
@@ -395,6 +434,17 @@ void Client::onStreamData(uint64_t id, std::string_view payload) {
     return;
   }
   s->incoming_.emplace_back(payload);
+  s->readable_.notify();
+}
+
+void Client::onStreamDatagram(v1::StreamDatagram datagram) {
+  auto it = streams_.find(datagram.stream_id());
+  auto s = it == streams_.end() ? nullptr : it->second.lock();
+  if (!s) {
+    session_->consumed(datagram.stream_id(), datagram.payload().size());
+    return;
+  }
+  s->datagrams_.push_back(std::move(datagram));
   s->readable_.notify();
 }
 

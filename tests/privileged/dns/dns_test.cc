@@ -124,8 +124,7 @@ class DnsTest : public ::testing::Test {
          "--host-record=short.pod.example,10.20.30.40",
          "--host-record=dual.pod.example,10.5.5.5,fd00::5", "--host-record=dots.only,10.9.9.1",
          "--host-record=dots.only.pod.example,10.9.9.2",
-         "--host-record=shadowed.pod.example,10.3.3.3",
-         "--host-record=echo.pod.example,127.0.0.1",
+         "--host-record=shadowed.pod.example,10.3.3.3", "--host-record=echo.pod.example,127.0.0.1",
          "--cname=alias.pod.example,short.pod.example",
          // Names under these are answered NXDOMAIN when unknown; anything
          // else gets REFUSED (no upstream servers).

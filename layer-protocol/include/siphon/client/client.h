@@ -55,6 +55,10 @@ class ClientStream {
   // it never could (above 3/4 of the window the agent granted, since credit
   // returns in quarter-window steps, or above one frame).
   net::awaitable<absl::Status> writeMessage(std::string data);
+  // Unconnected UDP streams: one datagram with its peer each way. read()
+  // and readDatagram() consume different frames (Data vs Datagram).
+  net::awaitable<absl::StatusOr<std::optional<v1::StreamDatagram>>> readDatagram();
+  net::awaitable<absl::Status> writeDatagram(v1::SocketAddress peer, std::string payload);
   absl::Status halfClose();
   void reset(v1::ErrorCode code, std::string_view message);
 
@@ -63,6 +67,7 @@ class ClientStream {
   std::shared_ptr<Client> client_;
   uint64_t id_;
   std::deque<std::string> incoming_;
+  std::deque<v1::StreamDatagram> datagrams_;
   bool eof_ = false;
   absl::Status error_;
   net::Signal readable_;
@@ -131,6 +136,7 @@ class Client : public std::enable_shared_from_this<Client>, private protocol::Se
   void onStreamOpen(v1::StreamOpen open) override;
   void onStreamAccept(v1::StreamAccept accept) override;
   void onStreamData(uint64_t id, std::string_view payload) override;
+  void onStreamDatagram(v1::StreamDatagram datagram) override;
   void onStreamHalfClose(uint64_t id) override;
   void onStreamReset(uint64_t id, v1::Error error) override;
   void onStreamWritable(uint64_t id) override;

@@ -242,6 +242,30 @@ TEST_F(OutgoingServiceTest, ConnectedUdpEchoesDatagrams) {
   });
 }
 
+TEST_F(OutgoingServiceTest, UnconnectedUdpCarriesEachDatagramWithItsPeer) {
+  EchoServer server(loopbackSocket(SOCK_DGRAM), EchoServer::Kind::kDatagram);
+  withClient([&](const std::shared_ptr<client::Client>& c) -> net::awaitable<void> {
+    // No host: an unconnected socket in the target; every datagram names
+    // its peer.
+    auto s = co_await c->openStream(outgoing(v1::OutgoingConnect::UDP, "", 0));
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!s.ok()) co_return;
+    v1::SocketAddress peer;
+    peer.set_ip("127.0.0.1");
+    peer.set_port(server.port());
+    for (const std::string d : {"one", "two, longer", "three"}) {
+      EXPECT_TRUE((co_await (*s)->writeDatagram(peer, d)).ok());
+      auto back = co_await (*s)->readDatagram();
+      EXPECT_TRUE(back.ok()) << back.status();
+      if (!back.ok() || !back->has_value()) co_return;
+      EXPECT_EQ((*back)->payload(), d);
+      EXPECT_EQ((*back)->peer().port(), server.port());
+      EXPECT_EQ((*back)->peer().ip(), "127.0.0.1");
+    }
+    (*s)->reset(v1::CANCELLED, "done");
+  });
+}
+
 TEST_F(OutgoingServiceTest, UnixPathAndAbstractSockets) {
   char tmpl[] = "/tmp/siphon-outgoing-svc-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
