@@ -2,31 +2,15 @@
 
 #include <algorithm>
 
+#include "agent/dns/config_text.h"
+
 namespace siphon::agent::dns {
-namespace {
-
-bool isBlank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
-
-}  // namespace
-
 HostsFile HostsFile::parse(std::string_view text) {
   HostsFile hosts;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string_view::npos) nl = text.size();
-    std::string_view line = text.substr(pos, nl - pos);
-    pos = nl + 1;
+  for (std::string_view line : lines(text)) {
     if (size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
 
-    std::vector<std::string_view> fields;
-    size_t i = 0;
-    while (i < line.size()) {
-      while (i < line.size() && isBlank(line[i])) ++i;
-      size_t start = i;
-      while (i < line.size() && !isBlank(line[i])) ++i;
-      if (i > start) fields.push_back(line.substr(start, i - start));
-    }
+    std::vector<std::string_view> fields = words(line);
     if (fields.size() < 2) continue;
     auto address = parseIp(fields[0]);
     if (!address) continue;

@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <charconv>
 
+#include "agent/dns/config_text.h"
+
 namespace siphon::agent::dns {
 namespace {
-
-bool isBlank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
 
 // The line without a trailing comment: c-ares ends a line at '#' or ';',
 // which glibc only treats as comments in the first column. No name or
@@ -18,18 +18,6 @@ bool isBlank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' ||
 std::string_view stripComment(std::string_view line) {
   size_t at = line.find_first_of("#;");
   return at == std::string_view::npos ? line : line.substr(0, at);
-}
-
-std::vector<std::string_view> words(std::string_view s) {
-  std::vector<std::string_view> out;
-  size_t i = 0;
-  while (i < s.size()) {
-    while (i < s.size() && isBlank(s[i])) ++i;
-    size_t start = i;
-    while (i < s.size() && !isBlank(s[i])) ++i;
-    if (i > start) out.push_back(s.substr(start, i - start));
-  }
-  return out;
 }
 
 // "keyword rest": the rest when `line` starts with `keyword` and a blank.
@@ -107,12 +95,7 @@ ResolvConf defaultResolvConf() {
 
 ResolvConf parseResolvConf(std::string_view text) {
   ResolvConf conf;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string_view::npos) nl = text.size();
-    std::string_view line = text.substr(pos, nl - pos);
-    pos = nl + 1;
+  for (std::string_view line : lines(text)) {
     if (line.empty() || line[0] == '#' || line[0] == ';') continue;
     line = stripComment(line);
 
