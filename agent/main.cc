@@ -15,6 +15,7 @@
 #include "agent/runtime/runtime_target.h"
 #include "agent/server/config.h"
 #include "agent/server/server.h"
+#include "agent/steal/iptables/guard.h"
 #include "agent/target/proc_fs.h"
 #include "agent/target/target.h"
 #include "siphon/status.h"
@@ -91,6 +92,16 @@ int realMain(int argc, char** argv) {
   app.add_option("--fs-mode", fs_mode,
                  "file access inside the target: ro (writes answer EROFS), rw, or off")
       ->check(CLI::IsMember({"ro", "rw", "off"}))
+      ->capture_default_str();
+  app.add_option("--steal-backend", config.steal_backend,
+                 "how incoming connections are stolen: auto (sk_lookup, falling back to "
+                 "iptables), sk_lookup (eBPF) or iptables (nat REDIRECT); see docs/STEAL.md")
+      ->check(CLI::IsMember({"auto", "sk_lookup", "iptables"}))
+      ->capture_default_str();
+  app.add_option("--iptables", config.iptables_mode,
+                 "iptables flavour of the iptables backend: auto (the one the target already "
+                 "uses), nft or legacy")
+      ->check(CLI::IsMember({"auto", "nft", "legacy"}))
       ->capture_default_str();
 
   int pid = 0;
@@ -228,6 +239,8 @@ int realMain(int argc, char** argv) {
 }  // namespace siphon::agent
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string_view(argv[1]) == siphon::agent::steal::kIptablesGuardCommand)
+    return siphon::agent::steal::iptablesGuardMain(argc, argv);
   try {
     return siphon::agent::realMain(argc, argv);
   } catch (const std::exception& e) {

@@ -8,7 +8,9 @@
 #      random token;
 #   3. the siphon CLI asking the agent for `info` and `env`, reading a file
 #      of the pod's root, resolving a name with the pod's DNS, and talking to
-#      the pod's server from inside the pod.
+#      the pod's server from inside the pod;
+#   4. `siphon steal`: the pod's port 8080 answered by a server on this
+#      machine while it runs, by the pod's own server again after.
 # Everything it creates (namespace, processes, temporary files) is removed on
 # exit, on failure and on Ctrl-C too.
 #
@@ -56,6 +58,8 @@ netns_created=0
 pod_pid=""
 dns_pid=""
 agent_pid=""
+steal_pid=""
+local_pid=""
 tmp="$(mktemp -d /tmp/siphon-demo.XXXXXX)"
 
 stop() {
@@ -74,6 +78,8 @@ cleanup() {
   local rc=$?
   set +e
   trap - EXIT INT TERM
+  [ -n "$steal_pid" ] && stop "$steal_pid"
+  [ -n "$local_pid" ] && stop "$local_pid"
   [ -n "$agent_pid" ] && stop "$agent_pid"
   [ -n "$pod_pid" ] && stop "$pod_pid"
   [ -n "$dns_pid" ] && stop "$dns_pid"
@@ -184,6 +190,38 @@ getent hosts db.demo-shop.svc.cluster.local || echo "(not resolvable on the host
 step "An outgoing connection from inside the pod (127.0.0.1:8080 is the pod's own server)"
 printf '\033[36m$ %s\033[0m\n' "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | siphon connect 127.0.0.1:8080"
 printf 'GET / HTTP/1.0\r\n\r\n' | siphon connect 127.0.0.1:8080
+
+step "Steal the pod's port 8080 to a server on this machine"
+# The developer's side: a local web server on a free loopback port.
+mkdir -p "$tmp/local-www"
+printf 'Hello from the developer machine (stolen from the pod)\n' >"$tmp/local-www/index.html"
+for local_port in $(seq 28080 28180); do
+  ss -Htln "sport = :$local_port" | grep -q . || break
+done
+/bin/busybox httpd -f -p "127.0.0.1:$local_port" -h "$tmp/local-www" &
+local_pid=$!
+in_pod_curl() { ip netns exec "$netns" curl -sS --max-time 5 http://127.0.0.1:8080/; }
+printf '\033[36m$ %s\033[0m\n' "curl http://127.0.0.1:8080/   # inside the pod, before"
+in_pod_curl
+printf '\033[36m$ %s\033[0m\n' "siphon steal --port 8080 --to 127.0.0.1:$local_port &"
+siphon steal --port 8080 --to "127.0.0.1:$local_port" 2>"$tmp/steal.log" &
+steal_pid=$!
+for _ in $(seq 100); do
+  grep -q 'stealing port' "$tmp/steal.log" && break
+  kill -0 "$steal_pid" 2>/dev/null || break
+  sleep 0.1
+done
+cat "$tmp/steal.log"
+printf '\033[36m$ %s\033[0m\n' "curl http://127.0.0.1:8080/   # inside the pod, while stealing"
+in_pod_curl
+printf '\033[36m$ %s\033[0m\n' "kill -INT %siphon-steal"
+kill -INT "$steal_pid"
+wait "$steal_pid" && code=0 || code=$?
+steal_pid=""
+cat "$tmp/steal.log"
+[ "$code" -eq 0 ]
+printf '\033[36m$ %s\033[0m\n' "curl http://127.0.0.1:8080/   # inside the pod, after"
+in_pod_curl
 
 step "A wrong token is refused (exit code 4)"
 echo wrong-token >"$tmp/wrong"

@@ -20,6 +20,8 @@ PKGS=(
   libc-ares-dev dnsmasq-base
   # Test peers: echo services, relays.
   socat
+  # Steal: the iptables backend (nft and legacy), curl in the tests and demo.
+  iptables curl
 )
 
 # containerd's .proto files, for the agent's gRPC client generated at build

@@ -15,6 +15,7 @@
 #include "agent/common/log.h"
 #include "agent/netns/netns_worker.h"
 #include "agent/outgoing/address.h"
+#include "agent/outgoing/session_host.h"
 #include "agent/outgoing/socket_pump.h"
 #include "agent/server/server.h"
 #include "siphon/status.h"
@@ -24,27 +25,6 @@ namespace {
 
 namespace asio = net::asio;
 using Clock = std::chrono::steady_clock;
-
-// The AgentSession a pump's stream lives on. Weak: a stream never keeps an
-// ended session alive.
-class SessionHost : public PumpHost {
- public:
-  explicit SessionHost(std::weak_ptr<AgentSession> session) : session_(std::move(session)) {}
-
-  protocol::Session* session() override {
-    auto s = session_.lock();
-    return s && !s->ended() ? &s->session() : nullptr;
-  }
-  void wake() override {
-    if (auto s = session_.lock()) s->wake();
-  }
-  void release(uint64_t stream_id) override {
-    if (auto s = session_.lock()) s->unregisterStream(stream_id);
-  }
-
- private:
-  std::weak_ptr<AgentSession> session_;
-};
 
 // "10.0.0.1:80", "[::1]:80", "db.svc:5432".
 std::string hostPort(const std::string& host, uint32_t port) {

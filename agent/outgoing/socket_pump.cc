@@ -83,6 +83,11 @@ void SocketPump::start() {
   flushWrites();
 }
 
+void SocketPump::onAccept(const v1::StreamAccept& accept) {
+  if (opt_.peer_window == 0) opt_.peer_window = accept.initial_window();
+  start();
+}
+
 size_t SocketPump::maxMessage(protocol::Session& s) const {
   uint32_t window = opt_.peer_window != 0 ? opt_.peer_window : s.limits().initial_stream_window;
   size_t frame =

@@ -112,6 +112,8 @@ class SocketPump : public StreamEndpoint, public std::enable_shared_from_this<So
   void onHalfClose() override;
   void onReset(const v1::Error& error) override;
   void onWritable() override;
+  // A stream the agent opened (a stolen connection) starts once accepted.
+  void onAccept(const v1::StreamAccept& accept) override;
   void close() override;
 
   // Counters, for tests and logs.

@@ -21,6 +21,10 @@ struct AgentConfig {
   std::chrono::milliseconds drain_timeout{25000};
   uint32_t max_sessions = 64;
   FsMode fs_mode = FsMode::kReadOnly;
+  // --steal-backend: auto (sk_lookup, else iptables), sk_lookup, iptables.
+  std::string steal_backend = "auto";
+  // --iptables: which iptables the iptables backend uses: auto, nft, legacy.
+  std::string iptables_mode = "auto";
   protocol::SessionLimits limits;  // limits.session_grace is --session-grace
 };
 

@@ -156,11 +156,15 @@ void AgentSession::onStreamOpen(v1::StreamOpen open) {
   std::string kind = open.kind_case() == v1::StreamOpen::KIND_NOT_SET
                          ? "(none)"
                          : open.GetDescriptor()->FindFieldByNumber(open.kind_case())->name();
-  session_.resetStream(open.stream_id(),
-                       toProtoError(protoError(v1::UNIMPLEMENTED,
-                                               absl::StrCat("stream kind '", kind,
-                                                            "' is not implemented by agent ",
-                                                            SIPHON_VERSION))));
+  session_.resetStream(
+      open.stream_id(),
+      toProtoError(protoError(
+          v1::UNIMPLEMENTED,
+          absl::StrCat("stream kind '", kind, "' is not implemented by agent ", SIPHON_VERSION))));
+}
+
+void AgentSession::onStreamAccept(v1::StreamAccept accept) {
+  if (StreamEndpoint* e = endpoint(accept.stream_id())) e->onAccept(accept);
 }
 
 void AgentSession::registerStream(uint64_t stream_id, std::shared_ptr<StreamEndpoint> endpoint) {

@@ -61,6 +61,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   // SessionHandler
   void onRequest(v1::Request request) override;
   void onStreamOpen(v1::StreamOpen open) override;
+  void onStreamAccept(v1::StreamAccept accept) override;
   void onStreamData(uint64_t stream_id, std::string_view payload) override;
   void onStreamDatagram(v1::StreamDatagram datagram) override;
   void onStreamHalfClose(uint64_t stream_id) override;
@@ -115,6 +116,8 @@ class Server {
   void sessionEnded(const std::string& id);
   net::asio::any_io_executor executor() { return io_.get_executor(); }
   ServiceRegistry& services() { return *services_; }
+  // What services are built with (after init()); tests build their own.
+  ServiceContext& serviceContext() { return *service_ctx_; }
   const AgentConfig& config() const { return config_; }
 
  private:

@@ -4,6 +4,7 @@
 #include "agent/outgoing/outgoing_service.h"
 #include "agent/services/env_service.h"
 #include "agent/services/service.h"
+#include "agent/steal/steal_service.h"
 
 namespace siphon::agent {
 
@@ -23,6 +24,8 @@ std::unique_ptr<ServiceRegistry> buildServices(ServiceContext& ctx) {
   r->addFeature(v1::FEATURE_DNS);
 
   outgoing::registerOutgoing(*r, ctx);  // TCP, UDP, unix streams from the target
+
+  steal::registerSteal(*r, ctx);  // incoming TCP of subscribed ports, as streams
 
   return r;
 }

@@ -62,6 +62,8 @@ class StreamEndpoint {
   virtual void onReset(const v1::Error& error) = 0;
   // Send credit is back (sendCredit() was 0 before).
   virtual void onWritable() = 0;
+  // The peer accepted a stream the agent opened (a stolen connection).
+  virtual void onAccept(const v1::StreamAccept& accept) { (void)accept; }
   // The session ended: close sockets now; send no frames.
   virtual void close() = 0;
 };

@@ -13,6 +13,12 @@
 #ifndef ETH_P_IPV6
 #define ETH_P_IPV6 0x86DD
 #endif
+#ifndef AF_INET
+#define AF_INET 2
+#endif
+#ifndef AF_INET6
+#define AF_INET6 10
+#endif
 
 /* Copies the UDP header of the packet into *udp. Returns 0, or -1 when the
  * packet is not UDP over IPv4/IPv6.

@@ -18,4 +18,27 @@ struct probe_counters {
 	__u64 ignored;	     /* datagrams seen but not matched */
 };
 
+/* steal.bpf.c: keys of the `listeners` sockmap. */
+enum {
+	STEAL_LISTENER_V4 = 0, /* AF_INET listener */
+	STEAL_LISTENER_V6 = 1, /* AF_INET6 (IPV6_V6ONLY) listener */
+	STEAL_LISTENER_COUNT = 2,
+};
+
+/* steal.bpf.c: sizes of the `steal_ports` and `passthrough` hash maps. */
+enum {
+	STEAL_MAX_PORTS = 4096,
+	STEAL_MAX_PASSTHROUGH = 16384,
+};
+
+/* steal.bpf.c: key of the `passthrough` map, one of the agent's own
+ * connections to the application that must not be stolen. The connecting
+ * socket is matched by its source port, as sk_lookup sees it on the
+ * receiving side (ctx->remote_port).
+ */
+struct steal_passthrough_key {
+	__u16 port;   /* source port of the agent's socket, host byte order */
+	__u16 family; /* AF_INET or AF_INET6: the family of the packets */
+};
+
 #endif /* SIPHON_BPF_SHARED_TYPES_H */

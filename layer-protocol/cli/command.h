@@ -41,6 +41,7 @@ void addBasicCommands(CLI::App& app, std::vector<Command>& out);  // info, env
 void addFsCommands(CLI::App& app, std::vector<Command>& out);     // fs stat, ls, cat, write...
 void addNetCommands(CLI::App& app, std::vector<Command>& out);    // connect, forward
 void addDnsCommands(CLI::App& app, std::vector<Command>& out);    // dns lookup, dns reverse
+void addStealCommands(CLI::App& app, std::vector<Command>& out);  // steal
 
 // One line on stderr: "siphon: <message>".
 void printError(std::string_view message);

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -23,14 +24,17 @@ class InProcessAgent {
   ~InProcessAgent() { stop(); }
 
   // Starts the agent on 127.0.0.1:0 (config.listen is overridden).
+  // `before_run` may replace services (server().services()) between init
+  // and the first client.
   void start(agent::AgentConfig config, std::unique_ptr<agent::ProcFs> procfs,
-             agent::TargetSpec spec) {
+             agent::TargetSpec spec, std::function<void(agent::Server&)> before_run = {}) {
     config.listen = "127.0.0.1:0";
     auto target = agent::Target::open(*procfs, spec);
     ASSERT_TRUE(target.ok()) << target.status();
     server_ = std::make_unique<agent::Server>(io_, config, std::move(*target), std::move(procfs));
     absl::Status init = server_->init();
     ASSERT_TRUE(init.ok()) << init;
+    if (before_run) before_run(*server_);
     absl::Status listen = server_->listen();
     ASSERT_TRUE(listen.ok()) << listen;
     address_ = server_->listenAddress();

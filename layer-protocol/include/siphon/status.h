@@ -41,6 +41,14 @@ namespace siphon {
   if (!tmp.ok()) return tmp.status();           \
   lhs = std::move(tmp).value()
 
+// The same for coroutines.
+#define CO_ASSIGN_OR_RETURN(lhs, rexpr) \
+  CO_ASSIGN_OR_RETURN_IMPL_(SIPHON_CONCAT_(siphon_statusor_, __LINE__), lhs, rexpr)
+#define CO_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, rexpr) \
+  auto tmp = (rexpr);                              \
+  if (!tmp.ok()) co_return tmp.status();           \
+  lhs = std::move(tmp).value()
+
 // Debian's abseil has its own string_view type: convert at the boundary.
 inline std::string_view sv(absl::string_view s) { return std::string_view(s.data(), s.size()); }
 inline absl::string_view asv(std::string_view s) { return absl::string_view(s.data(), s.size()); }

@@ -58,20 +58,6 @@ std::string randomBytes(size_t n, unsigned seed) {
   return s;
 }
 
-// A socket made inside the named network namespace: a thread enters it,
-// creates the socket and ends; the socket keeps that namespace for life.
-int socketInNetns(const std::string& netns, int domain, int type) {
-  int fd = -1;
-  std::thread t([&] {
-    int ns = ::open(("/var/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC);
-    if (ns < 0) return;
-    if (::setns(ns, CLONE_NEWNET) == 0) fd = ::socket(domain, type | SOCK_CLOEXEC, 0);
-    ::close(ns);
-  });
-  t.join();
-  return fd;
-}
-
 sockaddr_in loopback(uint16_t port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -109,86 +95,6 @@ int unixSocketAt(const std::string& path_or_at, int type, const std::string& net
   EXPECT_EQ(::listen(fd, 64), 0);
   return fd;
 }
-
-// A child with pipes on stdin, stdout and stderr, read and written by the
-// test as it goes. Killed and reaped by the destructor.
-class Proc {
- public:
-  Proc(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
-    auto [in_r, in_w] = makePipe();
-    auto [out_r, out_w] = makePipe();
-    auto [err_r, err_w] = makePipe();
-    std::vector<char*> args, envp;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-    envp.push_back(nullptr);
-    pid_t pid = fork();
-    if (pid == 0) {
-      dup2(in_r.get(), 0);
-      dup2(out_w.get(), 1);
-      dup2(err_w.get(), 2);
-      for (int fd = 3; fd < 1024; ++fd) close(fd);
-      execvpe(args[0], args.data(), envp.data());
-      _exit(127);
-    }
-    child_ = Child(pid);
-    in_ = std::move(in_w);
-    out_ = std::move(out_r);
-    err_ = std::move(err_r);
-  }
-
-  // Writes all of `data` to the child's stdin (blocking).
-  bool write(const std::string& data) {
-    size_t off = 0;
-    while (off < data.size()) {
-      ssize_t n = ::write(in_.get(), data.data() + off, data.size() - off);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return false;
-      off += static_cast<size_t>(n);
-    }
-    return true;
-  }
-  void closeStdin() { in_.reset(); }
-
-  // Reads until `done(out, err)` holds, both pipes end, or kProcessDeadline.
-  template <typename Pred>
-  bool readUntil(Pred done) {
-    const auto deadline = Clock::now() + kProcessDeadline;
-    while (!done(out, err) && Clock::now() < deadline) {
-      pollfd fds[2] = {{out_.get(), POLLIN, 0}, {err_.get(), POLLIN, 0}};
-      if (fds[0].fd < 0 && fds[1].fd < 0) break;
-      int n = poll(fds, 2, 100);
-      if (n < 0 && errno != EINTR) break;
-      std::string* sinks[2] = {&out, &err};
-      Fd* owners[2] = {&out_, &err_};
-      for (int i = 0; i < 2; ++i) {
-        if (fds[i].fd < 0 || fds[i].revents == 0) continue;
-        char buf[65536];
-        ssize_t got = ::read(fds[i].fd, buf, sizeof(buf));
-        if (got > 0) {
-          sinks[i]->append(buf, static_cast<size_t>(got));
-        } else if (got == 0 || errno != EINTR) {
-          owners[i]->reset();
-        }
-      }
-    }
-    return done(out, err);
-  }
-
-  // Reads everything to EOF and returns the exit code (-1 on a hang).
-  int finish() {
-    readUntil([](const std::string&, const std::string&) { return false; });
-    return child_.waitUntil(Clock::now() + kProcessDeadline).value_or(-1);
-  }
-  void signal(int sig) { ::kill(child_.pid(), sig); }
-
-  std::string out, err;
-
- private:
-  Child child_;
-  Fd in_, out_, err_;
-};
 
 class OutgoingTest : public ::testing::Test {
  protected:

@@ -1,0 +1,332 @@
+#include "agent/steal/iptables/iptables_steering.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <functional>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/log.h"
+#include "agent/steal/iptables/netns_exec.h"
+#include "siphon/status.h"
+
+namespace siphon::agent::steal {
+namespace {
+
+// SO_ORIGINAL_DST (<linux/netfilter_ipv4.h>) and IP6T_SO_ORIGINAL_DST
+// (<linux/netfilter_ipv6/ip6_tables.h>): the kernel headers redefine what
+// glibc's <netinet/in.h> defines, so the values are spelled here. Both ask
+// conntrack for the destination before NAT.
+constexpr int kSoOriginalDst = 80;
+constexpr int kIp6tSoOriginalDst = 80;
+
+const std::vector<std::string> kRestoreArgs = {"--noflush", "-w", "5"};
+
+class NetnsRunner final : public IptablesRunner {
+ public:
+  explicit NetnsRunner(int netns_fd) : netns_fd_(netns_fd) {}
+
+  bool installed(std::string_view tool) override { return !findTool(tool).empty(); }
+
+  absl::StatusOr<std::string> run(std::string_view tool, const std::vector<std::string>& args,
+                                  std::string_view input) override {
+    std::string path = findTool(tool);
+    if (path.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(asv(tool), ": not installed"));
+    }
+    std::vector<std::string> argv = {path};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return execChecked(argv, input, ExecOptions{.netns_fd = netns_fd_});
+  }
+
+ private:
+  int netns_fd_;
+};
+
+bool hasTools(IptablesRunner& runner, IpFamily family, IptablesFlavor flavor) {
+  return runner.installed(toolName(family, flavor, "save")) &&
+         runner.installed(toolName(family, flavor, "restore"));
+}
+
+FlavorProbe probe(IptablesRunner& runner, IptablesFlavor flavor, bool v6) {
+  FlavorProbe p;
+  p.installed =
+      hasTools(runner, IpFamily::kV4, flavor) && (!v6 || hasTools(runner, IpFamily::kV6, flavor));
+  if (!p.installed) return p;
+  // Every table, not "-t nat": legacy save of a table the netns does not
+  // have yet creates it (and the nft tools then warn about legacy tables).
+  auto save = runner.run(toolName(IpFamily::kV4, flavor, "save"), {}, "");
+  if (save.ok()) p.rules = countRules(*save);
+  return p;
+}
+
+class IptablesSteering final : public Steering {
+ public:
+  IptablesSteering(IptablesOptions options, std::unique_ptr<IptablesRunner> runner,
+                   std::unique_ptr<ChainGuard> guard, IptablesFlavor flavor)
+      : options_(std::move(options)),
+        runner_(std::move(runner)),
+        guard_(std::move(guard)),
+        flavor_(flavor),
+        chains_(chainNamesFor(options_.netns_inode)),
+        v6_(options_.listeners.v6 >= 0) {}
+
+  ~IptablesSteering() override { stop(); }
+
+  // The guard first: chains installed before it would outlive a crash in
+  // between.
+  absl::Status init() {
+    RETURN_IF_ERROR(guard_->start([this] { onGuardLost(); }));
+    std::lock_guard<std::mutex> lock(mu_);
+    absl::Status s = restore(IpFamily::kV4, installRules(chains_));
+    if (s.ok() && v6_) s = restore(IpFamily::kV6, installRules(chains_));
+    if (!s.ok()) return s;  // the destructor removes what was installed
+    log::info("steal_iptables_installed", {{"flavor", flavorName(flavor_)},
+                                           {"chain_pre", chains_.pre},
+                                           {"chain_out", chains_.out},
+                                           {"ipv6", v6_}});
+    return absl::OkStatus();
+  }
+
+  std::string_view name() const override { return "iptables"; }
+
+  absl::Status addPort(uint16_t port) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(usable());
+    if (ports_.count(port) != 0) return absl::OkStatus();
+    RETURN_IF_ERROR(
+        restore(IpFamily::kV4, addPortRules(chains_, port, options_.listeners.v4_port)));
+    if (v6_) {
+      absl::Status s =
+          restore(IpFamily::kV6, addPortRules(chains_, port, options_.listeners.v6_port));
+      if (!s.ok()) {
+        // All or nothing: a port steered for IPv4 only would split the
+        // clients of one service between the agent and the application.
+        absl::Status undo =
+            restore(IpFamily::kV4, removePortRules(chains_, port, options_.listeners.v4_port));
+        if (!undo.ok()) {
+          log::error("steal_iptables_rollback_failed",
+                     {{"port", unsigned{port}}, {"error", sv(undo.message())}});
+        }
+        return s;
+      }
+    }
+    ports_.insert(port);
+    return absl::OkStatus();
+  }
+
+  absl::Status removePort(uint16_t port) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ports_.count(port) == 0 || stopped_ || lost_) return absl::OkStatus();
+    RETURN_IF_ERROR(
+        restore(IpFamily::kV4, removePortRules(chains_, port, options_.listeners.v4_port)));
+    ports_.erase(port);
+    if (v6_) {
+      RETURN_IF_ERROR(
+          restore(IpFamily::kV6, removePortRules(chains_, port, options_.listeners.v6_port)));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status exempt(int fd) override {
+    uint32_t mark = kExemptMark;
+    if (setsockopt(fd, SOL_SOCKET, SO_MARK, &mark, sizeof mark) != 0) {
+      return lastErrnoStatus("steal passthrough: setsockopt SO_MARK");
+    }
+    return absl::OkStatus();
+  }
+
+  void unexempt(int fd) override {
+    // The mark only matters for the connect's first packet (nat decides
+    // once per connection); cleared so the socket carries nothing of ours.
+    uint32_t mark = 0;
+    setsockopt(fd, SOL_SOCKET, SO_MARK, &mark, sizeof mark);
+  }
+
+  absl::StatusOr<SockAddr> originalDestination(int fd) override {
+    ASSIGN_OR_RETURN(SockAddr local, outgoing::localAddress(fd));
+    SockAddr orig;
+    socklen_t len = sizeof orig.storage;
+    int rc = -1;
+    if (local.family() == AF_INET) {
+      rc = getsockopt(fd, SOL_IP, kSoOriginalDst, orig.get(), &len);
+    } else if (local.family() == AF_INET6) {
+      rc = getsockopt(fd, SOL_IPV6, kIp6tSoOriginalDst, orig.get(), &len);
+    } else {
+      return absl::InvalidArgumentError("original destination: not a TCP/IP socket");
+    }
+    if (rc != 0) return lastErrnoStatus("original destination: getsockopt SO_ORIGINAL_DST");
+    orig.len = len;
+    return orig;
+  }
+
+  void stop() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      stopped_ = true;
+      if (!lost_) removeAll("stop");
+      ports_.clear();
+    }
+    // Outside the lock: the guard's thread may be waiting for it in
+    // onGuardLost().
+    guard_->stop();
+  }
+
+ private:
+  absl::Status usable() const {
+    if (stopped_) return absl::FailedPreconditionError("iptables steering stopped");
+    if (lost_) {
+      return absl::UnavailableError(
+          "iptables steering disabled: its guard process died and could not be restarted");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status restore(IpFamily family, const std::string& text) {
+    return runner_->run(toolName(family, flavor_, "restore"), kRestoreArgs, text).status();
+  }
+
+  void removeAll(std::string_view why) {
+    auto removed = removeIptablesChains(*runner_, chains_, /*v6=*/true);
+    if (!removed.ok()) {
+      log::error(
+          "steal_iptables_remove_failed",
+          {{"why", why}, {"chain_pre", chains_.pre}, {"error", sv(removed.status().message())}});
+    } else {
+      log::info("steal_iptables_removed", {{"why", why}, {"chain_pre", chains_.pre}});
+    }
+  }
+
+  // The guard is gone for good: nothing would remove the chains if the
+  // agent died now, so steering stops here.
+  void onGuardLost() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_ || lost_) return;
+    lost_ = true;
+    ports_.clear();
+    removeAll("guard_lost");
+  }
+
+  const IptablesOptions options_;
+  const std::unique_ptr<IptablesRunner> runner_;
+  const std::unique_ptr<ChainGuard> guard_;
+  const IptablesFlavor flavor_;
+  const ChainNames chains_;
+  const bool v6_;
+
+  std::mutex mu_;
+  std::set<uint16_t> ports_;
+  bool stopped_ = false;
+  bool lost_ = false;
+};
+
+absl::Status checkOptions(const IptablesOptions& o) {
+  if (o.netns_fd < 0) return absl::InvalidArgumentError("iptables steering: no netns fd");
+  if (o.listeners.v4 < 0 || o.listeners.v4_port == 0) {
+    return absl::InvalidArgumentError("iptables steering: no IPv4 listener");
+  }
+  if (o.listeners.v6 >= 0 && o.listeners.v6_port == 0) {
+    return absl::InvalidArgumentError("iptables steering: IPv6 listener without a port");
+  }
+  return absl::OkStatus();
+}
+
+using GuardFactory = std::function<std::unique_ptr<ChainGuard>(IptablesFlavor)>;
+
+absl::StatusOr<std::unique_ptr<Steering>> build(IptablesOptions options,
+                                                std::unique_ptr<IptablesRunner> runner,
+                                                const GuardFactory& make_guard) {
+  RETURN_IF_ERROR(checkOptions(options));
+  const bool v6 = options.listeners.v6 >= 0;
+  const ChainNames chains = chainNamesFor(options.netns_inode);
+
+  // Stale chains first: they would double our jumps, and weigh in the
+  // flavour choice.
+  auto removed = removeIptablesChains(*runner, chains, /*v6=*/true);
+  if (!removed.ok()) {
+    return absl::Status(removed.status().code(), absl::StrCat("removing stale iptables chains: ",
+                                                              removed.status().message()));
+  }
+  if (*removed > 0) {
+    log::warn("steal_stale_chains_removed",
+              {{"chain_pre", chains.pre}, {"chain_out", chains.out}, {"tables", *removed}});
+  }
+
+  ASSIGN_OR_RETURN(IptablesFlavor flavor,
+                   chooseFlavor(options.flavor, probe(*runner, IptablesFlavor::kNft, v6),
+                                probe(*runner, IptablesFlavor::kLegacy, v6)));
+  auto steering = std::make_unique<IptablesSteering>(std::move(options), std::move(runner),
+                                                     make_guard(flavor), flavor);
+  RETURN_IF_ERROR(steering->init());
+  return std::unique_ptr<Steering>(std::move(steering));
+}
+
+}  // namespace
+
+std::unique_ptr<IptablesRunner> makeIptablesRunner(int netns_fd) {
+  return std::make_unique<NetnsRunner>(netns_fd);
+}
+
+absl::StatusOr<int> removeIptablesChains(IptablesRunner& runner, const ChainNames& chains,
+                                         bool v6) {
+  int removed = 0;
+  absl::Status first_error;
+  for (IptablesFlavor flavor : {IptablesFlavor::kNft, IptablesFlavor::kLegacy}) {
+    for (IpFamily family : {IpFamily::kV4, IpFamily::kV6}) {
+      if (family == IpFamily::kV6 && !v6) continue;
+      if (!hasTools(runner, family, flavor)) continue;
+      auto save = runner.run(toolName(family, flavor, "save"), {}, "");
+      absl::Status s = save.status();
+      if (s.ok()) {
+        std::string text = removeAllRules(parseNatSave(*save, chains), chains);
+        if (text.empty()) continue;
+        s = runner.run(toolName(family, flavor, "restore"), kRestoreArgs, text).status();
+        if (s.ok()) ++removed;
+      }
+      if (!s.ok() && first_error.ok()) first_error = s;
+    }
+  }
+  if (!first_error.ok()) return first_error;
+  return removed;
+}
+
+absl::Status removeStaleIptablesChains(int netns_fd, uint64_t netns_inode) {
+  ChainNames chains = chainNamesFor(netns_inode);
+  auto runner = makeIptablesRunner(netns_fd);
+  ASSIGN_OR_RETURN(int removed, removeIptablesChains(*runner, chains, /*v6=*/true));
+  if (removed > 0) {
+    log::warn("steal_stale_chains_removed",
+              {{"chain_pre", chains.pre}, {"chain_out", chains.out}, {"tables", removed}});
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Steering>> makeIptablesSteering(IptablesOptions options) {
+  if (options.netns_fd < 0) return absl::InvalidArgumentError("iptables steering: no netns fd");
+  auto runner = makeIptablesRunner(options.netns_fd);
+  GuardConfig base;
+  base.exe = options.guard_exe;
+  base.netns_fd = options.netns_fd;
+  base.chains = chainNamesFor(options.netns_inode);
+  base.v6 = options.listeners.v6 >= 0;
+  return build(std::move(options), std::move(runner), [base](IptablesFlavor flavor) {
+    GuardConfig config = base;
+    config.flavor = flavor;
+    return makeProcessGuard(std::move(config));
+  });
+}
+
+absl::StatusOr<std::unique_ptr<Steering>> makeIptablesSteering(
+    IptablesOptions options, std::unique_ptr<IptablesRunner> runner,
+    std::unique_ptr<ChainGuard> guard) {
+  auto shared = std::make_shared<std::unique_ptr<ChainGuard>>(std::move(guard));
+  return build(std::move(options), std::move(runner),
+               [shared](IptablesFlavor) { return std::move(*shared); });
+}
+
+}  // namespace siphon::agent::steal

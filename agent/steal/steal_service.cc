@@ -1,0 +1,523 @@
+#include "agent/steal/steal_service.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstring>
+#include <map>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/log.h"
+#include "agent/netns/netns_worker.h"
+#include "agent/outgoing/address.h"
+#include "agent/outgoing/session_host.h"
+#include "agent/outgoing/socket_pump.h"
+#include "agent/server/server.h"
+#include "agent/steal/passthrough.h"
+#include "agent/steal/subscriptions.h"
+#include "siphon/status.h"
+
+namespace siphon::agent::steal {
+namespace {
+
+namespace asio = net::asio;
+using outgoing::SockAddr;
+
+constexpr auto kPassthroughConnectTimeout = std::chrono::seconds(10);
+
+uint16_t portOf(const SockAddr& a) {
+  if (a.family() == AF_INET) {
+    return ntohs(reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_port);
+  }
+  if (a.family() == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(&a.storage)->sin6_port);
+  }
+  return 0;
+}
+
+void abortiveClose(UniqueFd fd) {
+  if (!fd) return;
+  linger l{1, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+}
+
+// A TCP listener of `family` on the wildcard address, port 0, in the
+// target's netns. sk_lookup: the listener must be created inside the target
+// netns (from another namespace bpf_sk_assign succeeds but the handshake
+// never completes). iptables: REDIRECT delivers to the address the packet
+// came in on, hence the wildcard.
+absl::StatusOr<UniqueFd> makeListener(NetnsWorker& netns, int family, uint16_t* port) {
+  ASSIGN_OR_RETURN(UniqueFd fd, netns.socketSync(family, SOCK_STREAM, IPPROTO_TCP));
+  int one = 1;
+  if (family == AF_INET6 &&
+      ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) != 0) {
+    return lastErrnoStatus("steal listener: IPV6_V6ONLY");
+  }
+  sockaddr_storage ss{};
+  socklen_t len;
+  if (family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+    in->sin_family = AF_INET;
+    in->sin_addr.s_addr = htonl(INADDR_ANY);
+    len = sizeof(sockaddr_in);
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_addr = in6addr_any;
+    len = sizeof(sockaddr_in6);
+  }
+  const char* what = family == AF_INET ? "0.0.0.0:0" : "[::]:0";
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+    return lastErrnoStatus(absl::StrCat("steal listener: bind ", what));
+  }
+  if (::listen(fd.get(), SOMAXCONN) != 0) {
+    return lastErrnoStatus(absl::StrCat("steal listener: listen on ", what));
+  }
+  ASSIGN_OR_RETURN(SockAddr bound, outgoing::localAddress(fd.get()));
+  *port = portOf(bound);
+  return fd;
+}
+
+class StealServiceImpl final : public StealService,
+                               public std::enable_shared_from_this<StealServiceImpl> {
+ public:
+  StealServiceImpl(ServiceContext& ctx, SteeringFactory factory, FlushFunction flush)
+      : ctx_(ctx),
+        factory_(std::move(factory)),
+        flush_(std::move(flush)),
+        strand_(asio::make_strand(ctx.blocking)) {}
+
+  ~StealServiceImpl() override {
+    // The blocking pool has been joined by now (Server::~Server): nothing
+    // else touches the steering.
+    if (steering_) steering_->stop();
+  }
+
+  void handle(std::shared_ptr<AgentSession> session, v1::Request request) override {
+    if (request.has_steal()) {
+      subscribe(std::move(session), request.request_id(), request.steal());
+    } else if (request.has_unsubscribe()) {
+      unsubscribe(std::move(session), request.request_id(), request.unsubscribe());
+    } else {
+      respondError(*session, request.request_id(),
+                   protoError(v1::INTERNAL, "steal service: unexpected request"));
+    }
+  }
+
+  void sessionEnded(const std::string& session_id) override {
+    sessions_.erase(session_id);
+    for (const Subscription& s : table_.removeSession(session_id)) {
+      log::info("steal_unsubscribed", {{"session", session_id},
+                                       {"port", static_cast<int>(s.port)},
+                                       {"reason", "session ended"}});
+      // A reserved (not yet active) subscription is given back by its
+      // pending subscribe, which finds it gone.
+      if (s.active) releasePort(s.port);
+    }
+  }
+
+  net::awaitable<absl::StatusOr<UniqueFd>> connectPassthrough(SockAddr destination) override {
+    const SockAddr dst = destination;
+    CO_ASSIGN_OR_RETURN(UniqueFd fd, co_await ctx_.netns.socket(dst.family(), SOCK_STREAM, 0));
+    const std::string label = outgoing::formatAddress(dst);
+    if (!io_steering_) {
+      // No steering (never started, or stopped): a plain connect reaches the
+      // application.
+    } else {
+      absl::Status s = io_steering_->exempt(fd.get());
+      if (!s.ok()) co_return s;
+    }
+    auto done = [&](absl::Status s) -> absl::Status {
+      if (io_steering_) io_steering_->unexempt(fd.get());
+      return s;
+    };
+    if (::connect(fd.get(), dst.get(), dst.len) != 0 && errno != EINPROGRESS) {
+      co_return done(lastErrnoStatus(absl::StrCat("passthrough connect ", label)));
+    }
+    // Wait for the connect, bounded.
+    int dup_fd = ::dup(fd.get());
+    if (dup_fd < 0) co_return done(lastErrnoStatus("passthrough: dup"));
+    asio::posix::stream_descriptor waiter(ctx_.io, dup_fd);
+    asio::steady_timer timer(ctx_.io);
+    timer.expires_after(kPassthroughConnectTimeout);
+    bool timed_out = false;
+    timer.async_wait([&](net::error_code ec) {
+      if (ec) return;
+      timed_out = true;
+      net::error_code ignored;
+      waiter.cancel(ignored);
+    });
+    net::error_code ec;
+    co_await waiter.async_wait(asio::posix::stream_descriptor::wait_write,
+                               asio::redirect_error(net::use_awaitable, ec));
+    timer.cancel();
+    if (timed_out) {
+      co_return done(protoError(
+          v1::TIMEOUT, absl::StrCat("passthrough connect ", label, ": no answer within 10 s")));
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) co_return done(errnoStatus(err, absl::StrCat("passthrough connect ", label)));
+    (void)done(absl::OkStatus());
+    co_return std::move(fd);
+  }
+
+  void stopSteering() override {
+    stopped_ = true;
+    auto self = shared_from_this();
+    asio::post(strand_, [self] {
+      if (self->steering_) self->steering_->stop();
+    });
+  }
+
+  // Starts the accept loops (event loop) once the steering exists.
+  void startAccepting(std::shared_ptr<UniqueFd> v4, std::shared_ptr<UniqueFd> v6,
+                      Steering* steering, Listeners listeners) {
+    io_steering_ = steering;
+    listener_ports_ = {listeners.v4_port, listeners.v6_port};
+    for (auto& fd : {v4, v6}) {
+      if (!fd || !*fd) continue;
+      auto d = std::make_shared<asio::posix::stream_descriptor>(ctx_.io, fd->release());
+      acceptors_.push_back(d);
+      asio::co_spawn(ctx_.io, acceptLoop(shared_from_this(), d), asio::detached);
+    }
+  }
+
+ private:
+  void respondError(AgentSession& session, uint64_t request_id, const absl::Status& s) {
+    v1::Response r;
+    r.set_request_id(request_id);
+    *r.mutable_error() = toProtoError(s);
+    session.respond(std::move(r));
+  }
+
+  void subscribe(std::shared_ptr<AgentSession> session, uint64_t request_id,
+                 const v1::StealSubscribe& req) {
+    if (req.port() == 0 || req.port() > 65535) {
+      respondError(*session, request_id,
+                   protoError(v1::INVALID_ARGUMENT,
+                              absl::StrCat("steal: port ", req.port(), " is not 1 to 65535")));
+      return;
+    }
+    if (req.has_http_filter()) {
+      respondError(*session, request_id,
+                   protoError(v1::UNIMPLEMENTED,
+                              "steal: HTTP filters are not supported by this agent yet; steal "
+                              "the whole port (no filter)"));
+      return;
+    }
+    if (stopped_) {
+      respondError(*session, request_id,
+                   protoError(v1::AGENT_DRAINING, "steal: the agent is shutting down"));
+      return;
+    }
+    const auto port = static_cast<uint16_t>(req.port());
+    auto sub = table_.reserve(port, session->id(), session->clientName());
+    if (!sub.ok()) {
+      respondError(*session, request_id, sub.status());
+      return;
+    }
+    sessions_[session->id()] = session;
+    const uint64_t id = sub->id;
+    const bool flush = req.flush_connections();
+    auto self = shared_from_this();
+    std::weak_ptr<AgentSession> weak = session;
+    asio::post(strand_, [self, weak, id, port, flush, request_id] {
+      int flushed = -1;
+      absl::Status s = self->ensureSteering();
+      if (s.ok()) s = self->acquirePort(port);
+      std::string backend = self->steering_ ? std::string(self->steering_->name()) : "";
+      if (s.ok() && flush) {
+        // After the steering has the port: the clients whose connections are
+        // destroyed reconnect and are stolen.
+        auto n = self->flush_(port);
+        if (n.ok()) {
+          flushed = *n;
+        } else {
+          log::warn("steal_flush_failed",
+                    {{"port", static_cast<int>(port)}, {"error", sv(n.status().message())}});
+        }
+      }
+      asio::post(self->ctx_.io, [self, weak, id, port, request_id, s, backend, flushed] {
+        self->subscribed(weak, id, port, request_id, s, backend, flushed);
+      });
+    });
+  }
+
+  void subscribed(std::weak_ptr<AgentSession> weak, uint64_t id, uint16_t port, uint64_t request_id,
+                  const absl::Status& status, const std::string& backend, int flushed) {
+    auto session = weak.lock();
+    const Subscription* sub = table_.find(id);
+    if (!status.ok()) {
+      if (sub) (void)table_.remove(id, sub->session_id);
+      if (session) {
+        v1::Error e = toProtoError(status);
+        e.set_message(absl::StrCat("steal port ", port, ": ", e.message()));
+        v1::Response r;
+        r.set_request_id(request_id);
+        *r.mutable_error() = std::move(e);
+        session->respond(std::move(r));
+      }
+      log::warn("steal_subscribe_failed",
+                {{"port", static_cast<int>(port)}, {"error", sv(status.message())}});
+      return;
+    }
+    if (!sub || !session || session->ended() || !table_.activate(id)) {
+      // The session ended while the steering took the port: give it back.
+      if (sub) (void)table_.remove(id, sub->session_id);
+      releasePort(port);
+      return;
+    }
+    log::info("steal_subscribed", {{"session", session->id()},
+                                   {"port", static_cast<int>(port)},
+                                   {"subscription", id},
+                                   {"backend", backend},
+                                   {"flushed", static_cast<int64_t>(flushed)}});
+    v1::Response r;
+    r.set_request_id(request_id);
+    r.mutable_subscribed()->set_subscription_id(id);
+    r.mutable_subscribed()->set_backend(backend);
+    session->respond(std::move(r));
+  }
+
+  void unsubscribe(std::shared_ptr<AgentSession> session, uint64_t request_id,
+                   const v1::Unsubscribe& req) {
+    auto removed = table_.remove(req.subscription_id(), session->id());
+    if (!removed.ok()) {
+      respondError(*session, request_id, removed.status());
+      return;
+    }
+    log::info("steal_unsubscribed", {{"session", session->id()},
+                                     {"port", static_cast<int>(removed->port)},
+                                     {"reason", "unsubscribe"}});
+    // Answer once the application has its port back.
+    auto self = shared_from_this();
+    std::weak_ptr<AgentSession> weak = session;
+    const uint16_t port = removed->port;
+    const bool active = removed->active;
+    asio::post(strand_, [self, weak, port, active, request_id] {
+      absl::Status s = active ? self->releasePortOnStrand(port) : absl::OkStatus();
+      asio::post(self->ctx_.io, [weak, request_id, s] {
+        auto session = weak.lock();
+        if (!session) return;
+        v1::Response r;
+        r.set_request_id(request_id);
+        if (s.ok()) {
+          r.mutable_unsubscribed();
+        } else {
+          *r.mutable_error() = toProtoError(s);
+        }
+        session->respond(std::move(r));
+      });
+    });
+  }
+
+  // ---- strand side ----
+
+  absl::Status ensureSteering() {
+    if (steering_) return absl::OkStatus();
+    if (stopped_) return protoError(v1::AGENT_DRAINING, "the agent is shutting down");
+    Listeners listeners;
+    ASSIGN_OR_RETURN(UniqueFd v4, makeListener(ctx_.netns, AF_INET, &listeners.v4_port));
+    listeners.v4 = v4.get();
+    auto v6 = makeListener(ctx_.netns, AF_INET6, &listeners.v6_port);
+    if (v6.ok()) {
+      listeners.v6 = v6->get();
+    } else {
+      log::info("steal_no_ipv6", {{"reason", sv(v6.status().message())}});
+    }
+    auto steering = factory_(listeners);
+    if (!steering.ok()) return steering.status();
+    steering_ = std::move(*steering);
+    log::info("steal_started", {{"backend", std::string(steering_->name())},
+                                {"listener_v4", static_cast<int>(listeners.v4_port)},
+                                {"listener_v6", static_cast<int>(listeners.v6_port)}});
+    auto v4_fd = std::make_shared<UniqueFd>(std::move(v4));
+    auto v6_fd = std::make_shared<UniqueFd>(v6.ok() ? std::move(*v6) : UniqueFd());
+    auto self = shared_from_this();
+    Steering* raw = steering_.get();
+    asio::post(ctx_.io, [self, v4_fd, v6_fd, raw, listeners] {
+      self->startAccepting(v4_fd, v6_fd, raw, listeners);
+    });
+    return absl::OkStatus();
+  }
+
+  absl::Status acquirePort(uint16_t port) {
+    int& refs = port_refs_[port];
+    if (refs == 0) {
+      absl::Status s = steering_->addPort(port);
+      if (!s.ok()) {
+        port_refs_.erase(port);
+        return s;
+      }
+    }
+    ++refs;
+    return absl::OkStatus();
+  }
+
+  absl::Status releasePortOnStrand(uint16_t port) {
+    auto it = port_refs_.find(port);
+    if (it == port_refs_.end()) return absl::OkStatus();
+    if (--it->second > 0) return absl::OkStatus();
+    port_refs_.erase(it);
+    absl::Status s = steering_ ? steering_->removePort(port) : absl::OkStatus();
+    if (!s.ok()) {
+      log::error("steal_release_failed",
+                 {{"port", static_cast<int>(port)}, {"error", sv(s.message())}});
+    }
+    return s;
+  }
+
+  void releasePort(uint16_t port) {
+    auto self = shared_from_this();
+    asio::post(strand_, [self, port] { (void)self->releasePortOnStrand(port); });
+  }
+
+  // ---- event loop: connections ----
+
+  static net::awaitable<void> acceptLoop(std::shared_ptr<StealServiceImpl> service,
+                                         std::shared_ptr<asio::posix::stream_descriptor> l) {
+    const auto self = std::move(service);
+    const auto listener = std::move(l);
+    while (!self->stopped_) {
+      net::error_code ec;
+      co_await listener->async_wait(asio::posix::stream_descriptor::wait_read,
+                                    asio::redirect_error(net::use_awaitable, ec));
+      if (ec || self->stopped_) break;
+      // Accept everything queued: a burst of connections costs one wake-up.
+      while (true) {
+        SockAddr peer;
+        peer.len = sizeof(peer.storage);
+        int fd = ::accept4(listener->native_handle(), peer.get(), &peer.len,
+                           SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+          self->onAccepted(UniqueFd(fd), peer);
+          continue;
+        }
+        if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) break;
+        // EMFILE and friends: the connection waits in the queue; breathe.
+        log::warn("steal_accept_failed", {{"error", sv(lastErrnoStatus("accept").message())}});
+        asio::steady_timer t(self->ctx_.io);
+        t.expires_after(std::chrono::milliseconds(100));
+        co_await t.async_wait(asio::redirect_error(net::use_awaitable, ec));
+        break;
+      }
+    }
+  }
+
+  void onAccepted(UniqueFd fd, const SockAddr& peer) {
+    auto original = io_steering_->originalDestination(fd.get());
+    if (!original.ok()) {
+      log::warn("steal_no_destination", {{"source", outgoing::formatAddress(peer)},
+                                         {"error", sv(original.status().message())}});
+      abortiveClose(std::move(fd));
+      return;
+    }
+    const uint16_t port = portOf(*original);
+    if (port == listener_ports_.first || port == listener_ports_.second) {
+      // Someone connected to the listener's own port: not a stolen
+      // connection, and a passthrough would loop back here.
+      abortiveClose(std::move(fd));
+      return;
+    }
+    const Subscription* sub = table_.activeForPort(port);
+    std::shared_ptr<AgentSession> session;
+    if (sub) {
+      auto it = sessions_.find(sub->session_id);
+      if (it != sessions_.end()) session = it->second.lock();
+    }
+    if (!session || session->ended()) {
+      // Accepted just after the port was given back: the application gets it.
+      passthrough(std::move(fd), *original, peer);
+      return;
+    }
+    v1::StreamOpen open;
+    v1::StolenConnection& stolen = *open.mutable_stolen();
+    stolen.set_subscription_id(sub->id);
+    *stolen.mutable_source() = outgoing::toProto(peer);
+    *stolen.mutable_destination() = outgoing::toProto(*original);
+    auto id = session->session().openStream(std::move(open));
+    if (!id.ok()) {
+      // The session has too many streams: the client's connection fails
+      // loudly (RST) rather than reaching an application the user stole it
+      // from.
+      log::warn("steal_connection_refused", {{"session", session->id()},
+                                             {"source", outgoing::formatAddress(peer)},
+                                             {"error", sv(id.status().message())}});
+      abortiveClose(std::move(fd));
+      return;
+    }
+    outgoing::SocketPump::Options opt;
+    opt.kind = outgoing::SocketPump::Kind::kStream;
+    opt.tcp = true;
+    opt.label = outgoing::formatAddress(peer);
+    auto pump = std::make_shared<outgoing::SocketPump>(
+        ctx_.io.get_executor(), *id, std::make_shared<outgoing::SessionHost>(session), opt);
+    absl::Status attached = pump->attach(std::move(fd));
+    if (!attached.ok()) {
+      session->session().resetStream(*id, toProtoError(attached));
+      session->wake();
+      return;
+    }
+    session->registerStream(*id, pump);
+    session->wake();
+    log::debug("steal_connection", {{"session", session->id()},
+                                    {"stream", *id},
+                                    {"source", outgoing::formatAddress(peer)},
+                                    {"destination", outgoing::formatAddress(*original)}});
+  }
+
+  void passthrough(UniqueFd fd, const SockAddr& original, const SockAddr& peer) {
+    auto self = shared_from_this();
+    auto held = std::make_shared<UniqueFd>(std::move(fd));
+    asio::co_spawn(ctx_.io, passthroughOne(self, held, original, peer), asio::detached);
+  }
+
+  static net::awaitable<void> passthroughOne(std::shared_ptr<StealServiceImpl> service,
+                                             std::shared_ptr<UniqueFd> accepted, SockAddr original,
+                                             SockAddr peer) {
+    const auto self = std::move(service);
+    const auto in = std::move(accepted);
+    const SockAddr dst = original;
+    const SockAddr src = peer;
+    auto out = co_await self->connectPassthrough(dst);
+    if (!out.ok()) {
+      log::warn("steal_passthrough_failed",
+                {{"source", outgoing::formatAddress(src)}, {"error", sv(out.status().message())}});
+      abortiveClose(std::move(*in));
+      co_return;
+    }
+    log::debug("steal_passthrough", {{"source", outgoing::formatAddress(src)},
+                                     {"destination", outgoing::formatAddress(dst)}});
+    splice(self->ctx_.io.get_executor(), std::move(*in), std::move(*out));
+  }
+
+  ServiceContext& ctx_;
+  SteeringFactory factory_;
+  FlushFunction flush_;
+  asio::strand<asio::thread_pool::executor_type> strand_;
+
+  // Event loop.
+  SubscriptionTable table_;
+  std::map<std::string, std::weak_ptr<AgentSession>> sessions_;
+  std::vector<std::shared_ptr<asio::posix::stream_descriptor>> acceptors_;
+  Steering* io_steering_ = nullptr;  // set once the steering exists
+  std::pair<uint16_t, uint16_t> listener_ports_{0, 0};
+  std::atomic<bool> stopped_{false};
+
+  // Strand.
+  std::unique_ptr<Steering> steering_;
+  std::map<uint16_t, int> port_refs_;
+};
+
+}  // namespace
+
+std::shared_ptr<StealService> makeStealService(ServiceContext& ctx, SteeringFactory factory,
+                                               FlushFunction flush) {
+  return std::make_shared<StealServiceImpl>(ctx, std::move(factory), std::move(flush));
+}
+
+}  // namespace siphon::agent::steal

@@ -1,0 +1,67 @@
+// Subscriptions: which session steals which port. Pure bookkeeping, no I/O,
+// so the rules are tested on their own:
+//
+//  - An unfiltered steal of a port is exclusive across sessions: a second
+//    one gets PORT_BUSY naming the holder, never a silent eviction. The
+//    same session subscribing its own port again is PORT_BUSY too (one
+//    subscription per port), so an unsubscribe is never ambiguous.
+//  - A port is reserved (reserve()) before the steering is changed, so two
+//    sessions racing for it cannot both reach the kernel; the reservation
+//    becomes active (activate()) once the steering took the port, or is
+//    dropped (remove()) when it failed.
+//  - remove() and removeSession() return what was removed, so the caller
+//    knows which ports to give back to the application.
+//
+// Threads: the event loop only.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace siphon::agent::steal {
+
+struct Subscription {
+  uint64_t id = 0;
+  uint16_t port = 0;
+  std::string session_id;
+  std::string client_name;  // for PORT_BUSY messages and logs
+  bool active = false;      // the steering has the port
+  bool flush = false;       // destroy established connections on subscribe
+};
+
+class SubscriptionTable {
+ public:
+  // Reserves `port` for the session. INVALID_ARGUMENT for port 0,
+  // PORT_BUSY when any subscription (reserved or active) holds it.
+  absl::StatusOr<Subscription> reserve(uint16_t port, const std::string& session_id,
+                                       const std::string& client_name);
+  // The steering has the port now. False when the subscription is gone
+  // (its session ended meanwhile): the caller gives the port back.
+  bool activate(uint64_t id);
+
+  // The active subscription for `port` (where a new connection goes).
+  const Subscription* activeForPort(uint16_t port) const;
+  const Subscription* find(uint64_t id) const;
+
+  // Removes subscription `id` if `session_id` owns it: NOT_FOUND otherwise
+  // (an unknown id and another session's id look the same to the caller).
+  absl::StatusOr<Subscription> remove(uint64_t id, const std::string& session_id);
+  // Removes every subscription of a session (it ended).
+  std::vector<Subscription> removeSession(const std::string& session_id);
+
+  // Ports held by a session, for the sessions listing.
+  std::vector<uint16_t> portsOf(const std::string& session_id) const;
+  size_t size() const { return by_id_.size(); }
+
+ private:
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, Subscription> by_id_;
+  std::map<uint16_t, uint64_t> by_port_;
+};
+
+}  // namespace siphon::agent::steal

@@ -1,0 +1,566 @@
+// `siphon steal`: the agent steals ports of the target (StealSubscribe) and
+// hands every connection to them to this client as a stream
+// (StreamOpen{stolen}); each is joined to a fresh connection to a local
+// server.
+//
+//   siphon steal --port P --to HOST:PORT [--port P2 --to HOST2:PORT2 ...] [--flush-connections]
+//
+// Order of events:
+//  1. The stream acceptor is set before the first subscribe, so no
+//     connection the agent steals finds this client without one. Streams
+//     that arrive before every port is subscribed wait (not yet accepted):
+//     a failed start resets them instead of serving half of the ports.
+//  2. Every port is subscribed in turn; a refusal (PORT_BUSY...) undoes the
+//     ones made and exits 1.
+//  3. "stealing port ..." lines, once all are up (scripts wait for them).
+//  4. Per connection: connect to its --to, accept the stream, bridge both
+//     ways with half-close kept (a FIN travels as a FIN, a reset as a reset).
+//  5. First SIGINT/SIGTERM: unsubscribe every port, let open connections
+//     run to their end; a second one ends them. Then the summary, exit 0.
+//     A session lost for good ends everything with exit 3.
+//
+// Flow control is end to end, as in `forward`: a slow local server stops
+// the reads of its stream, which stops the agent reading the remote client.
+#include <signal.h>
+
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cli/command.h"
+#include "cli/exit_codes.h"
+#include "cli/steal_spec.h"
+#include "siphon/status.h"
+
+namespace siphon::cli {
+namespace {
+
+namespace asio = net::asio;
+
+constexpr size_t kChunk = 64 * 1024;
+
+struct StealFlags {
+  std::vector<std::string> ports;
+  std::vector<std::string> tos;
+  bool flush = false;
+  std::vector<StealRoute> routes;  // set by the subcommand's callback
+};
+
+// A route with its resolved local endpoints (all of them: "localhost" may
+// be ::1 and 127.0.0.1, and the server may listen on only one).
+struct Target {
+  StealRoute route;
+  std::vector<net::tcp::endpoint> endpoints;
+};
+
+// "CODE: message", as the lines show a failed status.
+std::string statusText(const absl::Status& s) {
+  return absl::StrCat(errorCodeName(errorCodeOf(s)), ": ", s.message());
+}
+
+// Why a stream read or write failed, for the close line. A lost session is
+// told once, at exit; the line only says so.
+std::string streamFailure(const absl::Status& s) {
+  if (errorCodeOf(s) == v1::AGENT_LOST) return "the session with the agent is lost";
+  return absl::StrCat("reset by the agent: ", statusText(s));
+}
+
+// One stolen connection: its stream and the local connection it is joined to.
+struct Stolen {
+  Stolen(asio::any_io_executor ex, std::shared_ptr<client::ClientStream> s, StolenEvent e)
+      : stream(std::move(s)), local(ex), watchdog(ex), event(std::move(e)) {}
+
+  std::shared_ptr<client::ClientStream> stream;
+  net::tcp::socket local;
+  asio::steady_timer watchdog;  // bounds the local connect
+  StolenEvent event;            // bytes and the first failure accumulate here
+  int running = 2;              // the two directions
+  bool ended = false;           // ended by us (second signal, lost session)
+  bool timed_out = false;
+
+  void noteError(std::string why) {
+    if (event.error.empty()) event.error = std::move(why);
+  }
+  // Tells the agent to reset the remote client's connection. The session
+  // ignores a reset of a stream that is already gone.
+  void resetStream(v1::ErrorCode code, std::string_view why) { stream->reset(code, why); }
+  // The remote side failed: the local server sees an abort (RST), not a
+  // clean end it could mistake for a complete request.
+  void abortLocal() {
+    net::error_code ignored;
+    if (!local.is_open()) return;
+    local.set_option(asio::socket_base::linger(true, 0), ignored);
+    local.close(ignored);
+  }
+  // Ends both ways at once (second signal, lost session).
+  void end(std::string_view why) {
+    ended = true;
+    noteError(std::string(why));
+    resetStream(v1::CANCELLED, why);
+    abortLocal();
+  }
+};
+
+struct StealState {
+  StealState(asio::any_io_executor ex, const CommandEnv& env)
+      : client(env.client),
+        json(env.json),
+        connect_timeout(env.timeout),
+        done(ex),
+        signals(ex, SIGINT, SIGTERM) {}
+
+  std::shared_ptr<client::Client> client;
+  bool json;
+  std::chrono::milliseconds connect_timeout;
+  // Only runSteal waits on it: net::Signal is one timer, and a second
+  // waiter's wait() would cancel the first's.
+  net::Signal done;
+  asio::signal_set signals;
+
+  std::vector<Target> targets;
+  std::map<uint64_t, size_t> subscriptions;  // subscription id -> targets index
+  bool started = false;                      // every port subscribed
+  std::vector<std::pair<std::shared_ptr<client::ClientStream>, v1::StreamOpen>> waiting;
+  std::map<uint64_t, std::shared_ptr<Stolen>> live;  // by stream id, connecting or open
+  // Spawned serveStolen coroutines that have not run yet: co_spawn starts
+  // them later, and until then they are in no map.
+  size_t starting = 0;
+  StealTotals totals;
+
+  bool stop_requested = false;  // first signal
+  bool ending = false;          // second signal: end open connections
+  absl::Status lost;            // the session is gone for good
+
+  void print(const std::string& line) {
+    if (json) {
+      // stdout is for --json; a closed stdout is not worth dying for here.
+      std::fwrite(line.data(), 1, line.size(), stdout);
+      std::fflush(stdout);
+    } else {
+      std::fputs(line.c_str(), stderr);
+    }
+  }
+
+  void sessionLost(const absl::Status& s) {
+    if (!lost.ok()) return;
+    lost = s;
+    done.notify();
+  }
+  // A stream or request failed: AGENT_LOST means no connection can work
+  // again.
+  void checkLost(const absl::Status& s) {
+    if (errorCodeOf(s) == v1::AGENT_LOST) sessionLost(s);
+  }
+
+  void endAll(std::string_view why) {
+    // On a copy: `live` must not change under the loop, whatever end()
+    // reaches into.
+    std::vector<std::shared_ptr<Stolen>> all;
+    for (auto& [id, c] : live) all.push_back(c);
+    for (auto& c : all) c->end(why);
+  }
+
+  void finished(const std::shared_ptr<Stolen>& c) {
+    live.erase(c->stream->id());
+    done.notify();
+  }
+  // Connections not yet finished, started or not.
+  bool busy() const { return !live.empty() || starting > 0; }
+};
+
+// ------------------------------------------------------------ bridging
+//
+// Coroutines take their arguments by value and move them into locals first:
+// GCC 12 drops by-value coroutine parameters the body never names.
+
+void finishedOne(const std::shared_ptr<StealState>& st, const std::shared_ptr<Stolen>& c) {
+  if (--c->running > 0) return;
+  net::error_code ignored;
+  c->local.close(ignored);
+  st->totals.in += c->event.in;
+  st->totals.out += c->event.out;
+  st->print(closeLine(c->event, st->json));
+  st->finished(c);
+}
+
+// The local server's answer to the remote client.
+net::awaitable<void> localToStream(std::shared_ptr<StealState> state,
+                                   std::shared_ptr<Stolen> conn) {
+  const std::shared_ptr<StealState> st = std::move(state);
+  const std::shared_ptr<Stolen> c = std::move(conn);
+  std::string buf(kChunk, '\0');
+  while (true) {
+    net::error_code ec;
+    size_t n = co_await c->local.async_read_some(asio::buffer(buf),
+                                                 asio::redirect_error(net::use_awaitable, ec));
+    if (ec == asio::error::eof) {
+      // The server is done answering; the remote client may still send.
+      absl::Status s = c->stream->halfClose();
+      if (!s.ok()) st->checkLost(s);
+      break;
+    }
+    if (ec) {
+      // operation_aborted: we closed it ourselves, the reason is noted.
+      if (ec != asio::error::operation_aborted && !c->ended) {
+        c->noteError(absl::StrCat("local: ", ec.message()));
+        c->resetStream(v1::CANCELLED,
+                       absl::StrCat("the local server ", c->event.to, " failed: ", ec.message()));
+        c->abortLocal();
+      }
+      break;
+    }
+    absl::Status s = co_await c->stream->write(buf.substr(0, n));
+    if (!s.ok()) {
+      if (!c->ended) c->noteError(streamFailure(s));
+      st->checkLost(s);
+      c->abortLocal();
+      break;
+    }
+    c->event.out += n;
+  }
+  finishedOne(st, c);
+}
+
+// The remote client's bytes to the local server.
+net::awaitable<void> streamToLocal(std::shared_ptr<StealState> state,
+                                   std::shared_ptr<Stolen> conn) {
+  const std::shared_ptr<StealState> st = std::move(state);
+  const std::shared_ptr<Stolen> c = std::move(conn);
+  while (true) {
+    auto chunk = co_await c->stream->read();
+    if (!chunk.ok()) {
+      // Our own reset (local failure, end()) is noted already.
+      if (!c->ended) c->noteError(streamFailure(chunk.status()));
+      st->checkLost(chunk.status());
+      c->abortLocal();
+      break;
+    }
+    if (!chunk->has_value()) {
+      // The remote client sent FIN: pass it on, and keep reading the answer.
+      net::error_code ignored;
+      c->local.shutdown(net::tcp::socket::shutdown_send, ignored);
+      break;
+    }
+    c->event.in += (*chunk)->size();
+    net::error_code ec;
+    co_await asio::async_write(c->local, asio::buffer(**chunk),
+                               asio::redirect_error(net::use_awaitable, ec));
+    if (ec) {
+      if (ec != asio::error::operation_aborted && !c->ended) {
+        c->noteError(absl::StrCat("local: ", ec.message()));
+        c->resetStream(v1::CANCELLED,
+                       absl::StrCat("the local server ", c->event.to, " failed: ", ec.message()));
+        c->abortLocal();
+      }
+      break;
+    }
+  }
+  finishedOne(st, c);
+}
+
+// A connection that never reached the bridging: the agent resets the remote
+// client's connection.
+void failStolen(const std::shared_ptr<StealState>& st, const std::shared_ptr<Stolen>& c,
+                v1::ErrorCode code, std::string failure) {
+  c->resetStream(code, failure);
+  c->abortLocal();
+  c->event.error = std::move(failure);
+  ++st->totals.failed;
+  st->print(failedLine(c->event, st->json));
+  st->finished(c);
+}
+
+// One stolen connection, from its StreamOpen to both directions running.
+net::awaitable<void> serveStolen(std::shared_ptr<StealState> state,
+                                 std::shared_ptr<client::ClientStream> stream_in,
+                                 v1::StreamOpen open_in) {
+  const std::shared_ptr<StealState> st = std::move(state);
+  const std::shared_ptr<client::ClientStream> stream = std::move(stream_in);
+  const v1::StreamOpen open = std::move(open_in);
+  auto ex = co_await asio::this_coro::executor;
+  const v1::StolenConnection& stolen = open.stolen();
+
+  StolenEvent event;
+  if (!stolen.source().ip().empty()) {
+    event.source = hostPort(stolen.source().ip(), stolen.source().port());
+  }
+  if (!stolen.destination().ip().empty()) {
+    event.destination = hostPort(stolen.destination().ip(), stolen.destination().port());
+  }
+  event.port = stolen.destination().port();
+  event.to = "?";
+  auto sub = st->subscriptions.find(stolen.subscription_id());
+  const Target* target = sub == st->subscriptions.end() ? nullptr : &st->targets[sub->second];
+  if (target) {
+    event.port = target->route.port;
+    event.to = target->route.to();
+  }
+  auto c = std::make_shared<Stolen>(ex, stream, std::move(event));
+  st->live[stream->id()] = c;
+  --st->starting;
+
+  if (!target) {
+    // A subscription whose Subscribed never reached us (a timed-out
+    // request): there is nowhere to send its connections.
+    failStolen(st, c, v1::NOT_FOUND,
+               absl::StrCat("no subscription ", stolen.subscription_id(), " in this client"));
+    co_return;
+  }
+  if (st->ending || !st->lost.ok()) {
+    failStolen(st, c, v1::CANCELLED, "siphon steal is ending");
+    co_return;
+  }
+
+  c->watchdog.expires_after(st->connect_timeout);
+  c->watchdog.async_wait([weak = std::weak_ptr<Stolen>(c)](net::error_code ec) {
+    auto self = weak.lock();
+    if (ec || !self) return;
+    self->timed_out = true;
+    net::error_code ignored;
+    self->local.close(ignored);
+  });
+  net::error_code ec;
+  co_await asio::async_connect(c->local, target->endpoints,
+                               asio::redirect_error(net::use_awaitable, ec));
+  c->watchdog.cancel();
+
+  if (c->ended) {
+    // end() reset the stream and noted why.
+    failStolen(st, c, v1::CANCELLED, c->event.error);
+    co_return;
+  }
+  if (c->timed_out) {
+    failStolen(st, c, v1::UNAVAILABLE,
+               absl::StrCat("connect ", c->event.to, ": no answer within ",
+                            st->connect_timeout.count(), " ms"));
+    co_return;
+  }
+  if (ec) {
+    failStolen(st, c, v1::UNAVAILABLE, absl::StrCat("connect ", c->event.to, ": ", ec.message()));
+    co_return;
+  }
+  absl::Status accepted = st->client->acceptStream(*stream);
+  if (!accepted.ok()) {
+    // Mostly: the remote client went away while we connected.
+    st->checkLost(accepted);
+    failStolen(st, c, v1::CANCELLED,
+               absl::StrCat("the connection ended before it was accepted: ", statusText(accepted)));
+    co_return;
+  }
+
+  // Requests and answers are often small: do not hold them back.
+  c->local.set_option(net::tcp::no_delay(true), ec);
+  ++st->totals.connections;
+  st->print(openLine(c->event, st->json));
+  asio::co_spawn(ex, localToStream(st, c), asio::detached);
+  asio::co_spawn(ex, streamToLocal(st, c), asio::detached);
+}
+
+// Hands a stream to a new serveStolen coroutine.
+void spawnServe(const std::shared_ptr<StealState>& st, std::shared_ptr<client::ClientStream> stream,
+                v1::StreamOpen open) {
+  ++st->starting;
+  asio::co_spawn(st->signals.get_executor(), serveStolen(st, std::move(stream), std::move(open)),
+                 asio::detached);
+}
+
+// What the client's stream acceptor does: runs inside Client::onStreamOpen,
+// so it only starts (or parks) the work.
+void onStreamOpen(const std::shared_ptr<StealState>& st,
+                  std::shared_ptr<client::ClientStream> stream, v1::StreamOpen open) {
+  if (!open.has_stolen()) {
+    stream->reset(v1::UNIMPLEMENTED, "siphon steal accepts stolen connections only");
+    return;
+  }
+  if (!st->started) {
+    st->waiting.emplace_back(std::move(stream), std::move(open));
+    return;
+  }
+  spawnServe(st, std::move(stream), std::move(open));
+}
+
+void armSignals(const std::shared_ptr<StealState>& st) {
+  st->signals.async_wait([weak = std::weak_ptr<StealState>(st)](net::error_code ec, int) {
+    auto s = weak.lock();
+    if (ec || !s) return;
+    if (!s->stop_requested) {
+      s->stop_requested = true;
+      armSignals(s);  // the second one ends the open connections
+    } else {
+      s->ending = true;
+      s->endAll("ended by siphon steal (interrupted)");
+    }
+    s->done.notify();
+  });
+}
+
+// ------------------------------------------------------------ the command
+
+// Gives every subscription back. A lost session is left to the caller (the
+// agent drops a lost session's subscriptions itself); other failures are
+// printed. Returns the exit code.
+net::awaitable<int> unsubscribeAll(const CommandEnv& env, const std::shared_ptr<StealState>& st) {
+  int rc = kExitOk;
+  for (const auto& [id, index] : st->subscriptions) {
+    if (!st->lost.ok()) break;
+    v1::Request request;
+    request.mutable_unsubscribe()->set_subscription_id(id);
+    auto r = co_await env.client->call(std::move(request), env.timeout);
+    if (r.ok()) continue;
+    st->checkLost(r.status());
+    if (!st->lost.ok()) break;
+    Failure f = requestFailure(absl::StrCat("unsubscribe port ", st->targets[index].route.port),
+                               r.status());
+    printError(f.message);
+    rc = f.exit_code;
+  }
+  co_return rc;
+}
+
+net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
+  auto ex = co_await asio::this_coro::executor;
+  auto st = std::make_shared<StealState>(ex, env);
+
+  // Resolve every --to first: a typo fails before any port is taken from
+  // the target.
+  for (const StealRoute& route : flags.routes) {
+    net::tcp::resolver resolver(ex);
+    net::error_code ec;
+    auto results = co_await resolver.async_resolve(route.host, std::to_string(route.to_port),
+                                                   asio::redirect_error(net::use_awaitable, ec));
+    if (ec || results.empty()) {
+      printError(absl::StrCat("steal: cannot resolve ", route.host, ": ",
+                              ec ? ec.message() : "no address"));
+      co_return kExitError;
+    }
+    Target t{route, {}};
+    for (const auto& r : results) t.endpoints.push_back(r.endpoint());
+    st->targets.push_back(std::move(t));
+  }
+
+  // A closed stdout (--json | head) is a write error, not a signal to die of.
+  ::signal(SIGPIPE, SIG_IGN);
+  // Before the first subscribe: dying of a signal would leave the ports
+  // stolen until the agent's session grace runs out.
+  armSignals(st);
+  // Before the first subscribe too, so that no stolen connection is reset
+  // for want of an acceptor.
+  env.client->setStreamAcceptor(
+      [weak = std::weak_ptr<StealState>(st)](std::shared_ptr<client::ClientStream> stream,
+                                             v1::StreamOpen open) {
+        if (auto s = weak.lock()) {
+          onStreamOpen(s, std::move(stream), std::move(open));
+        } else {
+          stream->reset(v1::CANCELLED, "siphon steal has ended");
+        }
+      });
+
+  int exit_code = kExitOk;
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < st->targets.size() && !st->stop_requested; ++i) {
+    const StealRoute& route = st->targets[i].route;
+    v1::Request request;
+    request.mutable_steal()->set_port(route.port);
+    request.mutable_steal()->set_flush_connections(flags.flush);
+    auto response = co_await callOrReport(env, std::move(request),
+                                          absl::StrCat("steal port ", route.port), &exit_code);
+    if (!response.ok()) {
+      st->checkLost(response.status());
+      break;
+    }
+    if (!response->has_subscribed()) {
+      printError(absl::StrCat("steal port ", route.port,
+                              " failed: the agent answered without a subscription"));
+      exit_code = kExitError;
+      break;
+    }
+    const v1::Subscribed& sub = response->subscribed();
+    st->subscriptions[sub.subscription_id()] = i;
+    lines.push_back(stealingLine(route, sub.backend(), sub.subscription_id(), st->json));
+  }
+
+  net::error_code ignored;
+  if (exit_code != kExitOk) {
+    // Nothing was served yet: the parked streams are reset, not half-served,
+    // and later ones find no acceptor.
+    env.client->setStreamAcceptor(nullptr);
+    for (auto& [stream, open] : st->waiting) stream->reset(v1::CANCELLED, "siphon steal failed");
+    st->waiting.clear();
+    (void)co_await unsubscribeAll(env, st);
+    st->signals.cancel(ignored);
+    co_return exit_code;
+  }
+
+  st->started = true;
+  for (const auto& line : lines) st->print(line);
+  for (auto& [stream, open] : st->waiting) spawnServe(st, std::move(stream), std::move(open));
+  st->waiting.clear();
+
+  while (!st->stop_requested && st->lost.ok()) co_await st->done.wait();
+  exit_code = co_await unsubscribeAll(env, st);
+  if (st->busy() && !st->ending && st->lost.ok()) {
+    st->print(stoppingLine(st->live.size() + st->starting, st->json));
+  }
+  while (st->busy() && st->lost.ok()) co_await st->done.wait();
+  if (!st->lost.ok()) {
+    st->endAll("the session with the agent is lost");
+    // The connections' coroutines see their sockets and streams closed and
+    // print their last lines.
+    while (st->busy()) co_await st->done.wait();
+    printError(absl::StrCat("steal: ", st->lost.message()));
+    exit_code = kExitUnreachable;
+  }
+
+  env.client->setStreamAcceptor(nullptr);
+  st->signals.cancel(ignored);
+  st->print(summaryLine(st->totals, st->json));
+  co_return exit_code;
+}
+
+}  // namespace
+
+void addStealCommands(CLI::App& app, std::vector<Command>& out) {
+  auto flags = std::make_shared<StealFlags>();
+  CLI::App* steal = app.add_subcommand(
+      "steal",
+      "Steal connections to ports of the target and serve each from a local server; runs until "
+      "SIGINT/SIGTERM");
+  steal->add_option("-p,--port", flags->ports, "Port of the target to steal (1-65535); repeatable")
+      ->type_name("PORT")
+      ->required()
+      ->allow_extra_args(false);
+  steal
+      ->add_option("--to", flags->tos,
+                   "HOST:PORT of the local server for the --port at the same position "
+                   "([ADDR]:PORT for IPv6); one per --port; each connect may take up to "
+                   "--timeout")
+      ->type_name("HOST:PORT")
+      ->required()
+      ->allow_extra_args(false);
+  steal->add_flag("--flush-connections", flags->flush,
+                  "Also destroy connections to the port(s) established before the steal, so "
+                  "their clients reconnect and get stolen");
+  steal->footer(
+      "Each stolen connection is connected to its --to and bridged both ways until either side "
+      "closes. On stderr: 'stealing port P -> HOST:PORT (backend B)' once every port is taken, "
+      "then 'open SRC -> :P => HOST:PORT' and 'close SRC -> :P in=BYTES out=BYTES' per "
+      "connection (in: from the remote client, out: to it). With --json: one JSON object per "
+      "line on stdout instead. The first SIGINT/SIGTERM gives the ports back and waits for open "
+      "connections to end, a second one ends them; then a summary.\n\n"
+      "Example: siphon steal --port 80 --to 127.0.0.1:8080 --port 443 --to 127.0.0.1:8443");
+  steal->callback([flags] {
+    auto routes = pairStealRoutes(flags->ports, flags->tos);
+    if (!routes.ok()) throw CLI::ValidationError("steal", std::string(routes.status().message()));
+    flags->routes = *std::move(routes);
+  });
+  out.push_back({steal, [flags](const CommandEnv& env) -> net::awaitable<int> {
+                   co_return co_await runSteal(env, *flags);
+                 }});
+}
+
+}  // namespace siphon::cli

@@ -1,0 +1,188 @@
+#include "cli/steal_spec.h"
+
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "siphon/status.h"
+#include "siphon/text.h"
+
+namespace siphon::cli {
+namespace {
+
+// 1..65535 in plain decimal digits (no sign, no blanks).
+bool parsePort(std::string_view s, uint16_t* out) {
+  uint32_t v = 0;
+  if (s.empty() || s.size() > 5 || s.find_first_not_of("0123456789") != std::string_view::npos ||
+      !absl::SimpleAtoi(asv(s), &v) || v == 0 || v > 65535) {
+    return false;
+  }
+  *out = static_cast<uint16_t>(v);
+  return true;
+}
+
+// A one-line JSON object: JSON Lines, so a reader can split on '\n'.
+// (JsonWriter pretty-prints over several lines.)
+class JsonLine {
+ public:
+  explicit JsonLine(std::string_view event) {
+    out_ = "{";
+    add("event", event);
+  }
+  JsonLine& add(std::string_view key, std::string_view value) {
+    appendKey(key);
+    appendJsonString(out_, value);
+    return *this;
+  }
+  JsonLine& add(std::string_view key, uint64_t value) {
+    appendKey(key);
+    absl::StrAppend(&out_, value);
+    return *this;
+  }
+  std::string take() {
+    out_ += "}\n";
+    return std::move(out_);
+  }
+
+ private:
+  void appendKey(std::string_view key) {
+    if (out_.size() > 1) out_.push_back(',');
+    appendJsonString(out_, key);
+    out_.push_back(':');
+  }
+  std::string out_;
+};
+
+// "10.1.2.3:40000 -> :80", the start of every line about a connection.
+std::string connectionText(const StolenEvent& e) {
+  return absl::StrCat(e.source.empty() ? "?" : e.source, " -> :", e.port);
+}
+
+JsonLine connectionJson(std::string_view event, const StolenEvent& e) {
+  JsonLine j(event);
+  j.add("source", e.source).add("destination", e.destination).add("port", uint64_t{e.port});
+  j.add("to", e.to);
+  return j;
+}
+
+}  // namespace
+
+std::string StealRoute::to() const { return hostPort(host, to_port); }
+
+std::string hostPort(std::string_view host, uint32_t port) {
+  if (host.find(':') != std::string_view::npos) return absl::StrCat("[", asv(host), "]:", port);
+  return absl::StrCat(asv(host), ":", port);
+}
+
+absl::StatusOr<StealRoute> parseStealTarget(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return protoError(v1::INVALID_ARGUMENT, absl::StrCat("bad --to '", asv(text), "': ", asv(why),
+                                                         " (want HOST:PORT, IPv6 as [ADDR]:PORT)"));
+  };
+  StealRoute r;
+  std::string_view port;
+  if (!text.empty() && text.front() == '[') {
+    size_t close = text.find(']');
+    if (close == std::string_view::npos) return bad("unbalanced brackets");
+    if (close + 1 >= text.size() || text[close + 1] != ':') return bad("no port after ']'");
+    r.host = std::string(text.substr(1, close - 1));
+    port = text.substr(close + 2);
+  } else {
+    size_t colon = text.rfind(':');
+    if (colon == std::string_view::npos) return bad("no port");
+    r.host = std::string(text.substr(0, colon));
+    if (r.host.find(':') != std::string::npos) return bad("IPv6 addresses need [brackets]");
+    if (r.host.find_first_of("[]") != std::string::npos) return bad("unbalanced brackets");
+    port = text.substr(colon + 1);
+  }
+  if (r.host.empty()) return bad("no host");
+  if (!parsePort(port, &r.to_port)) return bad("port must be a number from 1 to 65535");
+  return r;
+}
+
+absl::StatusOr<std::vector<StealRoute>> pairStealRoutes(const std::vector<std::string>& ports,
+                                                        const std::vector<std::string>& tos) {
+  if (ports.empty()) return protoError(v1::INVALID_ARGUMENT, "give at least one --port");
+  if (ports.size() != tos.size()) {
+    return protoError(v1::INVALID_ARGUMENT,
+                      absl::StrCat(ports.size(), " --port but ", tos.size(),
+                                   " --to: give one --to per --port (the i-th --to goes with the "
+                                   "i-th --port)"));
+  }
+  std::vector<StealRoute> routes;
+  std::set<uint16_t> seen;
+  for (size_t i = 0; i < ports.size(); ++i) {
+    uint16_t port = 0;
+    if (!parsePort(ports[i], &port)) {
+      return protoError(v1::INVALID_ARGUMENT, absl::StrCat("bad --port '", ports[i],
+                                                           "': must be a number from 1 to 65535"));
+    }
+    if (!seen.insert(port).second) {
+      return protoError(v1::INVALID_ARGUMENT,
+                        absl::StrCat("--port ", port, " is given twice: a port has one --to"));
+    }
+    auto route = parseStealTarget(tos[i]);
+    if (!route.ok()) return route.status();
+    route->port = port;
+    routes.push_back(*std::move(route));
+  }
+  return routes;
+}
+
+std::string stealingLine(const StealRoute& route, std::string_view backend,
+                         uint64_t subscription_id, bool json) {
+  if (json) {
+    return JsonLine("stealing")
+        .add("port", uint64_t{route.port})
+        .add("to", route.to())
+        .add("backend", backend)
+        .add("subscription_id", subscription_id)
+        .take();
+  }
+  return absl::StrCat("stealing port ", route.port, " -> ", route.to(), " (backend ",
+                      backend.empty() ? "unknown" : asv(backend), ")\n");
+}
+
+std::string openLine(const StolenEvent& e, bool json) {
+  if (json) return connectionJson("open", e).take();
+  return absl::StrCat("open ", connectionText(e), " => ", e.to, "\n");
+}
+
+std::string failedLine(const StolenEvent& e, bool json) {
+  if (json) return connectionJson("failed", e).add("error", e.error).take();
+  return absl::StrCat("failed ", connectionText(e), " => ", e.to, ": ", e.error, "\n");
+}
+
+std::string closeLine(const StolenEvent& e, bool json) {
+  if (json) {
+    JsonLine j = connectionJson("close", e);
+    j.add("in", e.in).add("out", e.out);
+    if (!e.error.empty()) j.add("error", e.error);
+    return j.take();
+  }
+  std::string line = absl::StrCat("close ", connectionText(e), " in=", e.in, " out=", e.out);
+  if (!e.error.empty()) absl::StrAppend(&line, " (", e.error, ")");
+  line.push_back('\n');
+  return line;
+}
+
+std::string stoppingLine(uint64_t open_connections, bool json) {
+  if (json) return JsonLine("stopping").add("open_connections", open_connections).take();
+  return absl::StrCat("stopping: waiting for ", open_connections, " open connection",
+                      open_connections == 1 ? "" : "s", " (signal again to end them)\n");
+}
+
+std::string summaryLine(const StealTotals& t, bool json) {
+  if (json) {
+    return JsonLine("summary")
+        .add("connections", t.connections)
+        .add("failed", t.failed)
+        .add("in", t.in)
+        .add("out", t.out)
+        .take();
+  }
+  return absl::StrCat("summary: ", t.connections, " connections, in=", t.in, " bytes, out=", t.out,
+                      " bytes\n");
+}
+
+}  // namespace siphon::cli

@@ -1,0 +1,653 @@
+// Steal end to end, as root, with real traffic: a "pod" network namespace
+// running busybox httpd (the application, answering "original" on port 80
+// and "original-81" on 81), a "client" namespace joined to it by a veth pair
+// (curl and the test's own sockets come from there, as from another pod),
+// the real siphon-agent targeting the httpd by PID, and the real
+// `siphon steal` bridging stolen connections to servers the test runs on
+// the host's loopback.
+//
+// Every case runs for both backends (sk_lookup, iptables); the HTTP ones
+// for IPv4 and IPv6. Every kernel object has a unique name and an RAII
+// owner, so a failed assertion still kills the processes and deletes the
+// namespaces. Without root every test skips with the reason.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/fakes/echo_server.h"
+#include "tests/privileged/harness/pod_harness.h"
+
+namespace siphon {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+using namespace siphon::harness;  // NOLINT: test file
+
+constexpr const char* kSkipReason =
+    "needs root: creates network namespaces and a veth pair, runs siphon-agent, which attaches "
+    "BPF programs or iptables chains to another process's network namespace";
+
+// ---------------------------------------------------------------- sockets
+
+struct Address {
+  int family;
+  std::string ip;  // literal, no brackets
+  std::string url(uint16_t port, const std::string& path = "/") const {
+    return "http://" + (family == AF_INET6 ? "[" + ip + "]" : ip) + ":" + std::to_string(port) +
+           path;
+  }
+};
+
+sockaddr_storage sockaddrOf(const Address& a, uint16_t port, socklen_t* len) {
+  sockaddr_storage ss{};
+  if (a.family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(port);
+    inet_pton(AF_INET, a.ip.c_str(), &in->sin_addr);
+    *len = sizeof(sockaddr_in);
+  } else {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(port);
+    inet_pton(AF_INET6, a.ip.c_str(), &in6->sin6_addr);
+    *len = sizeof(sockaddr_in6);
+  }
+  return ss;
+}
+
+// A blocking TCP connection from the named namespace; -1 on failure.
+int connectFrom(const std::string& netns, const Address& to, uint16_t port) {
+  int fd = socketInNetns(netns, to.family, SOCK_STREAM);
+  if (fd < 0) return -1;
+  socklen_t len;
+  sockaddr_storage ss = sockaddrOf(to, port, &len);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool writeAll(int fd, const char* data, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, data, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    data += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// Reads to EOF; false on an error (a reset).
+bool readAll(int fd, std::string* out) {
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) return true;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;
+    out->append(buf, static_cast<size_t>(n));
+  }
+}
+
+// A deterministic byte stream (xorshift64*), so both ends of a transfer
+// can check every byte without holding a GiB in memory.
+class Pattern {
+ public:
+  explicit Pattern(uint64_t seed) : s_(seed | 1) {}
+  void fill(char* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      if (left_ == 0) {
+        s_ ^= s_ >> 12;
+        s_ ^= s_ << 25;
+        s_ ^= s_ >> 27;
+        word_ = s_ * 2685821657736338717ULL;
+        left_ = 8;
+      }
+      p[i] = static_cast<char>(word_ & 0xff);
+      word_ >>= 8;
+      --left_;
+    }
+  }
+
+ private:
+  uint64_t s_;
+  uint64_t word_ = 0;
+  int left_ = 0;
+};
+
+// Sends `total` bytes of Pattern(seed), then half-closes.
+bool sendPattern(int fd, uint64_t seed, uint64_t total) {
+  Pattern p(seed);
+  std::string buf(1 << 20, '\0');
+  while (total > 0) {
+    size_t n = static_cast<size_t>(std::min<uint64_t>(total, buf.size()));
+    p.fill(buf.data(), n);
+    if (!writeAll(fd, buf.data(), n)) return false;
+    total -= n;
+  }
+  return ::shutdown(fd, SHUT_WR) == 0;
+}
+
+// Reads to EOF and compares with Pattern(seed); returns the bytes that
+// matched before the first difference (== total when all is well).
+uint64_t receivePattern(int fd, uint64_t seed, uint64_t total, bool* clean_eof) {
+  Pattern p(seed);
+  std::string buf(1 << 20, '\0'), want(1 << 20, '\0');
+  uint64_t good = 0;
+  *clean_eof = false;
+  while (true) {
+    ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n == 0) {
+      *clean_eof = true;
+      return good;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return good;
+    p.fill(want.data(), static_cast<size_t>(n));
+    if (std::memcmp(buf.data(), want.data(), static_cast<size_t>(n)) != 0 ||
+        good + static_cast<uint64_t>(n) > total) {
+      return good;
+    }
+    good += static_cast<uint64_t>(n);
+  }
+}
+
+// A loopback TCP server on the host (the developer's side of a steal):
+// one thread per connection running `serve(fd)`.
+class LocalServer {
+ public:
+  explicit LocalServer(std::function<void(int)> serve) : serve_(std::move(serve)) {
+    fd_ = Fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(::listen(fd_.get(), 1024), 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    int p[2];
+    EXPECT_EQ(::pipe2(p, O_CLOEXEC), 0);
+    stop_r_ = Fd(p[0]);
+    stop_w_ = Fd(p[1]);
+    acceptor_ = std::thread([this] { loop(); });
+  }
+  ~LocalServer() {
+    (void)!::write(stop_w_.get(), "x", 1);
+    acceptor_.join();
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& t : workers_) t.join();
+  }
+  uint16_t port() const { return port_; }
+  std::string to() const { return "127.0.0.1:" + std::to_string(port_); }
+  int accepted() const { return accepted_; }
+
+ private:
+  void loop() {
+    while (true) {
+      pollfd p[2] = {{fd_.get(), POLLIN, 0}, {stop_r_.get(), POLLIN, 0}};
+      if (::poll(p, 2, -1) < 0) continue;
+      if (p[1].revents) return;
+      int c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      ++accepted_;
+      std::lock_guard<std::mutex> l(mu_);
+      workers_.emplace_back([this, c] {
+        serve_(c);
+        ::close(c);
+      });
+    }
+  }
+
+  std::function<void(int)> serve_;
+  Fd fd_, stop_r_, stop_w_;
+  uint16_t port_ = 0;
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::vector<std::thread> workers_;
+  std::atomic<int> accepted_{0};
+};
+
+// Answers one HTTP request with `body`.
+std::function<void(int)> httpAnswer(std::string body) {
+  return [body](int fd) {
+    std::string req;
+    char buf[4096];
+    while (req.find("\r\n\r\n") == std::string::npos) {
+      ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n <= 0) return;
+      req.append(buf, static_cast<size_t>(n));
+    }
+    std::string resp = "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: " +
+                       std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+    writeAll(fd, resp.data(), resp.size());
+  };
+}
+
+// ------------------------------------------------------------ the fixture
+
+struct Param {
+  std::string backend;  // sk_lookup | iptables
+  int family;
+};
+
+std::string paramName(const testing::TestParamInfo<Param>& info) {
+  return info.param.backend + (info.param.family == AF_INET ? "_ipv4" : "_ipv6");
+}
+
+class StealTest : public ::testing::TestWithParam<Param> {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << kSkipReason;
+    // 500 concurrent connections need more than the default 1024 fds
+    // across the test's ends.
+    rlimit rl{8192, 8192};
+    ::setrlimit(RLIMIT_NOFILE, &rl);
+    dir_.emplace();
+    token_file_ = dir_->file("token", "tok-" + randomHex(32) + "\n");
+    pod_.emplace();
+    client_.emplace();
+    ASSERT_TRUE(pod_->created() && client_->created());
+
+    // A veth pair between the two namespaces: unique names (15 chars at
+    // most), addresses that exist only inside them.
+    const std::string tag = randomHex(6);
+    const std::string pod_if = "sp" + tag + "p", client_if = "sp" + tag + "c";
+    const int subnet = 1 + static_cast<int>(std::strtoul(tag.substr(0, 2).c_str(), nullptr, 16));
+    pod_ip4_ = "10.251." + std::to_string(subnet) + ".1";
+    pod_ip6_ = "fd00:5150:" + tag.substr(0, 4) + "::1";
+    for (const auto& argv : std::vector<std::vector<std::string>>{
+             {"ip", "link", "add", pod_if, "netns", pod_->name(), "type", "veth", "peer", "name",
+              client_if, "netns", client_->name()},
+             {"ip", "-n", pod_->name(), "addr", "add", pod_ip4_ + "/24", "dev", pod_if},
+             {"ip", "-n", client_->name(), "addr", "add",
+              "10.251." + std::to_string(subnet) + ".2/24", "dev", client_if},
+             {"ip", "-n", pod_->name(), "-6", "addr", "add", pod_ip6_ + "/64", "dev", pod_if,
+              "nodad"},
+             {"ip", "-n", client_->name(), "-6", "addr", "add",
+              "fd00:5150:" + tag.substr(0, 4) + "::2/64", "dev", client_if, "nodad"},
+             {"ip", "-n", pod_->name(), "link", "set", pod_if, "up"},
+             {"ip", "-n", client_->name(), "link", "set", client_if, "up"},
+         }) {
+      Result r = run(argv);
+      ASSERT_EQ(r.exit_code, 0) << r;
+    }
+
+    // The application: busybox httpd on 80 (the target) and 81.
+    std::string www80 = dir_->path() + "/www80", www81 = dir_->path() + "/www81";
+    std::filesystem::create_directories(www80);
+    std::filesystem::create_directories(www81);
+    dir_->file("www80/index.html", "original\n");
+    dir_->file("www81/index.html", "original-81\n");
+    ASSERT_NO_FATAL_FAILURE(startPod(&httpd80_, 80, www80));
+    ASSERT_NO_FATAL_FAILURE(startPod(&httpd81_, 81, www81));
+    ASSERT_NO_FATAL_FAILURE(waitForHttp(80, "original\n"));
+    ASSERT_NO_FATAL_FAILURE(waitForHttp(81, "original-81\n"));
+    ASSERT_NO_FATAL_FAILURE(startAgent());
+  }
+
+  void TearDown() override {
+    for (auto& p : steals_) {
+      p->signal(SIGKILL);
+      p->finish();
+    }
+    if (HasFailure() && agent_) std::cerr << "--- agent log\n" << agent_->log() << "---\n";
+  }
+
+  Address podAddress() const {
+    return GetParam().family == AF_INET ? Address{AF_INET, pod_ip4_} : Address{AF_INET6, pod_ip6_};
+  }
+
+  void startPod(Child* child, int port, const std::string& www) {
+    *child = spawn({"ip", "netns", "exec", pod_->name(), "busybox", "httpd", "-f", "-p",
+                    std::to_string(port), "-h", www},
+                   std::nullopt, -1, -1);
+    ASSERT_GT(child->pid(), 0);
+    const auto deadline = Clock::now() + kProcessDeadline;
+    while (Clock::now() < deadline) {
+      if (netnsInodeOf(child->pid()) == pod_->inode() &&
+          readFile("/proc/" + std::to_string(child->pid()) + "/comm") == "busybox\n") {
+        return;
+      }
+      if (child->waitUntil(Clock::now())) FAIL() << "httpd on " << port << " exited";
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    FAIL() << "httpd on " << port << " never started in " << pod_->name();
+  }
+
+  void startAgent() {
+    agent_.emplace(std::vector<std::string>{"--listen", "127.0.0.1:0", "--token-file", token_file_,
+                                            "--first-client-timeout", "120s", "--log-level",
+                                            "debug", "--steal-backend", GetParam().backend,
+                                            "targeted", "--pid", std::to_string(httpd80_.pid())},
+                   cleanEnv(), dir_->path() + "/agent.log");
+    auto line = agent_->readLine();
+    ASSERT_TRUE(line.has_value()) << "no ready line from the agent; its log:\n" << agent_->log();
+    auto ready = parseReadyLine(*line);
+    ASSERT_TRUE(ready.has_value()) << "malformed ready line: " << *line;
+    endpoint_ = ready->fields["listen"];
+  }
+
+  // curl from the client namespace; the body, or "curl exit N" on failure.
+  std::string curl(uint16_t port, std::optional<Address> to = std::nullopt) {
+    Address a = to.value_or(podAddress());
+    Result r = run({"ip", "netns", "exec", client_->name(), "curl", "-sS", "-g", "--max-time", "5",
+                    a.url(port)});
+    if (r.exit_code != 0) return "curl exit " + std::to_string(r.exit_code) + ": " + r.err;
+    return r.out;
+  }
+
+  // curl from inside the pod itself (a sidecar, a health check).
+  std::string curlInPod(const std::string& url) {
+    Result r =
+        run({"ip", "netns", "exec", pod_->name(), "curl", "-sS", "-g", "--max-time", "5", url});
+    if (r.exit_code != 0) return "curl exit " + std::to_string(r.exit_code) + ": " + r.err;
+    return r.out;
+  }
+
+  void waitForHttp(uint16_t port, const std::string& body) {
+    const auto deadline = Clock::now() + kProcessDeadline;
+    std::string got;
+    while (Clock::now() < deadline) {
+      got = curl(port);
+      if (got == body) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    FAIL() << "port " << port << " never answered " << body << "; last: " << got;
+  }
+
+  // `siphon steal` with `args`; waits until it says it is stealing every
+  // port (or exits).
+  Proc* steal(const std::vector<std::string>& args, int ports = 1) {
+    std::vector<std::string> argv = {SIPHON_CLI_BIN, "--agent",   endpoint_,
+                                     "--token-file", token_file_, "steal"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    steals_.push_back(std::make_unique<Proc>(argv, cleanEnv()));
+    Proc* p = steals_.back().get();
+    p->readUntil([ports](const std::string&, const std::string& err) {
+      size_t n = 0, at = 0;
+      while ((at = err.find("stealing port", at)) != std::string::npos) ++n, ++at;
+      return static_cast<int>(n) >= ports || err.find("siphon:") != std::string::npos;
+    });
+    return p;
+  }
+
+  // What of ours is left in the pod: sk_lookup links on its netns, SIPHON
+  // chains in either iptables.
+  std::string leftovers() {
+    std::string out;
+    Result links = run({"bpftool", "-j", "link", "show"});
+    const std::string needle = "\"netns_ino\":" + std::to_string(pod_->inode());
+    if (links.out.find(needle) != std::string::npos) out += "an sk_lookup link on the pod; ";
+    for (const char* tool : {"iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save",
+                             "ip6tables-legacy-save"}) {
+      Result r = run({"ip", "netns", "exec", pod_->name(), tool});
+      if (r.out.find("SIPHON") != std::string::npos) out += std::string(tool) + ": " + r.out;
+    }
+    return out;
+  }
+
+  // Polls until the pod answers `body` on `port` again, at most `limit`.
+  bool originalWithin(std::chrono::milliseconds limit, uint16_t port = 80) {
+    const auto deadline = Clock::now() + limit;
+    do {
+      Address a = podAddress();
+      int fd = connectFrom(client_->name(), a, port);
+      if (fd >= 0) {
+        const std::string req = "GET / HTTP/1.0\r\n\r\n";
+        std::string resp;
+        bool ok = writeAll(fd, req.data(), req.size()) && readAll(fd, &resp);
+        ::close(fd);
+        if (ok && resp.find("\r\n\r\noriginal\n") != std::string::npos) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    } while (Clock::now() < deadline);
+    return false;
+  }
+
+  std::optional<TempDir> dir_;
+  std::string token_file_;
+  std::optional<NetNs> pod_, client_;
+  std::string pod_ip4_, pod_ip6_;
+  Child httpd80_, httpd81_;
+  std::optional<Agent> agent_;
+  std::string endpoint_;
+  std::vector<std::unique_ptr<Proc>> steals_;
+};
+
+// ------------------------------------------------------------------ tests
+
+TEST_P(StealTest, StolenWhileStealingOriginalAfter) {
+  LocalServer local(httpAnswer("stolen\n"));
+  EXPECT_EQ(curl(80), "original\n");
+  Proc* s = steal({"--port", "80", "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 80 -> " + local.to() + " (backend " +
+                                GetParam().backend + ")"));
+  EXPECT_EQ(curl(80), "stolen\n");
+  // From inside the pod too (a sidecar): its own addresses are stolen.
+  const std::string loop =
+      GetParam().family == AF_INET ? "http://127.0.0.1:80/" : "http://[::1]:80/";
+  EXPECT_EQ(curlInPod(loop), "stolen\n");
+  // A port nobody steals is untouched.
+  EXPECT_EQ(curl(81), "original-81\n");
+  EXPECT_EQ(curl(80), "stolen\n");
+  EXPECT_GE(local.accepted(), 3);
+
+  s->signal(SIGINT);
+  EXPECT_EQ(s->finish(), 0) << s->err;
+  EXPECT_THAT(s->err, HasSubstr("summary: 3 connections"));
+  EXPECT_THAT(s->err, HasSubstr("open "));
+  EXPECT_THAT(s->err, HasSubstr("close "));
+  // The application has its port back: right away, not eventually.
+  EXPECT_EQ(curl(80), "original\n");
+  EXPECT_EQ(curlInPod(loop), "original\n");
+  EXPECT_EQ(curl(81), "original-81\n");
+}
+
+TEST_P(StealTest, SecondSessionGetsPortBusy) {
+  LocalServer local(httpAnswer("stolen\n"));
+  Proc* first = steal({"--port", "80", "--to", local.to()});
+  ASSERT_THAT(first->err, HasSubstr("stealing port 80"));
+  Proc* second = steal({"--port", "80", "--to", local.to()});
+  EXPECT_EQ(second->finish(), 1) << second->err;
+  EXPECT_THAT(second->err, HasSubstr("already stolen by session"));
+  // The first one still has it.
+  EXPECT_EQ(curl(80), "stolen\n");
+  // And a second session may take another port.
+  LocalServer other(httpAnswer("stolen-81\n"));
+  Proc* third = steal({"--port", "81", "--to", other.to()});
+  ASSERT_THAT(third->err, HasSubstr("stealing port 81"));
+  EXPECT_EQ(curl(81), "stolen-81\n");
+  third->signal(SIGINT);
+  EXPECT_EQ(third->finish(), 0) << third->err;
+  EXPECT_EQ(curl(81), "original-81\n");
+  EXPECT_EQ(curl(80), "stolen\n");
+}
+
+// kill -9 of the agent mid-steal: the application gets its port back
+// within a second and nothing of ours remains in the pod.
+TEST_P(StealTest, AgentKilledMidStealLeavesNothingBehind) {
+  LocalServer local(httpAnswer("stolen\n"));
+  Proc* s = steal({"--port", "80", "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
+  EXPECT_EQ(curl(80), "stolen\n");
+  if (GetParam().backend == "iptables") {
+    Result save = run({"ip", "netns", "exec", pod_->name(), "iptables-save", "-t", "nat"});
+    EXPECT_THAT(save.out, HasSubstr("SIPHON")) << "the iptables backend made no chains?";
+  }
+  ASSERT_GT(agent_->child().pid(), 0);
+  ::kill(agent_->child().pid(), SIGKILL);
+  ASSERT_TRUE(agent_->child().waitUntil(Clock::now() + kProcessDeadline).has_value());
+  EXPECT_TRUE(originalWithin(std::chrono::milliseconds(1000)))
+      << "the application did not get port 80 back within 1 s";
+  EXPECT_EQ(curl(81), "original-81\n");
+  // The guard (iptables) may still be finishing its last command.
+  std::string left;
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  do {
+    left = leftovers();
+    if (left.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } while (Clock::now() < deadline);
+  EXPECT_EQ(left, "");
+}
+
+// Half-close: the remote client shuts down writing after its request and
+// still receives the whole answer, which the local server sends only after
+// it saw the request's end.
+TEST_P(StealTest, HalfClosedClientGetsTheWholeAnswer) {
+  const uint64_t kAnswer = 8 << 20;
+  std::atomic<uint64_t> request_bytes{0};
+  LocalServer local([&](int fd) {
+    std::string req;
+    if (!readAll(fd, &req)) return;  // to the client's EOF
+    request_bytes = req.size();
+    sendPattern(fd, 42, kAnswer);
+  });
+  Proc* s = steal({"--port", "80", "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
+  int fd = connectFrom(client_->name(), podAddress(), 80);
+  ASSERT_GE(fd, 0);
+  const std::string req(100000, 'q');
+  ASSERT_TRUE(writeAll(fd, req.data(), req.size()));
+  ASSERT_EQ(::shutdown(fd, SHUT_WR), 0);
+  bool eof = false;
+  EXPECT_EQ(receivePattern(fd, 42, kAnswer, &eof), kAnswer);
+  EXPECT_TRUE(eof);
+  ::close(fd);
+  EXPECT_EQ(request_bytes.load(), req.size());
+}
+
+// 500 concurrent stolen connections, each echoing its own data.
+TEST_P(StealTest, FiveHundredConcurrentConnectionsEchoTheirOwnData) {
+  LocalServer local([](int fd) {
+    char buf[65536];
+    while (true) {
+      ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n <= 0) break;
+      if (!writeAll(fd, buf, static_cast<size_t>(n))) break;
+    }
+    ::shutdown(fd, SHUT_WR);
+  });
+  Proc* s = steal({"--port", "80", "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
+  constexpr int kConnections = 500;
+  // Connect all first, so all 500 are open at once.
+  std::vector<int> fds;
+  for (int i = 0; i < kConnections; ++i) {
+    int fd = connectFrom(client_->name(), podAddress(), 80);
+    ASSERT_GE(fd, 0) << "connection " << i << ": " << std::strerror(errno);
+    fds.push_back(fd);
+  }
+  std::atomic<int> good{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kConnections; ++i) {
+    threads.emplace_back([&, i] {
+      const uint64_t size = 20000 + static_cast<uint64_t>(i) * 97;
+      std::thread writer([&] { sendPattern(fds[i], 1000 + i, size); });
+      bool eof = false;
+      uint64_t got = receivePattern(fds[i], 1000 + i, size, &eof);
+      writer.join();
+      if (got == size && eof) ++good;
+      ::close(fds[i]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(good.load(), kConnections);
+  EXPECT_EQ(local.accepted(), kConnections);
+}
+
+// --flush-connections: a connection established before the steal is
+// destroyed so its client reconnects (and is stolen); without the flag it
+// would keep talking to the application.
+TEST_P(StealTest, FlushConnectionsResetsEstablishedOnes) {
+  LocalServer local(httpAnswer("stolen\n"));
+  int held = connectFrom(client_->name(), podAddress(), 80);
+  ASSERT_GE(held, 0);
+  Proc* s = steal({"--port", "80", "--to", local.to(), "--flush-connections"});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
+  // The held connection was destroyed on the pod's side: a reset (or EOF)
+  // instead of an answer.
+  const std::string req = "GET / HTTP/1.0\r\n\r\n";
+  std::string resp;
+  (void)writeAll(held, req.data(), req.size());
+  (void)readAll(held, &resp);
+  ::close(held);
+  EXPECT_THAT(resp, Not(HasSubstr("original")));
+  EXPECT_EQ(curl(80), "stolen\n");
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, StealTest,
+                         ::testing::Values(Param{"sk_lookup", AF_INET},
+                                           Param{"sk_lookup", AF_INET6}, Param{"iptables", AF_INET},
+                                           Param{"iptables", AF_INET6}),
+                         paramName);
+
+// ---------------------------------------------------------------- 1 GiB
+
+class StealBulkTest : public StealTest {};
+
+// A GiB each way through one stolen connection, every byte checked.
+TEST_P(StealBulkTest, OneGibibyteEachWayArrivesByteExact) {
+  constexpr uint64_t kGiB = 1ull << 30;
+  std::atomic<uint64_t> upload_good{0};
+  std::atomic<bool> upload_eof{false};
+  LocalServer local([&](int fd) {
+    // Download: the local server sends a GiB while reading the upload.
+    std::thread down([fd] { sendPattern(fd, 7, kGiB); });
+    bool eof = false;
+    upload_good = receivePattern(fd, 8, kGiB, &eof);
+    upload_eof = eof;
+    down.join();
+  });
+  Proc* s = steal({"--port", "80", "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
+  int fd = connectFrom(client_->name(), podAddress(), 80);
+  ASSERT_GE(fd, 0);
+  std::thread up([fd] { sendPattern(fd, 8, kGiB); });
+  bool eof = false;
+  uint64_t download_good = receivePattern(fd, 7, kGiB, &eof);
+  up.join();
+  ::close(fd);
+  EXPECT_EQ(download_good, kGiB);
+  EXPECT_TRUE(eof);
+  // The local server finishes reading once the stream's EOF reached it.
+  const auto deadline = Clock::now() + kProcessDeadline;
+  while (!upload_eof && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(upload_good.load(), kGiB);
+  EXPECT_TRUE(upload_eof.load());
+  s->signal(SIGINT);
+  EXPECT_EQ(s->finish(), 0) << s->err;
+  EXPECT_THAT(s->err, HasSubstr("in=1073741824"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, StealBulkTest,
+                         ::testing::Values(Param{"sk_lookup", AF_INET},
+                                           Param{"iptables", AF_INET6}),
+                         paramName);
+
+}  // namespace
+}  // namespace siphon

@@ -1,0 +1,373 @@
+// The steal service end to end in process and without root: a targetless
+// agent whose steering is a fake (the kernel part is tested in
+// tests/privileged/steal*). The test connects straight to the service's
+// listener; the fake says which port the connection "was meant for". All
+// the rest is real: subscriptions, the accept loop, stolen streams to a
+// real client with flow control and half-close, passthrough, release of
+// ports when a session unsubscribes or ends.
+#include "agent/steal/steal_service.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "agent/server/server.h"
+#include "siphon/client/client.h"
+#include "siphon/status.h"
+#include "tests/fakes/echo_server.h"
+#include "tests/fakes/in_process_agent.h"
+
+namespace siphon::agent::steal {
+namespace {
+
+namespace asio = net::asio;
+
+constexpr char kToken[] = "steal-test-token";
+
+// Records what the service asks of the kernel.
+struct FakeKernel {
+  std::mutex mu;
+  Listeners listeners;
+  std::vector<std::string> calls;          // "add 80", "remove 80", "flush 80", "exempt", "stop"
+  std::atomic<uint16_t> original_port{0};  // what originalDestination() reports
+  std::atomic<bool> fail_add{false};
+
+  void record(std::string s) {
+    std::lock_guard<std::mutex> l(mu);
+    calls.push_back(std::move(s));
+  }
+  bool saw(const std::string& s) {
+    std::lock_guard<std::mutex> l(mu);
+    return std::find(calls.begin(), calls.end(), s) != calls.end();
+  }
+  uint16_t listenerPort() {
+    std::lock_guard<std::mutex> l(mu);
+    return listeners.v4_port;
+  }
+};
+
+class FakeSteering : public Steering {
+ public:
+  explicit FakeSteering(std::shared_ptr<FakeKernel> k) : k_(std::move(k)) {}
+  std::string_view name() const override { return "fake"; }
+  absl::Status addPort(uint16_t port) override {
+    if (k_->fail_add) return protoError(v1::UNAVAILABLE, "the fake kernel says no");
+    k_->record(absl::StrCat("add ", port));
+    return absl::OkStatus();
+  }
+  absl::Status removePort(uint16_t port) override {
+    k_->record(absl::StrCat("remove ", port));
+    return absl::OkStatus();
+  }
+  absl::Status exempt(int) override {
+    k_->record("exempt");
+    return absl::OkStatus();
+  }
+  void unexempt(int) override { k_->record("unexempt"); }
+  absl::StatusOr<SockAddr> originalDestination(int fd) override {
+    ASSIGN_OR_RETURN(SockAddr a, outgoing::localAddress(fd));
+    reinterpret_cast<sockaddr_in*>(&a.storage)->sin_port = htons(k_->original_port);
+    return a;
+  }
+  void stop() override { k_->record("stop"); }
+
+ private:
+  std::shared_ptr<FakeKernel> k_;
+};
+
+// A blocking loopback TCP client of the service's listener.
+int connectTo(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << strerror(errno);
+  return fd;
+}
+
+uint16_t localPort(int fd) {
+  sockaddr_in a{};
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  return ntohs(a.sin_port);
+}
+
+void writeAll(int fd, const std::string& data) {
+  size_t off = 0;
+  while (off < data.size()) {
+    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    ASSERT_GT(n, 0) << strerror(errno);
+    off += static_cast<size_t>(n);
+  }
+}
+
+// Reads until EOF; error text on a reset.
+std::string readAll(int fd, bool* reset = nullptr) {
+  std::string out;
+  char buf[65536];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) break;
+    if (n < 0) {
+      if (reset) *reset = true;
+      break;
+    }
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+std::string randomBytes(size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(rng());
+  return s;
+}
+
+net::awaitable<absl::StatusOr<uint64_t>> subscribe(const std::shared_ptr<client::Client>& c,
+                                                   uint32_t port, bool flush = false) {
+  v1::Request r;
+  r.mutable_steal()->set_port(port);
+  r.mutable_steal()->set_flush_connections(flush);
+  auto resp = co_await c->call(r);
+  if (!resp.ok()) co_return resp.status();
+  EXPECT_EQ(resp->subscribed().backend(), "fake");
+  co_return resp->subscribed().subscription_id();
+}
+
+net::awaitable<absl::Status> unsubscribe(const std::shared_ptr<client::Client>& c, uint64_t id) {
+  v1::Request r;
+  r.mutable_unsubscribe()->set_subscription_id(id);
+  auto resp = co_await c->call(r);
+  co_return resp.status();
+}
+
+// Polls `pred` on the client's loop until true or ~10 s (a hang guard, not
+// a timing assertion).
+net::awaitable<bool> eventually(std::function<bool()> pred) {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  for (int i = 0; i < 1000; ++i) {
+    if (pred()) co_return true;
+    t.expires_after(std::chrono::milliseconds(10));
+    co_await t.async_wait(net::use_awaitable);
+  }
+  co_return pred();
+}
+
+class StealServiceTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    AgentConfig config;
+    config.token = kToken;
+    TargetSpec spec;
+    spec.mode = TargetMode::kTargetless;
+    auto kernel = kernel_;
+    agent_.start(config, std::make_unique<RealProcFs>(), spec, [kernel](Server& server) {
+      auto service = makeStealService(
+          server.serviceContext(),
+          [kernel](const Listeners& l) -> absl::StatusOr<std::unique_ptr<Steering>> {
+            {
+              std::lock_guard<std::mutex> lock(kernel->mu);
+              kernel->listeners = l;
+            }
+            return std::make_unique<FakeSteering>(kernel);
+          },
+          [kernel](uint16_t port) -> absl::StatusOr<int> {
+            kernel->record(absl::StrCat("flush ", port));
+            return 0;
+          });
+      server.services().addRequest(v1::Request::kSteal, service);
+      server.services().addRequest(v1::Request::kUnsubscribe, service);
+    });
+  }
+
+  std::shared_ptr<client::Client> newClient(const asio::any_io_executor& ex,
+                                            std::string name = "test") {
+    client::ClientOptions o;
+    o.endpoints = {agent_.address()};
+    o.token = kToken;
+    o.client_name = std::move(name);
+    return client::Client::create(ex, o);
+  }
+
+  std::shared_ptr<FakeKernel> kernel_ = std::make_shared<FakeKernel>();
+  fakes::InProcessAgent agent_;
+};
+
+TEST_F(StealServiceTest, SecondSessionGetsPortBusyAndPortsComeBack) {
+  fakes::runClient([&](const asio::any_io_executor& io) -> net::awaitable<void> {
+    auto a = newClient(io, "alice");
+    auto b = newClient(io, "bob");
+    EXPECT_TRUE((co_await a->connect()).ok());
+    EXPECT_TRUE((co_await b->connect()).ok());
+    auto id = co_await subscribe(a, 8080, /*flush=*/true);
+    EXPECT_TRUE(id.ok()) << id.status();
+    EXPECT_TRUE(kernel_->saw("add 8080"));
+    EXPECT_TRUE(kernel_->saw("flush 8080"));
+
+    auto busy = co_await subscribe(b, 8080);
+    EXPECT_EQ(errorCodeOf(busy.status()), v1::PORT_BUSY) << busy.status();
+    EXPECT_NE(busy.status().message().find("alice"), absl::string_view::npos) << busy.status();
+    // Another port is bob's to take; alice cannot unsubscribe it.
+    auto other = co_await subscribe(b, 8081);
+    EXPECT_TRUE(other.ok()) << other.status();
+    EXPECT_EQ(errorCodeOf(co_await unsubscribe(a, *other)), v1::NOT_FOUND);
+
+    // Unsubscribing gives the port back before the answer comes.
+    EXPECT_TRUE((co_await unsubscribe(a, *id)).ok());
+    EXPECT_TRUE(kernel_->saw("remove 8080"));
+    auto taken = co_await subscribe(b, 8080);
+    EXPECT_TRUE(taken.ok()) << taken.status();
+
+    // Bob's session ends: both of his ports come back.
+    b->close();
+    EXPECT_TRUE(co_await eventually([&] { return kernel_->saw("remove 8081"); }));
+    v1::Request info;
+    info.mutable_info();
+    EXPECT_TRUE((co_await a->call(info)).ok());
+    a->close();
+  });
+}
+
+TEST_F(StealServiceTest, BadSubscriptionsAreRefused) {
+  fakes::runClient([&](const asio::any_io_executor& io) -> net::awaitable<void> {
+    auto c = newClient(io);
+    EXPECT_TRUE((co_await c->connect()).ok());
+    auto zero = co_await subscribe(c, 0);
+    EXPECT_EQ(errorCodeOf(zero.status()), v1::INVALID_ARGUMENT) << zero.status();
+    auto big = co_await subscribe(c, 70000);
+    EXPECT_EQ(errorCodeOf(big.status()), v1::INVALID_ARGUMENT) << big.status();
+    kernel_->fail_add = true;
+    auto failed = co_await subscribe(c, 9000);
+    EXPECT_EQ(errorCodeOf(failed.status()), v1::UNAVAILABLE) << failed.status();
+    EXPECT_NE(failed.status().message().find("steal port 9000"), absl::string_view::npos);
+    kernel_->fail_add = false;
+    // The failed reservation did not keep the port.
+    auto retry = co_await subscribe(c, 9000);
+    EXPECT_TRUE(retry.ok()) << retry.status();
+    EXPECT_EQ(errorCodeOf(co_await unsubscribe(c, 12345)), v1::NOT_FOUND);
+    c->close();
+  });
+}
+
+// A stolen connection is a stream: data both ways, byte-exact, and a
+// client that half-closes still gets the whole answer.
+TEST_F(StealServiceTest, StolenConnectionBecomesAStreamWithHalfClose) {
+  const std::string request = randomBytes(3 << 20, 1);
+  const std::string answer = randomBytes(2 << 20, 2);
+  std::thread remote;
+  std::string remote_got;
+  uint16_t remote_port = 0;
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = newClient(ex);
+    struct Got {
+      explicit Got(asio::any_io_executor e) : signal(e) {}
+      net::Signal signal;
+      std::shared_ptr<client::ClientStream> stream;
+      v1::StreamOpen open;
+    };
+    auto got = std::make_shared<Got>(ex);
+    c->setStreamAcceptor([got](std::shared_ptr<client::ClientStream> s, v1::StreamOpen open) {
+      got->stream = std::move(s);
+      got->open = std::move(open);
+      got->signal.notify();
+    });
+    EXPECT_TRUE((co_await c->connect()).ok());
+    kernel_->original_port = 80;
+    auto id = co_await subscribe(c, 80);
+    EXPECT_TRUE(id.ok()) << id.status();
+
+    // The "remote client": sends its request, half-closes, reads the answer.
+    const uint16_t listener = kernel_->listenerPort();
+    EXPECT_NE(listener, 0);
+    int fd = connectTo(listener);
+    remote_port = localPort(fd);
+    remote = std::thread([fd, &request, &remote_got] {
+      writeAll(fd, request);
+      ::shutdown(fd, SHUT_WR);
+      remote_got = readAll(fd);
+      ::close(fd);
+    });
+
+    while (!got->stream) co_await got->signal.wait();
+    EXPECT_TRUE(got->open.has_stolen());
+    EXPECT_EQ(got->open.stolen().subscription_id(), *id);
+    EXPECT_EQ(got->open.stolen().destination().port(), 80u);
+    EXPECT_EQ(got->open.stolen().source().port(), remote_port);
+    EXPECT_EQ(got->open.stolen().source().ip(), "127.0.0.1");
+    EXPECT_TRUE(c->acceptStream(*got->stream).ok());
+    std::string in;
+    while (true) {
+      auto chunk = co_await got->stream->read();
+      EXPECT_TRUE(chunk.ok()) << chunk.status();
+      if (!chunk.ok() || !chunk->has_value()) break;
+      in += **chunk;
+    }
+    EXPECT_TRUE(in == request) << "request differs: " << in.size() << " bytes";
+    EXPECT_TRUE((co_await got->stream->write(answer)).ok());
+    EXPECT_TRUE(got->stream->halfClose().ok());
+    // Unsubscribe with the connection open: it keeps flowing until closed.
+    EXPECT_TRUE((co_await unsubscribe(c, *id)).ok());
+    remote.join();
+    c->close();
+  });
+  if (remote.joinable()) remote.join();
+  EXPECT_TRUE(remote_got == answer) << "answer differs: " << remote_got.size() << " bytes";
+}
+
+// A connection that reaches the listener with no subscription for its port
+// (it raced an unsubscribe) goes to the original destination, around the
+// steering.
+TEST_F(StealServiceTest, UnclaimedConnectionPassesThroughToTheApplication) {
+  fakes::EchoServer app(
+      [] {
+        int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+        EXPECT_EQ(::listen(fd, 16), 0);
+        return fd;
+      }(),
+      fakes::EchoServer::Kind::kStream);
+  std::string echoed;
+  std::atomic<bool> remote_done{false};
+  const std::string data = randomBytes(1 << 20, 3);
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = newClient(ex);
+    EXPECT_TRUE((co_await c->connect()).ok());
+    // Start the steering with one port, then give it back.
+    auto id = co_await subscribe(c, 81);
+    EXPECT_TRUE(id.ok()) << id.status();
+    EXPECT_TRUE((co_await unsubscribe(c, *id)).ok());
+    kernel_->original_port = app.port();
+    const uint16_t listener = kernel_->listenerPort();
+    std::thread remote([&] {
+      int fd = connectTo(listener);
+      writeAll(fd, data);
+      ::shutdown(fd, SHUT_WR);
+      echoed = readAll(fd);
+      ::close(fd);
+      remote_done = true;
+    });
+    // The loop must keep running while the remote side talks.
+    co_await eventually([&] { return remote_done.load(); });
+    remote.join();
+    EXPECT_TRUE(kernel_->saw("exempt"));
+    EXPECT_TRUE(kernel_->saw("unexempt"));
+    c->close();
+  });
+  EXPECT_TRUE(echoed == data) << "echo differs: " << echoed.size() << " bytes";
+}
+
+}  // namespace
+}  // namespace siphon::agent::steal

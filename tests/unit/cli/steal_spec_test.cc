@@ -1,0 +1,163 @@
+#include "cli/steal_spec.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "siphon/status.h"
+
+namespace siphon::cli {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string messageOf(const absl::Status& s) { return std::string(s.message()); }
+
+TEST(ParseStealTarget, HostAndPort) {
+  auto r = parseStealTarget("127.0.0.1:9000");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->host, "127.0.0.1");
+  EXPECT_EQ(r->to_port, 9000);
+  EXPECT_EQ(r->to(), "127.0.0.1:9000");
+
+  auto name = parseStealTarget("localhost:65535");
+  ASSERT_TRUE(name.ok()) << name.status();
+  EXPECT_EQ(name->host, "localhost");
+  EXPECT_EQ(name->to_port, 65535);
+}
+
+TEST(ParseStealTarget, Ipv6InBrackets) {
+  auto r = parseStealTarget("[::1]:8080");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->host, "::1");
+  EXPECT_EQ(r->to_port, 8080);
+  EXPECT_EQ(r->to(), "[::1]:8080");
+}
+
+TEST(ParseStealTarget, MalformedValuesAreNamedWithTheReason) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"9000", "no port"},
+      {"host:", "port must be"},
+      {":9000", "no host"},
+      {"host:http", "port must be"},
+      {"host:0", "port must be"},
+      {"host:65536", "port must be"},
+      {"host:+80", "port must be"},
+      {"host:123456", "port must be"},
+      {"::1:80", "[brackets]"},
+      {"[::1:80", "unbalanced"},
+      {"[::1]80", "no port after"},
+      {"[::1]:", "port must be"},
+      {"[]:80", "no host"},
+      {"a]:80", "unbalanced"},
+      {"", "no port"},
+  };
+  for (const auto& [in, why] : cases) {
+    auto r = parseStealTarget(in);
+    ASSERT_FALSE(r.ok()) << in;
+    EXPECT_EQ(errorCodeOf(r.status()), v1::INVALID_ARGUMENT) << in;
+    EXPECT_THAT(messageOf(r.status()), HasSubstr("'" + in + "'")) << in;
+    EXPECT_THAT(messageOf(r.status()), HasSubstr(why)) << in;
+  }
+}
+
+TEST(PairStealRoutes, IthToGoesWithIthPort) {
+  auto routes = pairStealRoutes({"80", "443"}, {"127.0.0.1:8080", "[::1]:8443"});
+  ASSERT_TRUE(routes.ok()) << routes.status();
+  ASSERT_EQ(routes->size(), 2u);
+  EXPECT_EQ((*routes)[0].port, 80);
+  EXPECT_EQ((*routes)[0].to(), "127.0.0.1:8080");
+  EXPECT_EQ((*routes)[1].port, 443);
+  EXPECT_EQ((*routes)[1].to(), "[::1]:8443");
+}
+
+TEST(PairStealRoutes, CountMismatchSaysHowToPair) {
+  auto r = pairStealRoutes({"80", "443"}, {"127.0.0.1:8080"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(errorCodeOf(r.status()), v1::INVALID_ARGUMENT);
+  EXPECT_THAT(messageOf(r.status()), HasSubstr("2 --port but 1 --to"));
+  EXPECT_THAT(messageOf(r.status()), HasSubstr("one --to per --port"));
+
+  EXPECT_FALSE(pairStealRoutes({"80"}, {"a:1", "b:2"}).ok());
+  EXPECT_FALSE(pairStealRoutes({}, {}).ok());
+}
+
+TEST(PairStealRoutes, PortsOutsideOneTo65535AreRefused) {
+  for (const char* bad : {"0", "65536", "-1", "http", "", " 80", "80 ", "1e3"}) {
+    auto r = pairStealRoutes({bad}, {"127.0.0.1:9000"});
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_THAT(messageOf(r.status()), HasSubstr(std::string("bad --port '") + bad + "'")) << bad;
+  }
+  auto edge = pairStealRoutes({"1", "65535"}, {"h:1", "h:2"});
+  ASSERT_TRUE(edge.ok()) << edge.status();
+}
+
+TEST(PairStealRoutes, BadToIsNamed) {
+  auto r = pairStealRoutes({"80", "81"}, {"h:1", "nope"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(messageOf(r.status()), HasSubstr("bad --to 'nope'"));
+}
+
+TEST(PairStealRoutes, APortGivenTwiceIsRefused) {
+  auto r = pairStealRoutes({"80", "80"}, {"h:1", "h:2"});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(messageOf(r.status()), HasSubstr("--port 80 is given twice"));
+}
+
+StolenEvent sampleEvent() {
+  StolenEvent e;
+  e.source = "10.1.2.3:40000";
+  e.destination = "10.0.0.5:80";
+  e.port = 80;
+  e.to = "127.0.0.1:9000";
+  e.in = 123;
+  e.out = 456;
+  return e;
+}
+
+TEST(StealLines, Text) {
+  StealRoute route{80, "127.0.0.1", 9000};
+  EXPECT_EQ(stealingLine(route, "sk_lookup", 7, false),
+            "stealing port 80 -> 127.0.0.1:9000 (backend sk_lookup)\n");
+  StolenEvent e = sampleEvent();
+  EXPECT_EQ(openLine(e, false), "open 10.1.2.3:40000 -> :80 => 127.0.0.1:9000\n");
+  EXPECT_EQ(closeLine(e, false), "close 10.1.2.3:40000 -> :80 in=123 out=456\n");
+  e.error = "local: Connection reset by peer";
+  EXPECT_EQ(closeLine(e, false),
+            "close 10.1.2.3:40000 -> :80 in=123 out=456 (local: Connection reset by peer)\n");
+  e.error = "connect 127.0.0.1:9000: Connection refused";
+  EXPECT_EQ(failedLine(e, false),
+            "failed 10.1.2.3:40000 -> :80 => 127.0.0.1:9000: connect 127.0.0.1:9000: "
+            "Connection refused\n");
+  EXPECT_EQ(summaryLine({3, 1, 10, 20}, false),
+            "summary: 3 connections, in=10 bytes, out=20 bytes\n");
+  EXPECT_EQ(stoppingLine(1, false),
+            "stopping: waiting for 1 open connection (signal again to end them)\n");
+  EXPECT_EQ(stoppingLine(2, false),
+            "stopping: waiting for 2 open connections (signal again to end them)\n");
+}
+
+TEST(StealLines, JsonIsOneObjectPerLine) {
+  StealRoute route{443, "::1", 8443};
+  EXPECT_EQ(stealingLine(route, "iptables", 7, true),
+            "{\"event\":\"stealing\",\"port\":443,\"to\":\"[::1]:8443\",\"backend\":\"iptables\","
+            "\"subscription_id\":7}\n");
+  StolenEvent e = sampleEvent();
+  EXPECT_EQ(openLine(e, true),
+            "{\"event\":\"open\",\"source\":\"10.1.2.3:40000\",\"destination\":\"10.0.0.5:80\","
+            "\"port\":80,\"to\":\"127.0.0.1:9000\"}\n");
+  EXPECT_EQ(closeLine(e, true),
+            "{\"event\":\"close\",\"source\":\"10.1.2.3:40000\",\"destination\":\"10.0.0.5:80\","
+            "\"port\":80,\"to\":\"127.0.0.1:9000\",\"in\":123,\"out\":456}\n");
+  e.error = "say \"no\"";
+  EXPECT_THAT(closeLine(e, true), HasSubstr(",\"error\":\"say \\\"no\\\"\"}\n"));
+  EXPECT_THAT(failedLine(e, true), HasSubstr("{\"event\":\"failed\","));
+  EXPECT_EQ(summaryLine({3, 1, 10, 20}, true),
+            "{\"event\":\"summary\",\"connections\":3,\"failed\":1,\"in\":10,\"out\":20}\n");
+  EXPECT_EQ(stoppingLine(2, true), "{\"event\":\"stopping\",\"open_connections\":2}\n");
+}
+
+}  // namespace
+}  // namespace siphon::cli
