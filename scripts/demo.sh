@@ -204,7 +204,10 @@ in_pod_curl() { ip netns exec "$netns" curl -sS --max-time 5 http://127.0.0.1:80
 printf '\033[36m$ %s\033[0m\n' "curl http://127.0.0.1:8080/   # inside the pod, before"
 in_pod_curl
 printf '\033[36m$ %s\033[0m\n' "siphon steal --port 8080 --to 127.0.0.1:$local_port &"
-siphon steal --port 8080 --to "127.0.0.1:$local_port" 2>"$tmp/steal.log" &
+# The binary itself, not the siphon() function: a function in the
+# background is a subshell, and the signal below must reach the CLI.
+"$cli_bin" --token-file "$token_file" steal --port 8080 --to "127.0.0.1:$local_port" \
+  2>"$tmp/steal.log" &
 steal_pid=$!
 for _ in $(seq 100); do
   grep -q 'stealing port' "$tmp/steal.log" && break

@@ -141,6 +141,34 @@ absl::StatusOr<SockAddr> fromProto(const v1::SocketAddress& addr) {
   return *a;
 }
 
+uint16_t portOf(const SockAddr& addr) {
+  if (addr.family() == AF_INET) {
+    return ntohs(reinterpret_cast<const sockaddr_in*>(addr.get())->sin_port);
+  }
+  if (addr.family() == AF_INET6) {
+    return ntohs(reinterpret_cast<const sockaddr_in6*>(addr.get())->sin6_port);
+  }
+  return 0;
+}
+
+SockAddr wildcardAddress(int family, uint16_t port) {
+  SockAddr a;
+  if (family == AF_INET6) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&a.storage);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_addr = in6addr_any;
+    in6->sin6_port = htons(port);
+    a.len = sizeof(sockaddr_in6);
+  } else {
+    auto* in = reinterpret_cast<sockaddr_in*>(&a.storage);
+    in->sin_family = AF_INET;
+    in->sin_addr.s_addr = htonl(INADDR_ANY);
+    in->sin_port = htons(port);
+    a.len = sizeof(sockaddr_in);
+  }
+  return a;
+}
+
 absl::StatusOr<SockAddr> localAddress(int fd) {
   SockAddr out;
   out.len = sizeof(out.storage);

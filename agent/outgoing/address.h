@@ -47,6 +47,11 @@ v1::SocketAddress toProto(const SockAddr& addr);
 // The inverse; INVALID_ARGUMENT when `ip` is not an IP literal.
 absl::StatusOr<SockAddr> fromProto(const v1::SocketAddress& addr);
 
+// The port of an IP address (0 for other families).
+uint16_t portOf(const SockAddr& addr);
+// 0.0.0.0:port or [::]:port.
+SockAddr wildcardAddress(int family, uint16_t port = 0);
+
 // getsockname()/getpeername() of a socket.
 absl::StatusOr<SockAddr> localAddress(int fd);
 absl::StatusOr<SockAddr> peerAddress(int fd);

@@ -23,19 +23,10 @@ namespace siphon::agent::steal {
 namespace {
 
 namespace asio = net::asio;
+using outgoing::portOf;
 using outgoing::SockAddr;
 
 constexpr auto kPassthroughConnectTimeout = std::chrono::seconds(10);
-
-uint16_t portOf(const SockAddr& a) {
-  if (a.family() == AF_INET) {
-    return ntohs(reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_port);
-  }
-  if (a.family() == AF_INET6) {
-    return ntohs(reinterpret_cast<const sockaddr_in6*>(&a.storage)->sin6_port);
-  }
-  return 0;
-}
 
 void abortiveClose(UniqueFd fd) {
   if (!fd) return;
@@ -55,21 +46,9 @@ absl::StatusOr<UniqueFd> makeListener(NetnsWorker& netns, int family, uint16_t* 
       ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) != 0) {
     return lastErrnoStatus("steal listener: IPV6_V6ONLY");
   }
-  sockaddr_storage ss{};
-  socklen_t len;
-  if (family == AF_INET) {
-    auto* in = reinterpret_cast<sockaddr_in*>(&ss);
-    in->sin_family = AF_INET;
-    in->sin_addr.s_addr = htonl(INADDR_ANY);
-    len = sizeof(sockaddr_in);
-  } else {
-    auto* in6 = reinterpret_cast<sockaddr_in6*>(&ss);
-    in6->sin6_family = AF_INET6;
-    in6->sin6_addr = in6addr_any;
-    len = sizeof(sockaddr_in6);
-  }
+  const SockAddr any = outgoing::wildcardAddress(family);
   const char* what = family == AF_INET ? "0.0.0.0:0" : "[::]:0";
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+  if (::bind(fd.get(), any.get(), any.len) != 0) {
     return lastErrnoStatus(absl::StrCat("steal listener: bind ", what));
   }
   if (::listen(fd.get(), SOMAXCONN) != 0) {

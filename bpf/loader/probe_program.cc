@@ -5,17 +5,15 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdarg>
 #include <cstdio>
-#include <mutex>
 #include <string>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "lib/shared_types.h"
+#include "loader/libbpf_log.h"
 #include "probe.skel.h"
 #include "siphon/status.h"
-#include "spdlog/spdlog.h"
 
 namespace siphon::bpf {
 namespace {
@@ -26,30 +24,6 @@ static_assert(sizeof(ProbeCounters) == sizeof(probe_counters));
 // The global the loader writes must keep the width of the option.
 static_assert(sizeof(probe_bpf::probe_bpf__rodata::source_port) ==
               sizeof(ProbeProgram::Options::source_port));
-
-// libbpf prints to stderr by default, warnings and info alike. Route it to
-// spdlog instead: warnings (including the verifier log when a load fails) at
-// warn, the chatter at debug. Its lines already start with "libbpf: ". The
-// print callback is process-wide in libbpf, so it is installed once, by the
-// first load.
-int libbpfPrint(enum libbpf_print_level level, const char* format, va_list args) {
-  char buf[1024];
-  int n = std::vsnprintf(buf, sizeof(buf), format, args);
-  if (n < 0) return n;
-  std::string_view line(buf, std::min<size_t>(static_cast<size_t>(n), sizeof(buf) - 1));
-  while (!line.empty() && line.back() == '\n') line.remove_suffix(1);
-  if (level == LIBBPF_WARN) {
-    spdlog::warn("{}", line);
-  } else {
-    spdlog::debug("{}", line);
-  }
-  return n;
-}
-
-void routeLibbpfLogs() {
-  static std::once_flag once;
-  std::call_once(once, [] { libbpf_set_print(libbpfPrint); });
-}
 
 }  // namespace
 

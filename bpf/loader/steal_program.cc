@@ -5,16 +5,14 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdarg>
 #include <cstdio>
-#include <mutex>
 #include <string>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "lib/shared_types.h"
+#include "loader/libbpf_log.h"
 #include "siphon/status.h"
-#include "spdlog/spdlog.h"
 #include "steal.skel.h"
 
 namespace siphon::bpf {
@@ -23,29 +21,6 @@ namespace {
 // The map key layout must be identical on both sides of the map.
 static_assert(sizeof(steal_passthrough_key) == 4, "steal_passthrough_key changed");
 static_assert(STEAL_LISTENER_V4 == 0 && STEAL_LISTENER_V6 == 1);
-
-// libbpf prints to stderr by default; route it to spdlog (warnings, including
-// the verifier log of a failed load, at warn; the rest at debug). The print
-// callback is process-wide; installing it again from another loader is
-// harmless, both route the same way.
-int libbpfPrint(enum libbpf_print_level level, const char* format, va_list args) {
-  char buf[1024];
-  int n = std::vsnprintf(buf, sizeof(buf), format, args);
-  if (n < 0) return n;
-  std::string_view line(buf, std::min<size_t>(static_cast<size_t>(n), sizeof(buf) - 1));
-  while (!line.empty() && line.back() == '\n') line.remove_suffix(1);
-  if (level == LIBBPF_WARN) {
-    spdlog::warn("{}", line);
-  } else {
-    spdlog::debug("{}", line);
-  }
-  return n;
-}
-
-void routeLibbpfLogs() {
-  static std::once_flag once;
-  std::call_once(once, [] { libbpf_set_print(libbpfPrint); });
-}
 
 absl::Status checkFamily(int family) {
   if (family == AF_INET || family == AF_INET6) return absl::OkStatus();

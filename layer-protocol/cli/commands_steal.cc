@@ -188,6 +188,17 @@ void finishedOne(const std::shared_ptr<StealState>& st, const std::shared_ptr<St
   st->finished(c);
 }
 
+// The local socket failed: the remote client's connection is reset, not
+// closed cleanly. operation_aborted means we closed it ourselves (end()),
+// and the reason is noted already.
+void localFailed(Stolen& c, const net::error_code& ec) {
+  if (ec == asio::error::operation_aborted || c.ended) return;
+  c.noteError(absl::StrCat("local: ", ec.message()));
+  c.resetStream(v1::CANCELLED,
+                absl::StrCat("the local server ", c.event.to, " failed: ", ec.message()));
+  c.abortLocal();
+}
+
 // The local server's answer to the remote client.
 net::awaitable<void> localToStream(std::shared_ptr<StealState> state,
                                    std::shared_ptr<Stolen> conn) {
@@ -205,13 +216,7 @@ net::awaitable<void> localToStream(std::shared_ptr<StealState> state,
       break;
     }
     if (ec) {
-      // operation_aborted: we closed it ourselves, the reason is noted.
-      if (ec != asio::error::operation_aborted && !c->ended) {
-        c->noteError(absl::StrCat("local: ", ec.message()));
-        c->resetStream(v1::CANCELLED,
-                       absl::StrCat("the local server ", c->event.to, " failed: ", ec.message()));
-        c->abortLocal();
-      }
+      localFailed(*c, ec);
       break;
     }
     absl::Status s = co_await c->stream->write(buf.substr(0, n));
@@ -251,12 +256,7 @@ net::awaitable<void> streamToLocal(std::shared_ptr<StealState> state,
     co_await asio::async_write(c->local, asio::buffer(**chunk),
                                asio::redirect_error(net::use_awaitable, ec));
     if (ec) {
-      if (ec != asio::error::operation_aborted && !c->ended) {
-        c->noteError(absl::StrCat("local: ", ec.message()));
-        c->resetStream(v1::CANCELLED,
-                       absl::StrCat("the local server ", c->event.to, " failed: ", ec.message()));
-        c->abortLocal();
-      }
+      localFailed(*c, ec);
       break;
     }
   }
@@ -460,6 +460,11 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
         }
       });
 
+  // A dead agent is noticed even with no connection open.
+  env.client->setLostHandler([weak = std::weak_ptr<StealState>(st)](const absl::Status& s) {
+    if (auto state = weak.lock()) state->sessionLost(s);
+  });
+
   int exit_code = kExitOk;
   std::vector<std::string> lines;
   for (size_t i = 0; i < st->targets.size() && !st->stop_requested; ++i) {
@@ -517,6 +522,7 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
   }
 
   env.client->setStreamAcceptor(nullptr);
+  env.client->setLostHandler(nullptr);
   st->signals.cancel(ignored);
   st->print(summaryLine(st->totals, st->json));
   co_return exit_code;

@@ -181,8 +181,9 @@ std::string summaryLine(const StealTotals& t, bool json) {
         .add("out", t.out)
         .take();
   }
-  return absl::StrCat("summary: ", t.connections, " connections, in=", t.in, " bytes, out=", t.out,
-                      " bytes\n");
+  return absl::StrCat("summary: ", t.connections,
+                      t.connections == 1 ? " connection" : " connections", ", in=", t.in,
+                      " bytes, out=", t.out, " bytes\n");
 }
 
 }  // namespace siphon::cli

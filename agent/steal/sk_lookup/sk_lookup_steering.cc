@@ -42,47 +42,18 @@ absl::StatusOr<int> socketDomain(int fd) {
   return domain;
 }
 
-absl::StatusOr<SockAddr> localAddress(int fd) {
-  SockAddr out;
-  out.len = sizeof(out.storage);
-  if (getsockname(fd, out.get(), &out.len) != 0) return lastErrnoStatus("getsockname");
-  return out;
-}
-
-uint16_t portOf(const SockAddr& addr) {
-  if (addr.family() == AF_INET) {
-    return ntohs(reinterpret_cast<const sockaddr_in*>(addr.get())->sin_port);
-  }
-  if (addr.family() == AF_INET6) {
-    return ntohs(reinterpret_cast<const sockaddr_in6*>(addr.get())->sin6_port);
-  }
-  return 0;
-}
-
 // The source port `fd` will connect from, binding it first when needed.
 // A connect() of an unbound socket picks its port only inside the connect,
 // too late to exempt it: bind(port 0) reserves one now.
 absl::StatusOr<uint16_t> sourcePort(int fd, int domain) {
-  ASSIGN_OR_RETURN(SockAddr local, localAddress(fd));
-  if (uint16_t port = portOf(local); port != 0) return port;
-  sockaddr_storage any{};
-  socklen_t len = 0;
-  if (domain == AF_INET) {
-    auto* in = reinterpret_cast<sockaddr_in*>(&any);
-    in->sin_family = AF_INET;
-    in->sin_addr.s_addr = htonl(INADDR_ANY);
-    len = sizeof(sockaddr_in);
-  } else {
-    auto* in6 = reinterpret_cast<sockaddr_in6*>(&any);
-    in6->sin6_family = AF_INET6;
-    in6->sin6_addr = in6addr_any;
-    len = sizeof(sockaddr_in6);
-  }
-  if (bind(fd, reinterpret_cast<sockaddr*>(&any), len) != 0) {
+  ASSIGN_OR_RETURN(SockAddr local, outgoing::localAddress(fd));
+  if (uint16_t port = outgoing::portOf(local); port != 0) return port;
+  const SockAddr any = outgoing::wildcardAddress(domain);
+  if (bind(fd, any.get(), any.len) != 0) {
     return lastErrnoStatus("bind passthrough socket to an ephemeral port");
   }
-  ASSIGN_OR_RETURN(local, localAddress(fd));
-  if (uint16_t port = portOf(local); port != 0) return port;
+  ASSIGN_OR_RETURN(local, outgoing::localAddress(fd));
+  if (uint16_t port = outgoing::portOf(local); port != 0) return port;
   return absl::InternalError("passthrough socket has no port after bind");
 }
 
@@ -134,7 +105,7 @@ class SkLookupSteering final : public Steering {
   absl::StatusOr<SockAddr> originalDestination(int fd) override {
     // sk_lookup hands the SYN to our listener without rewriting it, so the
     // accepted socket's local address is the one the client connected to.
-    return localAddress(fd);
+    return outgoing::localAddress(fd);
   }
 
   void stop() override { program_->detach(); }

@@ -328,6 +328,11 @@ void Client::sessionLost(const absl::Status& why) {
       s->writable_.notify();
     }
   }
+  if (on_lost_ && !closing_) {
+    // Moved out first: the handler may drop the last reference to its owner.
+    auto handler = std::move(on_lost_);
+    handler(lost_);
+  }
 }
 
 net::awaitable<absl::StatusOr<v1::Response>> Client::call(v1::Request request,

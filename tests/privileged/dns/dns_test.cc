@@ -90,11 +90,7 @@ class DnsTest : public ::testing::Test {
                                             "--first-client-timeout", "30s", "targeted", "--pid",
                                             std::to_string(pod_.pid())},
                    cleanEnv(), dir_->path() + "/agent.log");
-    auto line = agent_->readLine();
-    ASSERT_TRUE(line.has_value()) << "no ready line from the agent; its log:\n" << agent_->log();
-    auto ready = parseReadyLine(*line);
-    ASSERT_TRUE(ready.has_value()) << "malformed ready line: " << *line;
-    endpoint_ = ready->fields["listen"];
+    ASSERT_TRUE(agent_->ready(&endpoint_));
   }
 
   void TearDown() override {

@@ -148,11 +148,7 @@ class FilesTest : public ::testing::Test {
     }
     args.insert(args.end(), {"targeted", "--pid", std::to_string(pod_.pid())});
     agent_.emplace(args, cleanEnv(), dir_->path() + "/agent.log");
-    auto line = agent_->readLine();
-    ASSERT_TRUE(line.has_value()) << "no ready line from the agent; its log:\n" << agent_->log();
-    auto ready = parseReadyLine(*line);
-    ASSERT_TRUE(ready.has_value()) << "malformed ready line: " << *line;
-    endpoint_ = ready->fields["listen"];
+    ASSERT_TRUE(agent_->ready(&endpoint_));
   }
 
   std::vector<std::string> cliArgs(const std::vector<std::string>& args) {

@@ -331,6 +331,18 @@ class Agent {
     return std::nullopt;
   }
 
+  // Waits for the ready line and gives its listen endpoint; a failure
+  // carries the agent's log.
+  ::testing::AssertionResult ready(std::string* endpoint) {
+    auto line = readLine();
+    if (!line)
+      return ::testing::AssertionFailure() << "no ready line from the agent; its log:\n" << log();
+    auto parsed = parseReadyLine(*line);
+    if (!parsed) return ::testing::AssertionFailure() << "malformed ready line: " << *line;
+    *endpoint = parsed->fields["listen"];
+    return ::testing::AssertionSuccess();
+  }
+
   Child& child() { return child_; }
   std::string log() const { return readFile(log_path_); }
 

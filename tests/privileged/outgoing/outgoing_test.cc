@@ -155,11 +155,7 @@ class OutgoingTest : public ::testing::Test {
                                             "--first-client-timeout", "60s", "--log-level", "debug",
                                             "targeted", "--pid", std::to_string(pod_.pid())},
                    cleanEnv(), dir_->path() + "/agent.log");
-    auto line = agent_->readLine();
-    ASSERT_TRUE(line.has_value()) << "no ready line from the agent; its log:\n" << agent_->log();
-    auto ready = parseReadyLine(*line);
-    ASSERT_TRUE(ready.has_value()) << "malformed ready line: " << *line;
-    endpoint_ = ready->fields["listen"];
+    ASSERT_TRUE(agent_->ready(&endpoint_));
   }
 
   std::vector<std::string> cli(const std::vector<std::string>& args) {

@@ -337,16 +337,13 @@ class StealTest : public ::testing::TestWithParam<Param> {
   }
 
   void startAgent() {
-    agent_.emplace(std::vector<std::string>{"--listen", "127.0.0.1:0", "--token-file", token_file_,
-                                            "--first-client-timeout", "120s", "--log-level",
-                                            "debug", "--steal-backend", GetParam().backend,
-                                            "targeted", "--pid", std::to_string(httpd80_.pid())},
-                   cleanEnv(), dir_->path() + "/agent.log");
-    auto line = agent_->readLine();
-    ASSERT_TRUE(line.has_value()) << "no ready line from the agent; its log:\n" << agent_->log();
-    auto ready = parseReadyLine(*line);
-    ASSERT_TRUE(ready.has_value()) << "malformed ready line: " << *line;
-    endpoint_ = ready->fields["listen"];
+    agent_.emplace(
+        std::vector<std::string>{"--listen", "127.0.0.1:0", "--token-file", token_file_,
+                                 "--first-client-timeout", "120s", "--session-grace", "3s",
+                                 "--log-level", "debug", "--steal-backend", GetParam().backend,
+                                 "targeted", "--pid", std::to_string(httpd80_.pid())},
+        cleanEnv(), dir_->path() + "/agent.log");
+    ASSERT_TRUE(agent_->ready(&endpoint_));
   }
 
   // curl from the client namespace; the body, or "curl exit N" on failure.
@@ -502,6 +499,10 @@ TEST_P(StealTest, AgentKilledMidStealLeavesNothingBehind) {
   EXPECT_TRUE(originalWithin(std::chrono::milliseconds(1000)))
       << "the application did not get port 80 back within 1 s";
   EXPECT_EQ(curl(81), "original-81\n");
+  // `siphon steal` notices, though no connection is open: once its resume
+  // attempts run out (the 3 s session grace), it says so and exits 3.
+  EXPECT_EQ(s->finish(), 3) << s->err;
+  EXPECT_THAT(s->err, HasSubstr("lost"));
   // The guard (iptables) may still be finishing its last command.
   std::string left;
   const auto deadline = Clock::now() + std::chrono::seconds(5);

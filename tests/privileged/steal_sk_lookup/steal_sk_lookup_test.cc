@@ -108,11 +108,6 @@ SockAddr ip(const std::string& host, uint16_t port) {
   return a;
 }
 
-uint16_t portOf(const SockAddr& a) {
-  if (a.family() == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(a.get())->sin_port);
-  return ntohs(reinterpret_cast<const sockaddr_in6*>(a.get())->sin6_port);
-}
-
 // "10.0.0.1:80", "[::1]:80".
 std::string format(const SockAddr& a) {
   char host[INET6_ADDRSTRLEN] = "?";

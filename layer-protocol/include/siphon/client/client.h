@@ -106,6 +106,11 @@ class Client : public std::enable_shared_from_this<Client>, private protocol::Se
     on_draining_ = std::move(h);
   }
 
+  // The session is gone for good (the agent's Goaway, SESSION_EXPIRED, no
+  // resume within the grace period): `h` gets the AGENT_LOST status once,
+  // even when no call or stream is there to notice. Not called for close().
+  void setLostHandler(std::function<void(const absl::Status&)> h) { on_lost_ = std::move(h); }
+
   // Ends the session (the agent drops it at once).
   void close();
   // Cuts the transport without ending the session (tests; a network blip).
@@ -157,6 +162,7 @@ class Client : public std::enable_shared_from_this<Client>, private protocol::Se
   std::map<uint64_t, std::weak_ptr<ClientStream>> streams_;
   StreamAcceptor acceptor_;
   std::function<void(const v1::Draining&)> on_draining_;
+  std::function<void(const absl::Status&)> on_lost_;
 };
 
 }  // namespace siphon::client

@@ -144,6 +144,45 @@ TEST_F(ServerTest, UnimplementedRequestsAndStreamsAnswerAtOnce) {
   });
 }
 
+// An idle client (no call, no stream) still learns that its session is
+// gone: the agent stopping sends Goaway, and the lost handler fires once.
+TEST_F(ServerTest, IdleClientHearsThatTheSessionIsLost) {
+  start();
+  runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = client::Client::create(ex, options());
+    int calls = 0;
+    absl::Status why;
+    net::Signal lost(ex);
+    c->setLostHandler([&](const absl::Status& s) {
+      ++calls;
+      why = s;
+      lost.notify();
+    });
+    EXPECT_TRUE((co_await c->connect()).ok());
+    EXPECT_TRUE((co_await c->call(infoRequest(), milliseconds(5000))).ok());
+    agent_.stop();
+    while (calls == 0) co_await lost.wait();
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(errorCodeOf(why), v1::AGENT_LOST) << why;
+    c->close();
+    EXPECT_EQ(calls, 1);  // close() after the loss says nothing more
+  });
+}
+
+// close() is the client's own doing: not a loss to report.
+TEST_F(ServerTest, CloseDoesNotCallTheLostHandler) {
+  start();
+  runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = client::Client::create(ex, options());
+    int calls = 0;
+    c->setLostHandler([&](const absl::Status&) { ++calls; });
+    EXPECT_TRUE((co_await c->connect()).ok());
+    EXPECT_TRUE((co_await c->call(infoRequest(), milliseconds(5000))).ok());
+    c->close();
+    EXPECT_EQ(calls, 0);
+  });
+}
+
 TEST_F(ServerTest, RequestsQueuedDuringACutAreAnsweredAfterResume) {
   start();
   runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
