@@ -564,6 +564,9 @@ void Server::shutdown(int exit_code, std::string_view reason) {
   // end() removes the session from the map: iterate over a copy.
   auto sessions = sessions_;
   for (auto& [id, s] : sessions) s->end(reason);
+  // Then the services undo what they did to the target (the steal
+  // redirection) while the loop still runs.
+  if (services_) services_->agentStopping();
   // Give the Goaways a moment to reach the clients, then stop.
   auto t = std::make_shared<asio::steady_timer>(io_);
   t->expires_after(std::chrono::milliseconds(200));

@@ -48,6 +48,10 @@ class RequestService {
   virtual void handle(std::shared_ptr<AgentSession> session, v1::Request request) = 0;
   // The session is gone for good: release what it held (open files...).
   virtual void sessionEnded(const std::string& session_id) { (void)session_id; }
+  // The agent is stopping (after every session ended): stop accepting work
+  // and undo what the service did to the target. The event loop runs a
+  // little longer, then stops.
+  virtual void agentStopping() {}
 };
 
 // The agent side of one stream. The session routes the peer's frames here.
@@ -87,6 +91,7 @@ class ServiceRegistry {
   StreamService* stream(v1::StreamOpen::KindCase kind) const;
   const std::vector<v1::Feature>& features() const { return features_; }
   void sessionEnded(const std::string& session_id);
+  void agentStopping();
 
  private:
   std::map<int, std::shared_ptr<RequestService>> requests_;

@@ -28,6 +28,10 @@ StreamService* ServiceRegistry::stream(v1::StreamOpen::KindCase kind) const {
   return it == streams_.end() ? nullptr : it->second.get();
 }
 
+void ServiceRegistry::agentStopping() {
+  for (auto& s : unique_requests_) s->agentStopping();
+}
+
 void ServiceRegistry::sessionEnded(const std::string& session_id) {
   for (auto& s : unique_requests_) s->sessionEnded(session_id);
 }

@@ -146,17 +146,27 @@ class StealServiceImpl final : public StealService,
 
   void stopSteering() override {
     stopped_ = true;
+    // The accept loops end; connections still queued on the listeners are
+    // reset when the listeners close.
+    for (auto& a : acceptors_) {
+      net::error_code ignored;
+      a->close(ignored);
+    }
+    acceptors_.clear();
     auto self = shared_from_this();
     asio::post(strand_, [self] {
       if (self->steering_) self->steering_->stop();
     });
   }
 
+  void agentStopping() override { stopSteering(); }
+
   // Starts the accept loops (event loop) once the steering exists.
   void startAccepting(std::shared_ptr<UniqueFd> v4, std::shared_ptr<UniqueFd> v6,
                       Steering* steering, Listeners listeners) {
     io_steering_ = steering;
     listener_ports_ = {listeners.v4_port, listeners.v6_port};
+    if (stopped_) return;  // the listeners close with their last owner
     for (auto& fd : {v4, v6}) {
       if (!fd || !*fd) continue;
       auto d = std::make_shared<asio::posix::stream_descriptor>(ctx_.io, fd->release());

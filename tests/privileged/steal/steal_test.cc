@@ -274,7 +274,8 @@ class StealTest : public ::testing::TestWithParam<Param> {
     // most), addresses that exist only inside them.
     const std::string tag = randomHex(6);
     const std::string pod_if = "sp" + tag + "p", client_if = "sp" + tag + "c";
-    const int subnet = 1 + static_cast<int>(std::strtoul(tag.substr(0, 2).c_str(), nullptr, 16));
+    const int subnet =
+        1 + static_cast<int>(std::strtoul(tag.substr(0, 2).c_str(), nullptr, 16) % 254);
     pod_ip4_ = "10.251." + std::to_string(subnet) + ".1";
     pod_ip6_ = "fd00:5150:" + tag.substr(0, 4) + "::1";
     for (const auto& argv : std::vector<std::vector<std::string>>{
@@ -512,6 +513,22 @@ TEST_P(StealTest, AgentKilledMidStealLeavesNothingBehind) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   } while (Clock::now() < deadline);
   EXPECT_EQ(left, "");
+}
+
+// SIGTERM of the agent mid-steal: a clean exit that undoes the steering
+// itself (for iptables: the chains are removed by the agent, the guard has
+// nothing left to do).
+TEST_P(StealTest, AgentTerminatedMidStealGivesThePortBack) {
+  LocalServer local(httpAnswer("stolen\n"));
+  Proc* s = steal({"--port", "80", "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
+  EXPECT_EQ(curl(80), "stolen\n");
+  ASSERT_GT(agent_->child().pid(), 0);
+  ::kill(agent_->child().pid(), SIGTERM);
+  EXPECT_EQ(agent_->child().waitUntil(Clock::now() + kProcessDeadline), 0) << agent_->log();
+  EXPECT_EQ(curl(80), "original\n");
+  EXPECT_EQ(leftovers(), "");
+  EXPECT_THAT(agent_->log(), HasSubstr("steal_unsubscribed"));
 }
 
 // Half-close: the remote client shuts down writing after its request and

@@ -266,6 +266,7 @@ TEST_F(StealServiceTest, StolenConnectionBecomesAStreamWithHalfClose) {
   const std::string answer = randomBytes(2 << 20, 2);
   std::thread remote;
   std::string remote_got;
+  std::atomic<bool> remote_done{false};
   uint16_t remote_port = 0;
   fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
     auto c = newClient(ex);
@@ -291,11 +292,12 @@ TEST_F(StealServiceTest, StolenConnectionBecomesAStreamWithHalfClose) {
     EXPECT_NE(listener, 0);
     int fd = connectTo(listener);
     remote_port = localPort(fd);
-    remote = std::thread([fd, &request, &remote_got] {
+    remote = std::thread([fd, &request, &remote_got, &remote_done] {
       writeAll(fd, request);
       ::shutdown(fd, SHUT_WR);
       remote_got = readAll(fd);
       ::close(fd);
+      remote_done = true;
     });
 
     while (!got->stream) co_await got->signal.wait();
@@ -317,11 +319,110 @@ TEST_F(StealServiceTest, StolenConnectionBecomesAStreamWithHalfClose) {
     EXPECT_TRUE(got->stream->halfClose().ok());
     // Unsubscribe with the connection open: it keeps flowing until closed.
     EXPECT_TRUE((co_await unsubscribe(c, *id)).ok());
+    // Joining here would block the client's loop: poll instead.
+    EXPECT_TRUE(co_await eventually([&] { return remote_done.load(); }));
     remote.join();
     c->close();
   });
   if (remote.joinable()) remote.join();
   EXPECT_TRUE(remote_got == answer) << "answer differs: " << remote_got.size() << " bytes";
+}
+
+// Flow control per connection: a stolen stream the session does not read
+// stops the agent reading that socket (its remote writer blocks once the
+// window and the socket buffers are full) while another stolen connection
+// of the same session flows. Nothing is lost: once read, all of it arrives.
+TEST_F(StealServiceTest, SlowStreamBacksUpOnlyItsOwnConnection) {
+  constexpr size_t kSlowTotal = 64 << 20;  // far above window + socket buffers
+  const std::string slow_data = randomBytes(kSlowTotal, 5);
+  const std::string fast_data = randomBytes(4 << 20, 6);
+  std::atomic<size_t> slow_written{0};
+  std::atomic<bool> slow_done{false};
+  std::atomic<bool> fast_done{false};
+  std::string fast_echo;
+  std::thread slow_writer, fast_client;
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = newClient(ex);
+    struct Got {
+      explicit Got(asio::any_io_executor e) : signal(e) {}
+      net::Signal signal;
+      std::vector<std::shared_ptr<client::ClientStream>> streams;
+    };
+    auto got = std::make_shared<Got>(ex);
+    c->setStreamAcceptor([got](std::shared_ptr<client::ClientStream> s, v1::StreamOpen) {
+      got->streams.push_back(std::move(s));
+      got->signal.notify();
+    });
+    EXPECT_TRUE((co_await c->connect()).ok());
+    kernel_->original_port = 80;
+    EXPECT_TRUE((co_await subscribe(c, 80)).ok());
+    const uint16_t listener = kernel_->listenerPort();
+
+    // The slow one first: stream 0.
+    int slow_fd = connectTo(listener);
+    while (got->streams.size() < 1) co_await got->signal.wait();
+    auto slow = got->streams[0];
+    EXPECT_TRUE(c->acceptStream(*slow).ok());
+    slow_writer = std::thread([&, slow_fd] {
+      size_t off = 0;
+      while (off < slow_data.size()) {
+        ssize_t n = ::write(slow_fd, slow_data.data() + off,
+                            std::min<size_t>(64 << 10, slow_data.size() - off));
+        if (n <= 0) break;
+        off += static_cast<size_t>(n);
+        slow_written = off;
+      }
+      ::shutdown(slow_fd, SHUT_WR);
+      slow_done = true;
+    });
+
+    // The fast one, end to end, while nobody reads the slow one.
+    int fast_fd = connectTo(listener);
+    fast_client = std::thread([&, fast_fd] {
+      writeAll(fast_fd, fast_data);
+      ::shutdown(fast_fd, SHUT_WR);
+      fast_echo = readAll(fast_fd);
+      ::close(fast_fd);
+      fast_done = true;
+    });
+    while (got->streams.size() < 2) co_await got->signal.wait();
+    auto fast = got->streams[1];
+    EXPECT_TRUE(c->acceptStream(*fast).ok());
+    std::string in;
+    while (true) {
+      auto chunk = co_await fast->read();
+      if (!chunk.ok() || !chunk->has_value()) break;
+      in += **chunk;
+    }
+    EXPECT_TRUE(in == fast_data);
+    EXPECT_TRUE((co_await fast->write(in)).ok());
+    EXPECT_TRUE(fast->halfClose().ok());
+    // Joining here would block the client's loop: poll instead.
+    EXPECT_TRUE(co_await eventually([&] { return fast_done.load(); }));
+    fast_client.join();
+    EXPECT_TRUE(fast_echo == fast_data) << "fast echo: " << fast_echo.size() << " bytes";
+
+    // The slow writer is stuck: the agent stopped reading its socket.
+    EXPECT_FALSE(slow_done.load());
+    EXPECT_LT(slow_written.load(), kSlowTotal / 2) << "no backpressure on the slow connection";
+
+    // Reading it now lets everything through, byte-exact.
+    std::string slow_in;
+    while (true) {
+      auto chunk = co_await slow->read();
+      EXPECT_TRUE(chunk.ok()) << chunk.status();
+      if (!chunk.ok() || !chunk->has_value()) break;
+      slow_in += **chunk;
+    }
+    EXPECT_TRUE(slow_in == slow_data) << "slow: " << slow_in.size() << " bytes";
+    EXPECT_TRUE(co_await eventually([&] { return slow_done.load(); }));
+    slow->reset(v1::CANCELLED, "done");
+    slow_writer.join();
+    ::close(slow_fd);
+    c->close();
+  });
+  if (slow_writer.joinable()) slow_writer.join();
+  if (fast_client.joinable()) fast_client.join();
 }
 
 // A connection that reaches the listener with no subscription for its port
@@ -360,7 +461,7 @@ TEST_F(StealServiceTest, UnclaimedConnectionPassesThroughToTheApplication) {
       remote_done = true;
     });
     // The loop must keep running while the remote side talks.
-    co_await eventually([&] { return remote_done.load(); });
+    EXPECT_TRUE(co_await eventually([&] { return remote_done.load(); }));
     remote.join();
     EXPECT_TRUE(kernel_->saw("exempt"));
     EXPECT_TRUE(kernel_->saw("unexempt"));
