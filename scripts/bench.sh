@@ -1,26 +1,43 @@
 #!/usr/bin/env bash
-# Builds in Release and runs the benchmarks; prints each fast-path figure as a
-# ratio against its baseline from the same run. (The traffic benchmarks of
-# issue 5 will join here.)
+# Siphon's benchmarks: builds in Release, sets up a client, a pod and a node
+# network namespace, and measures every scenario of bench/README.md next to
+# its baselines in the same run (direct, peer = iptables REDIRECT + two socat
+# hops). Writes bench/results/latest.json and latest.md and prints the table.
+#
+# Usage: sudo scripts/bench.sh [--quick] [--only GROUP,...]
+#   --quick   fewer and shorter repetitions (a few minutes), for development
+#   --only    bulk,bulk8,http,short,idle,forward,startup,rss,services,codec
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "bench: run as root (network namespaces, BPF, iptables)" >&2
+  exit 1
+fi
 bash scripts/install-deps.sh
-cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DSIPHON_TESTS=OFF >/dev/null
-ninja -C build-release codec_bench
-mkdir -p bench/results
-./build-release/bench/codec_bench --benchmark_repetitions=5 \
-  --benchmark_report_aggregates_only=true \
-  --benchmark_out=bench/results/latest.json --benchmark_out_format=json
-python3 - <<'PY'
-import json
-runs = json.load(open("bench/results/latest.json"))["benchmarks"]
-med = {b["run_name"]: b["real_time"] for b in runs if b.get("aggregate_name") == "median"}
-print("\n| scenario | fast path (ns) | generated classes (ns) | speed-up |")
-print("|---|---|---|---|")
-for name, t in sorted(med.items()):
-    if "_FastPath/" not in name:
-        continue
-    base = med.get(name.replace("_FastPath/", "_Generated/"))
-    if base:
-        print(f"| {name.replace('_FastPath', '')} | {t:.0f} | {base:.0f} | {base / t:.1f}x |")
-PY
+# Load tools and baselines, only needed here (CI does not run the benchmarks).
+bench_pkgs=(iperf3 wrk nginx-light python3)
+missing=()
+for p in "${bench_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+build=build-release
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSIPHON_TESTS=OFF >/dev/null
+ninja -C "$build" siphon-agent siphon service_bench codec_bench
+
+args=("$@")
+only=""
+for ((i = 0; i < ${#args[@]}; i++)); do
+  [ "${args[$i]}" = "--only" ] && only="${args[$((i + 1))]:-}"
+done
+if [ -z "$only" ] || [[ ",$only," == *",codec,"* ]]; then
+  # The protocol's data-frame fast path against generated protobuf classes.
+  "$build/bench/codec_bench" --benchmark_repetitions=5 --benchmark_report_aggregates_only=true \
+    --benchmark_out=bench/results/codec.json --benchmark_out_format=json >/dev/null
+fi
+exec /usr/bin/python3 bench/run.py --build "$build" "$@"

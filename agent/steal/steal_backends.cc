@@ -67,10 +67,17 @@ FlushFunction realFlush(ServiceContext& ctx) {
 
 std::shared_ptr<StealService> makeStealService(ServiceContext& ctx) {
   // Chains a previous agent of this target could not remove (killed along
-  // with its guard): whatever backend this agent uses, they go now.
+  // with its guard): whatever backend this agent uses, they go now. In the
+  // background: it runs iptables-save a few times, which the ready line
+  // need not wait for (an iptables steering removes them itself before it
+  // installs anything).
   if (auto netns = netnsFd(ctx); netns.ok()) {
-    absl::Status s = removeStaleIptablesChains(*netns, ctx.netns.netnsInode());
-    if (!s.ok()) log::debug("steal_stale_check_skipped", {{"reason", sv(s.message())}});
+    const int fd = *netns;
+    const uint64_t inode = ctx.netns.netnsInode();
+    net::asio::post(ctx.blocking, [fd, inode] {
+      absl::Status s = removeStaleIptablesChains(fd, inode);
+      if (!s.ok()) log::debug("steal_stale_check_skipped", {{"reason", sv(s.message())}});
+    });
   }
   return makeStealService(ctx, realFactory(ctx), realFlush(ctx));
 }

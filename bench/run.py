@@ -1,0 +1,550 @@
+#!/usr/bin/env python3
+"""Siphon's traffic and footprint benchmarks: every figure next to its
+baselines, measured in the same run on the same machine (bench/README.md).
+
+Topology (all namespaces made here, removed on exit, even on failure):
+
+  client ns ──veth── pod ns ──veth── node ns
+  (iperf3 -c, wrk,   (the application:  (siphon-agent, siphon CLI,
+   idle clients)      nginx :80,          the developer's servers:
+                      iperf3 :5201,       nginx :8080, iperf3 :5202;
+                      dnsmasq, files)     the peer's second socat)
+
+  direct  client -> pod app                        (the physical limit)
+  siphon  client -> pod:P -> agent -> CLI -> node server   (siphon steal)
+  peer    client -> pod:P -> iptables REDIRECT -> socat (pod) -> socat (node)
+          -> node server   (the same two hops, socat -b 262144)
+
+Run by scripts/bench.sh, which builds in Release first.
+"""
+import argparse
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import ExitStack
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def log(msg):
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+def sh(*argv, check=True, capture=True, timeout=300, netns=None, stdin=None):
+    argv = [str(a) for a in argv]
+    if netns:
+        argv = ["ip", "netns", "exec", netns] + argv
+    r = subprocess.run(argv, capture_output=capture, text=True, timeout=timeout, input=stdin)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()}")
+    return r
+
+
+class Procs:
+    """Background processes, killed and reaped on exit."""
+
+    def __init__(self):
+        self.procs = []
+
+    def start(self, argv, netns=None, **kw):
+        argv = [str(a) for a in argv]
+        if netns:
+            argv = ["ip", "netns", "exec", netns] + argv
+        p = subprocess.Popen(argv, **kw)
+        self.procs.append(p)
+        return p
+
+    def stop(self, p, sig=signal.SIGTERM, timeout=5):
+        if p.poll() is None:
+            p.send_signal(sig)
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if p in self.procs:
+            self.procs.remove(p)
+        return p.returncode
+
+    def close(self):
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        self.procs = []
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def summary(values):
+    values = sorted(values)
+    return {"median": statistics.median(values), "min": values[0], "max": values[-1],
+            "runs": values}
+
+
+class Bench:
+    def __init__(self, args, stack, procs):
+        self.args = args
+        self.stack = stack
+        self.procs = procs
+        self.build = os.path.abspath(args.build)
+        self.agent_bin = os.path.join(self.build, "agent", "siphon-agent")
+        self.cli_bin = os.path.join(self.build, "layer-protocol", "cli", "siphon")
+        self.tag = secrets.token_hex(3)
+        self.client, self.pod, self.node = (f"sb{r}-{self.tag}" for r in ("c", "p", "n"))
+        octet = 1 + int(self.tag[:2], 16) % 250
+        self.pod_ip = f"10.77.{octet}.1"
+        self.client_ip = f"10.77.{octet}.2"
+        self.pod_node_ip = f"10.78.{octet}.1"
+        self.node_ip = f"10.78.{octet}.2"
+        self.tmp = sh("mktemp", "-d", "/tmp/siphon-bench.XXXXXX").stdout.strip()
+        self.stack.callback(shutil.rmtree, self.tmp, True)
+        self.token_file = os.path.join(self.tmp, "token")
+        with open(self.token_file, "w") as f:
+            f.write(secrets.token_hex(16))
+        os.chmod(self.token_file, 0o600)
+        self.results = []
+        self.reps = 3 if args.quick else 5
+        self.secs = 3 if args.quick else 10
+
+    # ------------------------------------------------------------- topology
+    def setup(self):
+        for ns in (self.client, self.pod, self.node):
+            sh("ip", "netns", "add", ns)
+            self.stack.callback(sh, "ip", "netns", "del", ns, check=False)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        cp, pc = f"sb{self.tag}c", f"sb{self.tag}p"
+        pn, np_ = f"sb{self.tag}q", f"sb{self.tag}n"
+        sh("ip", "link", "add", cp, "netns", self.client, "type", "veth", "peer", "name", pc,
+           "netns", self.pod)
+        sh("ip", "link", "add", pn, "netns", self.pod, "type", "veth", "peer", "name", np_,
+           "netns", self.node)
+        for ns, dev, ip in ((self.client, cp, self.client_ip), (self.pod, pc, self.pod_ip),
+                            (self.pod, pn, self.pod_node_ip), (self.node, np_, self.node_ip)):
+            sh("ip", "-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
+            sh("ip", "-n", ns, "link", "set", dev, "up")
+        # Many short connections from one client address.
+        for ns in (self.client, self.pod, self.node):
+            sh("sysctl", "-q", "-w", "net.ipv4.ip_local_port_range=10000 65000", netns=ns)
+            sh("sysctl", "-q", "-w", "net.ipv4.tcp_tw_reuse=1", netns=ns)
+
+        # The application in the pod and the developer's servers in the node.
+        self.pod_nginx = self.nginx(self.pod, 80, "pod")
+        self.node_nginx = self.nginx(self.node, 8080, "node")
+        self.procs.start(["iperf3", "-s", "-p", "5201"], netns=self.pod,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.procs.start(["iperf3", "-s", "-p", "5202"], netns=self.node,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.wait_port(self.pod, 80)
+        self.wait_port(self.pod, 5201)
+        self.wait_port(self.node, 8080)
+        self.wait_port(self.node, 5202)
+
+    def nginx(self, ns, port, name):
+        d = os.path.join(self.tmp, f"nginx-{name}")
+        os.makedirs(d)
+        conf = os.path.join(d, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(f"""
+worker_processes 2;
+worker_rlimit_nofile 65536;
+pid {d}/nginx.pid;
+error_log {d}/error.log;
+daemon off;
+events {{ worker_connections 16384; }}
+http {{
+  access_log off;
+  keepalive_requests 1000000;
+  client_body_temp_path {d};
+  proxy_temp_path {d};
+  fastcgi_temp_path {d};
+  uwsgi_temp_path {d};
+  scgi_temp_path {d};
+  server {{
+    listen {port} reuseport backlog=4096;
+    location / {{ return 200 "hello, world\\n"; }}
+  }}
+}}
+""")
+        return self.procs.start(["nginx", "-c", conf], netns=ns, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+
+    def wait_port(self, ns, port, timeout=10, udp=False):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            r = sh("ss", "-Hluln" if udp else "-Htln", f"sport = :{port}", netns=ns, check=False)
+            if r.stdout.strip():
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"nothing listens on {port} in {ns}")
+
+    def pod_pid(self):
+        # The nginx master is the target: `ip netns exec` execs in place.
+        return self.pod_nginx.pid
+
+    # --------------------------------------------------------------- agents
+    def start_agent(self, netns=None):
+        p = self.procs.start(
+            [self.agent_bin, "--listen", "127.0.0.1:0", "--token-file", self.token_file,
+             "--first-client-timeout", "0", "--log-level", "warn", "targeted", "--pid",
+             self.pod_pid()],
+            netns=self.node if netns is None else (netns or None), stdout=subprocess.PIPE, stderr=open(os.path.join(self.tmp,
+                                                                              "agent.log"), "a"),
+            text=True)
+        line = p.stdout.readline()
+        m = re.search(r"listen=(\S+)", line)
+        if not m:
+            raise RuntimeError(f"agent: no ready line ({line!r})")
+        return p, m.group(1)
+
+    def cli(self, endpoint, *args, **kw):
+        return self.procs.start([self.cli_bin, "--agent", endpoint, "--token-file",
+                                 self.token_file] + list(args), netns=self.node, **kw)
+
+    def start_steal(self, endpoint, port, to):
+        log_path = os.path.join(self.tmp, f"steal-{port}.log")
+        f = open(log_path, "w")
+        p = self.cli(endpoint, "steal", "--port", port, "--to", to, stdout=subprocess.DEVNULL,
+                     stderr=f)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            with open(log_path) as r:
+                text = r.read()
+            if "stealing port" in text:
+                return p
+            if p.poll() is not None:
+                raise RuntimeError(f"siphon steal exited: {text}")
+            time.sleep(0.02)
+        raise RuntimeError("siphon steal did not start")
+
+    def peer_on(self, port, to_port):
+        """iptables REDIRECT in the pod -> socat (pod) -> socat (node) -> to_port."""
+        relay1, relay2 = 15080 + port % 1000, 16080 + port % 1000
+        a = self.procs.start(["socat", "-b", "262144", f"TCP-LISTEN:{relay1},reuseaddr,fork,backlog=4096",
+                              f"TCP:{self.node_ip}:{relay2}"], netns=self.pod,
+                             stderr=subprocess.DEVNULL)
+        b = self.procs.start(["socat", "-b", "262144", f"TCP-LISTEN:{relay2},reuseaddr,fork,backlog=4096",
+                              f"TCP:127.0.0.1:{to_port}"], netns=self.node,
+                             stderr=subprocess.DEVNULL)
+        self.wait_port(self.pod, relay1)
+        self.wait_port(self.node, relay2)
+        rule = ["-t", "nat", "-p", "tcp", "--dport", str(port), "-j", "REDIRECT", "--to-ports",
+                str(relay1)]
+        sh("iptables", "-A", "PREROUTING", *rule, netns=self.pod)
+
+        def off():
+            sh("iptables", "-D", "PREROUTING", *rule, netns=self.pod, check=False)
+            self.procs.stop(a)
+            self.procs.stop(b)
+        return off
+
+    # ------------------------------------------------------------ the runs
+    def modes(self, scenario, port, to_port, run_once, value_key):
+        """Runs `run_once()` for direct, siphon and peer, interleaved per
+        repetition, and records the medians."""
+        values = {"direct": [], "siphon": [], "peer": []}
+        agent, endpoint = self.start_agent()
+        try:
+            for rep in range(self.reps):
+                for mode in ("direct", "siphon", "peer"):
+                    if mode == "siphon":
+                        steal = self.start_steal(endpoint, port, f"127.0.0.1:{to_port}")
+                        try:
+                            values[mode].append(run_once())
+                        finally:
+                            self.procs.stop(steal, signal.SIGINT)
+                    elif mode == "peer":
+                        off = self.peer_on(port, to_port)
+                        try:
+                            values[mode].append(run_once())
+                        finally:
+                            off()
+                    else:
+                        values[mode].append(run_once())
+                    log(f"{scenario} rep {rep + 1}/{self.reps} {mode}: {values[mode][-1]}")
+        finally:
+            self.procs.stop(agent)
+        return {m: summary([v[value_key] if isinstance(v, dict) else v for v in vals])
+                for m, vals in values.items()}, values
+
+    def iperf(self, parallel):
+        r = sh("iperf3", "-c", self.pod_ip, "-p", "5201", "-t", self.secs, "-P", parallel, "-J",
+               netns=self.client, timeout=self.secs + 60)
+        data = json.loads(r.stdout)
+        return data["end"]["sum_received"]["bits_per_second"] / 1e9  # Gbit/s
+
+    def wrk(self, close=False):
+        argv = ["wrk", "-t", "2", "-c", "32", "-d", f"{self.secs}s", "--latency"]
+        if close:
+            argv += ["-H", "Connection: close"]
+        r = sh(*argv, f"http://{self.pod_ip}:80/", netns=self.client, timeout=self.secs + 60)
+        rps = float(re.search(r"Requests/sec:\s+([\d.]+)", r.stdout).group(1))
+        m = re.search(r"99%\s+([\d.]+)(us|ms|s)", r.stdout)
+        p99 = float(m.group(1)) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[m.group(2)]
+        errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", r.stdout)
+        if errors:
+            raise RuntimeError(f"wrk reported errors: {errors.group(0)}")
+        return {"rps": rps, "p99_ms": p99}
+
+    def record(self, name, unit, measured, targets, extra=None):
+        row = {"scenario": name, "unit": unit, "measured": measured, "targets": targets}
+        checks = []
+        for baseline, minimum in targets.items():
+            if baseline == "absolute_max":
+                ok = measured["siphon"]["median"] <= minimum
+                checks.append({"vs": "limit", "want": f"<= {minimum}", "ok": ok})
+                continue
+            if baseline == "absolute_min":
+                ok = measured["siphon"]["median"] >= minimum
+                checks.append({"vs": "limit", "want": f">= {minimum}", "ok": ok})
+                continue
+            ratio = measured["siphon"]["median"] / measured[baseline]["median"]
+            checks.append({"vs": baseline, "ratio": round(ratio, 3), "want": f">= {minimum}x",
+                           "ok": ratio >= minimum})
+        row["checks"] = checks
+        if extra:
+            row.update(extra)
+        self.results.append(row)
+        log(f"{name}: " + ", ".join(
+            f"{c['vs']} {c.get('ratio', measured['siphon']['median'])} ({c['want']}: "
+            f"{'ok' if c['ok'] else 'MISSED'})" for c in checks))
+
+    def bulk(self, parallel, targets, name):
+        measured, _ = self.modes(name, 5201, 5202, lambda: self.iperf(parallel), None)
+        self.record(name, "Gbit/s", measured, targets)
+
+    def http(self, close, targets, name):
+        measured, raw = self.modes(name, 80, 8080, lambda: self.wrk(close), "rps")
+        p99 = {m: summary([v["p99_ms"] for v in vals]) for m, vals in raw.items()}
+        self.record(name, "requests/s", measured, targets, {"p99_ms": p99})
+
+    def idle_connections(self, count=1000):
+        agent, endpoint = self.start_agent()
+        steal = self.start_steal(endpoint, 80, "127.0.0.1:8080")
+        try:
+            script = os.path.join(ROOT, "bench", "idle_clients.py")
+            duration = 5 if self.args.quick else 10
+            clients = self.procs.start(["python3", script, self.pod_ip, "80", count, duration],
+                                       netns=self.client, stdout=subprocess.PIPE, text=True)
+            time.sleep(duration * 0.8)
+            agent_rss = rss_kib(agent.pid) / 1024
+            cli_rss = rss_kib(steal.pid) / 1024
+            out, _ = clients.communicate(timeout=duration + 60)
+            stats = json.loads(out)
+            if stats["errors"]:
+                raise RuntimeError(f"idle clients: {stats}")
+        finally:
+            self.procs.stop(steal, signal.SIGINT)
+            self.procs.stop(agent)
+        self.record(f"steal, {count} concurrent idle-ish connections (1 req/s each)", "MiB RSS",
+                    {"siphon": summary([agent_rss])}, {"absolute_max": 64},
+                    {"cli_rss_mib": round(cli_rss, 1), "requests": stats["requests"]})
+
+    def forward_bulk(self, targets):
+        """siphon forward vs a socat two-hop relay, both to the pod's iperf3."""
+        values = {"siphon": [], "peer": []}
+        agent, endpoint = self.start_agent()
+        try:
+            for rep in range(self.reps):
+                fwd = self.cli(endpoint, "forward", "-L", "127.0.0.1:17201:127.0.0.1:5201",
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                self.wait_port(self.node, 17201)
+                values["siphon"].append(self.iperf_from_node(17201))
+                self.procs.stop(fwd, signal.SIGINT)
+                a = self.procs.start(["socat", "-b", "262144",
+                                      "TCP-LISTEN:17202,reuseaddr,fork,backlog=4096",
+                                      f"TCP:{self.pod_node_ip}:17203"], netns=self.node,
+                                     stderr=subprocess.DEVNULL)
+                b = self.procs.start(["socat", "-b", "262144",
+                                      "TCP-LISTEN:17203,reuseaddr,fork,backlog=4096",
+                                      "TCP:127.0.0.1:5201"], netns=self.pod,
+                                     stderr=subprocess.DEVNULL)
+                self.wait_port(self.node, 17202)
+                self.wait_port(self.pod, 17203)
+                values["peer"].append(self.iperf_from_node(17202))
+                self.procs.stop(a)
+                self.procs.stop(b)
+                log(f"forward rep {rep + 1}: siphon {values['siphon'][-1]:.2f} "
+                    f"peer {values['peer'][-1]:.2f} Gbit/s")
+        finally:
+            self.procs.stop(agent)
+        self.record("outgoing: bulk TCP through siphon forward", "Gbit/s",
+                    {m: summary(v) for m, v in values.items()}, targets)
+
+    def iperf_from_node(self, port):
+        r = sh("iperf3", "-c", "127.0.0.1", "-p", port, "-t", self.secs, "-J", netns=self.node,
+               timeout=self.secs + 60)
+        return json.loads(r.stdout)["end"]["sum_received"]["bits_per_second"] / 1e9
+
+    def startup(self, runs=21):
+        times = []
+        for _ in range(runs):
+            # In the host's namespace: `ip netns exec` would add its own start.
+            t0 = time.perf_counter()
+            p, _ = self.start_agent(netns="")
+            times.append((time.perf_counter() - t0) * 1000)
+            self.procs.stop(p)
+        self.record("agent start to ready line, targeted --pid", "ms",
+                    {"siphon": summary(times)}, {"absolute_max": 50})
+
+    def idle_rss(self):
+        agent, endpoint = self.start_agent()
+        fwd = self.cli(endpoint, "forward", "-L", "127.0.0.1:0:127.0.0.1:5201",
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        fwd.stderr.readline()  # "forwarding ...": the session is up
+        time.sleep(1)
+        rss = rss_kib(agent.pid) / 1024
+        self.procs.stop(fwd, signal.SIGINT)
+        self.procs.stop(agent)
+        self.record("agent idle RSS with one session", "MiB", {"siphon": summary([rss])},
+                    {"absolute_max": 16})
+
+    def services(self):
+        """Files and DNS through the agent (bench/service_bench.cc) against
+        local stat/read and c-ares inside the pod."""
+        tool = os.path.join(self.build, "bench", "service_bench")
+        if not os.path.exists(tool):
+            log("service_bench not built: files and DNS scenarios skipped")
+            return
+        root = os.path.join(self.tmp, "podroot")
+        data = os.path.join(root, "data")
+        os.makedirs(os.path.join(root, "etc"))
+        os.makedirs(os.path.join(data, "many"))
+        os.makedirs(os.path.join(root, "bin"))
+        shutil.copy("/bin/busybox", os.path.join(root, "bin", "busybox"))
+        with open(os.path.join(root, "etc", "resolv.conf"), "w") as f:
+            f.write("nameserver 127.0.0.1\nsearch bench.svc.cluster.local\noptions ndots:5\n")
+        for i in range(10000):
+            open(os.path.join(data, "many", f"f{i:05d}"), "w").close()
+        with open(os.path.join(data, "big.bin"), "wb") as f:
+            chunk = os.urandom(1 << 20)
+            for _ in range(64 if self.args.quick else 256):
+                f.write(chunk)
+        self.procs.start(["dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts",
+                          "--listen-address=127.0.0.1", "--bind-interfaces", "--port=53",
+                          "--pid-file=", "--user=root", "--cache-size=1000",
+                          "--address=/db.bench.svc.cluster.local/10.96.0.15"],
+                         netns=self.pod, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        pod = self.procs.start(["chroot", root, "/bin/busybox", "sleep", "3600"], netns=self.pod)
+        self.wait_port(self.pod, 53, udp=True)
+        agent = self.procs.start(
+            [self.agent_bin, "--listen", "127.0.0.1:0", "--token-file", self.token_file,
+             "--first-client-timeout", "0", "--log-level", "warn", "targeted", "--pid", pod.pid],
+            netns=self.node, stdout=subprocess.PIPE, text=True)
+        endpoint = re.search(r"listen=(\S+)", agent.stdout.readline()).group(1)
+        reps = str(self.reps)
+        try:
+            for scenario, extra, name, unit, targets in (
+                    ("stat", ["--paths-dir", "/data/many", "--count", "10000"],
+                     "files: stat of 10,000 paths, pipelined", "ops/s", {"absolute_min": 20000}),
+                    ("fscat", ["--path", "/data/big.bin"],
+                     "files: sequential read of a big file", "MB/s", {"baseline": 0.3}),
+                    ("dns", ["--name", "db", "--count", "10000"],
+                     "DNS: 10,000 lookups against dnsmasq in the pod, pipelined", "lookups/s",
+                     {"baseline": 0.5})):
+                r = sh(tool, "--agent", endpoint, "--token-file", self.token_file, "--scenario",
+                       scenario, "--pod-pid", pod.pid, "--repeat", reps, *extra, netns=self.node,
+                       timeout=600)
+                out = json.loads(r.stdout)
+                measured = {"siphon": summary(out["siphon"]["runs"]),
+                            "baseline": summary(out["baseline"]["runs"])}
+                self.record(name, unit, measured, targets)
+        finally:
+            self.procs.stop(agent)
+
+
+def markdown(results, meta):
+    lines = [f"Measured {meta['date']} on {meta['machine']}, `{meta['command']}`.", "",
+             "| scenario | siphon | direct / baseline | peer | ratios (target) |",
+             "|---|---|---|---|---|"]
+    for r in results:
+        m = r["measured"]
+
+        def cell(k):
+            if k not in m:
+                return "—"
+            v = m[k]
+            return f"{v['median']:.3g} ({v['min']:.3g}–{v['max']:.3g})"
+        base = "direct" if "direct" in m else "baseline"
+        checks = "; ".join(
+            (f"{c['ratio']}× {c['vs']} ({c['want']})" if "ratio" in c else f"{c['want']}") +
+            (" ✓" if c["ok"] else " ✗") for c in r["checks"])
+        extra = ""
+        if "p99_ms" in r:
+            extra = " p99 ms: " + ", ".join(f"{k} {v['median']:.2f}" for k, v in r["p99_ms"].items())
+        if "cli_rss_mib" in r:
+            extra = f" CLI RSS {r['cli_rss_mib']} MiB"
+        lines.append(f"| {r['scenario']} ({r['unit']}){extra} | {cell('siphon')} | {cell(base)} | "
+                     f"{cell('peer')} | {checks} |")
+    lines.append("")
+    lines.append("Each cell: median (min–max) of the repetitions. ✓ target met, ✗ missed.")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "latest.json"))
+    ap.add_argument("--only", default="", help="comma-separated scenario groups")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench: needs root (network namespaces, BPF, iptables)")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    groups = [g for g in args.only.split(",") if g] or [
+        "bulk", "bulk8", "http", "short", "idle", "forward", "startup", "rss", "services"]
+    with ExitStack() as stack:
+        procs = Procs()
+        stack.callback(procs.close)
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        b = Bench(args, stack, procs)
+        b.setup()
+        if "bulk" in groups:
+            b.bulk(1, {"direct": 0.5, "peer": 1.0}, "steal, one bulk TCP stream (iperf3)")
+        if "bulk8" in groups:
+            b.bulk(8, {"peer": 1.0}, "steal, 8 parallel bulk streams (iperf3 -P 8)")
+        if "http" in groups:
+            b.http(False, {"direct": 0.5, "peer": 3.0},
+                   "steal, HTTP keep-alive, 32 connections, 13-byte body (wrk)")
+        if "short" in groups:
+            b.http(True, {"peer": 2.0}, "steal, new connection per request, 32 concurrent (wrk)")
+        if "idle" in groups:
+            b.idle_connections(1000)
+        if "forward" in groups:
+            b.forward_bulk({"peer": 1.0})
+        if "startup" in groups:
+            b.startup()
+        if "rss" in groups:
+            b.idle_rss()
+        if "services" in groups:
+            b.services()
+        cpu = ""
+        with open("/proc/cpuinfo") as f:
+            m = re.search(r"model name\s*:\s*(.*)", f.read())
+            cpu = m.group(1) if m else "?"
+        meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "machine": f"{os.cpu_count()} cores, {cpu}, kernel {os.uname().release}",
+                "command": "scripts/bench.sh" + (" --quick" if args.quick else "")}
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "results": b.results}, f, indent=2)
+        md = markdown(b.results, meta)
+        with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+            f.write(md)
+        print(md)
+
+
+if __name__ == "__main__":
+    main()
