@@ -2,6 +2,7 @@
 
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -283,6 +284,12 @@ class Connect {
     if (!fd.ok()) {
       *error = socketError(errnoOf(fd.status()), what);
       co_return false;
+    }
+    if (type == SOCK_STREAM && addr.family() != AF_UNIX) {
+      // The session's frames already batch; Nagle would only hold a small
+      // request back waiting for an ACK.
+      int one = 1;
+      ::setsockopt(fd->get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     }
     if (!pump_->attach(*std::move(fd)).ok()) co_return false;
     int err = 0;

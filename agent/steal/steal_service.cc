@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include <cstring>
@@ -439,6 +440,10 @@ class StealServiceImpl final : public StealService,
       abortiveClose(std::move(fd));
       return;
     }
+    // Bytes leave as the session delivers them; batching already happened
+    // in the frames. Nagle would hold a small answer for the client's ACK.
+    int one = 1;
+    ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     outgoing::SocketPump::Options opt;
     opt.kind = outgoing::SocketPump::Kind::kStream;
     opt.tcp = true;
