@@ -436,7 +436,8 @@ http {{
         self.procs.start(["dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts",
                           "--listen-address=127.0.0.1", "--bind-interfaces", "--port=53",
                           "--pid-file=", "--user=root", "--cache-size=1000",
-                          "--address=/db.bench.svc.cluster.local/10.96.0.15"],
+                          "--address=/db.bench.svc.cluster.local/10.96.0.15",
+                          "--address=/db.bench.svc.cluster.local/fd00::15"],
                          netns=self.pod, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         pod = self.procs.start(["chroot", root, "/bin/busybox", "sleep", "3600"], netns=self.pod)
         self.wait_port(self.pod, 53, udp=True)
@@ -459,8 +460,8 @@ http {{
                        scenario, "--pod-pid", pod.pid, "--repeat", reps, *extra, netns=self.node,
                        timeout=600)
                 out = json.loads(r.stdout)
-                measured = {"siphon": summary(out["siphon"]["runs"]),
-                            "baseline": summary(out["baseline"]["runs"])}
+                measured = {"siphon": summary(out["siphon"]["rates"]),
+                            "baseline": summary(out["baseline"]["rates"])}
                 self.record(name, unit, measured, targets)
         finally:
             self.procs.stop(agent)

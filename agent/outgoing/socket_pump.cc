@@ -124,16 +124,14 @@ bool SocketPump::readBytes(protocol::Session& s, bool* queued) {
     if (s.streamOpen(id_)) wants_credit_ = true;  // onWritable() resumes
     return false;
   }
-  std::string buf(std::min(credit, kReadChunk), '\0');
-  ssize_t n = ::recv(sock_.native_handle(), buf.data(), buf.size(), 0);
+  // One scratch buffer per thread, then exactly the bytes read go into the
+  // frame: a fresh 64 KiB string per read would be zero-filled for nothing
+  // (most reads of request/response traffic are a few hundred bytes), and
+  // it sits in the replay buffer until acked, so its capacity must fit.
+  thread_local std::unique_ptr<char[]> scratch(new char[kReadChunk]);
+  ssize_t n = ::recv(sock_.native_handle(), scratch.get(), std::min(credit, kReadChunk), 0);
   if (n > 0) {
-    // The buffer stays in the replay buffer until acked: do not keep 64 KiB
-    // of capacity for a few bytes.
-    if (static_cast<size_t>(n) < buf.size() / 2) {
-      buf = std::string(buf.data(), static_cast<size_t>(n));
-    } else {
-      buf.resize(static_cast<size_t>(n));
-    }
+    std::string buf(scratch.get(), static_cast<size_t>(n));
     bytes_in_ += static_cast<uint64_t>(n);
     absl::Status st = s.sendData(id_, std::move(buf));
     if (!st.ok()) {
