@@ -74,10 +74,18 @@ class Procs:
         return p.returncode
 
     def close(self):
+        # SIGTERM first: nginx's master stops its workers only when it is
+        # asked to (a SIGKILLed master leaves them running).
         for p in reversed(self.procs):
             if p.poll() is None:
+                p.terminate()
+        deadline = time.time() + 5
+        for p in reversed(self.procs):
+            try:
+                p.wait(max(0.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
                 p.kill()
-            p.wait()
+                p.wait()
         self.procs = []
 
 
