@@ -71,6 +71,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cli/options.h"
 #include "siphon/client/client.h"
 #include "siphon/status.h"
 #include "siphon/transport/asio.h"
@@ -728,18 +729,6 @@ CaresResult caresBaseline(int pid, const std::string& name, int family, size_t n
 
 // ------------------------------------------------------------ scenarios
 
-absl::StatusOr<std::string> readToken(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return lastErrnoStatus(absl::StrCat("read --token-file ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string token = ss.str();
-  while (!token.empty() && std::isspace(static_cast<unsigned char>(token.back()))) {
-    token.pop_back();
-  }
-  return token;
-}
-
 // Rounds of one siphon and one baseline run, the order alternating so drift
 // on the machine touches both; an untimed warm-up of each comes first.
 // SiphonRun: net::awaitable<absl::StatusOr<Run>>(); BaselineRun: absl::StatusOr<Run>().
@@ -988,7 +977,7 @@ int realMain(int argc, char** argv) {
 
   std::string token;
   if (!o.token_file.empty()) {
-    auto t = readToken(o.token_file);
+    auto t = cli::readTokenFile(o.token_file);
     if (!t.ok()) {
       note(sv(t.status().message()));
       return 1;

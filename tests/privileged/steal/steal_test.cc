@@ -252,6 +252,11 @@ struct Param {
   int family;
 };
 
+// Readable in ctest's output (GetParam() = sk_lookup/IPv6), not raw bytes.
+void PrintTo(const Param& p, std::ostream* os) {
+  *os << p.backend << (p.family == AF_INET ? "/IPv4" : "/IPv6");
+}
+
 std::string paramName(const testing::TestParamInfo<Param>& info) {
   return info.param.backend + (info.param.family == AF_INET ? "_ipv4" : "_ipv6");
 }
