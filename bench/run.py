@@ -126,7 +126,7 @@ class Bench:
         os.chmod(self.token_file, 0o600)
         self.results = []
         self.reps = 3 if args.quick else 5
-        self.secs = 3 if args.quick else 10
+        self.secs = 2 if args.quick else 10
 
     # ------------------------------------------------------------- topology
     def setup(self):

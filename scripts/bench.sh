@@ -5,7 +5,7 @@
 # hops). Writes bench/results/latest.json and latest.md and prints the table.
 #
 # Usage: sudo scripts/bench.sh [--quick] [--only GROUP,...]
-#   --quick   fewer and shorter repetitions (a few minutes), for development
+#   --quick   3 repetitions of 2 s (under 2 minutes once built), for development
 #   --only    bulk,bulk8,http,short,idle,forward,startup,rss,services,codec
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
