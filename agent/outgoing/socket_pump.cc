@@ -234,15 +234,21 @@ bool SocketPump::readMessage(protocol::Session& s, bool* queued) {
   return true;
 }
 
+// One wait per direction at a time; `then` runs once the socket is ready,
+// unless the pump died meanwhile.
+void SocketPump::arm(asio::posix::descriptor_base::wait_type what, bool SocketPump::*armed,
+                     void (SocketPump::*then)()) {
+  if (this->*armed || dead_ || !sock_.is_open()) return;
+  this->*armed = true;
+  sock_.async_wait(what, [self = shared_from_this(), armed, then](net::error_code ec) {
+    self.get()->*armed = false;
+    if (ec || self->dead_) return;
+    (self.get()->*then)();
+  });
+}
+
 void SocketPump::armRead() {
-  if (read_armed_ || dead_ || !sock_.is_open()) return;
-  read_armed_ = true;
-  sock_.async_wait(asio::posix::descriptor_base::wait_read,
-                   [self = shared_from_this()](net::error_code ec) {
-                     self->read_armed_ = false;
-                     if (ec || self->dead_) return;
-                     self->readMore();
-                   });
+  arm(asio::posix::descriptor_base::wait_read, &SocketPump::read_armed_, &SocketPump::readMore);
 }
 
 void SocketPump::onWritable() {
@@ -344,14 +350,8 @@ void SocketPump::flushWrites() {
 }
 
 void SocketPump::armWrite() {
-  if (write_armed_ || dead_ || !sock_.is_open()) return;
-  write_armed_ = true;
-  sock_.async_wait(asio::posix::descriptor_base::wait_write,
-                   [self = shared_from_this()](net::error_code ec) {
-                     self->write_armed_ = false;
-                     if (ec || self->dead_) return;
-                     self->flushWrites();
-                   });
+  arm(asio::posix::descriptor_base::wait_write, &SocketPump::write_armed_,
+      &SocketPump::flushWrites);
 }
 
 void SocketPump::onHalfClose() {

@@ -129,6 +129,8 @@ class SocketPump : public StreamEndpoint, public std::enable_shared_from_this<So
   };
 
   void readMore();
+  void arm(net::asio::posix::descriptor_base::wait_type what, bool SocketPump::*armed,
+           void (SocketPump::*then)());
   void armRead();
   // One read: true when it made progress and another may follow; false
   // when it stopped (a wait armed, no credit, EOF or failure).

@@ -700,16 +700,24 @@ T runOn(asio::io_context& io, net::awaitable<T> co) {
   return std::move(*result);
 }
 
+// A loopback listener whose accept queue is full: it drops further SYNs, so
+// a connect to it stays in progress until the caller's deadline.
+struct FullBacklog {
+  FullBacklog() {
+    auto any = ipAddress("127.0.0.1", 0);
+    EXPECT_EQ(::bind(listener.get(), any->get(), any->len), 0);
+    EXPECT_EQ(::listen(listener.get(), 0), 0);
+    addr = addressOf(listener.get());
+    EXPECT_EQ(::connect(filler.get(), addr.get(), addr.len), 0);
+  }
+  UniqueFd listener{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  UniqueFd filler{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  SockAddr addr;
+};
+
 TEST_F(SocketPumpTest, AConnectNobodyAnswersTimesOut) {
-  // A listener whose accept queue is full drops further SYNs: the connect
-  // stays in progress until our deadline.
-  UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  auto any = ipAddress("127.0.0.1", 0);
-  ASSERT_EQ(::bind(listener.get(), any->get(), any->len), 0);
-  ASSERT_EQ(::listen(listener.get(), 0), 0);
-  const SockAddr addr = addressOf(listener.get());
-  UniqueFd filler(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  ASSERT_EQ(::connect(filler.get(), addr.get(), addr.len), 0);
+  FullBacklog full;
+  const SockAddr& addr = full.addr;
 
   auto pump = std::make_shared<SocketPump>(io_.get_executor(), 2, agent_, streamOptions());
   ASSERT_TRUE(pump->attach(UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0))).ok());
@@ -721,13 +729,8 @@ TEST_F(SocketPumpTest, AConnectNobodyAnswersTimesOut) {
 }
 
 TEST_F(SocketPumpTest, CloseDuringAConnectCancelsTheWait) {
-  UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  auto any = ipAddress("127.0.0.1", 0);
-  ASSERT_EQ(::bind(listener.get(), any->get(), any->len), 0);
-  ASSERT_EQ(::listen(listener.get(), 0), 0);
-  const SockAddr addr = addressOf(listener.get());
-  UniqueFd filler(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  ASSERT_EQ(::connect(filler.get(), addr.get(), addr.len), 0);
+  FullBacklog full;
+  const SockAddr& addr = full.addr;
 
   auto pump = std::make_shared<SocketPump>(io_.get_executor(), 2, agent_, streamOptions());
   ASSERT_TRUE(pump->attach(UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0))).ok());
