@@ -4,14 +4,13 @@
 // closes the session.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "absl/status/status.h"
 #include "siphon/client/client.h"

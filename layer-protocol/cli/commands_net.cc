@@ -20,6 +20,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cli/bridge.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
 #include "cli/options.h"
@@ -321,78 +322,6 @@ struct ForwardState {
   }
 };
 
-// One accepted local connection and its stream.
-struct Forwarded {
-  Forwarded(net::tcp::socket s, std::shared_ptr<client::ClientStream> st)
-      : local(std::move(s)), stream(std::move(st)) {}
-  net::tcp::socket local;
-  std::shared_ptr<client::ClientStream> stream;
-  int running = 2;
-
-  void finishedOne() {
-    if (--running > 0) return;
-    net::error_code ignored;
-    local.close(ignored);
-  }
-  // The target side failed: the local client sees an abort (RST), not a
-  // clean end it could mistake for a complete answer.
-  void abortLocal() {
-    net::error_code ignored;
-    local.set_option(asio::socket_base::linger(true, 0), ignored);
-    local.close(ignored);
-  }
-};
-
-net::awaitable<void> localToStream(std::shared_ptr<Forwarded> conn) {
-  const std::shared_ptr<Forwarded> c = std::move(conn);
-  std::string buf(kChunk, '\0');
-  while (true) {
-    net::error_code ec;
-    size_t n = co_await c->local.async_read_some(asio::buffer(buf),
-                                                 asio::redirect_error(net::use_awaitable, ec));
-    if (ec == asio::error::eof) {
-      (void)c->stream->halfClose();
-      break;
-    }
-    if (ec) {
-      c->stream->reset(v1::CANCELLED, absl::StrCat("the local connection failed: ", ec.message()));
-      c->abortLocal();
-      break;
-    }
-    absl::Status s = co_await c->stream->write(buf.substr(0, n));
-    if (!s.ok()) {
-      c->abortLocal();
-      break;
-    }
-  }
-  c->finishedOne();
-}
-
-net::awaitable<void> streamToLocal(std::shared_ptr<Forwarded> conn) {
-  const std::shared_ptr<Forwarded> c = std::move(conn);
-  while (true) {
-    auto chunk = co_await c->stream->read();
-    if (!chunk.ok()) {
-      c->abortLocal();
-      break;
-    }
-    if (!chunk->has_value()) {
-      net::error_code ignored;
-      c->local.shutdown(net::tcp::socket::shutdown_send, ignored);
-      break;
-    }
-    net::error_code ec;
-    co_await asio::async_write(c->local, asio::buffer(**chunk),
-                               asio::redirect_error(net::use_awaitable, ec));
-    if (ec) {
-      c->stream->reset(v1::CANCELLED, absl::StrCat("the local connection failed: ", ec.message()));
-      c->abortLocal();
-      break;
-    }
-  }
-  c->finishedOne();
-}
-
 net::awaitable<void> forwardOne(std::shared_ptr<ForwardState> state,
                                 std::shared_ptr<net::tcp::socket> socket, ForwardSpec spec_in) {
   const std::shared_ptr<ForwardState> st = std::move(state);
@@ -413,9 +342,9 @@ net::awaitable<void> forwardOne(std::shared_ptr<ForwardState> state,
     if (errorCodeOf(stream.status()) == v1::AGENT_LOST) st->stop(kExitUnreachable);
     co_return;
   }
-  auto conn = std::make_shared<Forwarded>(std::move(*sock), *std::move(stream));
-  asio::co_spawn(ex, localToStream(conn), asio::detached);
-  asio::co_spawn(ex, streamToLocal(conn), asio::detached);
+  // Each accepted connection and its stream, both ways (bridge.h's defaults:
+  // a failure on one side aborts the other).
+  std::make_shared<Bridge>(std::move(*sock), *std::move(stream))->start();
 }
 
 net::awaitable<void> acceptLoop(std::shared_ptr<ForwardState> state,

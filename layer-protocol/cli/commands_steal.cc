@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cli/bridge.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
 #include "cli/steal_spec.h"
@@ -41,8 +42,6 @@ namespace siphon::cli {
 namespace {
 
 namespace asio = net::asio;
-
-constexpr size_t kChunk = 64 * 1024;
 
 struct StealFlags {
   std::vector<std::string> ports;
@@ -71,16 +70,23 @@ std::string streamFailure(const absl::Status& s) {
 }
 
 // One stolen connection: its stream and the local connection it is joined to.
-struct Stolen {
-  Stolen(asio::any_io_executor ex, std::shared_ptr<client::ClientStream> s, StolenEvent e)
-      : stream(std::move(s)), local(ex), watchdog(ex), event(std::move(e)) {}
+struct StealState;
 
-  std::shared_ptr<client::ClientStream> stream;
-  net::tcp::socket local;
+// One stolen connection: the stream the agent opened, bridged to a local
+// connection (bridge.h) once that connects. The hooks note the first
+// failure for the close line and watch for the session's loss.
+struct Stolen : Bridge {
+  Stolen(asio::any_io_executor ex, std::shared_ptr<client::ClientStream> s, StolenEvent e,
+         std::weak_ptr<StealState> st)
+      : Bridge(net::tcp::socket(ex), std::move(s)),
+        watchdog(ex),
+        event(std::move(e)),
+        state(std::move(st)) {}
+
   asio::steady_timer watchdog;  // bounds the local connect
   StolenEvent event;            // bytes and the first failure accumulate here
-  int running = 2;              // the two directions
-  bool ended = false;           // ended by us (second signal, lost session)
+  std::weak_ptr<StealState> state;
+  bool ended = false;  // ended by us (second signal, lost session)
   bool timed_out = false;
 
   void noteError(std::string why) {
@@ -89,14 +95,6 @@ struct Stolen {
   // Tells the agent to reset the remote client's connection. The session
   // ignores a reset of a stream that is already gone.
   void resetStream(v1::ErrorCode code, std::string_view why) { stream->reset(code, why); }
-  // The remote side failed: the local server sees an abort (RST), not a
-  // clean end it could mistake for a complete request.
-  void abortLocal() {
-    net::error_code ignored;
-    if (!local.is_open()) return;
-    local.set_option(asio::socket_base::linger(true, 0), ignored);
-    local.close(ignored);
-  }
   // Ends both ways at once (second signal, lost session).
   void end(std::string_view why) {
     ended = true;
@@ -104,6 +102,12 @@ struct Stolen {
     resetStream(v1::CANCELLED, why);
     abortLocal();
   }
+
+ protected:
+  void localFailed(const net::error_code& ec) override;
+  void streamFailed(const absl::Status& s) override;
+  void halfCloseFailed(const absl::Status& s) override;
+  void finished() override;
 };
 
 struct StealState {
@@ -174,93 +178,38 @@ struct StealState {
 };
 
 // ------------------------------------------------------------ bridging
-//
-// Coroutines take their arguments by value and move them into locals first:
-// GCC 12 drops by-value coroutine parameters the body never names.
-
-void finishedOne(const std::shared_ptr<StealState>& st, const std::shared_ptr<Stolen>& c) {
-  if (--c->running > 0) return;
-  net::error_code ignored;
-  c->local.close(ignored);
-  st->totals.in += c->event.in;
-  st->totals.out += c->event.out;
-  st->print(closeLine(c->event, st->json));
-  st->finished(c);
-}
 
 // The local socket failed: the remote client's connection is reset, not
 // closed cleanly. operation_aborted means we closed it ourselves (end()),
 // and the reason is noted already.
-void localFailed(Stolen& c, const net::error_code& ec) {
-  if (ec == asio::error::operation_aborted || c.ended) return;
-  c.noteError(absl::StrCat("local: ", ec.message()));
-  c.resetStream(v1::CANCELLED,
-                absl::StrCat("the local server ", c.event.to, " failed: ", ec.message()));
-  c.abortLocal();
+void Stolen::localFailed(const net::error_code& ec) {
+  if (ec == asio::error::operation_aborted || ended) return;
+  noteError(absl::StrCat("local: ", ec.message()));
+  resetStream(v1::CANCELLED,
+              absl::StrCat("the local server ", event.to, " failed: ", ec.message()));
+  abortLocal();
 }
 
-// The local server's answer to the remote client.
-net::awaitable<void> localToStream(std::shared_ptr<StealState> state,
-                                   std::shared_ptr<Stolen> conn) {
-  const std::shared_ptr<StealState> st = std::move(state);
-  const std::shared_ptr<Stolen> c = std::move(conn);
-  std::string buf(kChunk, '\0');
-  while (true) {
-    net::error_code ec;
-    size_t n = co_await c->local.async_read_some(asio::buffer(buf),
-                                                 asio::redirect_error(net::use_awaitable, ec));
-    if (ec == asio::error::eof) {
-      // The server is done answering; the remote client may still send.
-      absl::Status s = c->stream->halfClose();
-      if (!s.ok()) st->checkLost(s);
-      break;
-    }
-    if (ec) {
-      localFailed(*c, ec);
-      break;
-    }
-    absl::Status s = co_await c->stream->write(buf.substr(0, n));
-    if (!s.ok()) {
-      if (!c->ended) c->noteError(streamFailure(s));
-      st->checkLost(s);
-      c->abortLocal();
-      break;
-    }
-    c->event.out += n;
-  }
-  finishedOne(st, c);
+void Stolen::streamFailed(const absl::Status& s) {
+  // Our own reset (local failure, end()) is noted already.
+  if (!ended) noteError(streamFailure(s));
+  if (auto st = state.lock()) st->checkLost(s);
+  abortLocal();
 }
 
-// The remote client's bytes to the local server.
-net::awaitable<void> streamToLocal(std::shared_ptr<StealState> state,
-                                   std::shared_ptr<Stolen> conn) {
-  const std::shared_ptr<StealState> st = std::move(state);
-  const std::shared_ptr<Stolen> c = std::move(conn);
-  while (true) {
-    auto chunk = co_await c->stream->read();
-    if (!chunk.ok()) {
-      // Our own reset (local failure, end()) is noted already.
-      if (!c->ended) c->noteError(streamFailure(chunk.status()));
-      st->checkLost(chunk.status());
-      c->abortLocal();
-      break;
-    }
-    if (!chunk->has_value()) {
-      // The remote client sent FIN: pass it on, and keep reading the answer.
-      net::error_code ignored;
-      c->local.shutdown(net::tcp::socket::shutdown_send, ignored);
-      break;
-    }
-    c->event.in += (*chunk)->size();
-    net::error_code ec;
-    co_await asio::async_write(c->local, asio::buffer(**chunk),
-                               asio::redirect_error(net::use_awaitable, ec));
-    if (ec) {
-      localFailed(*c, ec);
-      break;
-    }
-  }
-  finishedOne(st, c);
+void Stolen::halfCloseFailed(const absl::Status& s) {
+  if (auto st = state.lock()) st->checkLost(s);
+}
+
+void Stolen::finished() {
+  event.in = to_local;
+  event.out = to_stream;
+  auto st = state.lock();
+  if (!st) return;
+  st->totals.in += event.in;
+  st->totals.out += event.out;
+  st->print(closeLine(event, st->json));
+  st->finished(std::static_pointer_cast<Stolen>(shared_from_this()));
 }
 
 // A connection that never reached the bridging: the agent resets the remote
@@ -300,7 +249,7 @@ net::awaitable<void> serveStolen(std::shared_ptr<StealState> state,
     event.port = target->route.port;
     event.to = target->route.to();
   }
-  auto c = std::make_shared<Stolen>(ex, stream, std::move(event));
+  auto c = std::make_shared<Stolen>(ex, stream, std::move(event), st);
   st->live[stream->id()] = c;
   --st->starting;
 
@@ -357,8 +306,7 @@ net::awaitable<void> serveStolen(std::shared_ptr<StealState> state,
   c->local.set_option(net::tcp::no_delay(true), ec);
   ++st->totals.connections;
   st->print(openLine(c->event, st->json));
-  asio::co_spawn(ex, localToStream(st, c), asio::detached);
-  asio::co_spawn(ex, streamToLocal(st, c), asio::detached);
+  c->start();
 }
 
 // Hands a stream to a new serveStolen coroutine.

@@ -1,0 +1,97 @@
+#include "cli/bridge.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace siphon::cli {
+
+namespace asio = net::asio;
+
+namespace {
+constexpr size_t kChunk = 64 * 1024;
+}  // namespace
+
+void Bridge::start() {
+  auto ex = local.get_executor();
+  asio::co_spawn(ex, localToStream(shared_from_this()), asio::detached);
+  asio::co_spawn(ex, streamToLocal(shared_from_this()), asio::detached);
+}
+
+void Bridge::abortLocal() {
+  if (!local.is_open()) return;
+  net::error_code ignored;
+  local.set_option(asio::socket_base::linger(true, 0), ignored);
+  local.close(ignored);
+}
+
+void Bridge::localFailed(const net::error_code& ec) {
+  stream->reset(v1::CANCELLED, absl::StrCat("the local connection failed: ", ec.message()));
+  abortLocal();
+}
+
+void Bridge::streamFailed(const absl::Status&) { abortLocal(); }
+
+void Bridge::directionDone() {
+  if (--running_ > 0) return;
+  net::error_code ignored;
+  local.close(ignored);
+  finished();
+}
+
+// Coroutines take the bridge by value and move it into a local first: GCC 12
+// drops by-value coroutine parameters the body never names.
+net::awaitable<void> Bridge::localToStream(std::shared_ptr<Bridge> bridge) {
+  const std::shared_ptr<Bridge> b = std::move(bridge);
+  std::string buf(kChunk, '\0');
+  while (true) {
+    net::error_code ec;
+    size_t n = co_await b->local.async_read_some(asio::buffer(buf),
+                                                 asio::redirect_error(net::use_awaitable, ec));
+    if (ec == asio::error::eof) {
+      // The local side is done sending; the other side may still answer.
+      absl::Status s = b->stream->halfClose();
+      if (!s.ok()) b->halfCloseFailed(s);
+      break;
+    }
+    if (ec) {
+      b->localFailed(ec);
+      break;
+    }
+    absl::Status s = co_await b->stream->write(buf.substr(0, n));
+    if (!s.ok()) {
+      b->streamFailed(s);
+      break;
+    }
+    b->to_stream += n;
+  }
+  b->directionDone();
+}
+
+net::awaitable<void> Bridge::streamToLocal(std::shared_ptr<Bridge> bridge) {
+  const std::shared_ptr<Bridge> b = std::move(bridge);
+  while (true) {
+    auto chunk = co_await b->stream->read();
+    if (!chunk.ok()) {
+      b->streamFailed(chunk.status());
+      break;
+    }
+    if (!chunk->has_value()) {
+      // The other side sent FIN: pass it on, keep reading the local answer.
+      net::error_code ignored;
+      b->local.shutdown(net::tcp::socket::shutdown_send, ignored);
+      break;
+    }
+    b->to_local += (*chunk)->size();
+    net::error_code ec;
+    co_await asio::async_write(b->local, asio::buffer(**chunk),
+                               asio::redirect_error(net::use_awaitable, ec));
+    if (ec) {
+      b->localFailed(ec);
+      break;
+    }
+  }
+  b->directionDone();
+}
+
+}  // namespace siphon::cli

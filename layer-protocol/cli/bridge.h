@@ -1,0 +1,59 @@
+// A local TCP socket joined to a stream of the session, both ways, with TCP
+// semantics: EOF one way becomes a half-close the other way (a client that
+// shuts down writing still gets its whole answer), and a failure on one side
+// is an abort on the other (RST, or a stream reset), never a clean end that
+// could pass for a complete transfer. `siphon forward` and `siphon steal`
+// bridge each of their connections with it; they differ only in the hooks.
+//
+// Call order: construct, connect `local` if it is not yet, then start().
+// Everything runs on the client's event loop.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "siphon/client/client.h"
+#include "siphon/transport/asio.h"
+
+namespace siphon::cli {
+
+class Bridge : public std::enable_shared_from_this<Bridge> {
+ public:
+  Bridge(net::tcp::socket local_socket, std::shared_ptr<client::ClientStream> s)
+      : local(std::move(local_socket)), stream(std::move(s)) {}
+  virtual ~Bridge() = default;
+
+  // Spawns the two directions; the last one to end closes `local` and calls
+  // finished().
+  void start();
+
+  // Closes the local socket with RST (SO_LINGER 0).
+  void abortLocal();
+
+  net::tcp::socket local;
+  std::shared_ptr<client::ClientStream> stream;
+  uint64_t to_stream = 0;  // bytes from the local socket into the stream
+  uint64_t to_local = 0;   // bytes from the stream to the local socket
+
+ protected:
+  // The local socket failed (read or write): by default the stream is reset
+  // with CANCELLED and the local socket aborted.
+  virtual void localFailed(const net::error_code& ec);
+  // The stream failed (the agent reset it, or the session is lost): by
+  // default the local socket is aborted.
+  virtual void streamFailed(const absl::Status& s);
+  // The local EOF could not be passed on as a half-close.
+  virtual void halfCloseFailed(const absl::Status& s) { (void)s; }
+  // Both directions are over and `local` is closed.
+  virtual void finished() {}
+
+ private:
+  static net::awaitable<void> localToStream(std::shared_ptr<Bridge> bridge);
+  static net::awaitable<void> streamToLocal(std::shared_ptr<Bridge> bridge);
+  void directionDone();
+
+  int running_ = 2;
+};
+
+}  // namespace siphon::cli
