@@ -147,12 +147,18 @@ bool SocketPump::readBytes(protocol::Session& s, bool* queued) {
     maybeFinish();
     return false;
   }
-  if (errno == EINTR) return true;
-  if (errno == EAGAIN || errno == EWOULDBLOCK) {
+  return readFailed(errno);
+}
+
+// A read returned -1 with `err`: true to try again (EINTR); false when
+// reading stops, waiting for readiness (EAGAIN) or with the stream reset.
+bool SocketPump::readFailed(int err) {
+  if (err == EINTR) return true;
+  if (err == EAGAIN || err == EWOULDBLOCK) {
     armRead();
     return false;
   }
-  reset(socketError(errno, absl::StrCat("read from ", opt_.label)));
+  reset(socketError(err, absl::StrCat("read from ", opt_.label)));
   return false;
 }
 
@@ -161,15 +167,7 @@ bool SocketPump::readMessage(protocol::Session& s, bool* queued) {
   // The size of the next datagram or record, without taking it: it goes
   // whole or not at all.
   ssize_t len = ::recv(fd, nullptr, 0, MSG_PEEK | MSG_TRUNC);
-  if (len < 0) {
-    if (errno == EINTR) return true;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      armRead();
-      return false;
-    }
-    reset(socketError(errno, absl::StrCat("read from ", opt_.label)));
-    return false;
-  }
+  if (len < 0) return readFailed(errno);
   if (len == 0 && !opt_.udp) {
     // seqpacket: 0 is the end of the peer's records (an empty UDP datagram
     // is a datagram).
@@ -205,15 +203,7 @@ bool SocketPump::readMessage(protocol::Session& s, bool* queued) {
   ssize_t n = opt_.kind == Kind::kDatagram
                   ? ::recvfrom(fd, buf.data(), buf.size(), 0, peer.get(), &peer.len)
                   : ::recv(fd, buf.data(), buf.size(), 0);
-  if (n < 0) {
-    if (errno == EINTR) return true;
-    if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      armRead();
-      return false;
-    }
-    reset(socketError(errno, absl::StrCat("read from ", opt_.label)));
-    return false;
-  }
+  if (n < 0) return readFailed(errno);
   buf.resize(static_cast<size_t>(n));
   bytes_in_ += static_cast<uint64_t>(n);
   absl::Status st;

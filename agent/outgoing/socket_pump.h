@@ -129,6 +129,7 @@ class SocketPump : public StreamEndpoint, public std::enable_shared_from_this<So
   };
 
   void readMore();
+  bool readFailed(int err);
   void arm(net::asio::posix::descriptor_base::wait_type what, bool SocketPump::*armed,
            void (SocketPump::*then)());
   void armRead();
