@@ -114,7 +114,13 @@ void FrameDecoder::feed(std::string_view bytes) {
 }
 
 std::span<char> FrameDecoder::prepare(size_t min) {
-  compact();
+  // Move the unread bytes (a partial frame, up to a whole large one) to the
+  // front only when the room after them is short: not on every read.
+  if (pos_ == end_) {
+    pos_ = end_ = 0;
+  } else if (buf_.size() - end_ < min) {
+    compact();
+  }
   if (buf_.size() - end_ < min) {
     // Grow geometrically; resize() value-initialises, which is fine at these
     // sizes and happens only while the buffer is growing.
@@ -226,6 +232,48 @@ std::string encodeDataFrame(uint64_t stream_id, std::string_view payload) {
   std::string out(header, n);
   out.append(payload);
   return out;
+}
+
+std::string encodeFileDataResponseHead(const v1::Response& response, size_t data_size) {
+  // Field tags (field number << 3 | wire type 2, length-delimited): all one byte.
+  constexpr char kFrameResponse = (10 << 3) | 2;  // Frame.response
+  constexpr char kResponseFile = (12 << 3) | 2;   // Response.file
+  constexpr char kFileData = (2 << 3) | 2;        // FileResponse.data
+  constexpr char kDataBytes = (1 << 3) | 2;       // FileData.data
+  // Innermost first: each length covers what follows it, data included.
+  const v1::FileData& fd = response.file().data();
+  const size_t fd_rest = fd.ByteSizeLong();  // eof; data is empty here
+  // proto3 leaves an empty bytes field out; so do we.
+  const size_t data_field = data_size == 0 ? 0 : 1 + varintSize(data_size) + data_size;
+  const size_t fd_len = fd_rest + data_field;
+  const size_t fr_len = 1 + varintSize(fd_len) + fd_len;
+  v1::Response rest;  // everything of the response but its body
+  rest.set_request_id(response.request_id());
+  if (response.has_error()) *rest.mutable_error() = response.error();
+  const size_t rest_len = rest.ByteSizeLong();
+  const size_t resp_len = rest_len + 1 + varintSize(fr_len) + fr_len;
+  const size_t frame_len = 1 + varintSize(resp_len) + resp_len;
+
+  std::string head(kLengthPrefixSize + frame_len - data_size, '\0');
+  char* p = head.data();
+  putLength(static_cast<uint32_t>(frame_len), p);
+  p += kLengthPrefixSize;
+  *p++ = kFrameResponse;
+  p += putVarint(resp_len, p);
+  rest.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(p));
+  p += rest_len;
+  *p++ = kResponseFile;
+  p += putVarint(fr_len, p);
+  *p++ = kFileData;
+  p += putVarint(fd_len, p);
+  fd.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(p));
+  p += fd_rest;
+  if (data_size > 0) {
+    *p++ = kDataBytes;
+    p += putVarint(data_size, p);
+  }
+  head.resize(static_cast<size_t>(p - head.data()));
+  return head;
 }
 
 bool isSequenced(const v1::Frame& frame) {

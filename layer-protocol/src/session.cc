@@ -21,6 +21,7 @@ Session::Session(Role role, SessionLimits limits, TimePoint now)
     : role_(role),
       limits_(limits),
       decoder_(limits.max_frame_size),
+      now_(now),
       last_received_(now),
       last_ping_(now),
       next_stream_id_(role == Role::kClient ? 1 : 2) {}
@@ -49,6 +50,7 @@ absl::Status Session::onRead(size_t n, SessionHandler& handler, TimePoint now) {
 
 absl::Status Session::processDecoded(SessionHandler& handler, TimePoint now) {
   last_received_ = now;
+  now_ = now;
   if (recheck_writable_) {
     // resume() dropped the frames the peer had received, which frees replay
     // space, but it has no handler to tell the streams waiting for it. The
@@ -61,16 +63,18 @@ absl::Status Session::processDecoded(SessionHandler& handler, TimePoint now) {
     auto next = decoder_.next();
     if (!next.ok()) return next.status();
     if (!next->has_value()) break;
+    const uint64_t before = received_;
     RETURN_IF_ERROR(dispatch(**next, handler, now));
+    if (received_ > before) unacked_in_bytes_ += (*next)->wire_size;
   }
-  // One cumulative ack per batch of received bytes: cheap (a few bytes,
-  // written with whatever goes next) and it keeps the peer's replay buffer
-  // short.
+  // The ack waits for other frames to ride with (takeWrites), within
+  // kAckDelay, unless the peer's replay buffer is filling up.
   if (received_ > ack_sent_) {
-    v1::Frame ack;
-    ack.mutable_ack()->set_received(received_);
-    queueControl(ack);
-    ack_sent_ = received_;
+    if (unacked_in_bytes_ >= std::max<uint64_t>(limits_.replay_buffer_bytes / 4, 1)) {
+      queueAck();
+    } else if (ack_due_ == TimePoint::max()) {
+      ack_due_ = now + kAckDelay;
+    }
   }
   return absl::OkStatus();
 }
@@ -151,6 +155,7 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
         return absl::OkStatus();
       }
       Stream& s = streams_[id];
+      s.last_update = now_;
       // 0 means the default, as on our side (openStream).
       s.send_credit = f.open().initial_window() != 0 ? f.open().initial_window()
                                                      : limits_.initial_stream_window;
@@ -198,7 +203,7 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
     }
     case v1::Frame::kReset: {
       uint64_t id = f.reset().stream_id();
-      if (streams_.erase(id) == 0) return absl::OkStatus();
+      if (!forget(id)) return absl::OkStatus();
       handler.onStreamReset(id, std::move(*f.mutable_reset()->mutable_error()));
       return absl::OkStatus();
     }
@@ -296,6 +301,15 @@ void Session::queueControl(const v1::Frame& frame) {
   control_.push_back(std::move(out));
 }
 
+void Session::queueAck() {
+  v1::Frame ack;
+  ack.mutable_ack()->set_received(received_);
+  queueControl(ack);
+  ack_sent_ = received_;
+  unacked_in_bytes_ = 0;
+  ack_due_ = TimePoint::max();
+}
+
 bool Session::hasWrites() const {
   return attached_ && (!control_.empty() || write_next_ < replay_.size());
 }
@@ -303,6 +317,8 @@ bool Session::hasWrites() const {
 WriteBatch Session::takeWrites(size_t max_bytes) {
   WriteBatch batch;
   if (!attached_) return batch;
+  // An ack owed rides with whatever goes now.
+  if (received_ > ack_sent_ && (!control_.empty() || write_next_ < replay_.size())) queueAck();
   while (!control_.empty()) {
     batch.bytes += control_.front()->size();
     batch.frames.push_back(std::move(control_.front()));
@@ -317,6 +333,7 @@ WriteBatch Session::takeWrites(size_t max_bytes) {
 }
 
 absl::Status Session::onTick(TimePoint now) {
+  now_ = now;
   if (!attached_) return absl::OkStatus();
   auto silent = std::chrono::duration_cast<std::chrono::milliseconds>(now - last_received_);
   if (silent >= limits_.keepalive_timeout) {
@@ -324,6 +341,7 @@ absl::Status Session::onTick(TimePoint now) {
                       absl::StrCat("peer silent for ", silent.count(), " ms (keepalive timeout ",
                                    limits_.keepalive_timeout.count(), " ms)"));
   }
+  if (received_ > ack_sent_ && now >= ack_due_) queueAck();
   if (now - last_ping_ >= limits_.keepalive_interval) {
     v1::Frame ping;
     ping.mutable_ping()->set_nonce(++ping_nonce_);
@@ -334,8 +352,9 @@ absl::Status Session::onTick(TimePoint now) {
 }
 
 TimePoint Session::nextTick() const {
-  return std::min(last_ping_ + limits_.keepalive_interval,
-                  last_received_ + limits_.keepalive_timeout);
+  TimePoint next = std::min(last_ping_ + limits_.keepalive_interval,
+                            last_received_ + limits_.keepalive_timeout);
+  return received_ > ack_sent_ ? std::min(next, ack_due_) : next;
 }
 
 void Session::onTransportLost() {
@@ -362,11 +381,9 @@ absl::Status Session::resume(uint64_t peer_last_received, TimePoint now) {
   recheck_writable_ = true;
   last_received_ = now;
   last_ping_ = now;
+  now_ = now;
   // Tell the peer at once what we hold, so its replay buffer shrinks.
-  v1::Frame ack;
-  ack.mutable_ack()->set_received(received_);
-  queueControl(ack);
-  ack_sent_ = received_;
+  queueAck();
   return absl::OkStatus();
 }
 
@@ -387,6 +404,18 @@ absl::StatusOr<uint64_t> Session::sendRequest(v1::Request request) {
 
 void Session::sendResponse(v1::Response response) {
   incoming_requests_.erase(response.request_id());
+  if (response.has_file() && response.file().has_data() &&
+      response.file().data().data().size() >= kDetachedDataMin) {
+    // A file read's bytes go to the socket from where they were read into,
+    // after a hand-written header: no copy into a serialised frame.
+    auto out = std::make_shared<OutFrame>();
+    v1::FileData* fd = response.mutable_file()->mutable_data();
+    out->payload = std::move(*fd->mutable_data());
+    fd->clear_data();
+    out->head = encodeFileDataResponseHead(response, out->payload.size());
+    queueSequenced(std::move(out));
+    return;
+  }
   v1::Frame f;
   *f.mutable_response() = std::move(response);
   queueSequenced(f);
@@ -409,6 +438,7 @@ absl::StatusOr<uint64_t> Session::openStream(v1::StreamOpen open) {
   if (open.initial_window() == 0) open.set_initial_window(limits_.initial_stream_window);
   Stream& s = streams_[id];
   s.recv_credit = s.recv_window = open.initial_window();
+  s.last_update = now_;
   v1::Frame f;
   *f.mutable_open() = std::move(open);
   queueSequenced(f);
@@ -425,6 +455,7 @@ absl::Status Session::acceptStream(v1::StreamAccept accept) {
   Stream& s = it->second;
   s.accepted = true;
   s.recv_credit = s.recv_window = accept.initial_window();
+  s.last_update = now_;
   v1::Frame f;
   *f.mutable_accept() = std::move(accept);
   queueSequenced(f);
@@ -512,7 +543,7 @@ absl::Status Session::halfClose(uint64_t stream_id) {
 }
 
 void Session::resetStream(uint64_t stream_id, v1::Error error) {
-  if (streams_.erase(stream_id) == 0) return;
+  if (!forget(stream_id)) return;
   v1::Frame f;
   f.mutable_reset()->set_stream_id(stream_id);
   *f.mutable_reset()->mutable_error() = std::move(error);
@@ -537,13 +568,39 @@ void Session::consumed(uint64_t stream_id, size_t n) {
   // Return credit in chunks of a quarter window: fewer frames, and the
   // sender never runs dry while we are keeping up.
   if (s.unreported >= std::max<uint32_t>(s.recv_window / 4, 1)) {
+    uint64_t increment = s.unreported;
+    // A reader that keeps up gets a larger window: the sender waits for
+    // credit less, and credit goes back in larger (so fewer) steps.
+    if (now_ - s.last_update < kWindowGrowPeriod && s.recv_window < limits_.max_stream_window &&
+        window_growth_ < limits_.window_growth_budget) {
+      const uint64_t grow =
+          std::min<uint64_t>({s.recv_window, limits_.max_stream_window - s.recv_window,
+                              limits_.window_growth_budget - window_growth_});
+      s.recv_window += static_cast<uint32_t>(grow);
+      s.grown += static_cast<uint32_t>(grow);
+      window_growth_ += grow;
+      increment += grow;
+    }
+    s.last_update = now_;
     v1::Frame f;
     f.mutable_window_update()->set_stream_id(stream_id);
-    f.mutable_window_update()->set_increment(static_cast<uint32_t>(s.unreported));
-    s.recv_credit += s.unreported;
+    f.mutable_window_update()->set_increment(static_cast<uint32_t>(increment));
+    s.recv_credit += increment;
     s.unreported = 0;
     queueSequenced(f);
   }
+}
+
+void Session::forget(std::unordered_map<uint64_t, Stream>::iterator it) {
+  window_growth_ -= it->second.grown;
+  streams_.erase(it);
+}
+
+bool Session::forget(uint64_t stream_id) {
+  auto it = streams_.find(stream_id);
+  if (it == streams_.end()) return false;
+  forget(it);
+  return true;
 }
 
 std::vector<uint64_t> Session::streamIds() const {
@@ -556,7 +613,7 @@ std::vector<uint64_t> Session::streamIds() const {
 void Session::maybeClose(uint64_t stream_id) {
   auto it = streams_.find(stream_id);
   if (it != streams_.end() && it->second.local_closed && it->second.remote_closed) {
-    streams_.erase(it);
+    forget(it);
   }
 }
 

@@ -77,6 +77,8 @@ awaitable<absl::Status> SessionTransport::run() {
       if (status_.ok()) status_ = s;
       closeAfterFlush();
     }
+    // What was read may owe the peer an ack before the ticker's next wake.
+    if (session_.nextTick() < tick_timer_.expiry()) tick_timer_.cancel();
     wake();
   }
   // Let a pending Goaway go out, for a bounded time (a peer that does not

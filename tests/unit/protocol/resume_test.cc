@@ -24,6 +24,7 @@ SessionLimits testLimits() {
   // Small windows so WindowUpdates are in flight at every cut and senders
   // run out of credit during it.
   l.initial_stream_window = 1024;
+  l.max_stream_window = 0;  // and they stay small
   return l;
 }
 
@@ -144,10 +145,19 @@ struct World {
   App a{Role::kAgent, "a"};
   TimePoint now = kT0;
 
-  // Everything each side has to write, delivered in full, until quiet.
+  // Everything each side has to write, delivered in full, until quiet, the
+  // acks the sides hold back (kAckDelay) included.
   void pump() {
     for (int i = 0; i < 10000; ++i) {
-      if (!c.session.hasWrites() && !a.session.hasWrites()) return;
+      if (!c.session.hasWrites() && !a.session.hasWrites()) {
+        if (c.session.nextTick() > now + kAckDelay && a.session.nextTick() > now + kAckDelay) {
+          return;
+        }
+        now += kAckDelay;
+        ASSERT_TRUE(c.session.onTick(now).ok());
+        ASSERT_TRUE(a.session.onTick(now).ok());
+        continue;
+      }
       deliver(c.session.takeWrites(), a);
       deliver(a.session.takeWrites(), c);
     }
@@ -322,6 +332,9 @@ TEST(ResumeTest, PeerCountOutOfRangeIsResumeFailed) {
   v1::Request r;
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(s.sendRequest(r).ok());
   ASSERT_TRUE(peer.onBytes(bytesOf(s.takeWrites()), ignore, kT0).ok());
+  // The peer has nothing else to send: its ack goes alone, kAckDelay later.
+  EXPECT_FALSE(peer.hasWrites());
+  ASSERT_TRUE(peer.onTick(kT0 + kAckDelay).ok());
   ASSERT_TRUE(s.onBytes(bytesOf(peer.takeWrites()), ignore, kT0).ok());  // ack of 3
   ASSERT_EQ(s.unackedBytes(), 0u);
   ASSERT_TRUE(s.sendRequest(r).ok());  // seq 4, not acked

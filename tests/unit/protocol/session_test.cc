@@ -123,6 +123,7 @@ std::vector<Frame> framesOf(const WriteBatch& batch) {
 SessionLimits smallLimits() {
   SessionLimits l;
   l.initial_stream_window = 4096;
+  l.max_stream_window = 0;  // fixed windows, unless a test grows them
   l.keepalive_interval = milliseconds(1000);
   l.keepalive_timeout = milliseconds(3000);
   return l;
@@ -155,6 +156,21 @@ class Pipe {
     }
     return absl::InternalError("the pipe never settles");
   }
+  // pump(), then time passes until the acks held back (kAckDelay) are out.
+  absl::Status settle() {
+    for (int i = 0; i < 100000; ++i) {
+      RETURN_IF_ERROR(pump());
+      if (client.nextTick() > now + kAckDelay && agent.nextTick() > now + kAckDelay) {
+        return absl::OkStatus();
+      }
+      now += kAckDelay;
+      RETURN_IF_ERROR(client.onTick(now));
+      RETURN_IF_ERROR(agent.onTick(now));
+      RETURN_IF_ERROR(toAgent());
+      RETURN_IF_ERROR(toClient());
+    }
+    return absl::InternalError("the pipe never settles");
+  }
 
   // A stream opened by `opener` and accepted by the other side.
   uint64_t openAccepted(bool by_client = true, uint32_t window = 0, uint32_t accept_window = 0) {
@@ -167,7 +183,7 @@ class Pipe {
     open.mutable_outgoing()->set_port(80);
     auto id = opener.openStream(open);
     EXPECT_TRUE(id.ok()) << id.status();
-    EXPECT_TRUE(pump().ok());
+    EXPECT_TRUE(settle().ok());
     acceptor.accept_opens = false;
     return id.value_or(0);
   }
@@ -433,7 +449,7 @@ TEST(SessionTest, SequencedFramesAreCountedAndAcked) {
   ASSERT_TRUE(p.client.sendData(id, "a").ok());
   ASSERT_TRUE(p.client.sendRequest(envRequest("x")).ok());
   EXPECT_GT(p.client.unackedBytes(), 0u);
-  ASSERT_TRUE(p.pump().ok());
+  ASSERT_TRUE(p.settle().ok());
   // open, data, request from the client; accept from the agent.
   EXPECT_EQ(p.client.sentCount(), 3u);
   EXPECT_EQ(p.agent.receivedCount(), 3u);
@@ -485,6 +501,40 @@ TEST(SessionTest, WriteBatchesAndTheirBuffers) {
   ASSERT_TRUE(p.agent.onBytes(bytesOf(one) + bytesOf(rest), p.ah, p.now).ok());
   EXPECT_EQ(p.ah.data[id], "payload");
   EXPECT_EQ(p.ah.requests.size(), 4u);
+}
+
+TEST(SessionTest, AFileReadAnswerGoesAsTwoBuffersWithoutACopy) {
+  Pipe p;
+  ASSERT_TRUE(p.client.sendRequest(envRequest("read")).ok());
+  ASSERT_TRUE(p.toAgent().ok());
+  ASSERT_EQ(p.ah.requests.size(), 1u);
+  for (size_t size : {kDetachedDataMin - 1, kDetachedDataMin, size_t{300000}}) {
+    SCOPED_TRACE(size);
+    std::string data(size, 'f');
+    data[size / 2] = 'x';
+    const std::string want = data;
+    const char* at = data.data();
+    v1::Response r;
+    r.set_request_id(p.ah.requests[0].request_id());
+    r.mutable_file()->mutable_data()->set_data(std::move(data));
+    r.mutable_file()->mutable_data()->set_eof(true);
+    p.agent.sendResponse(std::move(r));
+    WriteBatch b = p.agent.takeWrites();
+    ASSERT_FALSE(b.empty());  // the response (after the ack of the request, the first time)
+    const OutFrame& frame = *b.frames.back();
+    if (size >= kDetachedDataMin) {
+      // The bytes are the very buffer the response held.
+      EXPECT_EQ(frame.payload.data(), at);
+      EXPECT_EQ(frame.payload.size(), size);
+    } else {
+      EXPECT_TRUE(frame.payload.empty());
+    }
+    p.ch.responses.clear();
+    ASSERT_TRUE(p.client.onBytes(bytesOf(b), p.ch, p.now).ok());
+    ASSERT_EQ(p.ch.responses.size(), 1u);
+    EXPECT_TRUE(p.ch.responses[0].file().data().data() == want);
+    EXPECT_TRUE(p.ch.responses[0].file().data().eof());
+  }
 }
 
 TEST(SessionTest, ZeroCopyReadPath) {
@@ -662,6 +712,153 @@ TEST(SessionTest, ReplayBufferBoundHoldsCreditUntilAcked) {
   EXPECT_EQ(p.client.unackedBytes(), 0u);
   EXPECT_EQ(p.ch.writable, std::vector<uint64_t>{id});
   EXPECT_EQ(p.client.sendCredit(id), 8192u);
+}
+
+// ------------------------------------------------------------ acks
+
+// An ack the peer is owed, or 0.
+uint64_t ackIn(const WriteBatch& batch) {
+  uint64_t ack = 0;
+  for (const Frame& f : framesOf(batch)) {
+    if (!f.is_data && f.frame.has_ack()) ack = f.frame.ack().received();
+  }
+  return ack;
+}
+
+TEST(SessionTest, ALoneAckWaitsForTheAckDelay) {
+  Pipe p;
+  ASSERT_TRUE(p.client.sendRequest(envRequest("x")).ok());
+  ASSERT_TRUE(p.toAgent().ok());
+  // The agent has nothing else to send: no write yet, but a tick is due.
+  EXPECT_FALSE(p.agent.hasWrites());
+  EXPECT_EQ(p.agent.nextTick(), p.now + kAckDelay);
+  ASSERT_TRUE(p.agent.onTick(p.now + kAckDelay - milliseconds(1)).ok());
+  EXPECT_FALSE(p.agent.hasWrites());
+  ASSERT_TRUE(p.agent.onTick(p.now + kAckDelay).ok());
+  ASSERT_TRUE(p.agent.hasWrites());
+  WriteBatch b = p.agent.takeWrites();
+  EXPECT_EQ(ackIn(b), 1u);
+  EXPECT_EQ(framesOf(b).size(), 1u);
+  ASSERT_TRUE(p.client.onBytes(bytesOf(b), p.ch, p.now).ok());
+  EXPECT_EQ(p.client.unackedBytes(), 0u);
+  // Nothing owed any more: the next tick is the keepalive's.
+  EXPECT_EQ(p.agent.nextTick(), kT0 + smallLimits().keepalive_interval);
+}
+
+TEST(SessionTest, AnAckRidesWithWhateverGoesNext) {
+  Pipe p;
+  ASSERT_TRUE(p.client.sendRequest(envRequest("x")).ok());
+  ASSERT_TRUE(p.client.sendRequest(envRequest("y")).ok());
+  ASSERT_TRUE(p.toAgent().ok());
+  ASSERT_EQ(p.ah.requests.size(), 2u);
+  // The answer goes at once, and carries the ack of both requests.
+  p.agent.sendResponse(envResponse(p.ah.requests[0].request_id(), "x"));
+  WriteBatch b = p.agent.takeWrites();
+  EXPECT_EQ(ackIn(b), 2u);
+  EXPECT_EQ(framesOf(b).size(), 2u);
+  ASSERT_TRUE(p.client.onBytes(bytesOf(b), p.ch, p.now).ok());
+  EXPECT_EQ(p.client.unackedBytes(), 0u);
+  // Owed nothing now: the agent's delayed-ack timer is off.
+  EXPECT_GT(p.agent.nextTick(), p.now + kAckDelay);
+}
+
+TEST(SessionTest, AQuarterOfTheReplayBufferUnackedIsAckedAtOnce) {
+  SessionLimits l = smallLimits();
+  l.max_frame_size = 4096;
+  l.replay_buffer_bytes = 64 * 1024;
+  l.initial_stream_window = 1 << 20;
+  Pipe p(l);
+  uint64_t id = p.openAccepted();
+  // Just below a quarter (16 KiB of frames): held back.
+  ASSERT_TRUE(p.client.sendData(id, std::string(12 * 1024, 'a')).ok());
+  ASSERT_TRUE(p.toAgent().ok());
+  EXPECT_FALSE(p.agent.hasWrites());
+  // Past it: the ack goes without waiting, and frees the sender's buffer.
+  ASSERT_TRUE(p.client.sendData(id, std::string(8 * 1024, 'b')).ok());
+  ASSERT_TRUE(p.toAgent().ok());
+  ASSERT_TRUE(p.agent.hasWrites());
+  ASSERT_TRUE(p.toClient().ok());
+  EXPECT_EQ(p.client.unackedBytes(), 0u);
+}
+
+// ------------------------------------------------------------ window growth
+
+SessionLimits growingLimits() {
+  SessionLimits l = smallLimits();
+  l.initial_stream_window = 4096;
+  l.max_stream_window = 32 * 1024;
+  l.window_growth_budget = 1 << 20;
+  return l;
+}
+
+// Sends `n` bytes on `id` from the client in what credit allows, the agent
+// consuming everything at once; returns the agent's largest WindowUpdate.
+uint32_t flow(Pipe& p, uint64_t id, size_t n, milliseconds step = milliseconds(0)) {
+  p.ah.consume_all = true;
+  uint32_t largest = 0;
+  size_t sent = 0;
+  for (int i = 0; i < 100000 && sent < n; ++i) {
+    size_t c = std::min(p.client.sendCredit(id), n - sent);
+    if (c > 0) {
+      EXPECT_TRUE(p.client.sendData(id, std::string(c, 'w')).ok());
+      sent += c;
+    }
+    p.now += step;
+    EXPECT_TRUE(p.toAgent().ok());
+    WriteBatch b = p.agent.takeWrites();
+    for (const Frame& f : framesOf(b)) {
+      if (!f.is_data && f.frame.has_window_update()) {
+        largest = std::max(largest, f.frame.window_update().increment());
+      }
+    }
+    EXPECT_TRUE(p.client.onBytes(bytesOf(b), p.ch, p.now).ok());
+  }
+  EXPECT_EQ(sent, n);
+  return largest;
+}
+
+TEST(SessionTest, AWindowGrowsWhileItsReaderKeepsUp) {
+  Pipe p(growingLimits());
+  uint64_t id = p.openAccepted();
+  // Every quarter window consumed at once (the clock stands still): the
+  // window doubles each update until the maximum.
+  uint32_t largest = flow(p, id, 1 << 20);
+  EXPECT_GT(largest, 4096u);
+  EXPECT_LE(largest, 32u * 1024);
+  // At the maximum, the sender holds the whole grown window of credit.
+  EXPECT_GT(p.client.sendCredit(id), 16u * 1024);
+  EXPECT_LE(p.client.sendCredit(id), 32u * 1024);
+}
+
+TEST(SessionTest, AWindowStaysWhenItsReaderIsSlow) {
+  Pipe p(growingLimits());
+  uint64_t id = p.openAccepted();
+  // A quarter window per kWindowGrowPeriod or slower: no growth.
+  uint32_t largest = flow(p, id, 64 * 1024, kWindowGrowPeriod);
+  EXPECT_LE(largest, 4096u);
+  EXPECT_LE(p.client.sendCredit(id), 4096u);
+}
+
+TEST(SessionTest, WindowGrowthStaysWithinTheBudgetAndReturnsWithTheStream) {
+  SessionLimits l = growingLimits();
+  l.window_growth_budget = 40 * 1024;  // one stream's growth (28 KiB) and a bit
+  Pipe p(l);
+  uint64_t a = p.openAccepted();
+  uint64_t b = p.openAccepted();
+  flow(p, a, 1 << 20);
+  flow(p, b, 1 << 20);
+  // a took 28 KiB of growth, b what was left (12 KiB).
+  EXPECT_LE(p.client.sendCredit(a), 32u * 1024);
+  EXPECT_LE(p.client.sendCredit(b), 16u * 1024);
+  EXPECT_GT(p.client.sendCredit(b), 4096u);
+  // a ends: its growth goes back to the budget, and a new stream grows fully.
+  ASSERT_TRUE(p.client.halfClose(a).ok());
+  ASSERT_TRUE(p.agent.halfClose(a).ok());
+  ASSERT_TRUE(p.pump().ok());
+  ASSERT_FALSE(p.agent.streamOpen(a));
+  uint64_t c = p.openAccepted();
+  flow(p, c, 1 << 20);
+  EXPECT_GT(p.client.sendCredit(c), 16u * 1024);
 }
 
 // ------------------------------------------------------------ keepalive

@@ -93,6 +93,14 @@ size_t encodeDataHeader(uint64_t stream_id, size_t payload_size, char* out);
 // Header + payload in one string (tests, small frames).
 std::string encodeDataFrame(uint64_t stream_id, std::string_view payload);
 
+// The other bulk path: a file read's answer (Frame.response with
+// Response.file.data). `response` comes with its FileData.data taken out;
+// the result is the frame's length prefix and every byte of the frame
+// before those data, which follow on the wire as their own buffer
+// (`data_size` bytes). FileData's data field goes last in the frame, which
+// any protobuf parser accepts (fields may come in any order).
+std::string encodeFileDataResponseHead(const v1::Response& response, size_t data_size);
+
 // Whether a frame takes a sequence number (see frame.proto).
 bool isSequenced(const v1::Frame& frame);
 

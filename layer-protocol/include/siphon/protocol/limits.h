@@ -27,6 +27,14 @@ struct SessionLimits {
   std::chrono::milliseconds keepalive_timeout{20000};
   std::chrono::milliseconds session_grace{60000};
   uint32_t max_read_size = kDefaultMaxFrameSize - kReadSizeHeadroom;
+  // Receive windows, each side's own (not negotiated): a stream whose reader
+  // keeps up grows its window from initial_stream_window up to
+  // max_stream_window (fewer WindowUpdates, so fewer wake-ups per byte, and
+  // a window that covers the path), while the growth of all streams of the
+  // session stays within window_growth_budget. What a session may hold for
+  // readers that stop is so bounded by streams x initial window + budget.
+  uint32_t max_stream_window = 4 * 1024 * 1024;
+  uint64_t window_growth_budget = 32 * 1024 * 1024;
 };
 
 v1::Limits toProto(const SessionLimits& limits);

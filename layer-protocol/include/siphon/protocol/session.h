@@ -10,8 +10,15 @@
 //    last-received count;
 //  - multiplexing: request ids, stream ids (client odd, agent even) and
 //    credit-based flow control per stream, so a stream without credit stops
-//    only itself;
+//    only itself; credit returns in quarter-window steps, and the window of
+//    a stream whose reader keeps up grows (SessionLimits::max_stream_window);
 //  - keepalive: Ping at an interval, the peer declared lost after a timeout.
+//  - acks: cumulative, and never sent for their own sake while something
+//    else is going out (one rides with every batch of other frames). Alone,
+//    an ack goes kAckDelay after the first frame it covers, or at once when
+//    a quarter of the replay buffer is unacked: a one-way flow still frees
+//    the sender's buffer, and a busy one costs the sender no extra wake-up
+//    per read.
 //
 // Call-order rules:
 //  - After a transport is up and the handshake is done: onBytes()/onRead()
@@ -52,8 +59,19 @@ using TimePoint = Clock::time_point;
 
 enum class Role { kClient, kAgent };
 
-// One encoded frame: `head` holds the whole frame, or for data frames the
-// hand-written header with the payload in `payload` (two buffers on the wire).
+// File read answers at least this large carry their bytes as a separate
+// buffer (codec.h, encodeFileDataResponseHead).
+inline constexpr size_t kDetachedDataMin = 16 * 1024;
+
+// How long a lone ack may wait for other frames to ride with.
+inline constexpr std::chrono::milliseconds kAckDelay{10};
+// A stream whose reader consumed a quarter of its window within this time
+// of the previous WindowUpdate gets its window doubled (within the limits).
+inline constexpr std::chrono::milliseconds kWindowGrowPeriod{10};
+
+// One encoded frame: `head` holds the whole frame, or for data frames and
+// large file read answers the hand-written header with the bytes in
+// `payload` (two buffers on the wire).
 struct OutFrame {
   std::string head;
   std::string payload;
@@ -113,8 +131,9 @@ class Session {
   // Frames to write now, up to about `max_bytes` (at least one frame).
   WriteBatch takeWrites(size_t max_bytes = 1 << 20);
 
-  // Keepalive. Sends a Ping when due; UNAVAILABLE when the peer has been
-  // silent past the timeout. Only while a transport is attached.
+  // Keepalive and delayed acks. Sends a Ping or a lone Ack when due;
+  // UNAVAILABLE when the peer has been silent past the timeout. Only while a
+  // transport is attached.
   absl::Status onTick(TimePoint now);
   // When the next onTick() has work to do.
   TimePoint nextTick() const;
@@ -179,7 +198,9 @@ class Session {
     uint64_t send_credit = 0;    // bytes we may still send
     uint64_t recv_credit = 0;    // bytes the peer may still send
     uint64_t unreported = 0;     // consumed, not yet returned as credit
-    uint32_t recv_window = 0;    // what we granted at start
+    uint32_t recv_window = 0;    // our window: granted at start, plus growth
+    uint32_t grown = 0;          // growth above the initial window
+    TimePoint last_update;       // when credit last went back (or the stream began)
     bool local_closed = false;   // we half-closed
     bool remote_closed = false;  // the peer half-closed
     bool wants_write = false;    // saw zero credit: notify when it grows
@@ -193,7 +214,11 @@ class Session {
   void queueSequenced(std::shared_ptr<OutFrame> frame);
   void queueSequenced(const v1::Frame& frame);
   void queueControl(const v1::Frame& frame);
+  void queueAck();
   void maybeClose(uint64_t stream_id);
+  // Removes a stream (its window growth returns to the budget).
+  void forget(std::unordered_map<uint64_t, Stream>::iterator it);
+  bool forget(uint64_t stream_id);
   bool isLocalStream(uint64_t stream_id) const;
   uint64_t replayFree() const;
 
@@ -213,6 +238,9 @@ class Session {
   std::deque<std::shared_ptr<OutFrame>> control_;
   uint64_t received_ = 0;
   uint64_t ack_sent_ = 0;
+  uint64_t unacked_in_bytes_ = 0;               // wire bytes received_ - ack_sent_ took
+  TimePoint ack_due_ = TimePoint::max();        // when a lone ack goes
+  TimePoint now_;                               // the latest time we were given
 
   // Keepalive.
   TimePoint last_received_;
@@ -225,6 +253,7 @@ class Session {
   std::unordered_set<uint64_t> incoming_requests_;  // received, not yet answered
   uint64_t next_stream_id_;
   std::unordered_map<uint64_t, Stream> streams_;
+  uint64_t window_growth_ = 0;  // sum of the open streams' `grown`
   bool any_wants_write_ = false;
   bool recheck_writable_ = false;  // resume() freed replay space
 };
