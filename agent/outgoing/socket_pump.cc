@@ -258,6 +258,26 @@ void SocketPump::onData(std::string_view payload) {
                     "address), not Data"));
     return;
   }
+  if (out_.empty() && started_ && !write_armed_ && sock_.is_open()) {
+    // Nothing waits ahead of it: hand the payload to the socket straight
+    // from the receive buffer, and keep (copy) only what it does not take.
+    ssize_t n;
+    do {
+      n = ::send(sock_.native_handle(), payload.data(), payload.size(), MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    if (n >= 0) {
+      // A datagram or record goes whole.
+      const size_t taken = opt_.kind == Kind::kStream ? static_cast<size_t>(n) : payload.size();
+      bytes_out_ += static_cast<uint64_t>(n);
+      if (protocol::Session* s = host_->session()) {
+        s->consumed(id_, taken);
+        host_->wake();
+      }
+      payload.remove_prefix(taken);
+      if (payload.empty()) return;
+    }
+    // Otherwise (no room, or an error) flushWrites() below meets it again.
+  }
   out_.push_back(Out{std::string(payload), 0, std::nullopt});
   flushWrites();
 }

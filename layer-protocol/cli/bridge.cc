@@ -1,5 +1,8 @@
 #include "cli/bridge.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -14,8 +17,23 @@ constexpr size_t kChunk = 64 * 1024;
 
 void Bridge::start() {
   auto ex = local.get_executor();
+  stream->setSink([weak = weak_from_this()](std::string_view payload) -> size_t {
+    auto b = weak.lock();
+    return b ? b->sendDirect(payload) : 0;
+  });
   asio::co_spawn(ex, localToStream(shared_from_this()), asio::detached);
   asio::co_spawn(ex, streamToLocal(shared_from_this()), asio::detached);
+}
+
+size_t Bridge::sendDirect(std::string_view payload) {
+  if (to_local_busy_ || !local.is_open()) return 0;
+  ssize_t n = ::send(local.native_handle(), payload.data(), payload.size(),
+                     MSG_NOSIGNAL | MSG_DONTWAIT);
+  // Any failure leaves the bytes queued: streamToLocal() waits for room or
+  // meets the same error and handles it.
+  if (n <= 0) return 0;
+  to_local += static_cast<uint64_t>(n);
+  return static_cast<size_t>(n);
 }
 
 void Bridge::abortLocal() {
@@ -84,8 +102,10 @@ net::awaitable<void> Bridge::streamToLocal(std::shared_ptr<Bridge> bridge) {
     }
     b->to_local += (*chunk)->size();
     net::error_code ec;
+    b->to_local_busy_ = true;
     co_await asio::async_write(b->local, asio::buffer(**chunk),
                                asio::redirect_error(net::use_awaitable, ec));
+    b->to_local_busy_ = false;
     if (ec) {
       b->localFailed(ec);
       break;

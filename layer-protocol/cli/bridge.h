@@ -52,8 +52,12 @@ class Bridge : public std::enable_shared_from_this<Bridge> {
   static net::awaitable<void> localToStream(std::shared_ptr<Bridge> bridge);
   static net::awaitable<void> streamToLocal(std::shared_ptr<Bridge> bridge);
   void directionDone();
+  // Stream bytes straight to the local socket while streamToLocal() holds
+  // nothing (see ClientStream::setSink): no copy, no hop through the queue.
+  size_t sendDirect(std::string_view payload);
 
   int running_ = 2;
+  bool to_local_busy_ = false;  // streamToLocal() is writing a queued chunk
 };
 
 }  // namespace siphon::cli

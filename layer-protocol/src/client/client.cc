@@ -438,6 +438,14 @@ void Client::onStreamData(uint64_t id, std::string_view payload) {
     session_->consumed(id, payload.size());
     return;
   }
+  if (s->incoming_.empty() && s->sink_) {
+    size_t taken = std::min(s->sink_(payload), payload.size());
+    if (taken > 0) {
+      session_->consumed(id, taken);
+      payload.remove_prefix(taken);
+    }
+    if (payload.empty()) return;
+  }
   s->incoming_.emplace_back(payload);
   s->readable_.notify();
 }

@@ -62,12 +62,23 @@ class ClientStream {
   absl::Status halfClose();
   void reset(v1::ErrorCode code, std::string_view message);
 
+  // Direct delivery, the zero-copy alternative to read() for a consumer
+  // that can take bytes at once (a non-blocking socket): while nothing is
+  // queued for read(), each arriving payload is first offered to `sink`,
+  // inside the session's dispatch; it returns how many leading bytes it
+  // took. Those count as delivered (their credit goes back at once); the
+  // rest is queued for read(), and later payloads queue behind it until
+  // read() has taken the queue. The sink must not call back into the client.
+  using Sink = std::function<size_t(std::string_view)>;
+  void setSink(Sink sink) { sink_ = std::move(sink); }
+
  private:
   friend class Client;
   std::shared_ptr<Client> client_;
   uint64_t id_;
   std::deque<std::string> incoming_;
   std::deque<v1::StreamDatagram> datagrams_;
+  Sink sink_;
   bool eof_ = false;
   absl::Status error_;
   net::Signal readable_;
