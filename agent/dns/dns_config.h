@@ -24,7 +24,8 @@ struct DnsConfig {
 class DnsConfigSource {
  public:
   virtual ~DnsConfigSource() = default;
-  // The configuration as of now, called before each request. It may block
+  // The configuration as of now, called before each batch of requests (all
+  // of them made before the call, so none misses an earlier edit). It may block
   // briefly (it reads files) and never fails: a file that cannot be read
   // counts as missing (resolv.conf's defaults, no hosts). While nothing
   // changed it returns the same pointers.

@@ -302,7 +302,13 @@ void Resolver::loop() {
         in.done(absl::UnavailableError("the agent's DNS resolver is stopping"));
       break;
     }
-    for (auto& in : batch) startJob(std::move(in));
+    if (!batch.empty()) {
+      // One look at the target's files per batch: each request in it was
+      // made before this load, so an edit made before a request is still
+      // seen by it, and a burst of lookups costs one check, not one each.
+      const DnsConfig cfg = config_->load();
+      for (auto& in : batch) startJob(std::move(in), cfg);
+    }
     reapChannels();
     pollOnce();
   }
@@ -322,7 +328,7 @@ void Resolver::loop() {
   }
 }
 
-void Resolver::startJob(Incoming in) {
+void Resolver::startJob(Incoming in, const DnsConfig& loaded) {
   const v1::DnsRequest& req = in.request;
   if (jobs_.size() >= limits_.max_pending) {
     in.done(absl::ResourceExhaustedError(absl::StrCat("too many DNS requests in flight (",
@@ -331,7 +337,7 @@ void Resolver::startJob(Incoming in) {
   }
   auto job = std::make_unique<Job>();
   job->done = std::move(in.done);
-  DnsConfig cfg = config_->load();
+  DnsConfig cfg = loaded;
   if (!cfg.resolv) cfg.resolv = std::make_shared<const ResolvConf>(defaultResolvConf());
 
   if (req.query_case() == v1::DnsRequest::kLookup) {

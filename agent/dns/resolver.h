@@ -83,7 +83,7 @@ class Resolver {
 
   Resolver(std::unique_ptr<DnsConfigSource> config, SocketFn socket_fn, ResolverLimits limits);
   void loop();
-  void startJob(Incoming in);
+  void startJob(Incoming in, const DnsConfig& cfg);
   absl::StatusOr<std::shared_ptr<Channel>> channelFor(
       const std::shared_ptr<const ResolvConf>& conf);
   void startCandidate(Job& job);
