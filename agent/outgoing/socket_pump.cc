@@ -129,7 +129,8 @@ bool SocketPump::readBytes(protocol::Session& s, bool* queued) {
   // (most reads of request/response traffic are a few hundred bytes), and
   // it sits in the replay buffer until acked, so its capacity must fit.
   thread_local std::unique_ptr<char[]> scratch(new char[kReadChunk]);
-  ssize_t n = ::recv(sock_.native_handle(), scratch.get(), std::min(credit, kReadChunk), 0);
+  const size_t want = std::min(credit, kReadChunk);
+  ssize_t n = ::recv(sock_.native_handle(), scratch.get(), want, 0);
   if (n > 0) {
     std::string buf(scratch.get(), static_cast<size_t>(n));
     bytes_in_ += static_cast<uint64_t>(n);
@@ -139,6 +140,14 @@ bool SocketPump::readBytes(protocol::Session& s, bool* queued) {
       return false;
     }
     *queued = true;
+    if (static_cast<size_t>(n) < want) {
+      // A short read took everything there was: wait for more rather than
+      // asking again for an EAGAIN (a request/response exchange would pay
+      // that extra recv on every message). Re-arming the wait re-polls the
+      // socket, so bytes that came meanwhile are not missed.
+      armRead();
+      return false;
+    }
     return true;
   }
   if (n == 0) {
