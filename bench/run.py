@@ -288,10 +288,22 @@ http {{
         return {m: summary([v[value_key] if isinstance(v, dict) else v for v in vals])
                 for m, vals in values.items()}, values
 
+    def iperf_json(self, argv, netns):
+        # An iperf3 server runs one test at a time and may still be closing
+        # the previous one: "busy" is worth a retry, anything else is not.
+        for attempt in range(5):
+            r = sh(*argv, netns=netns, timeout=self.secs + 60, check=False)
+            data = json.loads(r.stdout) if r.stdout.strip() else {"error": r.stderr.strip()}
+            if "busy" not in data.get("error", ""):
+                return data
+            time.sleep(1)
+        return data
+
     def iperf(self, parallel):
-        r = sh("iperf3", "-c", self.pod_ip, "-p", "5201", "-t", self.secs, "-P", parallel, "-J",
-               netns=self.client, timeout=self.secs + 60)
-        data = json.loads(r.stdout)
+        data = self.iperf_json(["iperf3", "-c", self.pod_ip, "-p", "5201", "-t", self.secs, "-P",
+                                parallel, "-J"], self.client)
+        if "error" in data:
+            raise RuntimeError(f"iperf3: {data['error']}")
         return data["end"]["sum_received"]["bits_per_second"] / 1e9  # Gbit/s
 
     def wrk(self, close=False):
@@ -393,9 +405,11 @@ http {{
                     {m: summary(v) for m, v in values.items()}, targets)
 
     def iperf_from_node(self, port):
-        r = sh("iperf3", "-c", "127.0.0.1", "-p", port, "-t", self.secs, "-J", netns=self.node,
-               timeout=self.secs + 60)
-        return json.loads(r.stdout)["end"]["sum_received"]["bits_per_second"] / 1e9
+        data = self.iperf_json(["iperf3", "-c", "127.0.0.1", "-p", port, "-t", self.secs, "-J"],
+                               self.node)
+        if "error" in data:
+            raise RuntimeError(f"iperf3 through port {port}: {data['error']}")
+        return data["end"]["sum_received"]["bits_per_second"] / 1e9
 
     def startup(self, runs=21):
         times = []
