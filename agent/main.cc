@@ -70,6 +70,7 @@ int realMain(int argc, char** argv) {
   AgentConfig config;
   std::string token_file, log_format = "text", log_level = "info";
   std::string first_client_timeout = "30s", idle_timeout = "0s", session_grace = "60s";
+  std::string drain_timeout = "25s";
   app.add_option("--listen", config.listen, "HOST:PORT to serve clients on (port 0 picks one)")
       ->capture_default_str();
   app.add_option("--token-file", token_file, "file holding the client token (or env SIPHON_TOKEN)");
@@ -85,6 +86,11 @@ int realMain(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--session-grace", session_grace,
                  "how long a disconnected session waits for its client to resume")
+      ->capture_default_str();
+  app.add_option("--drain-timeout", drain_timeout,
+                 "on SIGTERM: how long connections in flight may go on (new ones reach the "
+                 "application at once) before they are reset and the agent exits 0; a second "
+                 "SIGTERM or SIGINT exits at once")
       ->capture_default_str();
   app.add_option("--max-sessions", config.max_sessions, "concurrent sessions")
       ->capture_default_str();
@@ -150,7 +156,8 @@ int realMain(int argc, char** argv) {
   if (auto s = log::init(format, log_level); !s.ok()) return fail(kExitUsage, sv(s.message()));
   for (auto [text, out] : {std::pair{&first_client_timeout, &config.first_client_timeout},
                            std::pair{&idle_timeout, &config.idle_timeout},
-                           std::pair{&session_grace, &config.limits.session_grace}}) {
+                           std::pair{&session_grace, &config.limits.session_grace},
+                           std::pair{&drain_timeout, &config.drain_timeout}}) {
     auto d = parseDuration(*text);
     if (!d.ok()) return fail(kExitUsage, sv(d.status().message()));
     *out = *d;

@@ -148,6 +148,13 @@ void AgentSession::onRequest(v1::Request request) {
 }
 
 void AgentSession::onStreamOpen(v1::StreamOpen open) {
+  if (server_.draining()) {
+    session_.resetStream(open.stream_id(),
+                         toProtoError(protoError(v1::AGENT_DRAINING,
+                                                 "the agent is draining: no new streams; open it "
+                                                 "through another agent")));
+    return;
+  }
   if (StreamService* service = server_.services().stream(open.kind_case())) {
     service->open(shared_from_this(), std::move(open));
     return;
@@ -176,6 +183,18 @@ void AgentSession::registerStream(uint64_t stream_id, std::shared_ptr<StreamEndp
 }
 
 void AgentSession::unregisterStream(uint64_t stream_id) { streams_.erase(stream_id); }
+
+void AgentSession::resetStreams(const v1::Error& error) {
+  if (ended_) return;
+  auto streams = streams_;  // onReset() unregisters
+  for (auto& [id, e] : streams) {
+    session_.resetStream(id, error);
+    e->onReset(error);
+  }
+  streams_.clear();
+  for (uint64_t id : session_.streamIds()) session_.resetStream(id, error);
+  wake();
+}
 
 void AgentSession::wake() {
   if (transport_) transport_->wake();
@@ -381,7 +400,9 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
     co_await reject(v1::UNAUTHENTICATED, "wrong or missing token");
     co_return;
   }
-  if (draining_) {
+  if (draining_ && !hello.has_resume()) {
+    // A resume still gets in: its connections in flight are what the drain
+    // waits for.
     co_await reject(v1::AGENT_DRAINING, "the agent is draining; connect to another agent");
     co_return;
   }
@@ -542,13 +563,58 @@ awaitable<void> Server::watchTarget() {
 }
 
 void Server::startDrain(std::string_view reason) {
-  if (draining_) return;
+  if (draining_ || stopping_) return;
   draining_ = true;
-  int64_t deadline = unixMillis() + config_.drain_timeout.count();
+  drain_deadline_ = std::chrono::steady_clock::now() + config_.drain_timeout;
+  const int64_t deadline = unixMillis() + config_.drain_timeout.count();
   for (auto& [id, s] : sessions_) s->notifyDraining(deadline, reason);
-  // Nothing is stolen yet, so nothing in flight needs the drain period: the
-  // sessions hear Draining and then the Goaway.
-  shutdown(kExitOk, absl::StrCat("draining on ", asv(reason)));
+  // New connections reach the application from now on (the steering goes
+  // first); stolen and outgoing connections in flight go on.
+  if (services_) services_->agentDraining();
+  log::info("drain_started",
+            {{"reason", reason},
+             {"timeout_ms", static_cast<int64_t>(config_.drain_timeout.count())},
+             {"in_flight", static_cast<uint64_t>(inFlight())}});
+  asio::co_spawn(io_, watchDrain(std::string(reason)), asio::detached);
+}
+
+size_t Server::inFlight() const {
+  size_t n = services_ ? services_->inFlight() : 0;
+  for (const auto& [id, s] : sessions_) n += s->streamCount();
+  return n;
+}
+
+awaitable<void> Server::watchDrain(std::string reason) {
+  const std::string why = std::move(reason);
+  asio::steady_timer tick(io_);
+  // The steering is undone on the blocking pool: give it a moment before
+  // counting what is left (a connection it let through is then counted).
+  tick.expires_after(std::chrono::milliseconds(20));
+  net::error_code ec;
+  co_await tick.async_wait(asio::redirect_error(use_awaitable, ec));
+  while (!stopping_) {
+    const size_t left = inFlight();
+    if (left == 0) {
+      shutdown(kExitOk, absl::StrCat("drained after ", why));
+      co_return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= drain_deadline_) {
+      log::warn("drain_timeout", {{"in_flight", static_cast<uint64_t>(left)},
+                                  {"timeout_ms",
+                                   static_cast<int64_t>(config_.drain_timeout.count())}});
+      const v1::Error error = toProtoError(protoError(
+          v1::AGENT_DRAINING, absl::StrCat("the agent's drain timeout (",
+                                           config_.drain_timeout.count(), " ms) ran out")));
+      auto sessions = sessions_;
+      for (auto& [id, s] : sessions) s->resetStreams(error);
+      shutdown(kExitOk, absl::StrCat("drain timeout after ", why));
+      co_return;
+    }
+    tick.expires_after(std::min<std::chrono::steady_clock::duration>(
+        std::chrono::milliseconds(50), drain_deadline_ - now));
+    co_await tick.async_wait(asio::redirect_error(use_awaitable, ec));
+  }
 }
 
 void Server::shutdown(int exit_code, std::string_view reason) {

@@ -7,6 +7,7 @@
 // (reading /proc) goes to the blocking pool and comes back by post().
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -55,6 +56,12 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   // is unregistered, the stream is reset, or the session ends.
   void registerStream(uint64_t stream_id, std::shared_ptr<StreamEndpoint> endpoint);
   void unregisterStream(uint64_t stream_id);
+  // Streams open in either sense: with an endpoint, or known to the
+  // protocol session (an outgoing connect still under way, say).
+  size_t streamCount() const { return std::max(streams_.size(), session_.streamCount()); }
+  // Resets every stream with `error`: the client hears it, the sockets
+  // close with RST (the end of a drain).
+  void resetStreams(const v1::Error& error);
   // Call after queueing frames on session() from outside a callback.
   void wake();
 
@@ -114,6 +121,8 @@ class Server {
   // Called by sessions.
   void handleRequest(std::shared_ptr<AgentSession> session, v1::Request request);
   void sessionEnded(const std::string& id);
+  // SIGTERM was received: new streams are refused with AGENT_DRAINING.
+  bool draining() const { return draining_; }
   net::asio::any_io_executor executor() { return io_.get_executor(); }
   ServiceRegistry& services() { return *services_; }
   // What services are built with (after init()); tests build their own.
@@ -128,6 +137,9 @@ class Server {
   void armIdleTimer();
   void shutdown(int exit_code, std::string_view reason);
   void startDrain(std::string_view reason);
+  net::awaitable<void> watchDrain(std::string reason);
+  // Streams of every session plus what the services still relay.
+  size_t inFlight() const;
   v1::InfoResponse info(const AgentSession& session) const;
   std::string newId(size_t bytes) const;
 
@@ -147,6 +159,7 @@ class Server {
   std::chrono::steady_clock::time_point started_;
   bool had_client_ = false;
   bool draining_ = false;
+  std::chrono::steady_clock::time_point drain_deadline_;
   bool stopping_ = false;
   int exit_code_ = kExitOk;
 };

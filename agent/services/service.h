@@ -52,6 +52,14 @@ class RequestService {
   // and undo what the service did to the target. The event loop runs a
   // little longer, then stops.
   virtual void agentStopping() {}
+  // The agent starts draining (SIGTERM): give the target back everything new
+  // (new connections reach the application, new subscriptions are refused
+  // with AGENT_DRAINING) while work in flight goes on. agentStopping()
+  // follows when the drain ends.
+  virtual void agentDraining() {}
+  // Work in flight a drain waits for besides the sessions' streams (a
+  // connection being passed through to the application, say).
+  virtual size_t inFlight() const { return 0; }
 };
 
 // The agent side of one stream. The session routes the peer's frames here.
@@ -92,6 +100,8 @@ class ServiceRegistry {
   const std::vector<v1::Feature>& features() const { return features_; }
   void sessionEnded(const std::string& session_id);
   void agentStopping();
+  void agentDraining();
+  size_t inFlight() const;
 
  private:
   std::map<int, std::shared_ptr<RequestService>> requests_;

@@ -32,6 +32,16 @@ void ServiceRegistry::agentStopping() {
   for (auto& s : unique_requests_) s->agentStopping();
 }
 
+void ServiceRegistry::agentDraining() {
+  for (auto& s : unique_requests_) s->agentDraining();
+}
+
+size_t ServiceRegistry::inFlight() const {
+  size_t n = 0;
+  for (const auto& s : unique_requests_) n += s->inFlight();
+  return n;
+}
+
 void ServiceRegistry::sessionEnded(const std::string& session_id) {
   for (auto& s : unique_requests_) s->sessionEnded(session_id);
 }

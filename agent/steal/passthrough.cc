@@ -11,10 +11,17 @@ namespace asio = net::asio;
 using Descriptor = asio::posix::stream_descriptor;
 
 struct Splice {
-  Splice(asio::any_io_executor ex, UniqueFd a, UniqueFd b)
-      : a(ex, a.release()), b(ex, b.release()) {}
+  Splice(asio::any_io_executor ex, UniqueFd a, UniqueFd b, std::function<void()> done)
+      : a(ex, a.release()), b(ex, b.release()), done(std::move(done)) {}
+  ~Splice() {
+    net::error_code ignored;
+    a.close(ignored);
+    b.close(ignored);
+    if (done) done();
+  }
   Descriptor a;
   Descriptor b;
+  std::function<void()> done;
   bool aborted = false;
 
   void abort() {
@@ -60,8 +67,8 @@ net::awaitable<void> pipe(std::shared_ptr<Splice> splice, bool a_to_b) {
 
 }  // namespace
 
-void splice(asio::any_io_executor ex, UniqueFd a, UniqueFd b) {
-  auto s = std::make_shared<Splice>(ex, std::move(a), std::move(b));
+void splice(asio::any_io_executor ex, UniqueFd a, UniqueFd b, std::function<void()> done) {
+  auto s = std::make_shared<Splice>(ex, std::move(a), std::move(b), std::move(done));
   asio::co_spawn(ex, pipe(s, true), asio::detached);
   asio::co_spawn(ex, pipe(s, false), asio::detached);
 }

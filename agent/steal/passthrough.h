@@ -11,6 +11,7 @@
 // Threads: the event loop that owns the sockets.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "agent/common/unique_fd.h"
@@ -20,6 +21,8 @@ namespace siphon::agent::steal {
 
 // Joins `a` and `b` (connected, non-blocking TCP sockets) until both
 // directions are closed. Returns at once; the splice owns the sockets.
-void splice(net::asio::any_io_executor ex, UniqueFd a, UniqueFd b);
+// `done` (optional) runs on the event loop once both sockets are closed.
+void splice(net::asio::any_io_executor ex, UniqueFd a, UniqueFd b,
+            std::function<void()> done = {});
 
 }  // namespace siphon::agent::steal

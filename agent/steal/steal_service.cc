@@ -162,6 +162,34 @@ class StealServiceImpl final : public StealService,
 
   void agentStopping() override { stopSteering(); }
 
+  // SIGTERM: the steering goes first, so new connections reach the
+  // application from the kernel; then what the listeners still hold
+  // (arrived before the steering was gone) is accepted and passed through,
+  // and they close. Stolen connections in flight go on.
+  void agentDraining() override {
+    if (draining_ || stopped_) return;
+    draining_ = true;
+    auto self = shared_from_this();
+    asio::post(strand_, [self] {
+      // Each port's steering goes; the rest of it (sk_lookup's program,
+      // iptables' chains, which keep conntrack for the redirected connections)
+      // stays until agentStopping().
+      if (self->steering_) {
+        for (const auto& [port, refs] : self->port_refs_) {
+          absl::Status s = self->steering_->removePort(port);
+          if (!s.ok()) {
+            log::warn("steal_drain_remove_failed",
+                      {{"port", static_cast<int64_t>(port)}, {"error", sv(s.message())}});
+          }
+        }
+        self->port_refs_.clear();
+      }
+      asio::post(self->ctx_.io, [self] { self->closeListeners(); });
+    });
+  }
+
+  size_t inFlight() const override { return passthroughs_; }
+
   // Starts the accept loops (event loop) once the steering exists.
   void startAccepting(std::shared_ptr<UniqueFd> v4, std::shared_ptr<UniqueFd> v6,
                       Steering* steering, Listeners listeners) {
@@ -199,9 +227,10 @@ class StealServiceImpl final : public StealService,
                               "the whole port (no filter)"));
       return;
     }
-    if (stopped_) {
+    if (stopped_ || draining_) {
       respondError(*session, request_id,
-                   protoError(v1::AGENT_DRAINING, "steal: the agent is shutting down"));
+                   protoError(v1::AGENT_DRAINING,
+                              "steal: the agent is shutting down; steal through another agent"));
       return;
     }
     const auto port = static_cast<uint16_t>(req.port());
@@ -419,8 +448,9 @@ class StealServiceImpl final : public StealService,
       auto it = sessions_.find(sub->session_id);
       if (it != sessions_.end()) session = it->second.lock();
     }
-    if (!session || session->ended()) {
-      // Accepted just after the port was given back: the application gets it.
+    if (!session || session->ended() || draining_) {
+      // Accepted just after the port was given back (or the drain began):
+      // the application gets it.
       passthrough(std::move(fd), *original, peer);
       return;
     }
@@ -464,6 +494,25 @@ class StealServiceImpl final : public StealService,
                                     {"destination", outgoing::formatAddress(*original)}});
   }
 
+  // Event loop, draining: everything queued goes to the application, then
+  // the listeners close.
+  void closeListeners() {
+    for (auto& a : acceptors_) {
+      while (true) {
+        SockAddr peer;
+        peer.len = sizeof(peer.storage);
+        int fd = ::accept4(a->native_handle(), peer.get(), &peer.len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0 && errno == EINTR) continue;
+        if (fd < 0) break;
+        onAccepted(UniqueFd(fd), peer);
+      }
+      net::error_code ignored;
+      a->close(ignored);
+    }
+    acceptors_.clear();
+    stopped_ = true;
+  }
+
   void passthrough(UniqueFd fd, const SockAddr& original, const SockAddr& peer) {
     auto self = shared_from_this();
     auto held = std::make_shared<UniqueFd>(std::move(fd));
@@ -477,8 +526,10 @@ class StealServiceImpl final : public StealService,
     const auto in = std::move(accepted);
     const SockAddr dst = original;
     const SockAddr src = peer;
+    ++self->passthroughs_;  // a drain waits for it from here
     auto out = co_await self->connectPassthrough(dst);
     if (!out.ok()) {
+      --self->passthroughs_;
       log::warn("steal_passthrough_failed",
                 {{"source", outgoing::formatAddress(src)}, {"error", sv(out.status().message())}});
       abortiveClose(std::move(*in));
@@ -486,7 +537,8 @@ class StealServiceImpl final : public StealService,
     }
     log::debug("steal_passthrough", {{"source", outgoing::formatAddress(src)},
                                      {"destination", outgoing::formatAddress(dst)}});
-    splice(self->ctx_.io.get_executor(), std::move(*in), std::move(*out));
+    splice(self->ctx_.io.get_executor(), std::move(*in), std::move(*out),
+           [self] { --self->passthroughs_; });
   }
 
   ServiceContext& ctx_;
@@ -501,6 +553,8 @@ class StealServiceImpl final : public StealService,
   Steering* io_steering_ = nullptr;  // set once the steering exists
   std::pair<uint16_t, uint16_t> listener_ports_{0, 0};
   std::atomic<bool> stopped_{false};
+  bool draining_ = false;   // event loop
+  size_t passthroughs_ = 0;  // splices running (event loop)
 
   // Strand.
   std::unique_ptr<Steering> steering_;

@@ -408,6 +408,15 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
         }
       });
 
+  env.client->setDrainingHandler([weak = std::weak_ptr<StealState>(st)](const v1::Draining& d) {
+    auto state = weak.lock();
+    if (!state) return;
+    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+    state->print(drainingLine(d.reason(), std::max<int64_t>(0, (d.deadline_unix_ms() - now_ms) / 1000),
+                              state->live.size() + state->starting, state->json));
+  });
   // A dead agent is noticed even with no connection open.
   env.client->setLostHandler([weak = std::weak_ptr<StealState>(st)](const absl::Status& s) {
     if (auto state = weak.lock()) state->sessionLost(s);
@@ -471,6 +480,7 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
 
   env.client->setStreamAcceptor(nullptr);
   env.client->setLostHandler(nullptr);
+  env.client->setDrainingHandler(nullptr);
   st->signals.cancel(ignored);
   st->print(summaryLine(st->totals, st->json));
   co_return exit_code;

@@ -171,6 +171,21 @@ std::string stoppingLine(uint64_t open_connections, bool json) {
                       open_connections == 1 ? "" : "s", " (signal again to end them)\n");
 }
 
+std::string drainingLine(const std::string& reason, int64_t seconds_left, uint64_t open_connections,
+                         bool json) {
+  if (json) {
+    return JsonLine("agent_draining")
+        .add("reason", reason)
+        .add("seconds_left", seconds_left)
+        .add("open_connections", open_connections)
+        .take();
+  }
+  return absl::StrCat("agent draining (", reason,
+                      "): new connections go to the application; ", open_connections,
+                      " open connection", open_connections == 1 ? "" : "s",
+                      " may go on for up to ", seconds_left, " s\n");
+}
+
 std::string summaryLine(const StealTotals& t, bool json) {
   if (json) {
     return JsonLine("summary")

@@ -71,6 +71,10 @@ std::string failedLine(const StolenEvent& e, bool json);
 std::string closeLine(const StolenEvent& e, bool json);
 //   stopping: waiting for 2 open connections (signal again to end them)
 std::string stoppingLine(uint64_t open_connections, bool json);
+// The agent said it is draining (SIGTERM): the ports are the application's
+// again, connections in flight go on until the deadline (`seconds_left`).
+std::string drainingLine(const std::string& reason, int64_t seconds_left, uint64_t open_connections,
+                         bool json);
 //   summary: 3 connections, in=123 bytes, out=456 bytes
 std::string summaryLine(const StealTotals& t, bool json);
 

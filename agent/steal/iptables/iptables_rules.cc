@@ -80,9 +80,18 @@ ChainNames chainNamesFor(uint64_t netns_inode) {
 std::string installRules(const ChainNames& c) {
   // Jumps inserted first in the built-in chains: a mesh's own REDIRECT
   // (Istio's) must not take a port the user asked to steal.
+  //
+  // The conntrack rule never matches (the nat table sees no INVALID packet)
+  // but holds the netns' connection tracking for as long as the chains
+  // exist. With iptables-nft, the kernel unhooks conntrack from a netns once
+  // its last rule needing it (a REDIRECT) is deleted, and then established
+  // redirected connections lose their NAT and are reset: this keeps stolen
+  // connections alive after their port's REDIRECT is gone (an unsubscribe,
+  // a drain).
   return absl::StrCat("*nat\n",                                                   //
                       ":", c.pre, " - [0:0]\n",                                   //
                       ":", c.out, " - [0:0]\n",                                   //
+                      "-A ", c.pre, " -m conntrack --ctstate INVALID -j RETURN\n", //
                       "-A ", c.out, " -m mark --mark ", hex32(kExemptMark), "/",  //
                       hex32(kExemptMask), " -j RETURN\n",                         //
                       "-I PREROUTING 1 -j ", c.pre, "\n",                         //

@@ -342,13 +342,14 @@ class StealTest : public ::testing::TestWithParam<Param> {
     FAIL() << "httpd on " << port << " never started in " << pod_->name();
   }
 
-  void startAgent() {
-    agent_.emplace(
-        std::vector<std::string>{"--listen", "127.0.0.1:0", "--token-file", token_file_,
-                                 "--first-client-timeout", "120s", "--session-grace", "3s",
-                                 "--log-level", "debug", "--steal-backend", GetParam().backend,
-                                 "targeted", "--pid", std::to_string(httpd80_.pid())},
-        cleanEnv(), dir_->path() + "/agent.log");
+  void startAgent(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv = {"--listen", "127.0.0.1:0", "--token-file", token_file_,
+                                     "--first-client-timeout", "120s", "--session-grace", "3s",
+                                     "--log-level", "debug", "--steal-backend", GetParam().backend};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    for (const char* a : {"targeted", "--pid"}) argv.push_back(a);
+    argv.push_back(std::to_string(httpd80_.pid()));
+    agent_.emplace(argv, cleanEnv(), dir_->path() + "/agent.log");
     ASSERT_TRUE(agent_->ready(&endpoint_));
   }
 
@@ -534,6 +535,118 @@ TEST_P(StealTest, AgentTerminatedMidStealGivesThePortBack) {
   EXPECT_EQ(curl(80), "original\n");
   EXPECT_EQ(leftovers(), "");
   EXPECT_THAT(agent_->log(), HasSubstr("steal_unsubscribed"));
+}
+
+// An echo server for connections that stay open.
+void echoServe(int fd) {
+  char buf[16384];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || !writeAll(fd, buf, static_cast<size_t>(n))) return;
+  }
+}
+
+// Sends `msg` and reads as many bytes back (5 s at most); what came back.
+std::string echoOnce(int fd, const std::string& msg) {
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (!writeAll(fd, msg.data(), msg.size())) return "write failed: " + std::string(strerror(errno));
+  std::string got;
+  char buf[4096];
+  while (got.size() < msg.size()) {
+    ssize_t n = ::read(fd, buf, std::min(sizeof buf, msg.size() - got.size()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return got + (n == 0 ? " <EOF>" : " <" + std::string(strerror(errno)) + ">");
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return got;
+}
+
+// SIGTERM with a stolen connection open (a drain): the port is the
+// application's at once (every new connection reaches it, none is refused),
+// the open connection goes on, and the agent exits 0 as soon as it closes.
+TEST_P(StealTest, SigtermDrainsTheOpenConnectionAndGivesThePortBackAtOnce) {
+  LocalServer local(echoServe);
+  Proc* s = steal({"--port", "80", "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
+  Fd c(connectFrom(client_->name(), podAddress(), 80));
+  ASSERT_GE(c.get(), 0);
+  ASSERT_EQ(echoOnce(c.get(), "before"), "before");
+  ASSERT_GT(agent_->child().pid(), 0);
+  ::kill(agent_->child().pid(), SIGTERM);
+  s->readUntil([](const std::string&, const std::string& err) {
+    return err.find("agent draining") != std::string::npos;
+  });
+  EXPECT_THAT(s->err, HasSubstr("agent draining (SIGTERM): new connections go to the application"));
+  // From here on, new connections are the application's, the first included.
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(curl(80), "original\n");
+  // The stolen connection in flight still works, and holds the agent.
+  EXPECT_EQ(echoOnce(c.get(), "during the drain"), "during the drain");
+  EXPECT_FALSE(agent_->child().waitUntil(Clock::now() + std::chrono::milliseconds(300)).has_value())
+      << "the agent did not wait for the open connection";
+  c = Fd();  // closes it: nothing is in flight any more
+  EXPECT_EQ(agent_->child().waitUntil(Clock::now() + kProcessDeadline), 0) << agent_->log();
+  EXPECT_THAT(agent_->log(), HasSubstr("drain_started"));
+  EXPECT_THAT(agent_->log(), HasSubstr("drained after SIGTERM"));
+  EXPECT_EQ(curl(80), "original\n");
+  EXPECT_EQ(leftovers(), "");
+}
+
+// `siphon steal` ending (SIGINT) with a connection open: the port is given
+// back at once, and the open connection goes on until it closes. For the
+// iptables backend this needs the chains' conntrack rule: without it,
+// iptables-nft unhooks conntrack with the last REDIRECT and the kernel
+// resets the connection.
+TEST_P(StealTest, EndingTheStealKeepsTheOpenConnectionUntilItCloses) {
+  LocalServer local(echoServe);
+  Proc* s = steal({"--port", "80", "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
+  Fd c(connectFrom(client_->name(), podAddress(), 80));
+  ASSERT_GE(c.get(), 0);
+  ASSERT_EQ(echoOnce(c.get(), "before"), "before");
+  s->signal(SIGINT);
+  s->readUntil([](const std::string&, const std::string& err) {
+    return err.find("stopping: waiting for 1 open connection") != std::string::npos;
+  });
+  ASSERT_THAT(s->err, HasSubstr("stopping: waiting for 1 open connection"));
+  EXPECT_EQ(curl(80), "original\n");
+  EXPECT_EQ(echoOnce(c.get(), "after the port went back"), "after the port went back");
+  c = Fd();
+  EXPECT_EQ(s->finish(), 0) << s->err;
+  EXPECT_EQ(curl(80), "original\n");
+}
+
+// A connection still open at --drain-timeout is reset (never closed as if
+// complete), and the agent exits 0 right then.
+TEST_P(StealTest, DrainTimeoutResetsTheConnectionsStillOpen) {
+  // The fixture's agent has no session: SIGTERM ends it at once.
+  ASSERT_GT(agent_->child().pid(), 0);
+  ::kill(agent_->child().pid(), SIGTERM);
+  ASSERT_EQ(agent_->child().waitUntil(Clock::now() + std::chrono::seconds(5)), 0) << agent_->log();
+  ASSERT_NO_FATAL_FAILURE(startAgent({"--drain-timeout", "1s"}));
+
+  LocalServer local(echoServe);
+  Proc* s = steal({"--port", "80", "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
+  Fd c(connectFrom(client_->name(), podAddress(), 80));
+  ASSERT_GE(c.get(), 0);
+  ASSERT_EQ(echoOnce(c.get(), "hello"), "hello");
+  const auto t0 = Clock::now();
+  ::kill(agent_->child().pid(), SIGTERM);
+  EXPECT_EQ(agent_->child().waitUntil(Clock::now() + kProcessDeadline), 0) << agent_->log();
+  const auto took = Clock::now() - t0;
+  EXPECT_GE(took, std::chrono::milliseconds(900));
+  EXPECT_LT(took, std::chrono::seconds(5));
+  char b;
+  timeval tv{5, 0};
+  ::setsockopt(c.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  errno = 0;
+  EXPECT_EQ(::read(c.get(), &b, 1), -1);
+  EXPECT_EQ(errno, ECONNRESET) << strerror(errno);
+  EXPECT_THAT(agent_->log(), HasSubstr("drain_timeout"));
+  EXPECT_EQ(curl(80), "original\n");
+  EXPECT_EQ(leftovers(), "");
 }
 
 // Half-close: the remote client shuts down writing after its request and

@@ -33,6 +33,7 @@ TEST(Rules, InstallDeclaresChainsExemptsOurMarkAndJumpsFirst) {
             "*nat\n"
             ":SIPHON_f0000281_PRE - [0:0]\n"
             ":SIPHON_f0000281_OUT - [0:0]\n"
+            "-A SIPHON_f0000281_PRE -m conntrack --ctstate INVALID -j RETURN\n"
             "-A SIPHON_f0000281_OUT -m mark --mark 0x53490000/0xffff0000 -j RETURN\n"
             "-I PREROUTING 1 -j SIPHON_f0000281_PRE\n"
             "-I OUTPUT 1 -j SIPHON_f0000281_OUT\n"
