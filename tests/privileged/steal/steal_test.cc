@@ -617,6 +617,22 @@ TEST_P(StealTest, EndingTheStealKeepsTheOpenConnectionUntilItCloses) {
   EXPECT_EQ(curl(80), "original\n");
 }
 
+// The target process exits: the agent exits 0 at once (pidfd) and takes
+// its steering with it; the other application of the pod has its port back.
+TEST_P(StealTest, TargetExitEndsTheAgentAndLeavesNothing) {
+  LocalServer local(httpAnswer("stolen-81\n"));
+  Proc* s = steal({"--port", "81", "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 81"));
+  EXPECT_EQ(curl(81), "stolen-81\n");
+  httpd80_.kill();  // the agent's target
+  EXPECT_EQ(agent_->child().waitUntil(Clock::now() + kProcessDeadline), 0) << agent_->log();
+  EXPECT_THAT(agent_->log(), HasSubstr("target_exited"));
+  EXPECT_EQ(curl(81), "original-81\n");
+  EXPECT_EQ(leftovers(), "");
+  // siphon steal hears the agent end the session and says so.
+  EXPECT_EQ(s->finish(), 3) << s->err;
+}
+
 // A connection still open at --drain-timeout is reset (never closed as if
 // complete), and the agent exits 0 right then.
 TEST_P(StealTest, DrainTimeoutResetsTheConnectionsStillOpen) {
