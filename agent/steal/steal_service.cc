@@ -28,6 +28,8 @@ using outgoing::portOf;
 using outgoing::SockAddr;
 
 constexpr auto kPassthroughConnectTimeout = std::chrono::seconds(10);
+// How long the listeners stay open once a drain removed the steering.
+constexpr auto kDrainListenerLinger = std::chrono::milliseconds(200);
 
 void abortiveClose(UniqueFd fd) {
   if (!fd) return;
@@ -184,11 +186,22 @@ class StealServiceImpl final : public StealService,
         }
         self->port_refs_.clear();
       }
-      asio::post(self->ctx_.io, [self] { self->closeListeners(); });
+      // A handshake the steering started just before it went ends in the
+      // listener's queue a moment later: the accept loop keeps taking (and
+      // passing through) connections a little longer, then the listeners
+      // close, so no client in the middle of connecting meets a reset.
+      asio::post(self->ctx_.io, [self] {
+        auto t = std::make_shared<asio::steady_timer>(self->ctx_.io);
+        t->expires_after(kDrainListenerLinger);
+        t->async_wait([self, t](net::error_code) { self->closeListeners(); });
+      });
     });
   }
 
-  size_t inFlight() const override { return passthroughs_; }
+  // Passthroughs running, and the listeners while a drain keeps them open.
+  size_t inFlight() const override {
+    return passthroughs_ + (draining_ && !acceptors_.empty() ? 1 : 0);
+  }
 
   // Starts the accept loops (event loop) once the steering exists.
   void startAccepting(std::shared_ptr<UniqueFd> v4, std::shared_ptr<UniqueFd> v6,
