@@ -261,6 +261,32 @@ std::string paramName(const testing::TestParamInfo<Param>& info) {
   return info.param.backend + (info.param.family == AF_INET ? "_ipv4" : "_ipv6");
 }
 
+// An echo server for connections that stay open.
+void echoServe(int fd) {
+  char buf[16384];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || !writeAll(fd, buf, static_cast<size_t>(n))) return;
+  }
+}
+
+// Sends `msg` and reads as many bytes back (5 s at most); what came back.
+std::string echoOnce(int fd, const std::string& msg) {
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  if (!writeAll(fd, msg.data(), msg.size())) return "write failed: " + std::string(strerror(errno));
+  std::string got;
+  char buf[4096];
+  while (got.size() < msg.size()) {
+    ssize_t n = ::read(fd, buf, std::min(sizeof buf, msg.size() - got.size()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return got + (n == 0 ? " <EOF>" : " <" + std::string(strerror(errno)) + ">");
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return got;
+}
+
 class StealTest : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override {
@@ -351,6 +377,27 @@ class StealTest : public ::testing::TestWithParam<Param> {
     argv.push_back(std::to_string(httpd80_.pid()));
     agent_.emplace(argv, cleanEnv(), dir_->path() + "/agent.log");
     ASSERT_TRUE(agent_->ready(&endpoint_));
+  }
+
+  // `siphon steal` of port 80 to `local` (an echo server) and one client
+  // connection through it, checked with an echo: the connection, or none
+  // (with the failure recorded).
+  Fd stealAndConnect(const LocalServer& local, Proc** steal_proc) {
+    *steal_proc = steal({"--port", "80", "--to", local.to()});
+    if ((*steal_proc)->err.find("stealing port 80") == std::string::npos) {
+      ADD_FAILURE() << "siphon steal did not start: " << (*steal_proc)->err;
+      return Fd();
+    }
+    Fd c(connectFrom(client_->name(), podAddress(), 80));
+    if (c.get() < 0) {
+      ADD_FAILURE() << "connect to the stolen port: " << strerror(errno);
+      return Fd();
+    }
+    if (std::string got = echoOnce(c.get(), "before"); got != "before") {
+      ADD_FAILURE() << "echo through the stolen connection: " << got;
+      return Fd();
+    }
+    return c;
   }
 
   // curl from the client namespace; the body, or "curl exit N" on failure.
@@ -537,42 +584,14 @@ TEST_P(StealTest, AgentTerminatedMidStealGivesThePortBack) {
   EXPECT_THAT(agent_->log(), HasSubstr("steal_unsubscribed"));
 }
 
-// An echo server for connections that stay open.
-void echoServe(int fd) {
-  char buf[16384];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0 || !writeAll(fd, buf, static_cast<size_t>(n))) return;
-  }
-}
-
-// Sends `msg` and reads as many bytes back (5 s at most); what came back.
-std::string echoOnce(int fd, const std::string& msg) {
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  if (!writeAll(fd, msg.data(), msg.size())) return "write failed: " + std::string(strerror(errno));
-  std::string got;
-  char buf[4096];
-  while (got.size() < msg.size()) {
-    ssize_t n = ::read(fd, buf, std::min(sizeof buf, msg.size() - got.size()));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return got + (n == 0 ? " <EOF>" : " <" + std::string(strerror(errno)) + ">");
-    got.append(buf, static_cast<size_t>(n));
-  }
-  return got;
-}
-
 // SIGTERM with a stolen connection open (a drain): the port is the
 // application's at once (every new connection reaches it, none is refused),
 // the open connection goes on, and the agent exits 0 as soon as it closes.
 TEST_P(StealTest, SigtermDrainsTheOpenConnectionAndGivesThePortBackAtOnce) {
   LocalServer local(echoServe);
-  Proc* s = steal({"--port", "80", "--to", local.to()});
-  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
-  Fd c(connectFrom(client_->name(), podAddress(), 80));
+  Proc* s = nullptr;
+  Fd c = stealAndConnect(local, &s);
   ASSERT_GE(c.get(), 0);
-  ASSERT_EQ(echoOnce(c.get(), "before"), "before");
   ASSERT_GT(agent_->child().pid(), 0);
   ::kill(agent_->child().pid(), SIGTERM);
   s->readUntil([](const std::string&, const std::string& err) {
@@ -600,11 +619,9 @@ TEST_P(StealTest, SigtermDrainsTheOpenConnectionAndGivesThePortBackAtOnce) {
 // resets the connection.
 TEST_P(StealTest, EndingTheStealKeepsTheOpenConnectionUntilItCloses) {
   LocalServer local(echoServe);
-  Proc* s = steal({"--port", "80", "--to", local.to()});
-  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
-  Fd c(connectFrom(client_->name(), podAddress(), 80));
+  Proc* s = nullptr;
+  Fd c = stealAndConnect(local, &s);
   ASSERT_GE(c.get(), 0);
-  ASSERT_EQ(echoOnce(c.get(), "before"), "before");
   s->signal(SIGINT);
   s->readUntil([](const std::string&, const std::string& err) {
     return err.find("stopping: waiting for 1 open connection") != std::string::npos;
@@ -643,11 +660,9 @@ TEST_P(StealTest, DrainTimeoutResetsTheConnectionsStillOpen) {
   ASSERT_NO_FATAL_FAILURE(startAgent({"--drain-timeout", "1s"}));
 
   LocalServer local(echoServe);
-  Proc* s = steal({"--port", "80", "--to", local.to()});
-  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
-  Fd c(connectFrom(client_->name(), podAddress(), 80));
+  Proc* s = nullptr;
+  Fd c = stealAndConnect(local, &s);
   ASSERT_GE(c.get(), 0);
-  ASSERT_EQ(echoOnce(c.get(), "hello"), "hello");
   const auto t0 = Clock::now();
   ::kill(agent_->child().pid(), SIGTERM);
   EXPECT_EQ(agent_->child().waitUntil(Clock::now() + kProcessDeadline), 0) << agent_->log();
