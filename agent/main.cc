@@ -71,6 +71,7 @@ int realMain(int argc, char** argv) {
   std::string token_file, log_format = "text", log_level = "info";
   std::string first_client_timeout = "30s", idle_timeout = "0s", session_grace = "60s";
   std::string drain_timeout = "25s";
+  std::string keepalive_interval = "5s", keepalive_timeout = "20s";
   app.add_option("--listen", config.listen, "HOST:PORT to serve clients on (port 0 picks one)")
       ->capture_default_str();
   app.add_option("--token-file", token_file, "file holding the client token (or env SIPHON_TOKEN)");
@@ -91,6 +92,13 @@ int realMain(int argc, char** argv) {
                  "on SIGTERM: how long connections in flight may go on (new ones reach the "
                  "application at once) before they are reset and the agent exits 0; a second "
                  "SIGTERM or SIGINT exits at once")
+      ->capture_default_str();
+  app.add_option("--keepalive-interval", keepalive_interval,
+                 "ping a silent client this often (a client may ask for less)")
+      ->capture_default_str();
+  app.add_option("--keepalive-timeout", keepalive_timeout,
+                 "a client silent this long is cut off; its session waits --session-grace for "
+                 "a resume (a client may ask for less)")
       ->capture_default_str();
   app.add_option("--max-sessions", config.max_sessions, "concurrent sessions")
       ->capture_default_str();
@@ -157,10 +165,21 @@ int realMain(int argc, char** argv) {
   for (auto [text, out] : {std::pair{&first_client_timeout, &config.first_client_timeout},
                            std::pair{&idle_timeout, &config.idle_timeout},
                            std::pair{&session_grace, &config.limits.session_grace},
-                           std::pair{&drain_timeout, &config.drain_timeout}}) {
+                           std::pair{&drain_timeout, &config.drain_timeout},
+                           std::pair{&keepalive_interval, &config.limits.keepalive_interval},
+                           std::pair{&keepalive_timeout, &config.limits.keepalive_timeout}}) {
     auto d = parseDuration(*text);
     if (!d.ok()) return fail(kExitUsage, sv(d.status().message()));
     *out = *d;
+  }
+  if (config.limits.keepalive_timeout.count() <= 0 ||
+      config.limits.keepalive_interval.count() <= 0 ||
+      config.limits.keepalive_interval * 2 > config.limits.keepalive_timeout) {
+    return fail(kExitUsage, absl::StrCat("--keepalive-interval (",
+                                         config.limits.keepalive_interval.count(),
+                                         " ms) must be positive and at most half of "
+                                         "--keepalive-timeout (",
+                                         config.limits.keepalive_timeout.count(), " ms)"));
   }
 
   config.fs_mode = fs_mode == "rw"    ? FsMode::kReadWrite

@@ -14,6 +14,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +35,8 @@ struct Flags {
   bool json = false;
   std::string client_name = "siphon";
   std::string timeout = "10s";
+  std::string keepalive_interval;  // empty: the agent's
+  std::string keepalive_timeout;
 };
 
 net::awaitable<int> run(client::ClientOptions options, CommandRun command, bool json,
@@ -104,6 +107,13 @@ int realMain(int argc, char** argv) {
                  "Limit for connecting, the handshake and the request (500ms, 5s, 1m...)")
       ->capture_default_str();
 
+  app.add_option("--keepalive-interval", flags.keepalive_interval,
+                 "Ask the agent to ping this often (default: the agent's, 5s)");
+  app.add_option("--keepalive-timeout", flags.keepalive_timeout,
+                 "Treat the connection as cut after this long without a word from the agent, "
+                 "and resume on a new one (default: the agent's, 20s; the agent may hold "
+                 "a lower one)");
+
   std::vector<Command> commands;
   addBasicCommands(app, commands);
   addFsCommands(app, commands);
@@ -138,6 +148,22 @@ int realMain(int argc, char** argv) {
   }
 
   client::ClientOptions options;
+  // 0 asks nothing: the agent's own keepalive holds.
+  options.limits.keepalive_interval = std::chrono::milliseconds(0);
+  options.limits.keepalive_timeout = std::chrono::milliseconds(0);
+  for (auto [text, out, name] :
+       {std::tuple{&flags.keepalive_interval, &options.limits.keepalive_interval,
+                   "--keepalive-interval"},
+        std::tuple{&flags.keepalive_timeout, &options.limits.keepalive_timeout,
+                   "--keepalive-timeout"}}) {
+    if (text->empty()) continue;
+    auto d = parseDuration(*text);
+    if (!d.ok()) {
+      printError(absl::StrCat(name, ": ", d.status().message()));
+      return kExitUsage;
+    }
+    *out = *d;
+  }
   options.endpoints = *std::move(agents);
   if (!flags.token_file.empty()) {
     auto token = readTokenFile(flags.token_file);
