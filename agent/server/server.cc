@@ -103,13 +103,36 @@ void AgentSession::transportEnded(uint64_t generation, const absl::Status& why) 
             {{"session", id_},
              {"reason", sv(why.message())},
              {"grace_ms", static_cast<int64_t>(session_.limits().session_grace.count())}});
-  grace_timer_.expires_after(session_.limits().session_grace);
+  armGrace(std::chrono::steady_clock::now() + session_.limits().session_grace);
+}
+
+void AgentSession::armGrace(std::chrono::steady_clock::time_point deadline) {
+  grace_deadline_ = deadline;
+  grace_timer_.expires_at(deadline);
+  const uint64_t generation = generation_;
   std::weak_ptr<AgentSession> weak = weak_from_this();
   grace_timer_.async_wait([weak, generation](net::error_code ec) {
     auto self = weak.lock();
     if (ec || !self || self->generation_ != generation || self->ended_) return;
     self->end("no resume within the session grace period");
   });
+}
+
+void AgentSession::detachForResume() {
+  // The old transport's end, even one already under way (closed, its
+  // coroutines finishing), must not detach the session after the resume.
+  ++generation_;
+  if (transport_) transport_->close();
+  if (session_.attached()) {
+    session_.onTransportLost();
+    log::info("session_detached",
+              {{"session", id_},
+               {"reason", "a resume replaces the connection"},
+               {"grace_ms", static_cast<int64_t>(session_.limits().session_grace.count())}});
+    armGrace(std::chrono::steady_clock::now() + session_.limits().session_grace);
+  } else {
+    armGrace(grace_deadline_);  // the same deadline, for the new generation
+  }
 }
 
 void AgentSession::respond(v1::Response response) {
@@ -429,6 +452,7 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
       co_await reject(v1::UNAUTHENTICATED, "wrong resume token");
       co_return;
     }
+    session->detachForResume();
     absl::Status s =
         session->session().resume(hello.resume().last_seq_received(), protocol::Clock::now());
     if (!s.ok()) {

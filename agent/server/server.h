@@ -44,6 +44,13 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
 
   // Runs a new transport for this session (after the handshake).
   void attach(net::tcp::socket socket, std::string leftover);
+  // A resume is taking the session over: call before Session::resume(). A
+  // transport still attached (half-open: the client gave it up, the agent
+  // has not noticed yet) is closed first, so it neither handles frames nor
+  // writes any past the resume point (they would be handled twice, or
+  // counted as sent and never replayed). The grace period holds until
+  // attach(), should the handshake fail.
+  void detachForResume();
   // Sends a response, if the session still exists.
   void respond(v1::Response response);
   // Ends the session now: transport closed, removed from the registry.
@@ -80,6 +87,8 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   StreamEndpoint* endpoint(uint64_t stream_id);
 
   void transportEnded(uint64_t generation, const absl::Status& why);
+  // Ends the session at `deadline` unless a transport attaches first.
+  void armGrace(std::chrono::steady_clock::time_point deadline);
 
   Server& server_;
   std::string id_;
@@ -89,6 +98,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   std::shared_ptr<net::SessionTransport> transport_;
   uint64_t generation_ = 0;
   net::asio::steady_timer grace_timer_;
+  std::chrono::steady_clock::time_point grace_deadline_;
   std::chrono::steady_clock::time_point created_;
   bool ended_ = false;
   bool client_closed_ = false;
