@@ -538,6 +538,10 @@ void Server::requestStop() {
   asio::post(io_, [this] { shutdown(kExitOk, "stop requested"); });
 }
 
+void Server::requestDrain(std::string reason) {
+  asio::post(io_, [this, reason = std::move(reason)] { startDrain(reason); });
+}
+
 void Server::sessionEnded(const std::string& id) {
   sessions_.erase(id);
   services_->sessionEnded(id);

@@ -127,6 +127,8 @@ class Server {
 
   // Asks run() to end with exit code 0; safe from any thread.
   void requestStop();
+  // Starts the drain SIGTERM starts; safe from any thread.
+  void requestDrain(std::string reason);
 
   // Called by sessions.
   void handleRequest(std::shared_ptr<AgentSession> session, v1::Request request);

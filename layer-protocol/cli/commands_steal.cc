@@ -18,6 +18,11 @@
 //  5. First SIGINT/SIGTERM: unsubscribe every port, let open connections
 //     run to their end; a second one ends them. Then the summary, exit 0.
 //     A session lost for good ends everything with exit 3.
+//  6. With several --agent: when the agent drains or is lost beyond resume,
+//     the client moves to another one and steals the ports again there
+//     (client.h, failover); one "agent A ...; moved to agent B" line, and
+//     serving goes on. Connections of a lost agent are reset; those of a
+//     draining one finish there.
 //
 // Flow control is end to end, as in `forward`: a slow local server stops
 // the reads of its stream, which stops the agent reading the remote client.
@@ -155,10 +160,12 @@ struct StealState {
     lost = s;
     done.notify();
   }
-  // A stream or request failed: AGENT_LOST means no connection can work
-  // again.
+  // A stream or request failed with AGENT_LOST: that session is gone, but
+  // the client may have moved to another agent; only its own loss counts.
   void checkLost(const absl::Status& s) {
-    if (errorCodeOf(s) == v1::AGENT_LOST) sessionLost(s);
+    if (errorCodeOf(s) == v1::AGENT_LOST && !client->lostStatus().ok()) {
+      sessionLost(client->lostStatus());
+    }
   }
 
   void endAll(std::string_view why) {
@@ -417,6 +424,32 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
     state->print(drainingLine(d.reason(), std::max<int64_t>(0, (d.deadline_unix_ms() - now_ms) / 1000),
                               state->live.size() + state->starting, state->json));
   });
+  // Failover (several --agent): the client moved to another agent and made
+  // the subscriptions again there, under the same ids.
+  env.client->setFailoverHandler([weak = std::weak_ptr<StealState>(st)](
+                                     const client::FailoverEvent& e) {
+    auto state = weak.lock();
+    if (!state) return;
+    AgentMove move{e.from, e.to, e.reason, e.draining, e.streams, 0, 0};
+    std::vector<std::string> lines;
+    for (const auto& [id, status] : e.subscriptions) {
+      if (status.ok()) {
+        ++move.ports_back;
+        continue;
+      }
+      ++move.ports_lost;
+      auto sub = state->subscriptions.find(id);
+      uint16_t port = sub == state->subscriptions.end() ? 0 : state->targets[sub->second].route.port;
+      lines.push_back(restealFailedLine(port, e.to, statusText(status), state->json));
+    }
+    state->print(movedLine(move, state->json));
+    for (const auto& line : lines) state->print(line);
+    if (move.ports_back == 0 && move.ports_lost > 0) {
+      state->sessionLost(protoError(
+          v1::FAILED_PRECONDITION,
+          absl::StrCat("no port could be stolen again on agent ", e.to)));
+    }
+  });
   // A dead agent is noticed even with no connection open.
   env.client->setLostHandler([weak = std::weak_ptr<StealState>(st)](const absl::Status& s) {
     if (auto state = weak.lock()) state->sessionLost(s);
@@ -475,12 +508,13 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
     // print their last lines.
     while (st->busy()) co_await st->done.wait();
     printError(absl::StrCat("steal: ", st->lost.message()));
-    exit_code = kExitUnreachable;
+    exit_code = errorCodeOf(st->lost) == v1::AGENT_LOST ? kExitUnreachable : kExitError;
   }
 
   env.client->setStreamAcceptor(nullptr);
   env.client->setLostHandler(nullptr);
   env.client->setDrainingHandler(nullptr);
+  env.client->setFailoverHandler(nullptr);
   st->signals.cancel(ignored);
   st->print(summaryLine(st->totals, st->json));
   co_return exit_code;

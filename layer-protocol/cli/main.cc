@@ -95,7 +95,8 @@ int realMain(int argc, char** argv) {
   app.require_subcommand(1);
   app.add_option("-a,--agent", flags.agents,
                  "Agent address HOST:PORT ([v6]:PORT); repeatable, comma-separated lists "
-                 "allowed; tried in order (env SIPHON_AGENT)")
+                 "allowed; tried in order (env SIPHON_AGENT). With several, the session "
+                 "moves to another agent when its agent drains or is lost")
       ->allow_extra_args(false);
   app.add_option("--token-file", flags.token_file,
                  "File holding the agent's token; trailing whitespace is ignored "

@@ -38,6 +38,11 @@ class JsonLine {
     absl::StrAppend(&out_, value);
     return *this;
   }
+  JsonLine& addBool(std::string_view key, bool value) {
+    appendKey(key);
+    out_ += value ? "true" : "false";
+    return *this;
+  }
   std::string take() {
     out_ += "}\n";
     return std::move(out_);
@@ -184,6 +189,46 @@ std::string drainingLine(const std::string& reason, int64_t seconds_left, uint64
                       "): new connections go to the application; ", open_connections,
                       " open connection", open_connections == 1 ? "" : "s",
                       " may go on for up to ", seconds_left, " s\n");
+}
+
+std::string movedLine(const AgentMove& m, bool json) {
+  if (json) {
+    return JsonLine("agent_moved")
+        .add("from", m.from)
+        .add("to", m.to)
+        .add("reason", m.reason)
+        .addBool("draining", m.draining)
+        .add("connections", m.connections)
+        .add("ports_back", m.ports_back)
+        .add("ports_lost", m.ports_lost)
+        .take();
+  }
+  std::string line =
+      m.draining ? absl::StrCat("agent ", m.from, " draining; moved to agent ", m.to, "; ",
+                                m.connections, m.connections == 1 ? " connection" : " connections",
+                                " finishing on ", m.from)
+                 : absl::StrCat("agent ", m.from, " lost (", m.reason, "); moved to agent ", m.to,
+                                "; ", m.connections,
+                                m.connections == 1 ? " connection" : " connections", " reset");
+  if (m.ports_lost > 0) {
+    absl::StrAppend(&line, "; ", m.ports_lost, m.ports_lost == 1 ? " port" : " ports",
+                    " could not be stolen again");
+  }
+  line.push_back('\n');
+  return line;
+}
+
+std::string restealFailedLine(uint16_t port, const std::string& agent, const std::string& error,
+                              bool json) {
+  if (json) {
+    return JsonLine("steal_lost")
+        .add("port", uint64_t{port})
+        .add("agent", agent)
+        .add("error", error)
+        .take();
+  }
+  return absl::StrCat("steal port ", port, " on agent ", agent, " failed: ", error,
+                      " (the port is no longer stolen)\n");
 }
 
 std::string summaryLine(const StealTotals& t, bool json) {

@@ -75,6 +75,20 @@ std::string stoppingLine(uint64_t open_connections, bool json);
 // again, connections in flight go on until the deadline (`seconds_left`).
 std::string drainingLine(const std::string& reason, int64_t seconds_left, uint64_t open_connections,
                          bool json);
+// The client moved to another agent (failover).
+struct AgentMove {
+  std::string from, to, reason;
+  bool draining = false;
+  uint64_t connections = 0;  // draining: left to finish on `from`; else reset
+  uint64_t ports_back = 0;   // stolen again on `to`
+  uint64_t ports_lost = 0;   // refused there
+};
+//   agent A draining; moved to agent B; 3 connections finishing on A
+//   agent A lost (why); moved to agent B; 3 connections reset
+std::string movedLine(const AgentMove& m, bool json);
+// A port that could not be stolen again on the new agent.
+std::string restealFailedLine(uint16_t port, const std::string& agent, const std::string& error,
+                              bool json);
 //   summary: 3 connections, in=123 bytes, out=456 bytes
 std::string summaryLine(const StealTotals& t, bool json);
 

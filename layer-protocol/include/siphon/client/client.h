@@ -2,11 +2,23 @@
 // Connects, authenticates, sends requests, opens and accepts streams, and
 // rides through transport cuts by reconnecting and resuming the session.
 //
+// Failover (ClientOptions::failover, with more than one endpoint): when the
+// agent drains, or its session is lost beyond resume, the client opens a
+// session on another endpoint and brings back what can come back. Port
+// subscriptions are made again there, under the same subscription ids (the
+// ids this client hands out are its own, mapped to each agent's). Requests
+// in flight on a lost session fail with AGENT_LOST, its streams are reset
+// with AGENT_LOST, and its file handles stay invalid (EBADF), never reopened
+// behind the caller's back: handles too are this client's own numbers. A
+// draining agent keeps the streams it has until they end; only new work
+// goes to the other one.
+//
 // Threads: a Client and its streams live on one executor; call them from
 // coroutines running there.
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -36,15 +48,39 @@ struct ClientOptions {
   bool reconnect = true;
   std::chrono::milliseconds reconnect_backoff_initial{100};
   std::chrono::milliseconds reconnect_backoff_max{2000};
+  // Move to another endpoint when the agent drains or the session is lost
+  // beyond resume (needs two endpoints or more). A lost session is given up
+  // when a resume is refused, when the agent's address refuses connections,
+  // or after the keepalive timeout of failed resumes.
+  bool failover = true;
+  // How long to look for another agent before the session counts as lost.
+  std::chrono::milliseconds failover_timeout{30000};
+};
+
+// What a move to another agent did (Client::setFailoverHandler).
+struct FailoverEvent {
+  std::string from;    // endpoint of the agent left
+  std::string to;      // endpoint of the new session
+  std::string reason;  // "draining: ..." or why the session was lost
+  bool draining = false;
+  // Draining: streams left to finish on the old agent. Lost: streams reset
+  // (AGENT_LOST) and requests failed.
+  size_t streams = 0;
+  size_t requests_failed = 0;
+  // Every subscription this client held, by its id: OK when it is back on
+  // the new agent, else why not (it is then gone: unsubscribing it is a
+  // no-op).
+  std::vector<std::pair<uint64_t, absl::Status>> subscriptions;
 };
 
 class Client;
+struct Link;
 
 // A stream of the session. read() yields data in order; write() waits for
 // credit, so a slow peer slows only this stream.
 class ClientStream {
  public:
-  ClientStream(std::shared_ptr<Client> client, uint64_t id);
+  ClientStream(std::shared_ptr<Client> client, std::shared_ptr<Link> link, uint64_t id);
   uint64_t id() const { return id_; }
   // The next chunk; nullopt at the peer's half-close; an error status when
   // the stream was reset (the peer's code, or AGENT_LOST).
@@ -74,7 +110,9 @@ class ClientStream {
 
  private:
   friend class Client;
+  friend struct Link;
   std::shared_ptr<Client> client_;
+  std::shared_ptr<Link> link_;  // the session the stream belongs to
   uint64_t id_;
   std::deque<std::string> incoming_;
   std::deque<v1::StreamDatagram> datagrams_;
@@ -86,19 +124,21 @@ class ClientStream {
   std::optional<v1::StreamAccept> accepted_;
 };
 
-class Client : public std::enable_shared_from_this<Client>, private protocol::SessionHandler {
+class Client : public std::enable_shared_from_this<Client> {
  public:
   static std::shared_ptr<Client> create(net::asio::any_io_executor ex, ClientOptions options);
-  ~Client() override;
+  ~Client();
 
   // Opens a session on the first endpoint that answers. UNAVAILABLE names
   // every endpoint tried and why; a Reject comes back as its typed status
   // (UNAUTHENTICATED, UNSUPPORTED_VERSION, ...).
   net::awaitable<absl::Status> connect();
-  const v1::Welcome& welcome() const { return welcome_; }
-  std::string endpoint() const { return endpoint_; }
+  // The current session's (it changes with a failover).
+  const v1::Welcome& welcome() const;
+  std::string endpoint() const;
 
   // A unary request. The response's error (if any) comes back as a status.
+  // During a failover it waits (within `timeout`) for the new session.
   net::awaitable<absl::StatusOr<v1::Response>> call(
       v1::Request request, std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
@@ -112,68 +152,107 @@ class Client : public std::enable_shared_from_this<Client>, private protocol::Se
   void setStreamAcceptor(StreamAcceptor acceptor) { acceptor_ = std::move(acceptor); }
   absl::Status acceptStream(ClientStream& stream);
 
-  // Draining notices from the agent.
+  // Draining notices from the agent. With a failover to make, the failover
+  // handler is told instead (and this one only if no other agent answers).
   void setDrainingHandler(std::function<void(const v1::Draining&)> h) {
     on_draining_ = std::move(h);
   }
 
   // The session is gone for good (the agent's Goaway, SESSION_EXPIRED, no
-  // resume within the grace period): `h` gets the AGENT_LOST status once,
-  // even when no call or stream is there to notice. Not called for close().
+  // resume within the grace period) and no failover found another agent:
+  // `h` gets the AGENT_LOST status once, even when no call or stream is
+  // there to notice. Not called for close().
   void setLostHandler(std::function<void(const absl::Status&)> h) { on_lost_ = std::move(h); }
+  // Non-OK once the client has no session and will not get one again. A
+  // stream or request failing with AGENT_LOST alone does not mean that: a
+  // failover may have moved the client on.
+  const absl::Status& lostStatus() const { return lost_; }
+
+  // Called after each move to another agent, once its subscriptions are
+  // made again.
+  void setFailoverHandler(std::function<void(const FailoverEvent&)> h) {
+    on_failover_ = std::move(h);
+  }
 
   // Ends the session (the agent drops it at once).
   void close();
   // Cuts the transport without ending the session (tests; a network blip).
   void cutTransportForTest();
-  uint64_t resumeCountForTest() const { return resumes_; }
+  uint64_t resumeCountForTest() const;
+  uint64_t failoverCountForTest() const { return failovers_; }
 
  private:
   friend class ClientStream;
+  friend struct Link;
   explicit Client(net::asio::any_io_executor ex, ClientOptions options);
 
-  struct Pending {
-    explicit Pending(net::asio::any_io_executor ex) : done(ex) {}
-    net::Signal done;
-    std::optional<absl::StatusOr<v1::Response>> result;
+  struct Pending;
+  // A subscription (steal, mirror) under this client's id.
+  struct Subscription {
+    v1::Request request;  // to make it again on another agent
+    uint64_t generation = 0;  // the Link it lives on (0: none, it is gone)
+    uint64_t agent_id = 0;    // its id on that agent
+  };
+  // A file or directory handle under this client's number.
+  struct Handle {
+    uint64_t generation;
+    uint64_t agent_fd;
+    std::string endpoint;
   };
 
-  net::awaitable<absl::StatusOr<net::tcp::socket>> dial(const std::string& endpoint);
-  net::awaitable<absl::Status> handshake(net::tcp::socket& socket, bool resume,
+  net::awaitable<absl::StatusOr<net::tcp::socket>> dial(const std::string& endpoint,
+                                                         bool* refused = nullptr);
+  net::awaitable<absl::Status> handshake(Link& link, net::tcp::socket& socket, bool resume,
                                          std::string* leftover);
-  net::awaitable<void> runTransports(std::shared_ptr<Client> self, net::tcp::socket socket,
-                                     std::string leftover);
-  net::awaitable<absl::StatusOr<std::pair<net::tcp::socket, std::string>>> reconnect();
+  // Dial and handshake: a new Link on `endpoint`.
+  net::awaitable<absl::StatusOr<std::shared_ptr<Link>>> open(const std::string& endpoint,
+                                                             net::tcp::socket* socket,
+                                                             std::string* leftover);
+  void start(std::shared_ptr<Link> link, net::tcp::socket socket, std::string leftover);
+  net::awaitable<void> runTransports(std::shared_ptr<Client> self, std::shared_ptr<Link> link,
+                                     net::tcp::socket socket, std::string leftover);
+  net::awaitable<absl::StatusOr<std::pair<net::tcp::socket, std::string>>> reconnect(Link& link);
+  bool canFailover() const;
+  std::shared_ptr<Link> linkOf(uint64_t generation) const;
+  net::awaitable<void> failover(std::shared_ptr<Client> self, std::shared_ptr<Link> from,
+                                FailoverEvent event, std::optional<v1::Draining> draining);
+  net::awaitable<absl::StatusOr<v1::Response>> callOn(std::shared_ptr<Link> link,
+                                                      v1::Request request,
+                                                      std::chrono::milliseconds timeout,
+                                                      uint64_t subscription);
+  // Fails what `link` carries; the current link's loss moves the client to
+  // another agent or ends it.
+  void linkLost(const std::shared_ptr<Link>& link, const absl::Status& why);
   void sessionLost(const absl::Status& why);
-  void wake();
+  net::awaitable<bool> waitForMove(std::chrono::steady_clock::time_point deadline);
+  // Client handles <-> agent handles in file requests and answers.
+  absl::Status mapHandleOut(v1::Request& request);
+  void mapHandleIn(const v1::Request& request, v1::Response& response);
+  absl::Status mapUnsubscribe(v1::Request& request, bool* gone);
 
-  // SessionHandler
-  void onResponse(v1::Response response) override;
-  void onStreamOpen(v1::StreamOpen open) override;
-  void onStreamAccept(v1::StreamAccept accept) override;
-  void onStreamData(uint64_t id, std::string_view payload) override;
-  void onStreamDatagram(v1::StreamDatagram datagram) override;
-  void onStreamHalfClose(uint64_t id) override;
-  void onStreamReset(uint64_t id, v1::Error error) override;
-  void onStreamWritable(uint64_t id) override;
-  void onDraining(v1::Draining draining) override;
-  void onGoaway(v1::Goaway goaway) override;
+  // From the Links' SessionHandler.
+  void onResponse(Link& link, v1::Response response);
+  void onStreamOpen(Link& link, v1::StreamOpen open);
+  void onDraining(Link& link, v1::Draining draining);
 
   net::asio::any_io_executor ex_;
   ClientOptions options_;
-  std::unique_ptr<protocol::Session> session_;
-  std::shared_ptr<net::SessionTransport> transport_;
-  v1::Welcome welcome_;
-  std::string endpoint_;
-  absl::Status lost_;    // non-OK once the session is gone for good
-  absl::Status goaway_;  // the agent ended the session
+  std::shared_ptr<Link> link_;  // the current session
+  std::vector<std::weak_ptr<Link>> retiring_;  // draining agents' sessions
+  uint64_t generations_ = 0;
+  absl::Status lost_;  // non-OK once the client is gone for good
   bool closing_ = false;
-  uint64_t resumes_ = 0;
-  std::map<uint64_t, std::shared_ptr<Pending>> pending_;
-  std::map<uint64_t, std::weak_ptr<ClientStream>> streams_;
+  bool moving_ = false;  // a failover is under way
+  net::Signal moved_;
+  uint64_t failovers_ = 0;
+  std::map<uint64_t, Subscription> subscriptions_;
+  uint64_t next_subscription_ = 0;
+  std::map<uint64_t, Handle> handles_;
+  uint64_t next_handle_ = 0;
   StreamAcceptor acceptor_;
   std::function<void(const v1::Draining&)> on_draining_;
   std::function<void(const absl::Status&)> on_lost_;
+  std::function<void(const FailoverEvent&)> on_failover_;
 };
 
 }  // namespace siphon::client

@@ -163,32 +163,34 @@ net::awaitable<bool> eventually(std::function<bool()> pred) {
   co_return pred();
 }
 
+// Starts a targetless agent whose steal service steers through `kernel`.
+void startStealAgent(fakes::InProcessAgent& agent, const std::shared_ptr<FakeKernel>& kernel) {
+  AgentConfig config;
+  config.token = kToken;
+  TargetSpec spec;
+  spec.mode = TargetMode::kTargetless;
+  agent.start(config, std::make_unique<RealProcFs>(), spec, [kernel](Server& server) {
+    auto service = makeStealService(
+        server.serviceContext(),
+        [kernel](const Listeners& l) -> absl::StatusOr<std::unique_ptr<Steering>> {
+          {
+            std::lock_guard<std::mutex> lock(kernel->mu);
+            kernel->listeners = l;
+          }
+          return std::make_unique<FakeSteering>(kernel);
+        },
+        [kernel](uint16_t port) -> absl::StatusOr<int> {
+          kernel->record(absl::StrCat("flush ", port));
+          return 0;
+        });
+    server.services().addRequest(v1::Request::kSteal, service);
+    server.services().addRequest(v1::Request::kUnsubscribe, service);
+  });
+}
+
 class StealServiceTest : public testing::Test {
  protected:
-  void SetUp() override {
-    AgentConfig config;
-    config.token = kToken;
-    TargetSpec spec;
-    spec.mode = TargetMode::kTargetless;
-    auto kernel = kernel_;
-    agent_.start(config, std::make_unique<RealProcFs>(), spec, [kernel](Server& server) {
-      auto service = makeStealService(
-          server.serviceContext(),
-          [kernel](const Listeners& l) -> absl::StatusOr<std::unique_ptr<Steering>> {
-            {
-              std::lock_guard<std::mutex> lock(kernel->mu);
-              kernel->listeners = l;
-            }
-            return std::make_unique<FakeSteering>(kernel);
-          },
-          [kernel](uint16_t port) -> absl::StatusOr<int> {
-            kernel->record(absl::StrCat("flush ", port));
-            return 0;
-          });
-      server.services().addRequest(v1::Request::kSteal, service);
-      server.services().addRequest(v1::Request::kUnsubscribe, service);
-    });
-  }
+  void SetUp() override { startStealAgent(agent_, kernel_); }
 
   std::shared_ptr<client::Client> newClient(const asio::any_io_executor& ex,
                                             std::string name = "test") {
@@ -468,6 +470,224 @@ TEST_F(StealServiceTest, UnclaimedConnectionPassesThroughToTheApplication) {
     c->close();
   });
   EXPECT_TRUE(echoed == data) << "echo differs: " << echoed.size() << " bytes";
+}
+
+// ------------------------------------------------------------ failover
+
+// Two agents for one target (replicas); the client knows both.
+class FailoverTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    startStealAgent(a_, kernel_a_);
+    startStealAgent(b_, kernel_b_);
+    kernel_a_->original_port = 8080;
+    kernel_b_->original_port = 8080;
+  }
+
+  std::shared_ptr<client::Client> newClient(const asio::any_io_executor& ex) {
+    client::ClientOptions o;
+    o.endpoints = {a_.address(), b_.address()};
+    o.token = kToken;
+    o.client_name = "failover-test";
+    return client::Client::create(ex, o);
+  }
+
+  // What the client's handlers saw.
+  struct Seen {
+    explicit Seen(asio::any_io_executor e) : signal(e) {}
+    net::Signal signal;
+    std::vector<std::pair<std::shared_ptr<client::ClientStream>, v1::StreamOpen>> streams;
+    std::vector<client::FailoverEvent> moves;
+  };
+  std::shared_ptr<Seen> watch(const std::shared_ptr<client::Client>& c,
+                              const asio::any_io_executor& ex) {
+    auto seen = std::make_shared<Seen>(ex);
+    c->setStreamAcceptor([seen](std::shared_ptr<client::ClientStream> s, v1::StreamOpen open) {
+      seen->streams.emplace_back(std::move(s), std::move(open));
+    });
+    c->setFailoverHandler([seen](const client::FailoverEvent& e) { seen->moves.push_back(e); });
+    return seen;
+  }
+
+  std::shared_ptr<FakeKernel> kernel_a_ = std::make_shared<FakeKernel>();
+  std::shared_ptr<FakeKernel> kernel_b_ = std::make_shared<FakeKernel>();
+  fakes::InProcessAgent a_;
+  fakes::InProcessAgent b_;
+};
+
+// The agent goes away (its Goaway): the client opens a session on the other
+// agent and steals the port there under the same subscription id; the
+// connection that was open on the first agent is reset with AGENT_LOST.
+TEST_F(FailoverTest, LostAgentMovesTheSubscriptionsToTheNextOne) {
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = newClient(ex);
+    auto seen = watch(c, ex);
+    EXPECT_TRUE((co_await c->connect()).ok());
+    EXPECT_EQ(c->endpoint(), a_.address());
+    auto id = co_await subscribe(c, 8080);
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) co_return;
+
+    int fd_a = connectTo(kernel_a_->listenerPort());
+    EXPECT_TRUE(co_await eventually([&] { return seen->streams.size() == 1; }));
+    auto first = seen->streams.at(0).first;
+    EXPECT_TRUE(c->acceptStream(*first).ok());
+
+    a_.stop();
+    EXPECT_TRUE(co_await eventually([&] { return seen->moves.size() == 1; }));
+    if (seen->moves.size() != 1) co_return;
+    const client::FailoverEvent& move = seen->moves[0];
+    EXPECT_EQ(move.from, a_.address());
+    EXPECT_EQ(move.to, b_.address());
+    EXPECT_FALSE(move.draining);
+    EXPECT_EQ(move.streams, 1u);
+    EXPECT_EQ(move.subscriptions.size(), 1u);
+    if (move.subscriptions.size() == 1) {
+      EXPECT_EQ(move.subscriptions[0].first, *id);
+      EXPECT_TRUE(move.subscriptions[0].second.ok()) << move.subscriptions[0].second;
+    }
+    EXPECT_TRUE(c->lostStatus().ok()) << c->lostStatus();
+    EXPECT_EQ(c->endpoint(), b_.address());
+    EXPECT_TRUE(kernel_b_->saw("add 8080"));
+
+    auto gone = co_await first->read();
+    EXPECT_EQ(errorCodeOf(gone.status()), v1::AGENT_LOST) << gone.status();
+    ::close(fd_a);
+
+    // A new connection on the second replica is stolen, for the same id.
+    int fd_b = connectTo(kernel_b_->listenerPort());
+    EXPECT_TRUE(co_await eventually([&] { return seen->streams.size() == 2; }));
+    if (seen->streams.size() == 2) {
+      auto& [stream, open] = seen->streams[1];
+      EXPECT_EQ(open.stolen().subscription_id(), *id);
+      EXPECT_TRUE(c->acceptStream(*stream).ok());
+      writeAll(fd_b, "hello");
+      auto chunk = co_await stream->read();
+      EXPECT_TRUE(chunk.ok() && chunk->has_value() && **chunk == "hello");
+    }
+    ::close(fd_b);
+
+    // Unsubscribing the client's id releases the port on the new agent.
+    EXPECT_TRUE((co_await unsubscribe(c, *id)).ok());
+    EXPECT_TRUE(kernel_b_->saw("remove 8080"));
+    c->close();
+  });
+}
+
+// The agent drains: new work (the subscription) moves at once, while the
+// stream open on the draining agent goes on there until it ends.
+TEST_F(FailoverTest, DrainingAgentKeepsItsOpenStreamsWhileNewOnesMove) {
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = newClient(ex);
+    auto seen = watch(c, ex);
+    EXPECT_TRUE((co_await c->connect()).ok());
+    auto id = co_await subscribe(c, 8080);
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) co_return;
+    int fd_a = connectTo(kernel_a_->listenerPort());
+    EXPECT_TRUE(co_await eventually([&] { return seen->streams.size() == 1; }));
+    auto first = seen->streams.at(0).first;
+    EXPECT_TRUE(c->acceptStream(*first).ok());
+
+    a_.server().requestDrain("test");
+    EXPECT_TRUE(co_await eventually([&] { return seen->moves.size() == 1; }));
+    if (seen->moves.size() != 1) co_return;
+    EXPECT_TRUE(seen->moves[0].draining);
+    EXPECT_EQ(seen->moves[0].streams, 1u);
+    EXPECT_EQ(seen->moves[0].to, b_.address());
+    EXPECT_TRUE(kernel_a_->saw("remove 8080"));
+    EXPECT_TRUE(kernel_b_->saw("add 8080"));
+
+    // The open connection still flows both ways on the draining agent.
+    writeAll(fd_a, "ping");
+    auto chunk = co_await first->read();
+    EXPECT_TRUE(chunk.ok() && chunk->has_value() && **chunk == "ping") << chunk.status();
+    EXPECT_TRUE((co_await first->write("pong")).ok());
+    EXPECT_TRUE(first->halfClose().ok());
+    // Read on a thread of its own: the client's loop must go on to send.
+    // The receive timeout turns a lost answer into a failure, not a hang.
+    timeval tv{10, 0};
+    ::setsockopt(fd_a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    std::string answer;
+    std::atomic<bool> answered{false};
+    std::thread reader([&] {
+      answer = readAll(fd_a);
+      answered = true;
+    });
+    EXPECT_TRUE(co_await eventually([&] { return answered.load(); }));
+    reader.join();
+    EXPECT_EQ(answer, "pong");
+    ::close(fd_a);
+
+    int fd_b = connectTo(kernel_b_->listenerPort());
+    EXPECT_TRUE(co_await eventually([&] { return seen->streams.size() == 2; }));
+    if (seen->streams.size() == 2) {
+      EXPECT_EQ(seen->streams[1].second.stolen().subscription_id(), *id);
+    }
+    ::close(fd_b);
+    EXPECT_TRUE(c->lostStatus().ok()) << c->lostStatus();
+    c->close();
+  });
+}
+
+// File handles belong to the session that opened them: after a failover a
+// handle of the lost agent is EBADF (never reopened on the new agent, whose
+// own handle numbers start again), and new handles work.
+TEST_F(FailoverTest, HandlesOfALostAgentStayBad) {
+  char path[] = "/tmp/siphon-failover-XXXXXX";
+  int tmp = ::mkstemp(path);
+  ASSERT_GE(tmp, 0);
+  writeAll(tmp, "contents");
+  ::close(tmp);
+  const std::string file = path;
+  auto openFile = [&file](const std::shared_ptr<client::Client>& c)
+      -> net::awaitable<absl::StatusOr<uint64_t>> {
+    v1::Request r;
+    r.mutable_file()->mutable_open()->set_path(file);
+    auto resp = co_await c->call(r);
+    if (!resp.ok()) co_return resp.status();
+    co_return resp->file().opened().fd();
+  };
+  auto readFile = [](const std::shared_ptr<client::Client>& c,
+                     uint64_t fd) -> net::awaitable<absl::StatusOr<std::string>> {
+    v1::Request r;
+    r.mutable_file()->mutable_pread()->set_fd(fd);
+    r.mutable_file()->mutable_pread()->set_size(100);
+    auto resp = co_await c->call(r);
+    if (!resp.ok()) co_return resp.status();
+    co_return resp->file().data().data();
+  };
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = newClient(ex);
+    auto seen = watch(c, ex);
+    EXPECT_TRUE((co_await c->connect()).ok());
+    auto old_fd = co_await openFile(c);
+    EXPECT_TRUE(old_fd.ok()) << old_fd.status();
+    if (!old_fd.ok()) co_return;
+    auto got = co_await readFile(c, *old_fd);
+    EXPECT_EQ(got.value_or("?"), "contents");
+
+    a_.stop();
+    EXPECT_TRUE(co_await eventually([&] { return seen->moves.size() == 1; }));
+    auto stale = co_await readFile(c, *old_fd);
+    EXPECT_EQ(errnoOf(stale.status()), EBADF) << stale.status();
+    EXPECT_NE(stale.status().message().find(a_.address()), absl::string_view::npos)
+        << stale.status();
+
+    auto new_fd = co_await openFile(c);
+    EXPECT_TRUE(new_fd.ok()) << new_fd.status();
+    if (new_fd.ok()) {
+      EXPECT_NE(*new_fd, *old_fd);
+      EXPECT_EQ((co_await readFile(c, *new_fd)).value_or("?"), "contents");
+    }
+    // The old handle stays bad, and closing it says so.
+    EXPECT_EQ(errnoOf((co_await readFile(c, *old_fd)).status()), EBADF);
+    v1::Request close_old;
+    close_old.mutable_file()->mutable_close()->set_fd(*old_fd);
+    EXPECT_EQ(errnoOf((co_await c->call(close_old)).status()), EBADF);
+    c->close();
+  });
+  ::unlink(path);
 }
 
 }  // namespace
