@@ -615,6 +615,8 @@ class ResumeTest : public ::testing::Test {
     return t;
   }
 
+  void pausedTransfer(bool pause_agent);
+
   std::optional<TempDir> dir_;
   std::string token_file_;
   std::optional<NetNs> pod_, client_, node_;
@@ -714,23 +716,20 @@ TEST_F(ResumeTest, StolenTransferSurvivesABlackholeLongerThanTheKeepalive) {
               HasSubstr("in=" + std::to_string(kTransfer) + " out=" + std::to_string(kTransfer)));
 }
 
-// The agent stopped (SIGSTOP) for longer than the keepalive timeout in the
-// middle of a 256 MiB stolen transfer each way: the CLI gives the
-// connection up and reconnects at once (the kernel completes the new
-// connection and holds its Hello while the agent is stopped). When the agent
-// runs again, its old connection still holds frames the CLI sent before it
-// gave up, and the resume is waiting beside it: whatever order the agent
-// sees them in, every byte arrives once, in order.
-TEST_F(ResumeTest, StolenTransferSurvivesAnAgentPausedPastTheKeepalive) {
+// One side stopped (SIGSTOP) for longer than the keepalive timeout in the
+// middle of a 256 MiB stolen transfer each way, then continued: every byte
+// arrives once, in order, after a resume.
+void ResumeTest::pausedTransfer(bool pause_agent) {
   ASSERT_NO_FATAL_FAILURE(startAgent(kShortKeepalive));
   NsProc* agent = agent_.get();
   NsProc* s = nullptr;
   Transfer t = stolenTransfer(
       kTransfer, kTransfer,
       [&] {
-        agent->signal(SIGSTOP);
+        NsProc* paused = pause_agent ? agent : s;
+        paused->signal(SIGSTOP);
         std::this_thread::sleep_for(std::chrono::milliseconds(3000));
-        agent->signal(SIGCONT);
+        paused->signal(SIGCONT);
       },
       nullptr, kShortKeepalive, &s);
   ASSERT_NE(s, nullptr);
@@ -739,6 +738,120 @@ TEST_F(ResumeTest, StolenTransferSurvivesAnAgentPausedPastTheKeepalive) {
   EXPECT_EQ(t.up.good, kTransfer) << t.up;
   EXPECT_TRUE(t.up.clean_eof) << t.up;
   EXPECT_THAT(agentLog(), HasSubstr("session_resumed"));
+  s->signal(SIGINT);
+  EXPECT_EQ(s->child().waitUntil(Clock::now() + kProcessDeadline), 0) << s->err();
+}
+
+// The agent paused: the CLI gives the connection up and reconnects at once
+// (the kernel completes the new connection and holds its Hello while the
+// agent is stopped). When the agent runs again, its old connection still
+// holds frames the CLI sent before it gave up, and the resume waits beside
+// it: whatever order the agent sees them in, nothing is handled twice or
+// skipped (the bug fixed in 916f682).
+TEST_F(ResumeTest, StolenTransferSurvivesAnAgentPausedPastTheKeepalive) { pausedTransfer(true); }
+
+// The CLI paused: the agent detaches the session and keeps it; the CLI,
+// running again, finds its connection gone and resumes.
+TEST_F(ResumeTest, StolenTransferSurvivesACliPausedPastTheKeepalive) { pausedTransfer(false); }
+
+// Eight stolen uploads at once through a blackhole longer than the
+// keepalive timeout: their stream windows together are more than the
+// agent's replay buffer (16 MiB), so while the session is detached the
+// agent reads from the pod's sockets only until that buffer is full, then
+// leaves the rest to TCP backpressure. Its memory stays within the buffer
+// plus slack, nothing is dropped: every upload arrives byte-exact after the
+// resume.
+TEST_F(ResumeTest, DetachedSessionBuffersAtMostItsReplayBuffer) {
+  ASSERT_NO_FATAL_FAILURE(startAgent(kShortKeepalive));
+  const pid_t agent_pid = agent_->pid();
+  constexpr int kConnections = 8;
+  constexpr uint64_t kEach = 48 * kMiB;
+  std::atomic<uint64_t> received{0};
+  std::atomic<int> good{0};
+  std::mutex mu;
+  std::vector<std::string> failures;
+  NsServer local(node_->name(), [&](int fd) {
+    // The remote client's first 8 bytes name its generator.
+    uint64_t seed = 0;
+    size_t got = 0;
+    while (got < sizeof seed) {
+      ssize_t n = ::read(fd, reinterpret_cast<char*>(&seed) + got, sizeof seed - got);
+      if (n <= 0) return;
+      got += static_cast<size_t>(n);
+    }
+    Pattern p(seed);
+    std::string buf(kMiB, '\0'), want(kMiB, '\0');
+    uint64_t total = 0;
+    while (true) {
+      ssize_t n = ::read(fd, buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        std::lock_guard<std::mutex> l(mu);
+        if (n == 0 && total == kEach) {
+          ++good;
+        } else {
+          failures.push_back("upload " + std::to_string(seed) + ": " + std::to_string(total) +
+                             " bytes, then " + (n == 0 ? "EOF" : strerror(errno)));
+        }
+        return;
+      }
+      p.fill(want.data(), static_cast<size_t>(n));
+      if (std::memcmp(buf.data(), want.data(), static_cast<size_t>(n)) != 0) {
+        std::lock_guard<std::mutex> l(mu);
+        failures.push_back("upload " + std::to_string(seed) + ": a byte differs after " +
+                           std::to_string(total));
+        return;
+      }
+      total += static_cast<uint64_t>(n);
+      received += static_cast<uint64_t>(n);
+    }
+  });
+  NsProc* s = steal(local, kShortKeepalive);
+  std::atomic<uint64_t> sent{0};
+  std::vector<std::thread> uploaders;
+  for (int i = 0; i < kConnections; ++i) {
+    uploaders.emplace_back([&, i] {
+      Fd fd(connectFrom(client_->name(), pod_ip_, 80));
+      if (fd.get() < 0) return;
+      const uint64_t seed = 100 + static_cast<uint64_t>(i);
+      if (!writeAll(fd.get(), reinterpret_cast<const char*>(&seed), sizeof seed)) return;
+      sendPattern(fd.get(), seed, kEach, &sent);
+      // Wait for the local server's side to close (after our EOF), so the
+      // connection is not reset under data still in flight.
+      char b;
+      while (::read(fd.get(), &b, 1) > 0) {
+      }
+    });
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(kIoTimeoutSeconds);
+  while (received < 64 * kMiB && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_NO_FATAL_FAILURE(blackhole());
+  const uint64_t rss_at_cut = rssOf(agent_pid), sent_at_cut = sent;
+  uint64_t rss_max = rss_at_cut;
+  bool detached = false;
+  const auto start = Clock::now();
+  while (Clock::now() - start < std::chrono::milliseconds(3000) ||
+         (!detached && Clock::now() - start < std::chrono::seconds(10))) {
+    rss_max = std::max(rss_max, rssOf(agent_pid));
+    detached = agentLog().find("session_detached") != std::string::npos;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const uint64_t sent_at_end = sent;
+  removeBlackhole();
+  for (auto& t : uploaders) t.join();
+  EXPECT_TRUE(detached) << "the agent never noticed the silent transport";
+  EXPECT_EQ(good.load(), kConnections) << testing::PrintToString(failures);
+  EXPECT_THAT(agentLog(), HasSubstr("session_resumed"));
+  std::cerr << "blackhole with " << kConnections << " uploads: agent RSS " << rss_at_cut / kMiB
+            << " -> " << rss_max / kMiB << " MiB, uploads moved "
+            << (sent_at_end - sent_at_cut) / kMiB << " MiB\n";
+  // The replay buffer (16 MiB) with room to spare for the allocator and
+  // the pumps' reads; an agent reading the uploads into memory would grow
+  // by about 300 MiB.
+  EXPECT_LT(rss_max - rss_at_cut, 40 * kMiB)
+      << "agent RSS " << rss_at_cut / kMiB << " MiB -> " << rss_max / kMiB << " MiB";
   s->signal(SIGINT);
   EXPECT_EQ(s->child().waitUntil(Clock::now() + kProcessDeadline), 0) << s->err();
 }
