@@ -482,7 +482,13 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
   absl::Status w = co_await net::writeFrame(socket, welcome_frame);
   if (!w.ok()) {
     log::info("handshake_failed", {{"peer", peer}, {"error", sv(w.message())}});
-    if (!welcome.resumed()) session->end("handshake failed");
+    if (!welcome.resumed()) {
+      session->end("handshake failed");
+    } else if (!session->ended() && !session->attached()) {
+      // Detached again, its grace deadline unchanged (detachForResume): a
+      // client whose resumes keep failing does not extend it.
+      session->session().onTransportLost();
+    }
     co_return;
   }
   if (session->ended()) co_return;
