@@ -905,6 +905,46 @@ TEST_F(ResumeTest, OutgoingUploadSurvivesAKilledTransport) {
   EXPECT_THAT(agentLog(), HasSubstr("session_resumed"));
 }
 
+// `siphon forward` to a server inside the pod, 256 MiB each way through
+// one forwarded connection, the transport killed with ss -K mid-transfer:
+// both directions of the outgoing stream arrive byte-exact.
+TEST_F(ResumeTest, OutgoingForwardEachWaySurvivesAKilledTransport) {
+  ASSERT_NO_FATAL_FAILURE(startAgent({}));
+  Received up;
+  std::atomic<bool> up_done{false};
+  NsServer server(pod_->name(), [&](int fd) {
+    std::thread sender([fd] { sendPattern(fd, 11, kTransfer); });
+    up = receivePattern(fd, 12, kTransfer);
+    sender.join();
+    up_done = true;
+  });
+  // A free port of the node namespace (nothing else runs there).
+  uint16_t local_port = 0;
+  { Fd probe = listenIn(node_->name(), &local_port); }
+  NsProc* f =
+      cli({}, {"forward", "-L", "127.0.0.1:" + std::to_string(local_port) + ":" + server.to()});
+  ASSERT_TRUE(eventually([f] { return f->err(); }, "forwarding", std::chrono::seconds(20)))
+      << f->err();
+  Fd fd(connectFrom(node_->name(), "127.0.0.1", local_port));
+  ASSERT_GE(fd.get(), 0) << strerror(errno);
+  size_t killed = 0;
+  const int raw = fd.get();
+  std::thread uploader([raw] { sendPattern(raw, 12, kTransfer); });
+  Received down = receivePattern(raw, 11, kTransfer, [&] { killed = killTransport(); });
+  uploader.join();
+  const auto deadline = Clock::now() + std::chrono::seconds(kIoTimeoutSeconds + 5);
+  while (!up_done && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(killed, 1u) << "ss -K found no agent<->CLI connection to kill";
+  EXPECT_EQ(down.good, kTransfer) << down;
+  EXPECT_TRUE(down.clean_eof) << down;
+  ASSERT_TRUE(up_done) << "the pod's server never saw the end of the upload";
+  EXPECT_EQ(up.good, kTransfer) << up;
+  EXPECT_TRUE(up.clean_eof) << up;
+  EXPECT_THAT(agentLog(), HasSubstr("session_resumed"));
+}
+
 // The CLI stopped (SIGSTOP) for longer than keepalive timeout + grace: the
 // agent drops the session; the application has port 80 back, the stolen
 // connection still open is closed, no port is steered any more and the
