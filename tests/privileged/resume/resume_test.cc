@@ -392,7 +392,7 @@ size_t fdCountOf(pid_t pid) {
 
 // ------------------------------------------------------------ the fixture
 
-class ResumeTest : public ::testing::Test {
+class ContinuityTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (geteuid() != 0) GTEST_SKIP() << kSkipReason;
@@ -634,7 +634,7 @@ class ResumeTest : public ::testing::Test {
 // ss -K of the agent<->CLI connection in the middle of a 256 MiB stolen
 // download: the CLI resumes the session and the remote client gets every
 // byte once, in order.
-TEST_F(ResumeTest, StolenDownloadSurvivesAKilledTransport) {
+TEST_F(ContinuityTest, StolenDownloadSurvivesAKilledTransport) {
   ASSERT_NO_FATAL_FAILURE(startAgent({}));
   size_t killed = 0;
   NsProc* s = nullptr;
@@ -660,7 +660,7 @@ TEST_F(ResumeTest, StolenDownloadSurvivesAKilledTransport) {
 // agent buffers at most its replay buffer and stream windows: its memory
 // stays bounded and the remote client's upload stalls (TCP backpressure)
 // rather than being read into memory.
-TEST_F(ResumeTest, StolenTransferSurvivesABlackholeLongerThanTheKeepalive) {
+TEST_F(ContinuityTest, StolenTransferSurvivesABlackholeLongerThanTheKeepalive) {
   ASSERT_NO_FATAL_FAILURE(startAgent(kShortKeepalive));
   const pid_t agent_pid = agent_->pid();
   std::atomic<uint64_t> up_sent{0};
@@ -719,7 +719,7 @@ TEST_F(ResumeTest, StolenTransferSurvivesABlackholeLongerThanTheKeepalive) {
 // One side stopped (SIGSTOP) for longer than the keepalive timeout in the
 // middle of a 256 MiB stolen transfer each way, then continued: every byte
 // arrives once, in order, after a resume.
-void ResumeTest::pausedTransfer(bool pause_agent) {
+void ContinuityTest::pausedTransfer(bool pause_agent) {
   ASSERT_NO_FATAL_FAILURE(startAgent(kShortKeepalive));
   NsProc* agent = agent_.get();
   NsProc* s = nullptr;
@@ -748,11 +748,13 @@ void ResumeTest::pausedTransfer(bool pause_agent) {
 // holds frames the CLI sent before it gave up, and the resume waits beside
 // it: whatever order the agent sees them in, nothing is handled twice or
 // skipped (the bug fixed in 916f682).
-TEST_F(ResumeTest, StolenTransferSurvivesAnAgentPausedPastTheKeepalive) { pausedTransfer(true); }
+TEST_F(ContinuityTest, StolenTransferSurvivesAnAgentPausedPastTheKeepalive) {
+  pausedTransfer(true);
+}
 
 // The CLI paused: the agent detaches the session and keeps it; the CLI,
 // running again, finds its connection gone and resumes.
-TEST_F(ResumeTest, StolenTransferSurvivesACliPausedPastTheKeepalive) { pausedTransfer(false); }
+TEST_F(ContinuityTest, StolenTransferSurvivesACliPausedPastTheKeepalive) { pausedTransfer(false); }
 
 // Eight stolen uploads at once through a blackhole longer than the
 // keepalive timeout: their stream windows together are more than the
@@ -761,7 +763,7 @@ TEST_F(ResumeTest, StolenTransferSurvivesACliPausedPastTheKeepalive) { pausedTra
 // leaves the rest to TCP backpressure. Its memory stays within the buffer
 // plus slack, nothing is dropped: every upload arrives byte-exact after the
 // resume.
-TEST_F(ResumeTest, DetachedSessionBuffersAtMostItsReplayBuffer) {
+TEST_F(ContinuityTest, DetachedSessionBuffersAtMostItsReplayBuffer) {
   ASSERT_NO_FATAL_FAILURE(startAgent(kShortKeepalive));
   const pid_t agent_pid = agent_->pid();
   constexpr int kConnections = 8;
@@ -859,7 +861,7 @@ TEST_F(ResumeTest, DetachedSessionBuffersAtMostItsReplayBuffer) {
 // `siphon connect` uploading 256 MiB from its stdin to a server inside the
 // pod, the transport killed with ss -K mid-transfer: the server receives
 // every byte once, in order, and its answer reaches the CLI's stdout.
-TEST_F(ResumeTest, OutgoingUploadSurvivesAKilledTransport) {
+TEST_F(ContinuityTest, OutgoingUploadSurvivesAKilledTransport) {
   ASSERT_NO_FATAL_FAILURE(startAgent({}));
   Received got;
   size_t killed = 0;
@@ -908,7 +910,7 @@ TEST_F(ResumeTest, OutgoingUploadSurvivesAKilledTransport) {
 // `siphon forward` to a server inside the pod, 256 MiB each way through
 // one forwarded connection, the transport killed with ss -K mid-transfer:
 // both directions of the outgoing stream arrive byte-exact.
-TEST_F(ResumeTest, OutgoingForwardEachWaySurvivesAKilledTransport) {
+TEST_F(ContinuityTest, OutgoingForwardEachWaySurvivesAKilledTransport) {
   ASSERT_NO_FATAL_FAILURE(startAgent({}));
   Received up;
   std::atomic<bool> up_done{false};
@@ -952,7 +954,7 @@ TEST_F(ResumeTest, OutgoingForwardEachWaySurvivesAKilledTransport) {
 // session's connection, the stolen connection are closed). Resumed
 // (SIGCONT), the CLI is told SESSION_EXPIRED, says so and exits 3 (agent
 // lost).
-TEST_F(ResumeTest, GraceExpiryReleasesTheStealAndTheCliSaysTheSessionExpired) {
+TEST_F(ContinuityTest, GraceExpiryReleasesTheStealAndTheCliSaysTheSessionExpired) {
   std::vector<std::string> agent_flags = {"--session-grace", "2s"};
   agent_flags.insert(agent_flags.end(), kShortKeepalive.begin(), kShortKeepalive.end());
   ASSERT_NO_FATAL_FAILURE(startAgent(agent_flags));
