@@ -653,6 +653,39 @@ TEST_F(ContinuityTest, StolenDownloadSurvivesAKilledTransport) {
   EXPECT_THAT(s->err(), HasSubstr("out=" + std::to_string(kTransfer)));
 }
 
+// The transport killed again and again (every 20 ms or so, resumes included)
+// during a 256 MiB stolen transfer each way: each cut is resumed, and both
+// directions arrive byte-exact.
+TEST_F(ContinuityTest, StolenTransferSurvivesRepeatedKills) {
+  ASSERT_NO_FATAL_FAILURE(startAgent({}));
+  std::atomic<bool> stop{false};
+  std::atomic<int> kills{0};
+  std::thread killer;
+  NsProc* s = nullptr;
+  Transfer t = stolenTransfer(
+      kTransfer, kTransfer,
+      [&] {
+        killer = std::thread([&] {
+          while (!stop) {
+            if (killTransport() > 0) ++kills;
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          }
+        });
+      },
+      nullptr, {}, &s);
+  stop = true;
+  if (killer.joinable()) killer.join();
+  ASSERT_NE(s, nullptr);
+  EXPECT_GE(kills.load(), 1);
+  EXPECT_EQ(t.down.good, kTransfer) << t.down;
+  EXPECT_TRUE(t.down.clean_eof) << t.down;
+  EXPECT_EQ(t.up.good, kTransfer) << t.up;
+  EXPECT_TRUE(t.up.clean_eof) << t.up;
+  std::cerr << kills.load() << " cuts, " << countOf(agentLog(), "session_resumed") << " resumes\n";
+  s->signal(SIGINT);
+  EXPECT_EQ(s->child().waitUntil(Clock::now() + kProcessDeadline), 0) << s->err();
+}
+
 // An iptables DROP on the transport for longer than the keepalive timeout,
 // in the middle of a 256 MiB stolen transfer each way: both sides declare
 // the connection lost, the CLI reconnects once the network is back, and
