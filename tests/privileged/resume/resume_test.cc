@@ -451,8 +451,7 @@ class ContinuityTest : public ::testing::Test {
         SIPHON_AGENT_BIN,         "--listen", "127.0.0.1:0", "--token-file", token_file_,
         "--first-client-timeout", "120s"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    for (const std::string a : {"targeted", "--pid"}) argv.push_back(a);
-    argv.push_back(std::to_string(httpd_.pid()));
+    argv.insert(argv.end(), {"targeted", "--pid", std::to_string(httpd_.pid())});
     agent_ = std::make_unique<NsProc>(node_->name(), argv, dir_->path() + "/agent.out",
                                       dir_->path() + "/agent.log", false);
     ASSERT_TRUE(eventually([this] { return agent_->out(); }, "\n", std::chrono::seconds(20)))
