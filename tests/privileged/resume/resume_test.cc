@@ -380,6 +380,15 @@ uint64_t rssOf(pid_t pid) {
   return std::strtoull(status.c_str() + at + 6, nullptr, 10) * 1024;
 }
 
+// The last of the three numbers of tcp_rmem / tcp_wmem: a socket
+// buffer's largest size.
+uint64_t sysctlMax(const std::string& path) {
+  std::istringstream in(readFile(path));
+  uint64_t min = 0, def = 0, max = 0;
+  in >> min >> def >> max;
+  return max;
+}
+
 size_t fdCountOf(pid_t pid) {
   std::error_code ec;
   size_t n = 0;
@@ -731,13 +740,18 @@ TEST_F(ContinuityTest, StolenTransferSurvivesABlackholeLongerThanTheKeepalive) {
   EXPECT_EQ(t.up.good, kTransfer) << t.up;
   EXPECT_TRUE(t.up.clean_eof) << t.up;
   EXPECT_THAT(agentLog(), HasSubstr("session_resumed"));
-  // Bounds, not timings: the replay buffer (16 MiB) plus stream windows
-  // and the kernel's socket buffers, with room to spare; an agent reading
-  // the upload into memory would grow by most of the 224 MiB left.
-  const uint64_t kBound = 64 * kMiB;
-  EXPECT_LT(rss_max - rss_at_cut, kBound)
+  // Bounds, not timings. Memory: the replay buffer (16 MiB) plus stream
+  // windows, with room to spare; an agent reading the upload into memory
+  // would grow by most of the 224 MiB left. The upload: what the kernel's
+  // socket buffers on its way take (the remote client's send buffer, the
+  // agent's receive buffer, at their sysctl maxima) plus the replay buffer
+  // and slack.
+  const uint64_t kMemoryBound = 64 * kMiB;
+  EXPECT_LT(rss_max - rss_at_cut, kMemoryBound)
       << "agent RSS " << rss_at_cut / kMiB << " MiB -> " << rss_max / kMiB << " MiB";
-  EXPECT_LT(up_at_end - up_at_cut, kBound)
+  const uint64_t kUploadBound = sysctlMax("/proc/sys/net/ipv4/tcp_wmem") +
+                                sysctlMax("/proc/sys/net/ipv4/tcp_rmem") + 32 * kMiB;
+  EXPECT_LT(up_at_end - up_at_cut, kUploadBound)
       << "the remote client uploaded " << (up_at_end - up_at_cut) / kMiB
       << " MiB while the transport was silent";
   std::cerr << "blackhole: agent RSS " << rss_at_cut / kMiB << " -> " << rss_max / kMiB
