@@ -463,7 +463,7 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
     welcome.set_resumed(true);
     welcome.set_last_seq_received(session->session().receivedCount());
   } else {
-    if (sessions_.size() >= config_.max_sessions) {
+    if (sessions_.size() >= config_.max_sessions && !evictEmptyDetachedSession()) {
       co_await reject(v1::RESOURCE_EXHAUSTED,
                       absl::StrCat("session limit of ", config_.max_sessions, " reached"));
       co_return;
@@ -501,6 +501,27 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
              {"peer", peer},
              {"version", protocol::versionString(*version)}});
   session->attach(std::move(socket), std::move(first->leftover));
+}
+
+bool Server::evictEmptyDetachedSession() {
+  // A client that completes handshakes and drops them without a word would
+  // otherwise fill --max-sessions with detached sessions for the whole
+  // grace period and lock every other client out. A detached session whose
+  // client never sent a sequenced frame (no request, no stream, no
+  // subscription) holds nothing a resume could save: it goes first, oldest
+  // first. Sessions holding anything are never evicted.
+  std::shared_ptr<AgentSession> oldest;
+  for (const auto& [id, s] : sessions_) {
+    if (!s->detached() || s->session().receivedCount() != 0 || s->streamCount() != 0) continue;
+    if (!oldest || s->created() < oldest->created()) oldest = s;
+  }
+  if (!oldest) return false;
+  log::warn("session_evicted",
+            {{"session", oldest->id()},
+             {"client", oldest->clientName()},
+             {"reason", "session limit reached; it was detached and had sent nothing"}});
+  oldest->end("evicted: detached with nothing to resume, at the session limit");
+  return true;
 }
 
 void Server::handleRequest(std::shared_ptr<AgentSession> session, v1::Request request) {

@@ -40,6 +40,8 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   const std::string& clientName() const { return client_name_; }
   protocol::Session& session() { return session_; }
   bool attached() const { return transport_ != nullptr && !transport_->closed(); }
+  // Had a transport and lost it: waiting for a resume within the grace.
+  bool detached() const { return transport_ != nullptr && transport_->closed() && !ended_; }
   std::chrono::steady_clock::time_point created() const { return created_; }
 
   // Runs a new transport for this session (after the handshake).
@@ -150,6 +152,10 @@ class Server {
   void shutdown(int exit_code, std::string_view reason);
   void startDrain(std::string_view reason);
   net::awaitable<void> watchDrain(std::string reason);
+  // At --max-sessions: ends the oldest detached session that never sent a
+  // request or opened anything (nothing a resume could save); false if
+  // there is none.
+  bool evictEmptyDetachedSession();
   // Streams of every session plus what the services still relay.
   size_t inFlight() const;
   v1::InfoResponse info(const AgentSession& session) const;

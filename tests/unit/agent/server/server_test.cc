@@ -269,6 +269,84 @@ TEST_F(RawHandshakeTest, GarbageIsAProtocolError) {
   EXPECT_EQ(f->reject().code(), v1::PROTOCOL_ERROR);
 }
 
+// A raw session: Hello, the Welcome, optionally an info request and its
+// answer, then the connection is cut without a Goaway.
+void handshakeAndCut(const std::string& address, bool send_request) {
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    net::tcp::socket socket(ex);
+    std::string host, port;
+    EXPECT_TRUE(net::splitHostPort(address, &host, &port).ok());
+    net::error_code ec;
+    co_await socket.async_connect(
+        net::tcp::endpoint(asio::ip::make_address(host), static_cast<uint16_t>(std::stoi(port))),
+        asio::redirect_error(net::use_awaitable, ec));
+    EXPECT_FALSE(ec) << ec.message();
+    EXPECT_TRUE((co_await net::writeFrame(socket, protocol::makeHello("cut", kToken, {}, nullptr)))
+                    .ok());
+    auto welcome = co_await net::readFirstFrame(socket, milliseconds(5000), 1 << 20);
+    EXPECT_TRUE(welcome.ok() && welcome->frame.has_welcome());
+    if (send_request) {
+      v1::Frame f;
+      *f.mutable_request() = infoRequest();
+      f.mutable_request()->set_request_id(1);
+      EXPECT_TRUE((co_await net::writeFrame(socket, f)).ok());
+      // Up to the answer: the agent has counted the request.
+      protocol::FrameDecoder decoder(1 << 20);
+      decoder.feed(welcome.ok() ? welcome->leftover : "");
+      bool answered = false;
+      while (!answered) {
+        auto next = decoder.next();
+        if (!next.ok()) break;
+        if (next->has_value()) {
+          answered = !(*next)->is_data && (*next)->frame.has_response();
+          continue;
+        }
+        auto buf = decoder.prepare(4096);
+        size_t n = co_await socket.async_read_some(asio::buffer(buf.data(), buf.size()),
+                                                   asio::redirect_error(net::use_awaitable, ec));
+        if (ec) break;
+        decoder.commit(n);
+      }
+      EXPECT_TRUE(answered);
+    }
+    socket.close(ec);
+  });
+}
+
+// At --max-sessions, sessions cut right after the handshake (nothing sent,
+// nothing to resume) make room for a new client; sessions that sent
+// something are kept for their resume, and the new client is refused.
+TEST_F(RawHandshakeTest, SessionLimitEvictsOnlyDetachedSessionsThatSentNothing) {
+  AgentConfig config;
+  config.max_sessions = 2;
+  start(config);
+  handshakeAndCut(address_, /*send_request=*/true);
+  handshakeAndCut(address_, /*send_request=*/true);
+  auto refused = exchange(protocol::encodeFrame(protocol::makeHello("new", kToken, {}, nullptr)));
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  ASSERT_TRUE(refused->has_reject());
+  EXPECT_EQ(refused->reject().code(), v1::RESOURCE_EXHAUSTED);
+}
+
+TEST_F(RawHandshakeTest, SessionLimitMakesRoomFromSessionsCutAfterTheHandshake) {
+  AgentConfig config;
+  config.max_sessions = 2;
+  start(config);
+  handshakeAndCut(address_, /*send_request=*/false);
+  handshakeAndCut(address_, /*send_request=*/false);
+  // The agent sees each cut when it reads the EOF: until then the session
+  // is attached and not evictable.
+  absl::StatusOr<v1::Frame> f = absl::InternalError("not run");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  do {
+    f = exchange(protocol::encodeFrame(protocol::makeHello("new", kToken, {}, nullptr)));
+    if (f.ok() && f->has_welcome()) break;
+    std::this_thread::sleep_for(milliseconds(20));
+  } while (std::chrono::steady_clock::now() < deadline);
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_TRUE(f->has_welcome()) << f->ShortDebugString();
+}
+
 TEST(ServerLifecycleTest, ExitsWithCodeSixWhenNoClientComes) {
   asio::io_context io;
   auto procfs = std::make_unique<fakes::FakeProcFs>();
