@@ -307,7 +307,10 @@ std::string Client::endpoint() const { return link_ ? link_->endpoint : std::str
 uint64_t Client::resumeCountForTest() const { return link_ ? link_->resumes : 0; }
 
 net::awaitable<absl::StatusOr<net::tcp::socket>> Client::dial(const std::string& endpoint,
-                                                              bool* refused) {
+                                                              bool* refused,
+                                                              std::chrono::milliseconds limit) {
+  const auto connect_timeout = limit.count() > 0 ? std::min(limit, options_.connect_timeout)
+                                                 : options_.connect_timeout;
   std::string host, port;
   CO_RETURN_IF_ERROR(net::splitHostPort(endpoint, &host, &port));
   net::tcp::resolver resolver(ex_);
@@ -318,7 +321,7 @@ net::awaitable<absl::StatusOr<net::tcp::socket>> Client::dial(const std::string&
   net::tcp::socket socket(ex_);
   steady_timer watchdog(ex_);
   auto fired = std::make_shared<bool>(false);
-  watchdog.expires_after(options_.connect_timeout);
+  watchdog.expires_after(connect_timeout);
   watchdog.async_wait([fired, &socket](net::error_code e) {
     if (!e && !*fired) {
       *fired = true;
@@ -332,7 +335,7 @@ net::awaitable<absl::StatusOr<net::tcp::socket>> Client::dial(const std::string&
   watchdog.cancel();
   if (timed_out) {
     co_return protoError(v1::UNAVAILABLE, absl::StrCat(endpoint, ": no answer within ",
-                                                       options_.connect_timeout.count(), " ms"));
+                                                       connect_timeout.count(), " ms"));
   }
   if (ec == asio::error::connection_refused && refused) *refused = true;
   if (ec) co_return protoError(v1::UNAVAILABLE, absl::StrCat(endpoint, ": ", ec.message()));
@@ -340,7 +343,8 @@ net::awaitable<absl::StatusOr<net::tcp::socket>> Client::dial(const std::string&
 }
 
 net::awaitable<absl::Status> Client::handshake(Link& link, net::tcp::socket& socket, bool resume,
-                                               std::string* leftover) {
+                                               std::string* leftover,
+                                               std::chrono::milliseconds limit) {
   v1::ResumeRequest r;
   if (resume) {
     r.set_session_id(link.welcome.session_id());
@@ -350,8 +354,9 @@ net::awaitable<absl::Status> Client::handshake(Link& link, net::tcp::socket& soc
   v1::Frame hello = protocol::makeHello(options_.client_name, options_.token,
                                         protocol::toProto(options_.limits), resume ? &r : nullptr);
   CO_RETURN_IF_ERROR(co_await net::writeFrame(socket, hello));
-  auto first = co_await net::readFirstFrame(socket, options_.handshake_timeout,
-                                            protocol::kDefaultMaxFrameSize);
+  const auto timeout = limit.count() > 0 ? std::min(limit, options_.handshake_timeout)
+                                         : options_.handshake_timeout;
+  auto first = co_await net::readFirstFrame(socket, timeout, protocol::kDefaultMaxFrameSize);
   if (!first.ok()) co_return first.status();
   auto welcome = protocol::welcomeFrom(first->frame);
   if (!welcome.ok()) co_return welcome.status();
@@ -474,11 +479,16 @@ net::awaitable<absl::StatusOr<std::pair<net::tcp::socket, std::string>>> Client:
   absl::Status last = protoError(v1::UNAVAILABLE, "no reconnect attempt made");
   while (!closing_ && steady_timer::clock_type::now() < deadline) {
     // The session lives on the agent that made it: resume there.
+    // Moving on is bounded by the deadline: no attempt may outlast it.
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - steady_timer::clock_type::now());
+    const auto attempt = may_move ? std::max(left, std::chrono::milliseconds(1))
+                                  : std::chrono::milliseconds(0);
     bool refused = false;
-    auto socket = co_await dial(link.endpoint, &refused);
+    auto socket = co_await dial(link.endpoint, &refused, attempt);
     if (socket.ok()) {
       std::string leftover;
-      absl::Status s = co_await handshake(link, *socket, /*resume=*/true, &leftover);
+      absl::Status s = co_await handshake(link, *socket, /*resume=*/true, &leftover, attempt);
       if (s.ok()) co_return std::make_pair(std::move(*socket), std::move(leftover));
       v1::ErrorCode code = errorCodeOf(s);
       if (code != v1::UNAVAILABLE && code != v1::TIMEOUT) co_return s;  // final answer

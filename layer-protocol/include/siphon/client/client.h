@@ -200,10 +200,13 @@ class Client : public std::enable_shared_from_this<Client> {
     std::string endpoint;
   };
 
-  net::awaitable<absl::StatusOr<net::tcp::socket>> dial(const std::string& endpoint,
-                                                         bool* refused = nullptr);
-  net::awaitable<absl::Status> handshake(Link& link, net::tcp::socket& socket, bool resume,
-                                         std::string* leftover);
+  // `limit` (when non-zero) shortens the connect or handshake timeout.
+  net::awaitable<absl::StatusOr<net::tcp::socket>> dial(
+      const std::string& endpoint, bool* refused = nullptr,
+      std::chrono::milliseconds limit = std::chrono::milliseconds(0));
+  net::awaitable<absl::Status> handshake(
+      Link& link, net::tcp::socket& socket, bool resume, std::string* leftover,
+      std::chrono::milliseconds limit = std::chrono::milliseconds(0));
   // Dial and handshake: a new Link on `endpoint`.
   net::awaitable<absl::StatusOr<std::shared_ptr<Link>>> open(const std::string& endpoint,
                                                              net::tcp::socket* socket,
