@@ -95,7 +95,7 @@ void AgentSession::transportEnded(uint64_t generation, const absl::Status& why) 
     log::warn("session_protocol_error", {{"session", id_},
                                          {"code", errorCodeName(errorCodeOf(why))},
                                          {"error", sv(why.message())}});
-    end("protocol error");
+    lose("protocol error");
     return;
   }
   session_.onTransportLost();
@@ -114,7 +114,7 @@ void AgentSession::armGrace(std::chrono::steady_clock::time_point deadline) {
   grace_timer_.async_wait([weak, generation](net::error_code ec) {
     auto self = weak.lock();
     if (ec || !self || self->generation_ != generation || self->ended_) return;
-    self->end("no resume within the session grace period");
+    self->lose("no resume within the session grace period");
   });
 }
 
@@ -133,6 +133,14 @@ void AgentSession::detachForResume() {
   } else {
     armGrace(grace_deadline_);  // the same deadline, for the new generation
   }
+}
+
+void AgentSession::lose(std::string_view reason) {
+  // Reset, not closed: a stolen or outgoing connection cut off mid-way must
+  // not look complete to its peer in the target (an RST, not a FIN).
+  resetStreams(toProtoError(
+      protoError(v1::AGENT_LOST, absl::StrCat("session ", id_, " lost: ", asv(reason)))));
+  end(reason);
 }
 
 void AgentSession::respond(v1::Response response) {
@@ -457,7 +465,7 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
         session->session().resume(hello.resume().last_seq_received(), protocol::Clock::now());
     if (!s.ok()) {
       co_await reject(v1::RESUME_FAILED, std::string(s.message()));
-      session->end("resume failed");
+      session->lose("resume failed");
       co_return;
     }
     welcome.set_resumed(true);

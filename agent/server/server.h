@@ -57,6 +57,11 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   void respond(v1::Response response);
   // Ends the session now: transport closed, removed from the registry.
   void end(std::string_view reason);
+  // Ends a session that is lost (not resumed within the grace period, a
+  // failed resume, a protocol error): its streams are reset with AGENT_LOST
+  // first, so their sockets in the target abort (RST) instead of closing
+  // as if complete.
+  void lose(std::string_view reason);
   // Queue a Draining notice.
   void notifyDraining(int64_t deadline_unix_ms, std::string_view reason);
   bool ended() const { return ended_; }
