@@ -450,6 +450,11 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
           absl::StrCat("no port could be stolen again on agent ", e.to)));
     }
   });
+  env.client->setResumedHandler([weak = std::weak_ptr<StealState>(st)](const absl::Status& cut) {
+    if (auto state = weak.lock()) {
+      state->print(resumedLine(state->client->endpoint(), std::string(cut.message()), state->json));
+    }
+  });
   // A dead agent is noticed even with no connection open.
   env.client->setLostHandler([weak = std::weak_ptr<StealState>(st)](const absl::Status& s) {
     if (auto state = weak.lock()) state->sessionLost(s);
@@ -515,6 +520,7 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
   env.client->setLostHandler(nullptr);
   env.client->setDrainingHandler(nullptr);
   env.client->setFailoverHandler(nullptr);
+  env.client->setResumedHandler(nullptr);
   st->signals.cancel(ignored);
   st->print(summaryLine(st->totals, st->json));
   co_return exit_code;

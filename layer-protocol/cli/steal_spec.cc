@@ -231,6 +231,12 @@ std::string restealFailedLine(uint16_t port, const std::string& agent, const std
                       " (the port is no longer stolen)\n");
 }
 
+std::string resumedLine(const std::string& agent, const std::string& cut, bool json) {
+  if (json) return JsonLine("resumed").add("agent", agent).add("cut", cut).take();
+  return absl::StrCat("connection to agent ", agent, " cut (", cut,
+                      "); session resumed, nothing lost\n");
+}
+
 std::string summaryLine(const StealTotals& t, bool json) {
   if (json) {
     return JsonLine("summary")

@@ -89,6 +89,9 @@ std::string movedLine(const AgentMove& m, bool json);
 // A port that could not be stolen again on the new agent.
 std::string restealFailedLine(uint16_t port, const std::string& agent, const std::string& error,
                               bool json);
+// The transport to the agent was cut (`cut`: why) and the session resumed
+// on a new connection; open connections went on.
+std::string resumedLine(const std::string& agent, const std::string& cut, bool json);
 //   summary: 3 connections, in=123 bytes, out=456 bytes
 std::string summaryLine(const StealTotals& t, bool json);
 

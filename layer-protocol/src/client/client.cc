@@ -462,6 +462,7 @@ net::awaitable<void> Client::runTransports(std::shared_ptr<Client> self,
     ++link->resumes;
     socket = std::move(next->first);
     leftover = std::move(next->second);
+    if (on_resumed_ && link == link_) on_resumed_(why);
   }
 }
 
@@ -518,8 +519,22 @@ bool Client::canFailover() const {
 
 void Client::linkLost(const std::shared_ptr<Link>& link, const absl::Status& why) {
   if (!link->lost.ok()) return;
-  link->lost = protoError(v1::AGENT_LOST, absl::StrCat("session with the agent at ", link->endpoint,
-                                                       " lost: ", why.message()));
+  // The code stays AGENT_LOST (what every caller checks); the text names a
+  // typed cause, above all an expired session.
+  const v1::ErrorCode cause = errorCodeOf(why);
+  std::string text;
+  if (cause == v1::SESSION_EXPIRED) {
+    text = absl::StrCat("the session expired (SESSION_EXPIRED): the agent at ", link->endpoint,
+                        " no longer holds it, as it was not resumed within the agent's grace "
+                        "period: ",
+                        why.message());
+  } else if (cause == v1::UNAVAILABLE || cause == v1::TIMEOUT || cause == v1::AGENT_LOST) {
+    text = absl::StrCat("session with the agent at ", link->endpoint, " lost: ", why.message());
+  } else {
+    text = absl::StrCat("session with the agent at ", link->endpoint, " lost (",
+                        errorCodeName(cause), "): ", why.message());
+  }
+  link->lost = protoError(v1::AGENT_LOST, text);
   auto [requests, streams] = link->failAll(link->lost);
   if (link != link_ || closing_ || !lost_.ok()) return;
   if (moving_) return;  // the failover under way sees it

@@ -168,6 +168,12 @@ class Client : public std::enable_shared_from_this<Client> {
   // failover may have moved the client on.
   const absl::Status& lostStatus() const { return lost_; }
 
+  // Called after each resume of the session over a new connection, with why
+  // the previous one was lost.
+  void setResumedHandler(std::function<void(const absl::Status&)> h) {
+    on_resumed_ = std::move(h);
+  }
+
   // Called after each move to another agent, once its subscriptions are
   // made again.
   void setFailoverHandler(std::function<void(const FailoverEvent&)> h) {
@@ -256,6 +262,7 @@ class Client : public std::enable_shared_from_this<Client> {
   std::function<void(const v1::Draining&)> on_draining_;
   std::function<void(const absl::Status&)> on_lost_;
   std::function<void(const FailoverEvent&)> on_failover_;
+  std::function<void(const absl::Status&)> on_resumed_;
 };
 
 }  // namespace siphon::client
