@@ -159,5 +159,32 @@ TEST(StealLines, JsonIsOneObjectPerLine) {
   EXPECT_EQ(stoppingLine(2, true), "{\"event\":\"stopping\",\"open_connections\":2}\n");
 }
 
+// Continuity lines: one per move to another agent, per port not taken
+// again, per resume.
+TEST(StealLines, MovesAndResumes) {
+  AgentMove lost{"10.0.0.1:7140", "10.0.0.2:7140", "Connection refused", false, 3, 1, 0};
+  EXPECT_EQ(movedLine(lost, false),
+            "agent 10.0.0.1:7140 lost (Connection refused); moved to agent 10.0.0.2:7140; 3 "
+            "connections reset\n");
+  AgentMove drain{"a:1", "b:2", "draining (SIGTERM)", true, 1, 1, 1};
+  EXPECT_EQ(movedLine(drain, false),
+            "agent a:1 draining; moved to agent b:2; 1 connection finishing on a:1; 1 port could "
+            "not be stolen again\n");
+  EXPECT_EQ(movedLine(drain, true),
+            "{\"event\":\"agent_moved\",\"from\":\"a:1\",\"to\":\"b:2\",\"reason\":"
+            "\"draining (SIGTERM)\",\"draining\":true,\"connections\":1,\"ports_back\":1,"
+            "\"ports_lost\":1}\n");
+  EXPECT_EQ(restealFailedLine(80, "b:2", "PORT_BUSY: held by alice", false),
+            "steal port 80 on agent b:2 failed: PORT_BUSY: held by alice (the port is no longer "
+            "stolen)\n");
+  EXPECT_EQ(restealFailedLine(80, "b:2", "x", true),
+            "{\"event\":\"steal_lost\",\"port\":80,\"agent\":\"b:2\",\"error\":\"x\"}\n");
+  EXPECT_EQ(resumedLine("a:1", "connection closed by a:1", false),
+            "connection to agent a:1 cut (connection closed by a:1); session resumed, nothing "
+            "lost\n");
+  EXPECT_EQ(resumedLine("a:1", "x", true),
+            "{\"event\":\"resumed\",\"agent\":\"a:1\",\"cut\":\"x\"}\n");
+}
+
 }  // namespace
 }  // namespace siphon::cli
