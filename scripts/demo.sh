@@ -10,7 +10,9 @@
 #      of the pod's root, resolving a name with the pod's DNS, and talking to
 #      the pod's server from inside the pod;
 #   4. `siphon steal`: the pod's port 8080 answered by a server on this
-#      machine while it runs, by the pod's own server again after.
+#      machine while it runs, by the pod's own server again after; and a
+#      download through it that goes on, byte-exact, across a cut of the
+#      CLI's connection to the agent (the session resumes).
 # Everything it creates (namespace, processes, temporary files) is removed on
 # exit, on failure and on Ctrl-C too.
 #
@@ -60,6 +62,7 @@ dns_pid=""
 agent_pid=""
 steal_pid=""
 local_pid=""
+curl_pid=""
 tmp="$(mktemp -d /tmp/siphon-demo.XXXXXX)"
 
 stop() {
@@ -78,6 +81,7 @@ cleanup() {
   local rc=$?
   set +e
   trap - EXIT INT TERM
+  [ -n "$curl_pid" ] && stop "$curl_pid"
   [ -n "$steal_pid" ] && stop "$steal_pid"
   [ -n "$local_pid" ] && stop "$local_pid"
   [ -n "$agent_pid" ] && stop "$agent_pid"
@@ -217,6 +221,28 @@ done
 cat "$tmp/steal.log"
 printf '\033[36m$ %s\033[0m\n' "curl http://127.0.0.1:8080/   # inside the pod, while stealing"
 in_pod_curl
+
+# Continuity: a 48 MiB download through the steal while the connection
+# between the CLI and the agent is killed (ss -K, as a network blip would):
+# the CLI reconnects and resumes the session, and the download completes
+# byte-exact.
+head -c $((48 << 20)) /dev/urandom >"$tmp/local-www/big.bin"
+printf '\033[36m$ %s\033[0m\n' "curl --limit-rate 16M http://127.0.0.1:8080/big.bin   # inside the pod"
+ip netns exec "$netns" curl -sS --max-time 60 --limit-rate 16M -o "$tmp/big.got" \
+  http://127.0.0.1:8080/big.bin &
+curl_pid=$!
+sleep 1
+agent_port="${listen##*:}"
+printf '\033[36m$ %s\033[0m\n' "ss -K state established 'sport = :$agent_port'   # kill the agent's end of the CLI's connection, mid-download"
+ss -K state established "sport = :$agent_port" | tail -n +2
+wait "$curl_pid"
+curl_pid=""
+printf '\033[36m$ %s\033[0m\n' "sha256sum big.bin big.got"
+(cd "$tmp" && sha256sum local-www/big.bin big.got)
+cmp "$tmp/local-www/big.bin" "$tmp/big.got"
+echo "the download went on across the cut, byte-exact; the CLI says:"
+grep 'resumed' "$tmp/steal.log"
+
 printf '\033[36m$ %s\033[0m\n' "kill -INT %siphon-steal"
 kill -INT "$steal_pid"
 wait "$steal_pid" && code=0 || code=$?
