@@ -234,7 +234,7 @@ curl_pid=$!
 sleep 1
 agent_port="${listen##*:}"
 printf '\033[36m$ %s\033[0m\n' "ss -K state established 'sport = :$agent_port'   # kill the agent's end of the CLI's connection, mid-download"
-ss -K state established "sport = :$agent_port" | tail -n +2
+ss -K state established "sport = :$agent_port" 2>/dev/null | tail -n +2
 wait "$curl_pid"
 curl_pid=""
 printf '\033[36m$ %s\033[0m\n' "sha256sum big.bin big.got"
