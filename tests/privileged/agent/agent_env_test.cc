@@ -5,11 +5,14 @@
 // Every kernel object has a unique name and is owned by an RAII guard, so a
 // failed assertion still kills and reaps the processes and deletes the
 // namespace. Without root every test skips with the reason.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,6 +37,7 @@
 #include "siphon/client/client.h"
 #include "siphon/status.h"
 #include "siphon/transport/asio.h"
+#include "tests/fakes/echo_server.h"
 #include "tests/privileged/harness/pod_harness.h"
 
 extern char** environ;
@@ -334,6 +338,40 @@ TEST_F(AgentStartTest, ExitsSixWithoutAClient) {
   EXPECT_THAT(*line, HasSubstr("target_pid=" + std::to_string(agent.child().pid())))
       << "targetless: the agent's own pid";
   EXPECT_EQ(agent.child().waitUntil(Clock::now() + kProcessDeadline), 6) << agent.log();
+}
+
+// --idle-timeout: the agent waits while a session is open however long it
+// lasts, and exits 0 once the last one has been gone that long.
+TEST_F(AgentStartTest, IdleTimeoutExitsZeroOnceTheLastSessionIsGone) {
+  std::string token = dir_->file("token", "t\n");
+  Agent agent({"--listen", "127.0.0.1:0", "--token-file", token, "--idle-timeout", "300ms",
+               "targetless"},
+              cleanEnv(), dir_->path() + "/agent.log");
+  std::string endpoint;
+  ASSERT_TRUE(agent.ready(&endpoint));
+  // A session that stays open: `siphon connect` to an echo server (the
+  // targetless agent's network is ours), held while its stdin is open.
+  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 8), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+  fakes::EchoServer echo(listener, fakes::EchoServer::Kind::kStream);
+  Proc held({SIPHON_CLI_BIN, "--agent", endpoint, "--token-file", token, "connect",
+             "127.0.0.1:" + std::to_string(ntohs(a.sin_port))},
+            cleanEnv());
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  EXPECT_FALSE(agent.child().waitUntil(Clock::now()).has_value())
+      << "the agent left with a session open; its log:\n" << agent.log();
+  ASSERT_TRUE(held.write("still here"));
+  held.closeStdin();
+  EXPECT_EQ(held.finish(), 0) << held.err;
+  EXPECT_EQ(held.out, "still here");
+  EXPECT_EQ(agent.child().waitUntil(Clock::now() + kProcessDeadline), 0) << agent.log();
+  EXPECT_THAT(agent.log(), HasSubstr("idle_timeout"));
 }
 
 }  // namespace
