@@ -24,6 +24,12 @@ using net::use_awaitable;
 
 namespace {
 
+// The largest first frame (the Hello) a client may send. A Hello is a few
+// hundred bytes; the session's 1 MiB frames come after the handshake. Until
+// then the client is not authenticated, and each connection waiting in its
+// handshake holds what it sent: 64 KiB, not a frame's 1 MiB.
+constexpr uint32_t kMaxHelloSize = 64 << 10;
+
 // Transport endings that also end the session: the peer broke the protocol,
 // so its view of the session cannot be trusted for a resume.
 bool endsSession(const absl::Status& why) {
@@ -404,8 +410,7 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
     socket.close(ignored);
   };
 
-  auto first = co_await net::readFirstFrame(socket, config_.handshake_timeout,
-                                            protocol::kDefaultMaxFrameSize);
+  auto first = co_await net::readFirstFrame(socket, config_.handshake_timeout, kMaxHelloSize);
   if (!first.ok()) {
     v1::ErrorCode code = errorCodeOf(first.status());
     if (code == v1::PROTOCOL_ERROR || code == v1::FRAME_TOO_LARGE) {

@@ -261,6 +261,21 @@ TEST_F(RawHandshakeTest, OversizedFirstFrameIsFrameTooLarge) {
   EXPECT_EQ(f->reject().code(), v1::FRAME_TOO_LARGE);
 }
 
+// Before the handshake the client is unknown: a first frame above 64 KiB
+// (a Hello is a few hundred bytes) is refused before it is buffered.
+TEST_F(RawHandshakeTest, FirstFrameAbove64KiBIsFrameTooLarge) {
+  start();
+  v1::Frame hello = protocol::makeHello(std::string(70 << 10, 'n'), kToken, {}, nullptr);
+  auto f = exchange(protocol::encodeFrame(hello));
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE(f->has_reject());
+  EXPECT_EQ(f->reject().code(), v1::FRAME_TOO_LARGE);
+  // A Hello of ordinary size still gets in.
+  auto ok = exchange(protocol::encodeFrame(protocol::makeHello("ok", kToken, {}, nullptr)));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(ok->has_welcome());
+}
+
 TEST_F(RawHandshakeTest, GarbageIsAProtocolError) {
   start();
   auto f = exchange(std::string("\x00\x00\x00\x05\xff\xff\xff\xff\xff", 9));
