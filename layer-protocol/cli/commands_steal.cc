@@ -27,6 +27,7 @@
 // Flow control is end to end, as in `forward`: a slow local server stops
 // the reads of its stream, which stops the agent reading the remote client.
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <map>
@@ -40,6 +41,7 @@
 #include "cli/bridge.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
+#include "cli/line_writer.h"
 #include "cli/steal_spec.h"
 #include "siphon/status.h"
 
@@ -145,15 +147,11 @@ struct StealState {
   bool ending = false;          // second signal: end open connections
   absl::Status lost;            // the session is gone for good
 
-  void print(const std::string& line) {
-    if (json) {
-      // stdout is for --json; a closed stdout is not worth dying for here.
-      std::fwrite(line.data(), 1, line.size(), stdout);
-      std::fflush(stdout);
-    } else {
-      std::fputs(line.c_str(), stderr);
-    }
-  }
+  // Event lines go through a thread of their own: a stderr (or stdout)
+  // that nobody reads must not stall the connections this loop bridges.
+  // stdout is for --json; a closed stdout is not worth dying for here.
+  LineWriter out{json ? STDOUT_FILENO : STDERR_FILENO};
+  void print(std::string line) { out.write(std::move(line)); }
 
   void sessionLost(const absl::Status& s) {
     if (!lost.ok()) return;
@@ -371,6 +369,7 @@ net::awaitable<int> unsubscribeAll(const CommandEnv& env, const std::shared_ptr<
     if (!st->lost.ok()) break;
     Failure f = requestFailure(absl::StrCat("unsubscribe port ", st->targets[index].route.port),
                                r.status());
+    st->out.flush();  // keep the order of the lines before it
     printError(f.message);
     rc = f.exit_code;
   }
@@ -512,6 +511,7 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
     // The connections' coroutines see their sockets and streams closed and
     // print their last lines.
     while (st->busy()) co_await st->done.wait();
+    st->out.flush();
     printError(absl::StrCat("steal: ", st->lost.message()));
     exit_code = errorCodeOf(st->lost) == v1::AGENT_LOST ? kExitUnreachable : kExitError;
   }

@@ -851,6 +851,31 @@ TEST_P(StealTest, HalfClosedClientGetsTheWholeAnswer) {
 }
 
 // 500 concurrent stolen connections, each echoing its own data.
+// `siphon steal` whose stderr nobody reads (a detached terminal, a pipe to
+// a stopped reader): its per-connection lines fill the pipe after a few
+// hundred connections, and must not stall the connections it bridges.
+TEST_P(StealTest, UnreadStderrDoesNotStallConnections) {
+  LocalServer local(echoServe);
+  Proc* s = steal({"--port", "80", "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
+  // ~130 bytes of lines per connection: 64 KiB of pipe is full after ~500.
+  for (int i = 0; i < 1500; ++i) {
+    Fd c(connectFrom(client_->name(), podAddress(), 80));
+    ASSERT_GE(c.get(), 0) << "connection " << i << ": " << strerror(errno);
+    const std::string msg = "m" + std::to_string(i);
+    ASSERT_EQ(echoOnce(c.get(), msg), msg) << "connection " << i;
+  }
+  // The reader comes back: every line waited for it (the CLI queues up to
+  // 1 MiB of them, then drops and counts: tests/unit/cli/line_writer_test),
+  // and the steal ends cleanly.
+  s->signal(SIGINT);
+  EXPECT_EQ(s->finish(), 0) << s->err.substr(0, 2000);
+  size_t closes = 0;
+  for (size_t at = 0; (at = s->err.find("\nclose ", at)) != std::string::npos; ++at) ++closes;
+  EXPECT_EQ(closes, 1500u);
+  EXPECT_THAT(s->err, HasSubstr("summary: 1500 connections"));
+}
+
 TEST_P(StealTest, FiveHundredConcurrentConnectionsEchoTheirOwnData) {
   LocalServer local([](int fd) {
     char buf[65536];

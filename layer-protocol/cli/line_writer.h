@@ -1,0 +1,54 @@
+// Event lines (`siphon steal`'s open/close lines, JSON events) written by a
+// thread of their own, so the event loop never blocks on a pipe that nobody
+// reads: a full stderr would otherwise stall every connection the CLI
+// bridges. The queue is bounded; lines that do not fit are dropped and
+// counted, and the count is written as a line of its own once the reader
+// catches up ("siphon: N lines dropped: nobody read them in time").
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace siphon::cli {
+
+class LineWriter {
+ public:
+  // Writes to `fd` (not owned); at most `max_queued` bytes wait at once.
+  explicit LineWriter(int fd, size_t max_queued = 1 << 20);
+  // Waits for the queue to drain, at most about `flush_limit_ms`, then
+  // leaves: a reader that never comes back cannot hold the exit.
+  ~LineWriter();
+  LineWriter(const LineWriter&) = delete;
+  LineWriter& operator=(const LineWriter&) = delete;
+
+  // Never blocks on the fd.
+  void write(std::string line);
+  // Waits until what is queued is written, at most about flush_limit_ms
+  // (before a line written straight to the fd, to keep the order).
+  void flush();
+  uint64_t dropped() const;
+
+  static constexpr int flush_limit_ms = 2000;
+
+ private:
+  void run();
+
+  const int fd_;
+  const size_t max_queued_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable drained_;
+  std::deque<std::string> queue_;
+  size_t queued_bytes_ = 0;
+  uint64_t dropped_ = 0;          // in all
+  uint64_t dropped_unsaid_ = 0;   // not yet reported in a line
+  bool writing_ = false;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace siphon::cli

@@ -1,0 +1,78 @@
+// LineWriter: lines go out in order; a reader that stops never blocks the
+// writer's caller, and what was dropped meanwhile is said once it reads again.
+#include "cli/line_writer.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <string>
+
+namespace siphon::cli {
+namespace {
+
+std::string readAvailable(int fd) {
+  std::string out;
+  char buf[4096];
+  while (true) {
+    ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+TEST(LineWriter, WritesEveryLineInOrder) {
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  {
+    LineWriter w(p[1]);
+    for (int i = 0; i < 100; ++i) w.write("line " + std::to_string(i) + "\n");
+    w.flush();
+    EXPECT_EQ(w.dropped(), 0u);
+  }
+  ::close(p[1]);
+  std::string expected;
+  for (int i = 0; i < 100; ++i) expected += "line " + std::to_string(i) + "\n";
+  EXPECT_EQ(readAvailable(p[0]), expected);
+  ::close(p[0]);
+}
+
+TEST(LineWriter, AFullPipeDropsAndCountsInsteadOfBlocking) {
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+  // Fill the pipe: nobody reads it.
+  std::string fill(4096, 'x');
+  ssize_t filled = 0;
+  while (true) {
+    ssize_t n = ::write(p[1], fill.data(), fill.size());
+    if (n <= 0) break;
+    filled += n;
+  }
+  // The writer's own fd blocks, as stderr does.
+  int blocking = ::fcntl(p[1], F_GETFL);
+  ::fcntl(p[1], F_SETFL, blocking & ~O_NONBLOCK);
+  {
+    LineWriter w(p[1], /*max_queued=*/100);
+    // Returns at once, though nothing can be written: 50 lines of 9 bytes
+    // into room for 11 (and one in the writer's hands).
+    for (int i = 0; i < 50; ++i) w.write("line " + std::to_string(100 + i) + "\n");
+    EXPECT_GE(w.dropped(), 37u);
+    EXPECT_LE(w.dropped(), 40u);
+    // The reader comes back.
+    std::string got;
+    while (got.size() < static_cast<size_t>(filled)) got += readAvailable(p[0]);
+    w.flush();
+    std::string rest = readAvailable(p[0]);
+    EXPECT_EQ(rest.find("line 100\n"), 0u) << rest;
+    EXPECT_NE(rest.find("siphon: " + std::to_string(w.dropped()) +
+                        " lines dropped: nobody read them in time\n"),
+              std::string::npos)
+        << rest;
+  }
+  ::close(p[1]);
+  ::close(p[0]);
+}
+
+}  // namespace
+}  // namespace siphon::cli
