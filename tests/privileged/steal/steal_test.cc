@@ -796,6 +796,33 @@ TEST_P(StealTest, TargetExitEndsTheAgentAndLeavesNothing) {
 
 // A connection still open at --drain-timeout is reset (never closed as if
 // complete), and the agent exits 0 right then.
+// A second signal during the drain ends the agent at once (well before the
+// drain timeout), still leaving nothing behind in the target.
+TEST_P(StealTest, SecondSignalEndsTheDrainAtOnceAndCleansUp) {
+  ASSERT_GT(agent_->child().pid(), 0);
+  ::kill(agent_->child().pid(), SIGTERM);
+  ASSERT_EQ(agent_->child().waitUntil(Clock::now() + std::chrono::seconds(5)), 0) << agent_->log();
+  ASSERT_NO_FATAL_FAILURE(startAgent({"--drain-timeout", "60s"}));
+
+  LocalServer local(echoServe);
+  Proc* s = nullptr;
+  Fd c = stealAndConnect(local, &s);
+  ASSERT_GE(c.get(), 0);
+  ::kill(agent_->child().pid(), SIGTERM);
+  ASSERT_TRUE(s->readUntil([](const std::string&, const std::string& err) {
+    return err.find("agent draining") != std::string::npos;
+  })) << s->err;
+  // Still draining: the held connection is served.
+  EXPECT_EQ(echoOnce(c.get(), "during"), "during");
+  const auto t0 = Clock::now();
+  ::kill(agent_->child().pid(), SIGINT);
+  EXPECT_EQ(agent_->child().waitUntil(Clock::now() + kProcessDeadline), 0) << agent_->log();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_THAT(agent_->log(), HasSubstr("second signal"));
+  EXPECT_EQ(curl(80), "original\n");
+  EXPECT_EQ(leftovers(), "");
+}
+
 TEST_P(StealTest, DrainTimeoutResetsTheConnectionsStillOpen) {
   // The fixture's agent has no session: SIGTERM ends it at once.
   ASSERT_GT(agent_->child().pid(), 0);
