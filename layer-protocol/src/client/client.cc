@@ -57,6 +57,24 @@ struct Link : protocol::SessionHandler, std::enable_shared_from_this<Link> {
     auto it = streams.find(id);
     return it == streams.end() ? nullptr : it->second.lock();
   }
+  // Streams that end cleanly stay in the map until their owner lets go:
+  // sweep those now and then, so a long session does not grow it.
+  void add(uint64_t id, const std::shared_ptr<ClientStream>& s) {
+    if (streams.size() >= prune_at) {
+      std::erase_if(streams, [](const auto& e) { return e.second.expired(); });
+      prune_at = std::max<size_t>(64, 2 * streams.size());
+    }
+    streams[id] = s;
+  }
+  // Streams still open on the session (what a move leaves or resets).
+  size_t openStreams() const {
+    size_t n = 0;
+    for (const auto& [id, weak] : streams) {
+      if (!weak.expired() && session && session->streamOpen(id)) ++n;
+    }
+    return n;
+  }
+  size_t prune_at = 64;
 
   void onResponse(v1::Response response) override { client.onResponse(*this, std::move(response)); }
   void onStreamOpen(v1::StreamOpen open) override { client.onStreamOpen(*this, std::move(open)); }
@@ -144,7 +162,7 @@ struct Link : protocol::SessionHandler, std::enable_shared_from_this<Link> {
       if (!s) continue;
       if (s->error_.ok()) {
         s->error_ = why;
-        ++reset;
+        if (session->streamOpen(id)) ++reset;
       }
       s->readable_.notify();
       s->writable_.notify();
@@ -538,17 +556,22 @@ void Client::linkLost(const std::shared_ptr<Link>& link, const absl::Status& why
   auto [requests, streams] = link->failAll(link->lost);
   if (link != link_ || closing_ || !lost_.ok()) return;
   if (moving_) return;  // the failover under way sees it
-  if (canFailover()) {
-    FailoverEvent event;
-    event.from = link->endpoint;
-    event.reason = std::string(why.message());
-    event.streams = streams;
-    event.requests_failed = requests;
-    asio::co_spawn(ex_, failover(shared_from_this(), link, std::move(event), std::nullopt),
-                   asio::detached);
+  moveOn(link, std::string(why.message()), streams, requests);
+}
+
+void Client::moveOn(const std::shared_ptr<Link>& link, std::string reason, size_t streams,
+                    size_t requests) {
+  if (!canFailover()) {
+    sessionLost(link->lost);
     return;
   }
-  sessionLost(link->lost);
+  FailoverEvent event;
+  event.from = link->endpoint;
+  event.reason = std::move(reason);
+  event.streams = streams;
+  event.requests_failed = requests;
+  asio::co_spawn(ex_, failover(shared_from_this(), link, std::move(event), std::nullopt),
+                 asio::detached);
 }
 
 net::awaitable<void> Client::failover(std::shared_ptr<Client> self, std::shared_ptr<Link> from_in,
@@ -605,7 +628,7 @@ net::awaitable<void> Client::failover(std::shared_ptr<Client> self, std::shared_
   if (!next) {
     moving_ = false;
     moved_.notify();
-    if (draining) {
+    if (draining && from->lost.ok()) {
       // No other agent: stay with the draining one while it lasts.
       if (on_draining_) on_draining_(*draining);
       co_return;
@@ -644,9 +667,9 @@ net::awaitable<void> Client::failover(std::shared_ptr<Client> self, std::shared_
   moving_ = false;
   moved_.notify();
   if (on_failover_) on_failover_(event);
-  if (!next->lost.ok() && link_ == next) {
+  if (!next->lost.ok() && link_ == next && !closing_ && lost_.ok()) {
     // The new agent went too, while we were busy: move on again.
-    linkLost(next, next->lost);
+    moveOn(next, std::string(next->lost.message()), next->openStreams(), 0);
   }
 }
 
@@ -864,7 +887,7 @@ net::awaitable<absl::StatusOr<std::shared_ptr<ClientStream>>> Client::openStream
   auto id = link->session->openStream(std::move(open));
   if (!id.ok()) co_return id.status();
   auto stream = std::make_shared<ClientStream>(shared_from_this(), link, *id);
-  link->streams[*id] = stream;
+  link->add(*id, stream);
   link->wake();
   while (!stream->accepted_ && stream->error_.ok()) co_await stream->writable_.wait();
   if (!stream->error_.ok()) {
@@ -949,7 +972,7 @@ void Client::onStreamOpen(Link& link, v1::StreamOpen open) {
   }
   auto stream = std::make_shared<ClientStream>(shared_from_this(), link.shared_from_this(),
                                                open.stream_id());
-  link.streams[open.stream_id()] = stream;
+  link.add(open.stream_id(), stream);
   acceptor_(std::move(stream), std::move(open));
 }
 
@@ -959,7 +982,7 @@ void Client::onDraining(Link& link, v1::Draining draining) {
     event.from = link.endpoint;
     event.reason = absl::StrCat("draining (", draining.reason(), ")");
     event.draining = true;
-    event.streams = link.streams.size();
+    event.streams = link.openStreams();
     asio::co_spawn(ex_,
                    failover(shared_from_this(), link.shared_from_this(), std::move(event),
                             std::move(draining)),

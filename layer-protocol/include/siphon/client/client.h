@@ -232,6 +232,9 @@ class Client : public std::enable_shared_from_this<Client> {
   // Fails what `link` carries; the current link's loss moves the client to
   // another agent or ends it.
   void linkLost(const std::shared_ptr<Link>& link, const absl::Status& why);
+  // After the current link's loss: a failover, or the end.
+  void moveOn(const std::shared_ptr<Link>& link, std::string reason, size_t streams,
+              size_t requests);
   void sessionLost(const absl::Status& why);
   net::awaitable<bool> waitForMove(std::chrono::steady_clock::time_point deadline);
   // Client handles <-> agent handles in file requests and answers.

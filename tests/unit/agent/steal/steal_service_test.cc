@@ -489,6 +489,7 @@ class FailoverTest : public testing::Test {
     o.endpoints = {a_.address(), b_.address()};
     o.token = kToken;
     o.client_name = "failover-test";
+    o.failover_timeout = std::chrono::milliseconds(500);
     return client::Client::create(ex, o);
   }
 
@@ -688,6 +689,53 @@ TEST_F(FailoverTest, HandlesOfALostAgentStayBad) {
     c->close();
   });
   ::unlink(path);
+}
+
+// No other agent answers: a lost session ends the client (the lost
+// handler, AGENT_LOST naming both), and a draining one stays where it is
+// (the draining handler, not a move).
+TEST_F(FailoverTest, WithNoOtherAgentALostSessionEndsAndADrainingOneStays) {
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = newClient(ex);
+    auto seen = watch(c, ex);
+    int drains = 0;
+    c->setDrainingHandler([&drains](const v1::Draining&) { ++drains; });
+    std::optional<absl::Status> lost;
+    c->setLostHandler([&lost](const absl::Status& s) { lost = s; });
+    EXPECT_TRUE((co_await c->connect()).ok());
+    b_.stop();
+    // A stolen connection keeps the draining agent up.
+    auto id = co_await subscribe(c, 8080);
+    EXPECT_TRUE(id.ok()) << id.status();
+    int fd = connectTo(kernel_a_->listenerPort());
+    EXPECT_TRUE(co_await eventually([&] { return seen->streams.size() == 1; }));
+    if (seen->streams.size() != 1) co_return;
+    auto held = seen->streams[0].first;
+    EXPECT_TRUE(c->acceptStream(*held).ok());
+
+    a_.server().requestDrain("test");
+    EXPECT_TRUE(co_await eventually([&] { return drains == 1; }));
+    EXPECT_TRUE(seen->moves.empty());
+    EXPECT_TRUE(c->lostStatus().ok()) << c->lostStatus();
+    writeAll(fd, "still");
+    auto chunk = co_await held->read();
+    EXPECT_TRUE(chunk.ok() && chunk->has_value() && **chunk == "still") << chunk.status();
+
+    // The connection ends, the drained agent exits: now the session is
+    // lost and there is nowhere to go.
+    ::close(fd);
+    held->reset(v1::CANCELLED, "done");
+    EXPECT_TRUE(co_await eventually([&] { return lost.has_value(); }));
+    if (lost) {
+      EXPECT_EQ(errorCodeOf(*lost), v1::AGENT_LOST) << *lost;
+      EXPECT_NE(lost->message().find("no other agent answered"), absl::string_view::npos)
+          << *lost;
+    }
+    EXPECT_TRUE(seen->moves.empty());
+    v1::Request info;
+    info.mutable_info();
+    EXPECT_EQ(errorCodeOf((co_await c->call(info)).status()), v1::AGENT_LOST);
+  });
 }
 
 }  // namespace
