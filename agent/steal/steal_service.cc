@@ -49,6 +49,12 @@ absl::StatusOr<UniqueFd> makeListener(NetnsWorker& netns, int family, uint16_t* 
       ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one)) != 0) {
     return lastErrnoStatus("steal listener: IPV6_V6ONLY");
   }
+  // Accepted sockets inherit it: one that ends in TIME_WAIT holds the
+  // application's port (its local address), and without SO_REUSEADDR it
+  // would keep the application from binding that port again for a minute.
+  if (::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) {
+    return lastErrnoStatus("steal listener: SO_REUSEADDR");
+  }
   const SockAddr any = outgoing::wildcardAddress(family);
   const char* what = family == AF_INET ? "0.0.0.0:0" : "[::]:0";
   if (::bind(fd.get(), any.get(), any.len) != 0) {

@@ -660,6 +660,34 @@ TEST_P(StealTest, StolenWhileStealingOriginalAfter) {
   EXPECT_EQ(curl(81), "original-81\n");
 }
 
+// The agent's end of a stolen connection that closes first waits in
+// TIME_WAIT on the application's port. Such sockets must not keep the
+// application from binding its port again (a restart, a listener it
+// re-creates, as iperf3 does after every test) once the steal is over.
+TEST_P(StealTest, StolenConnectionsDoNotKeepTheApplicationFromRebindingItsPort) {
+  constexpr uint16_t kPort = 8095;
+  std::optional<LocalServer> app;
+  app.emplace(httpAnswer("app\n"), pod_->name(), kPort);
+  LocalServer local(httpAnswer("stolen\n"));
+  Proc* s = steal({"--port", std::to_string(kPort), "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 8095"));
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(curl(kPort), "stolen\n");
+  s->signal(SIGINT);
+  EXPECT_EQ(s->finish(), 0) << s->err;
+  // The local server answered and closed first, so the agent's sockets did.
+  // With sk_lookup they hold the application's port; with iptables, the
+  // redirect target (the agent's listener port), so nothing to check there.
+  if (std::string(GetParam().backend) == "sk_lookup") {
+    Result tw = run({"ip", "netns", "exec", pod_->name(), "ss", "-Htan", "state", "time-wait",
+                     "sport = :" + std::to_string(kPort)});
+    EXPECT_NE(tw.out, "") << "no TIME_WAIT on the port: the case is not exercised";
+  }
+  // The application restarts: its bind (SO_REUSEADDR, as servers do) works.
+  app.reset();
+  app.emplace(httpAnswer("app again\n"), pod_->name(), kPort);
+  EXPECT_EQ(curl(kPort), "app again\n");
+}
+
 TEST_P(StealTest, SecondSessionGetsPortBusy) {
   LocalServer local(httpAnswer("stolen\n"));
   Proc* first = steal({"--port", "80", "--to", local.to()});
