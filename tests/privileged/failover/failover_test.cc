@@ -23,6 +23,7 @@
 
 #include "tests/fakes/echo_server.h"
 #include "tests/privileged/harness/pod_harness.h"
+#include "tests/privileged/harness/traffic.h"
 
 namespace siphon {
 namespace {
@@ -45,9 +46,7 @@ constexpr auto kKeepaliveTimeout = std::chrono::seconds(2);
 int connectFrom(const std::string& netns, const std::string& ip, uint16_t port) {
   int fd = socketInNetns(netns, AF_INET, SOCK_STREAM);
   if (fd < 0) return -1;
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  setTimeouts(fd, 5);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
@@ -59,35 +58,12 @@ int connectFrom(const std::string& netns, const std::string& ip, uint16_t port) 
   return fd;
 }
 
-bool writeAll(int fd, const std::string& data) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    off += static_cast<size_t>(n);
-  }
-  return true;
-}
-
 // Reads `n` bytes, or what came before EOF, an error or the timeout.
 std::string readN(int fd, size_t n) {
   std::string out;
   char buf[4096];
   while (out.size() < n) {
     ssize_t got = ::read(fd, buf, std::min(sizeof buf, n - out.size()));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) break;
-    out.append(buf, static_cast<size_t>(got));
-  }
-  return out;
-}
-
-std::string readToEnd(int fd) {
-  std::string out;
-  char buf[4096];
-  while (true) {
-    ssize_t got = ::read(fd, buf, sizeof buf);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) break;
     out.append(buf, static_cast<size_t>(got));
@@ -104,7 +80,8 @@ std::string whoAnswers(const std::string& netns, const std::string& ip) {
   const std::string request = "GET / HTTP/1.0\r\n\r\n";
   if (!writeAll(fd.get(), request)) return std::string("write failed: ") + strerror(errno);
   ::shutdown(fd.get(), SHUT_WR);
-  std::string answer = readToEnd(fd.get());
+  std::string answer;
+  readAll(fd.get(), &answer);
   if (answer == request) return "stolen";
   size_t body = answer.find("\r\n\r\n");
   if (body != std::string::npos) return answer.substr(body + 4);

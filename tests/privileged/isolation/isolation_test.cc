@@ -46,6 +46,7 @@
 #include "siphon/protocol/codec.h"
 #include "siphon/protocol/handshake.h"
 #include "tests/privileged/harness/pod_harness.h"
+#include "tests/privileged/harness/traffic.h"
 
 namespace siphon {
 namespace {
@@ -61,12 +62,6 @@ constexpr size_t kFileSize = 64u << 20;
 // Socket timeouts: a bug fails the test instead of hanging it.
 constexpr int kSocketTimeoutSeconds = 5;
 
-void setTimeouts(int fd, int seconds) {
-  timeval tv{seconds, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
-
 sockaddr_in loopback(uint16_t port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -81,42 +76,6 @@ uint16_t portOf(int fd) {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
   return ntohs(a.sin_port);
 }
-
-bool writeAll(int fd, std::string_view data) {
-  while (!data.empty()) {
-    ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return true;
-}
-
-// A deterministic endless byte stream (xorshift64*): both ends of a
-// transfer can check every byte.
-class Pattern {
- public:
-  explicit Pattern(uint64_t seed) : s_(seed | 1) {}
-  void fill(char* p, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      if (left_ == 0) {
-        s_ ^= s_ >> 12;
-        s_ ^= s_ << 25;
-        s_ ^= s_ >> 27;
-        word_ = s_ * 2685821657736338717ULL;
-        left_ = 8;
-      }
-      p[i] = static_cast<char>(word_ & 0xff);
-      word_ >>= 8;
-      --left_;
-    }
-  }
-
- private:
-  uint64_t s_;
-  uint64_t word_ = 0;
-  int left_ = 0;
-};
 
 // A TCP server on 127.0.0.1 inside the pod: every connection receives
 // Pattern(kSeed) until the client goes away or the server stops. Counts what

@@ -43,6 +43,7 @@
 // The harness's Agent (a running siphon-agent) is not used here.
 #define SIPHON_AGENT_BIN "siphon-agent"
 #include "tests/privileged/harness/pod_harness.h"
+#include "tests/privileged/harness/traffic.h"
 
 namespace siphon::bpf {
 namespace {
@@ -52,7 +53,10 @@ using harness::Clock;
 using harness::Fd;
 using harness::NetNs;
 using harness::Result;
+using harness::readAll;
 using harness::run;
+using harness::setTimeouts;
+using harness::writeAll;
 
 constexpr const char* kSkipReason =
     "needs root: creates network namespaces and attaches BPF TC programs in one";
@@ -110,16 +114,10 @@ Addr ip(const std::string& host, uint16_t port) {
   return a;
 }
 
-void setTimeouts(int fd) {
-  timeval tv{.tv_sec = kSocketTimeoutSec, .tv_usec = 0};
-  EXPECT_EQ(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)), 0);
-  EXPECT_EQ(setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)), 0);
-}
-
 Fd tcpSocketIn(const std::string& netns, int family) {
   Fd fd(harness::socketInNetns(netns, family, SOCK_STREAM));
   EXPECT_GE(fd.get(), 0) << "socket in " << netns;
-  if (fd.get() >= 0) setTimeouts(fd.get());
+  if (fd.get() >= 0) setTimeouts(fd.get(), kSocketTimeoutSec);
   return fd;
 }
 
@@ -136,29 +134,6 @@ std::pair<Fd, uint16_t> listenIn(const std::string& netns, int family) {
   uint16_t port = ntohs(family == AF_INET ? reinterpret_cast<sockaddr_in*>(&local)->sin_port
                                           : reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
   return {std::move(fd), port};
-}
-
-bool writeAll(int fd, const std::string& data) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    off += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-// Reads until EOF (true) or an error/timeout (false).
-bool readAll(int fd, std::string* out) {
-  char buf[65536];
-  for (;;) {
-    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return false;
-    if (n == 0) return true;
-    out->append(buf, static_cast<size_t>(n));
-  }
 }
 
 std::string randomBytes(size_t size, uint32_t seed) {
@@ -382,7 +357,7 @@ class MirrorBpfTest : public testing::Test {
         ADD_FAILURE() << "accept: " << std::strerror(errno);
         return;
       }
-      setTimeouts(conn.get());
+      setTimeouts(conn.get(), kSocketTimeoutSec);
       EXPECT_TRUE(readAll(conn.get(), &t.got_server)) << std::strerror(errno);
       EXPECT_TRUE(writeAll(conn.get(), t.to_client)) << std::strerror(errno);
     });

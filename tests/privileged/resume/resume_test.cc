@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "tests/privileged/harness/pod_harness.h"
+#include "tests/privileged/harness/traffic.h"
 
 extern char** environ;
 
@@ -73,12 +74,6 @@ const std::vector<std::string> kShortKeepalive = {"--keepalive-interval", "500ms
 
 // ---------------------------------------------------------------- sockets
 
-void setTimeouts(int fd) {
-  timeval tv{kIoTimeoutSeconds, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-}
-
 sockaddr_in ipv4(const std::string& ip, uint16_t port) {
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -91,7 +86,7 @@ sockaddr_in ipv4(const std::string& ip, uint16_t port) {
 int connectFrom(const std::string& netns, const std::string& ip, uint16_t port) {
   int fd = socketInNetns(netns, AF_INET, SOCK_STREAM);
   if (fd < 0) return -1;
-  setTimeouts(fd);
+  setTimeouts(fd, kIoTimeoutSeconds);
   sockaddr_in a = ipv4(ip, port);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
     ::close(fd);
@@ -111,64 +106,6 @@ Fd listenIn(const std::string& netns, uint16_t* port) {
   ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len);
   *port = ntohs(a.sin_port);
   return fd;
-}
-
-bool writeAll(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, data, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-// A deterministic byte stream (xorshift64*), so both ends of a transfer can
-// check every byte without holding it all.
-class Pattern {
- public:
-  explicit Pattern(uint64_t seed) : s_(seed | 1) {}
-  void fill(char* p, size_t n) {
-    size_t i = 0;
-    for (; i < n && left_ > 0; ++i, --left_, word_ >>= 8) p[i] = static_cast<char>(word_ & 0xff);
-    for (; n - i >= 8; i += 8) {
-      const uint64_t w = next();
-      for (int b = 0; b < 8; ++b) p[i + b] = static_cast<char>((w >> (8 * b)) & 0xff);
-    }
-    if (i < n) {
-      word_ = next();
-      left_ = 8;
-      for (; i < n; ++i, --left_, word_ >>= 8) p[i] = static_cast<char>(word_ & 0xff);
-    }
-  }
-
- private:
-  uint64_t next() {
-    s_ ^= s_ >> 12;
-    s_ ^= s_ << 25;
-    s_ ^= s_ >> 27;
-    return s_ * 2685821657736338717ULL;
-  }
-  uint64_t s_;
-  uint64_t word_ = 0;
-  int left_ = 0;
-};
-
-// Writes `total` bytes of Pattern(seed) to fd (a socket or a pipe), then
-// half-closes a socket. `sent` follows the progress. False on an error.
-bool sendPattern(int fd, uint64_t seed, uint64_t total, std::atomic<uint64_t>* sent = nullptr,
-                 bool shutdown_after = true) {
-  Pattern p(seed);
-  std::string buf(kMiB, '\0');
-  while (total > 0) {
-    size_t n = static_cast<size_t>(std::min<uint64_t>(total, buf.size()));
-    p.fill(buf.data(), n);
-    if (!writeAll(fd, buf.data(), n)) return false;
-    total -= n;
-    if (sent) *sent += n;
-  }
-  return !shutdown_after || ::shutdown(fd, SHUT_WR) == 0;
 }
 
 // What a receiver saw: the bytes that matched the generator before the
@@ -253,7 +190,7 @@ class NsServer {
       if (p[1].revents) return;
       int c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
       if (c < 0) continue;
-      setTimeouts(c);
+      setTimeouts(c, kIoTimeoutSeconds);
       ++accepted_;
       std::lock_guard<std::mutex> l(mu_);
       workers_.emplace_back([this, c] {

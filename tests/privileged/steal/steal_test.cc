@@ -38,6 +38,7 @@
 
 #include "tests/fakes/echo_server.h"
 #include "tests/privileged/harness/pod_harness.h"
+#include "tests/privileged/harness/traffic.h"
 
 namespace siphon {
 namespace {
@@ -90,68 +91,6 @@ int connectFrom(const std::string& netns, const Address& to, uint16_t port) {
     return -1;
   }
   return fd;
-}
-
-bool writeAll(int fd, const char* data, size_t n) {
-  while (n > 0) {
-    ssize_t w = ::write(fd, data, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return false;
-    data += w;
-    n -= static_cast<size_t>(w);
-  }
-  return true;
-}
-
-// Reads to EOF; false on an error (a reset).
-bool readAll(int fd, std::string* out) {
-  char buf[65536];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n == 0) return true;
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return false;
-    out->append(buf, static_cast<size_t>(n));
-  }
-}
-
-// A deterministic byte stream (xorshift64*), so both ends of a transfer
-// can check every byte without holding a GiB in memory.
-class Pattern {
- public:
-  explicit Pattern(uint64_t seed) : s_(seed | 1) {}
-  void fill(char* p, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      if (left_ == 0) {
-        s_ ^= s_ >> 12;
-        s_ ^= s_ << 25;
-        s_ ^= s_ >> 27;
-        word_ = s_ * 2685821657736338717ULL;
-        left_ = 8;
-      }
-      p[i] = static_cast<char>(word_ & 0xff);
-      word_ >>= 8;
-      --left_;
-    }
-  }
-
- private:
-  uint64_t s_;
-  uint64_t word_ = 0;
-  int left_ = 0;
-};
-
-// Sends `total` bytes of Pattern(seed), then half-closes.
-bool sendPattern(int fd, uint64_t seed, uint64_t total) {
-  Pattern p(seed);
-  std::string buf(1 << 20, '\0');
-  while (total > 0) {
-    size_t n = static_cast<size_t>(std::min<uint64_t>(total, buf.size()));
-    p.fill(buf.data(), n);
-    if (!writeAll(fd, buf.data(), n)) return false;
-    total -= n;
-  }
-  return ::shutdown(fd, SHUT_WR) == 0;
 }
 
 // Reads to EOF and compares with Pattern(seed); returns the bytes that
