@@ -510,6 +510,23 @@ class FailoverTest : public testing::Test {
     return seen;
   }
 
+  // Steals port 8080 (its id in *id) and makes one connection through the
+  // first agent (the remote end in *fd): the accepted stream, or nullptr
+  // (the failure recorded).
+  net::awaitable<std::shared_ptr<client::ClientStream>> stealOneOnA(
+      std::shared_ptr<client::Client> c, std::shared_ptr<Seen> seen, uint64_t* id, int* fd) {
+    auto subscribed = co_await subscribe(c, 8080);
+    EXPECT_TRUE(subscribed.ok()) << subscribed.status();
+    if (!subscribed.ok()) co_return nullptr;
+    *id = *subscribed;
+    *fd = connectTo(kernel_a_->listenerPort());
+    EXPECT_TRUE(co_await eventually([&] { return seen->streams.size() == 1; }));
+    if (seen->streams.size() != 1) co_return nullptr;
+    auto stream = seen->streams[0].first;
+    EXPECT_TRUE(c->acceptStream(*stream).ok());
+    co_return stream;
+  }
+
   std::shared_ptr<FakeKernel> kernel_a_ = std::make_shared<FakeKernel>();
   std::shared_ptr<FakeKernel> kernel_b_ = std::make_shared<FakeKernel>();
   fakes::InProcessAgent a_;
@@ -525,14 +542,10 @@ TEST_F(FailoverTest, LostAgentMovesTheSubscriptionsToTheNextOne) {
     auto seen = watch(c, ex);
     EXPECT_TRUE((co_await c->connect()).ok());
     EXPECT_EQ(c->endpoint(), a_.address());
-    auto id = co_await subscribe(c, 8080);
-    EXPECT_TRUE(id.ok()) << id.status();
-    if (!id.ok()) co_return;
-
-    int fd_a = connectTo(kernel_a_->listenerPort());
-    EXPECT_TRUE(co_await eventually([&] { return seen->streams.size() == 1; }));
-    auto first = seen->streams.at(0).first;
-    EXPECT_TRUE(c->acceptStream(*first).ok());
+    uint64_t id = 0;
+    int fd_a = -1;
+    auto first = co_await stealOneOnA(c, seen, &id, &fd_a);
+    if (!first) co_return;
 
     a_.stop();
     EXPECT_TRUE(co_await eventually([&] { return seen->moves.size() == 1; }));
@@ -544,7 +557,7 @@ TEST_F(FailoverTest, LostAgentMovesTheSubscriptionsToTheNextOne) {
     EXPECT_EQ(move.streams, 1u);
     EXPECT_EQ(move.subscriptions.size(), 1u);
     if (move.subscriptions.size() == 1) {
-      EXPECT_EQ(move.subscriptions[0].first, *id);
+      EXPECT_EQ(move.subscriptions[0].first, id);
       EXPECT_TRUE(move.subscriptions[0].second.ok()) << move.subscriptions[0].second;
     }
     EXPECT_TRUE(c->lostStatus().ok()) << c->lostStatus();
@@ -560,7 +573,7 @@ TEST_F(FailoverTest, LostAgentMovesTheSubscriptionsToTheNextOne) {
     EXPECT_TRUE(co_await eventually([&] { return seen->streams.size() == 2; }));
     if (seen->streams.size() == 2) {
       auto& [stream, open] = seen->streams[1];
-      EXPECT_EQ(open.stolen().subscription_id(), *id);
+      EXPECT_EQ(open.stolen().subscription_id(), id);
       EXPECT_TRUE(c->acceptStream(*stream).ok());
       writeAll(fd_b, "hello");
       auto chunk = co_await stream->read();
@@ -569,7 +582,7 @@ TEST_F(FailoverTest, LostAgentMovesTheSubscriptionsToTheNextOne) {
     ::close(fd_b);
 
     // Unsubscribing the client's id releases the port on the new agent.
-    EXPECT_TRUE((co_await unsubscribe(c, *id)).ok());
+    EXPECT_TRUE((co_await unsubscribe(c, id)).ok());
     EXPECT_TRUE(kernel_b_->saw("remove 8080"));
     c->close();
   });
@@ -582,13 +595,10 @@ TEST_F(FailoverTest, DrainingAgentKeepsItsOpenStreamsWhileNewOnesMove) {
     auto c = newClient(ex);
     auto seen = watch(c, ex);
     EXPECT_TRUE((co_await c->connect()).ok());
-    auto id = co_await subscribe(c, 8080);
-    EXPECT_TRUE(id.ok()) << id.status();
-    if (!id.ok()) co_return;
-    int fd_a = connectTo(kernel_a_->listenerPort());
-    EXPECT_TRUE(co_await eventually([&] { return seen->streams.size() == 1; }));
-    auto first = seen->streams.at(0).first;
-    EXPECT_TRUE(c->acceptStream(*first).ok());
+    uint64_t id = 0;
+    int fd_a = -1;
+    auto first = co_await stealOneOnA(c, seen, &id, &fd_a);
+    if (!first) co_return;
 
     a_.server().requestDrain("test");
     EXPECT_TRUE(co_await eventually([&] { return seen->moves.size() == 1; }));
@@ -623,7 +633,7 @@ TEST_F(FailoverTest, DrainingAgentKeepsItsOpenStreamsWhileNewOnesMove) {
     int fd_b = connectTo(kernel_b_->listenerPort());
     EXPECT_TRUE(co_await eventually([&] { return seen->streams.size() == 2; }));
     if (seen->streams.size() == 2) {
-      EXPECT_EQ(seen->streams[1].second.stolen().subscription_id(), *id);
+      EXPECT_EQ(seen->streams[1].second.stolen().subscription_id(), id);
     }
     ::close(fd_b);
     EXPECT_TRUE(c->lostStatus().ok()) << c->lostStatus();
@@ -705,13 +715,10 @@ TEST_F(FailoverTest, WithNoOtherAgentALostSessionEndsAndADrainingOneStays) {
     EXPECT_TRUE((co_await c->connect()).ok());
     b_.stop();
     // A stolen connection keeps the draining agent up.
-    auto id = co_await subscribe(c, 8080);
-    EXPECT_TRUE(id.ok()) << id.status();
-    int fd = connectTo(kernel_a_->listenerPort());
-    EXPECT_TRUE(co_await eventually([&] { return seen->streams.size() == 1; }));
-    if (seen->streams.size() != 1) co_return;
-    auto held = seen->streams[0].first;
-    EXPECT_TRUE(c->acceptStream(*held).ok());
+    uint64_t id = 0;
+    int fd = -1;
+    auto held = co_await stealOneOnA(c, seen, &id, &fd);
+    if (!held) co_return;
 
     a_.server().requestDrain("test");
     EXPECT_TRUE(co_await eventually([&] { return drains == 1; }));
