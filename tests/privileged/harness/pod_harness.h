@@ -270,6 +270,44 @@ class NetNs {
   bool created_ = false;
 };
 
+// One end of a veth pair: its namespace, interface name and addresses with
+// their prefix ("10.0.0.1/24", "fd00::1/64").
+struct VethEnd {
+  std::string netns;
+  std::string name;
+  std::vector<std::string> addresses;
+};
+
+// A veth pair made inside a.netns with its peer end moved straight into
+// b.netns (the names never exist on the host, so they cannot clash),
+// addressed (IPv6 with nodad: usable at once, not "tentative" for a second
+// or two) and up.
+inline ::testing::AssertionResult linkVeth(const VethEnd& a, const VethEnd& b) {
+  std::vector<std::vector<std::string>> cmds = {{"ip", "-n", a.netns, "link", "add", a.name,
+                                                 "type", "veth", "peer", "name", b.name, "netns",
+                                                 b.netns}};
+  for (const VethEnd* end : {&a, &b}) {
+    for (const std::string& addr : end->addresses) {
+      std::vector<std::string> cmd = {"ip", "-n", end->netns, "addr", "add", addr, "dev",
+                                      end->name};
+      if (addr.find(':') != std::string::npos) cmd.push_back("nodad");
+      cmds.push_back(std::move(cmd));
+    }
+  }
+  for (const VethEnd* end : {&a, &b}) {
+    cmds.push_back({"ip", "-n", end->netns, "link", "set", end->name, "up"});
+  }
+  for (const auto& cmd : cmds) {
+    Result r = run(cmd);
+    if (r.exit_code != 0) {
+      std::string line;
+      for (const auto& w : cmd) line += w + " ";
+      return ::testing::AssertionFailure() << line << ": " << r;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 inline uint64_t netnsInodeOf(pid_t pid) {
   struct stat st {};
   if (stat(("/proc/" + std::to_string(pid) + "/ns/net").c_str(), &st) != 0) return 0;

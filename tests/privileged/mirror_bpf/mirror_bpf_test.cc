@@ -240,23 +240,9 @@ class MirrorBpfTest : public testing::Test {
     ASSERT_TRUE(pod_->created() && peer_->created());
     const std::string& pod = pod_->name();
     const std::string& peer = peer_->name();
-    // Made inside the pod with its peer end moved straight into the peer
-    // namespace: the names never exist on the host, so they cannot clash.
-    for (const std::vector<std::string>& cmd : std::vector<std::vector<std::string>>{
-             {"ip", "-n", pod, "link", "add", "vpod", "type", "veth", "peer", "name", "vpeer",
-              "netns", peer},
-             {"ip", "-n", pod, "addr", "add", std::string(kPodIp4) + "/24", "dev", "vpod"},
-             {"ip", "-n", peer, "addr", "add", std::string(kPeerIp4) + "/24", "dev", "vpeer"},
-             // nodad: usable at once, not "tentative" for a second or two.
-             {"ip", "-n", pod, "addr", "add", std::string(kPodIp6) + "/64", "dev", "vpod", "nodad"},
-             {"ip", "-n", peer, "addr", "add", std::string(kPeerIp6) + "/64", "dev", "vpeer",
-              "nodad"},
-             {"ip", "-n", pod, "link", "set", "vpod", "up"},
-             {"ip", "-n", peer, "link", "set", "vpeer", "up"},
-         }) {
-      Result r = run(cmd);
-      ASSERT_EQ(r.exit_code, 0) << cmd[3] << " " << cmd[4] << ": " << r;
-    }
+    ASSERT_TRUE(harness::linkVeth(
+        {pod, "vpod", {std::string(kPodIp4) + "/24", std::string(kPodIp6) + "/64"}},
+        {peer, "vpeer", {std::string(kPeerIp4) + "/24", std::string(kPeerIp6) + "/64"}}));
     inNetns(pod, [&] {
       lo_ = static_cast<int>(if_nametoindex("lo"));
       vpod_ = static_cast<int>(if_nametoindex("vpod"));
