@@ -214,9 +214,19 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
       if (it->second.wants_write) notifyWritable(handler);
       return absl::OkStatus();
     }
-    case v1::Frame::kGap:
+    case v1::Frame::kGap: {
+      // A gap stands for data: the same rules (dropped for a stream we
+      // reset, refused after the half-close that ended the stream's bytes).
+      uint64_t id = f.gap().stream_id();
+      auto it = streams_.find(id);
+      if (it == streams_.end()) return absl::OkStatus();
+      if (it->second.remote_closed) {
+        return protoError(v1::STREAM_CLOSED,
+                          absl::StrCat("gap on stream ", id, " after its half-close"));
+      }
       handler.onStreamGap(std::move(*f.mutable_gap()));
       return absl::OkStatus();
+    }
     case v1::Frame::kDraining:
       handler.onDraining(std::move(*f.mutable_draining()));
       return absl::OkStatus();
@@ -551,7 +561,8 @@ void Session::resetStream(uint64_t stream_id, v1::Error error) {
 }
 
 absl::Status Session::sendGap(v1::StreamGap gap) {
-  if (!streams_.contains(gap.stream_id())) {
+  auto it = streams_.find(gap.stream_id());
+  if (it == streams_.end() || it->second.local_closed) {
     return protoError(v1::STREAM_CLOSED, absl::StrCat("stream ", gap.stream_id(), " is closed"));
   }
   v1::Frame f;

@@ -47,8 +47,10 @@ struct Link : protocol::SessionHandler, std::enable_shared_from_this<Link> {
   std::map<uint64_t, std::shared_ptr<Client::Pending>> pending;
   std::map<uint64_t, std::weak_ptr<ClientStream>> streams;
   std::map<uint64_t, uint64_t> subscription_ids;  // the agent's id -> the client's
-  // Stolen streams that arrived before their resubscription's answer.
-  std::vector<v1::StreamOpen> parked;
+  // Streams of subscriptions (stolen, mirrored) that arrived before their
+  // resubscription's answer. The streams are registered already, so what
+  // comes for them meanwhile waits in them.
+  std::vector<std::pair<std::shared_ptr<ClientStream>, v1::StreamOpen>> parked;
 
   void wake() {
     if (transport) transport->wake();
@@ -96,6 +98,8 @@ struct Link : protocol::SessionHandler, std::enable_shared_from_this<Link> {
       session->consumed(id, payload.size());
       return;
     }
+    // Only with nothing queued: a payload must not pass queued data, nor a
+    // queued gap (the sink would get bytes from after the gap first).
     if (s->incoming_.empty() && s->sink_) {
       size_t taken = std::min(s->sink_(payload), payload.size());
       if (taken > 0) {
@@ -104,7 +108,16 @@ struct Link : protocol::SessionHandler, std::enable_shared_from_this<Link> {
       }
       if (payload.empty()) return;
     }
-    s->incoming_.emplace_back(payload);
+    s->incoming_.push_back(StreamEvent{std::string(payload), std::nullopt});
+    s->readable_.notify();
+  }
+
+  // The session drops gaps of unknown streams and refuses them after the
+  // peer's half-close, so a gap always comes before the end.
+  void onStreamGap(v1::StreamGap gap) override {
+    auto s = stream(gap.stream_id());
+    if (!s) return;  // nobody reads it; a gap holds no credit
+    s->incoming_.push_back(StreamEvent{std::string(), std::move(gap)});
     s->readable_.notify();
   }
 
@@ -180,10 +193,32 @@ ClientStream::ClientStream(std::shared_ptr<Client> client, std::shared_ptr<Link>
       readable_(client_->ex_),
       writable_(client_->ex_) {}
 
+namespace {
+
+const char* directionText(v1::Direction d) {
+  switch (d) {
+    case v1::CLIENT_TO_SERVER:
+      return "client->server";
+    case v1::SERVER_TO_CLIENT:
+      return "server->client";
+    default:
+      return "unspecified direction";
+  }
+}
+
+}  // namespace
+
 net::awaitable<absl::StatusOr<std::optional<std::string>>> ClientStream::read() {
   while (true) {
     if (!incoming_.empty()) {
-      std::string chunk = std::move(incoming_.front());
+      if (const auto& gap = incoming_.front().gap) {
+        // Left queued: every read() says it, readEvent() can still take it.
+        co_return protoError(
+            v1::FAILED_PRECONDITION,
+            absl::StrCat("stream ", id_, " has a gap (", gap->bytes(), " bytes ",
+                         directionText(gap->direction()), " lost): read it with readEvent()"));
+      }
+      std::string chunk = std::move(incoming_.front().data);
       incoming_.pop_front();
       // Credit goes back only as the application reads: a reader that stops
       // stops the agent reading this stream's socket, nothing else.
@@ -193,6 +228,24 @@ net::awaitable<absl::StatusOr<std::optional<std::string>>> ClientStream::read() 
     }
     if (!error_.ok()) co_return error_;
     if (eof_) co_return std::optional<std::string>();
+    co_await readable_.wait();
+  }
+}
+
+net::awaitable<absl::StatusOr<std::optional<StreamEvent>>> ClientStream::readEvent() {
+  while (true) {
+    if (!incoming_.empty()) {
+      StreamEvent event = std::move(incoming_.front());
+      incoming_.pop_front();
+      if (!event.gap) {
+        // As in read(): credit goes back as the application takes the bytes.
+        link_->session->consumed(id_, event.data.size());
+        link_->wake();
+      }
+      co_return std::optional<StreamEvent>(std::move(event));
+    }
+    if (!error_.ok()) co_return error_;
+    if (eof_) co_return std::optional<StreamEvent>();
     co_await readable_.wait();
   }
 }
@@ -661,9 +714,9 @@ net::awaitable<void> Client::failover(std::shared_ptr<Client> self, std::shared_
   }
   next->resubscribing = false;
   // Streams of the new subscriptions that came before the answers.
-  std::vector<v1::StreamOpen> parked = std::move(next->parked);
+  auto parked = std::move(next->parked);
   next->parked.clear();
-  for (auto& open : parked) onStreamOpen(*next, std::move(open));
+  for (auto& [stream, open] : parked) handOver(*next, std::move(stream), std::move(open));
   moving_ = false;
   moved_.notify();
   if (on_failover_) on_failover_(event);
@@ -954,25 +1007,47 @@ void Client::onResponse(Link& link, v1::Response response) {
   p.done.notify();
 }
 
+namespace {
+
+// The subscription (the agent's id) a stream the agent opens belongs to;
+// nullopt for kinds that belong to none.
+std::optional<uint64_t> subscriptionOf(const v1::StreamOpen& open) {
+  if (open.has_stolen()) return open.stolen().subscription_id();
+  if (open.has_mirrored()) return open.mirrored().subscription_id();
+  return std::nullopt;
+}
+
+void setSubscription(v1::StreamOpen& open, uint64_t id) {
+  if (open.has_stolen()) open.mutable_stolen()->set_subscription_id(id);
+  if (open.has_mirrored()) open.mutable_mirrored()->set_subscription_id(id);
+}
+
+}  // namespace
+
 void Client::onStreamOpen(Link& link, v1::StreamOpen open) {
-  if (open.has_stolen()) {
-    auto it = link.subscription_ids.find(open.stolen().subscription_id());
-    if (it == link.subscription_ids.end() && link.resubscribing) {
-      link.parked.push_back(std::move(open));
-      return;
-    }
-    // Unknown: 0, which no subscription of this client has.
-    open.mutable_stolen()->set_subscription_id(it == link.subscription_ids.end() ? 0 : it->second);
-  }
-  if (!acceptor_) {
-    link.session->resetStream(
-        open.stream_id(),
-        toProtoError(protoError(v1::UNIMPLEMENTED, "this client accepts no streams")));
+  auto stream =
+      std::make_shared<ClientStream>(shared_from_this(), link.shared_from_this(), open.stream_id());
+  // Registered before anything else: frames that come before the acceptor
+  // takes it (a mirror's gaps) or while it is parked wait in it.
+  link.add(open.stream_id(), stream);
+  const std::optional<uint64_t> agent_id = subscriptionOf(open);
+  if (agent_id && link.resubscribing && !link.subscription_ids.contains(*agent_id)) {
+    link.parked.emplace_back(std::move(stream), std::move(open));
     return;
   }
-  auto stream = std::make_shared<ClientStream>(shared_from_this(), link.shared_from_this(),
-                                               open.stream_id());
-  link.add(open.stream_id(), stream);
+  handOver(link, std::move(stream), std::move(open));
+}
+
+void Client::handOver(Link& link, std::shared_ptr<ClientStream> stream, v1::StreamOpen open) {
+  if (const std::optional<uint64_t> agent_id = subscriptionOf(open)) {
+    auto it = link.subscription_ids.find(*agent_id);
+    // Unknown: 0, which no subscription of this client has.
+    setSubscription(open, it == link.subscription_ids.end() ? 0 : it->second);
+  }
+  if (!acceptor_) {
+    stream->reset(v1::UNIMPLEMENTED, "this client accepts no streams");
+    return;
+  }
   acceptor_(std::move(stream), std::move(open));
 }
 

@@ -83,7 +83,10 @@ class Recorder : public SessionHandler {
     log.push_back("reset " + std::to_string(id));
     resets.emplace_back(id, std::move(e));
   }
-  void onStreamGap(v1::StreamGap g) override { gaps.push_back(std::move(g)); }
+  void onStreamGap(v1::StreamGap g) override {
+    log.push_back("gap " + std::to_string(g.stream_id()) + " " + std::to_string(g.bytes()));
+    gaps.push_back(std::move(g));
+  }
   void onStreamWritable(uint64_t id) override {
     log.push_back("writable " + std::to_string(id));
     writable.push_back(id);
@@ -997,6 +1000,48 @@ TEST(SessionTest, FramesForUnknownStreamsAreIgnored) {
   EXPECT_TRUE(st.ok()) << st;
   EXPECT_TRUE(p.ah.log.empty());
   EXPECT_EQ(p.agent.receivedCount(), 5u);
+}
+
+// A gap stands for bytes of the stream: it keeps its place among the data,
+// and nothing, gaps included, follows the half-close that ends them.
+TEST(SessionTest, GapsKeepTheirPlaceAndEndWithTheHalfClose) {
+  Pipe p;
+  uint64_t id = p.openAccepted(/*by_client=*/false);  // the agent opens, as for a mirror
+  p.ch.log.clear();
+  v1::StreamGap gap;
+  gap.set_stream_id(id);
+  gap.set_direction(v1::CLIENT_TO_SERVER);
+  gap.set_bytes(1234);
+  ASSERT_TRUE(p.agent.sendData(id, "before").ok());
+  ASSERT_TRUE(p.agent.sendGap(gap).ok());
+  ASSERT_TRUE(p.agent.sendData(id, "after").ok());
+  ASSERT_TRUE(p.agent.halfClose(id).ok());
+  EXPECT_EQ(errorCodeOf(p.agent.sendGap(gap)), v1::STREAM_CLOSED);
+  ASSERT_TRUE(p.pump().ok());
+  const std::string sid = std::to_string(id);
+  EXPECT_EQ(p.ch.log, (std::vector<std::string>{"data " + sid + " before", "gap " + sid + " 1234",
+                                                "data " + sid + " after", "half_close " + sid}));
+
+  // A peer that sends one anyway breaks the protocol, as data would.
+  v1::Frame f;
+  *f.mutable_gap() = gap;
+  auto late = encodeFrame(f);
+  auto st = p.client.onBytes(late, p.ch, p.now);
+  EXPECT_EQ(errorCodeOf(st), v1::STREAM_CLOSED) << st;
+  EXPECT_EQ(p.ch.gaps.size(), 1u);
+}
+
+TEST(SessionTest, GapsOfUnknownStreamsAreIgnored) {
+  // A stream we reset may still get the gaps the peer sent before it learned.
+  Pipe p;
+  auto bytes = frameBytes([](v1::Frame& f) {
+    f.mutable_gap()->set_stream_id(42);
+    f.mutable_gap()->set_bytes(9);
+  });
+  auto st = p.client.onBytes(bytes, p.ch, p.now);
+  EXPECT_TRUE(st.ok()) << st;
+  EXPECT_TRUE(p.ch.log.empty());
+  EXPECT_TRUE(p.ch.gaps.empty());
 }
 
 }  // namespace

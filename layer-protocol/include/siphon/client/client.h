@@ -76,15 +76,37 @@ struct FailoverEvent {
 class Client;
 struct Link;
 
+// What a stream delivers, in arrival order (ClientStream::readEvent): one
+// Data frame's payload, or a gap in it.
+struct StreamEvent {
+  // The payload of one Data frame, whole (a mirror's record): frame
+  // boundaries are kept. Empty for a gap.
+  std::string data;
+  // Set instead of data: the peer's StreamGap, bytes that will never come
+  // (a mirror's lost copy, a capture's dropped packets), at its place
+  // between the payloads before and after it.
+  std::optional<v1::StreamGap> gap;
+};
+
 // A stream of the session. read() yields data in order; write() waits for
 // credit, so a slow peer slows only this stream.
 class ClientStream {
  public:
   ClientStream(std::shared_ptr<Client> client, std::shared_ptr<Link> link, uint64_t id);
   uint64_t id() const { return id_; }
-  // The next chunk; nullopt at the peer's half-close; an error status when
-  // the stream was reset (the peer's code, or AGENT_LOST).
+  // The next chunk (one Data frame's payload); nullopt at the peer's
+  // half-close; an error status when the stream was reset (the peer's code,
+  // or AGENT_LOST). read() is for contiguous bytes: when the next thing the
+  // peer sent is a gap (StreamGap, sent on mirrored and capture streams
+  // only), it fails with FAILED_PRECONDITION naming the gap, and keeps
+  // failing, since the bytes after it would not follow the bytes before;
+  // the gap stays queued for readEvent().
   net::awaitable<absl::StatusOr<std::optional<std::string>>> read();
+  // Everything the peer sent, in order: data chunks (one per Data frame)
+  // and gaps; nullopt at the peer's half-close (no gap can follow it); an
+  // error status when the stream was reset. Data returns its credit to the
+  // peer as it is taken, as read() does; a gap holds no credit.
+  net::awaitable<absl::StatusOr<std::optional<StreamEvent>>> readEvent();
   net::awaitable<absl::Status> write(std::string data);
   // Sends `data` as exactly one Data frame (one datagram, one seqpacket
   // record): waits until the credit covers all of it. INVALID_ARGUMENT when
@@ -104,7 +126,10 @@ class ClientStream {
   // inside the session's dispatch; it returns how many leading bytes it
   // took. Those count as delivered (their credit goes back at once); the
   // rest is queued for read(), and later payloads queue behind it until
-  // read() has taken the queue. The sink must not call back into the client.
+  // read() has taken the queue. A gap never goes to the sink: it is queued
+  // (readEvent() takes it), and the payloads after it queue behind it, so
+  // the sink never sees bytes from after a gap before the gap is read. The
+  // sink must not call back into the client.
   using Sink = std::function<size_t(std::string_view)>;
   void setSink(Sink sink) { sink_ = std::move(sink); }
 
@@ -114,7 +139,7 @@ class ClientStream {
   std::shared_ptr<Client> client_;
   std::shared_ptr<Link> link_;  // the session the stream belongs to
   uint64_t id_;
-  std::deque<std::string> incoming_;
+  std::deque<StreamEvent> incoming_;  // data and gaps, in arrival order
   std::deque<v1::StreamDatagram> datagrams_;
   Sink sink_;
   bool eof_ = false;
@@ -147,7 +172,10 @@ class Client : public std::enable_shared_from_this<Client> {
   net::awaitable<absl::StatusOr<std::shared_ptr<ClientStream>>> openStream(v1::StreamOpen open);
 
   // Streams the agent opens (stolen connections, mirrors) go here; without
-  // an acceptor they are reset with UNIMPLEMENTED.
+  // an acceptor they are reset with UNIMPLEMENTED. The subscription id of
+  // a StreamOpen{stolen} or {mirrored} is this client's (as its Subscribed
+  // answer said; 0 for a subscription it does not know). What the agent
+  // sends before acceptStream() (a mirror's gaps) waits in the stream.
   using StreamAcceptor = std::function<void(std::shared_ptr<ClientStream>, v1::StreamOpen)>;
   void setStreamAcceptor(StreamAcceptor acceptor) { acceptor_ = std::move(acceptor); }
   absl::Status acceptStream(ClientStream& stream);
@@ -245,6 +273,8 @@ class Client : public std::enable_shared_from_this<Client> {
   // From the Links' SessionHandler.
   void onResponse(Link& link, v1::Response response);
   void onStreamOpen(Link& link, v1::StreamOpen open);
+  // Maps the stream's subscription id and gives it to the acceptor.
+  void handOver(Link& link, std::shared_ptr<ClientStream> stream, v1::StreamOpen open);
   void onDraining(Link& link, v1::Draining draining);
 
   net::asio::any_io_executor ex_;

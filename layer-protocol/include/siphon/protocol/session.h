@@ -181,6 +181,9 @@ class Session {
   absl::Status halfClose(uint64_t stream_id);
   // Ends the stream both ways (no-op for an unknown stream).
   void resetStream(uint64_t stream_id, v1::Error error);
+  // Bytes of the stream that will never come (mirrors, captures), in order
+  // with its data. STREAM_CLOSED on a closed stream or after halfClose():
+  // the half-close is the end of the stream's bytes, gaps included.
   absl::Status sendGap(v1::StreamGap gap);
   // `n` bytes of the stream's received data were delivered: grants credit.
   void consumed(uint64_t stream_id, size_t n);
