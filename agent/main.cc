@@ -117,6 +117,19 @@ int realMain(int argc, char** argv) {
                  "uses), nft or legacy")
       ->check(CLI::IsMember({"auto", "nft", "legacy"}))
       ->capture_default_str();
+  uint32_t mirror_ring_kib = config.mirror_ring_bytes / 1024;
+  size_t mirror_buffer_kib = config.mirror_buffer_bytes / 1024;
+  app.add_option("--mirror-ring-size", mirror_ring_kib,
+                 "KiB of the ring buffer the mirror's TC program copies packets into (a power of "
+                 "two, at least 4); a burst larger than it is lost, and reported as gaps")
+      ->check(CLI::Range(4u, 1u << 20))
+      ->capture_default_str();
+  app.add_option("--mirror-buffer", mirror_buffer_kib,
+                 "KiB a mirroring session may hold while its client is slower than the traffic; "
+                 "past it the session's copy loses bytes, reported as gaps (the application "
+                 "never waits)")
+      ->check(CLI::Range(size_t{64}, size_t{1} << 22))
+      ->capture_default_str();
 
   int pid = 0;
   std::string container_id;
@@ -181,6 +194,13 @@ int realMain(int argc, char** argv) {
                                          "--keepalive-timeout (",
                                          config.limits.keepalive_timeout.count(), " ms)"));
   }
+
+  if ((mirror_ring_kib & (mirror_ring_kib - 1)) != 0) {
+    return fail(kExitUsage, absl::StrCat("--mirror-ring-size ", mirror_ring_kib,
+                                         ": must be a power of two (KiB)"));
+  }
+  config.mirror_ring_bytes = mirror_ring_kib * 1024;
+  config.mirror_buffer_bytes = mirror_buffer_kib * 1024;
 
   config.fs_mode = fs_mode == "rw"    ? FsMode::kReadWrite
                    : fs_mode == "off" ? FsMode::kOff

@@ -597,6 +597,15 @@ void ConnectionTable::closeAll() {
   while (!by_activity_.empty()) close(*by_activity_.front(), CloseReason::kShutdown);
 }
 
+void ConnectionTable::setServerPorts(std::set<uint16_t> ports) {
+  options_.server_ports = std::move(ports);
+  std::vector<Connection*> gone;
+  for (Connection* c : by_activity_) {
+    if (!options_.server_ports.contains(c->info.server.port)) gone.push_back(c);
+  }
+  for (Connection* c : gone) close(*c, CloseReason::kShutdown);
+}
+
 size_t ConnectionTable::bufferedBytes() const {
   size_t total = 0;
   for (const auto& [key, connection] : connections_) {

@@ -293,6 +293,9 @@ class ConnectionTable {
   void advanceTime(Timestamp now);
   // Closes every connection (kShutdown), reporting what is still missing.
   void closeAll();
+  // The mirrored ports changed: later mid-stream joins use `ports`, and the
+  // connections whose server port left the set are closed (kShutdown).
+  void setServerPorts(std::set<uint16_t> ports);
 
   // Packets the transport lost before they reached us (ring buffer full):
   // counted here so one place holds the mirror's counters.

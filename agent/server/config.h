@@ -25,6 +25,10 @@ struct AgentConfig {
   std::string steal_backend = "auto";
   // --iptables: which iptables the iptables backend uses: auto, nft, legacy.
   std::string iptables_mode = "auto";
+  // --mirror-ring-size: the TC program's ring buffer (a power of two).
+  uint32_t mirror_ring_bytes = 32u << 20;
+  // --mirror-buffer: bytes a mirror subscription may hold for a slow client.
+  size_t mirror_buffer_bytes = 32u << 20;
   protocol::SessionLimits limits;  // limits.session_grace is --session-grace
 };
 

@@ -1,6 +1,7 @@
 // Every service the agent offers, in one place. Each area adds its own lines.
 #include "agent/dns/dns_service.h"
 #include "agent/files/file_service.h"
+#include "agent/mirror/mirror_service.h"
 #include "agent/outgoing/outgoing_service.h"
 #include "agent/services/env_service.h"
 #include "agent/services/service.h"
@@ -26,6 +27,10 @@ std::unique_ptr<ServiceRegistry> buildServices(ServiceContext& ctx) {
   outgoing::registerOutgoing(*r, ctx);  // TCP, UDP, unix streams from the target
 
   steal::registerSteal(*r, ctx);  // incoming TCP of subscribed ports, as streams
+
+  mirror::registerMirror(*r, ctx);  // copies of the TCP connections of subscribed ports
+
+  r->routeUnsubscribe();  // to the steal or mirror subscription it names
 
   return r;
 }

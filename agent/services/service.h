@@ -25,6 +25,16 @@ namespace siphon::agent {
 class AgentSession;
 class NetnsWorker;
 
+// Subscription ids, unique across the services that subscribe (steal,
+// mirror), so an Unsubscribe names exactly one. Event loop only.
+class SubscriptionIds {
+ public:
+  uint64_t next() { return next_++; }
+
+ private:
+  uint64_t next_ = 1;
+};
+
 struct ServiceContext {
   net::asio::io_context& io;
   net::asio::thread_pool& blocking;  // blocking calls (files, /proc) run here
@@ -38,6 +48,7 @@ struct ServiceContext {
   // sessions.
   std::function<void(v1::DnsRequest, std::function<void(absl::StatusOr<v1::DnsResponse>)>)>
       resolve_name;
+  SubscriptionIds subscription_ids;
 };
 
 class RequestService {
@@ -46,6 +57,14 @@ class RequestService {
   // Answers `request` exactly once with session->respond(), now or later
   // (from the event loop). Errors go in Response.error (siphon::toProtoError).
   virtual void handle(std::shared_ptr<AgentSession> session, v1::Request request) = 0;
+  // Services that take Request{unsubscribe}: whether subscription `id` is
+  // this service's and belongs to `session_id` (the registry routes the
+  // unsubscribe to its owner).
+  virtual bool ownsSubscription(uint64_t id, const std::string& session_id) const {
+    (void)id;
+    (void)session_id;
+    return false;
+  }
   // The session is gone for good: release what it held (open files...).
   virtual void sessionEnded(const std::string& session_id) { (void)session_id; }
   // The agent is stopping (after every session ended): stop accepting work
@@ -94,6 +113,9 @@ class ServiceRegistry {
   void addRequest(v1::Request::BodyCase kind, std::shared_ptr<RequestService> service);
   void addStream(v1::StreamOpen::KindCase kind, std::shared_ptr<StreamService> service);
   void addFeature(v1::Feature feature) { features_.push_back(feature); }
+  // Request{unsubscribe} goes to the service that owns the subscription
+  // (RequestService::ownsSubscription); call once every service is added.
+  void routeUnsubscribe();
 
   RequestService* request(v1::Request::BodyCase kind) const;
   StreamService* stream(v1::StreamOpen::KindCase kind) const;

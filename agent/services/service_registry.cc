@@ -2,7 +2,43 @@
 
 #include "agent/services/service.h"
 
+#include "absl/strings/str_cat.h"
+#include "agent/server/server.h"
+#include "siphon/status.h"
+
 namespace siphon::agent {
+namespace {
+
+class UnsubscribeRouter final : public RequestService {
+ public:
+  explicit UnsubscribeRouter(std::vector<std::shared_ptr<RequestService>> services)
+      : services_(std::move(services)) {}
+
+  void handle(std::shared_ptr<AgentSession> session, v1::Request request) override {
+    const uint64_t id = request.unsubscribe().subscription_id();
+    for (auto& s : services_) {
+      if (s->ownsSubscription(id, session->id())) {
+        s->handle(std::move(session), std::move(request));
+        return;
+      }
+    }
+    v1::Response r;
+    r.set_request_id(request.request_id());
+    *r.mutable_error() = toProtoError(
+        protoError(v1::NOT_FOUND, absl::StrCat("no subscription ", id, " in this session")));
+    session->respond(std::move(r));
+  }
+
+ private:
+  std::vector<std::shared_ptr<RequestService>> services_;
+};
+
+}  // namespace
+
+void ServiceRegistry::routeUnsubscribe() {
+  // Not added to unique_requests_: the services it routes to are there.
+  requests_[v1::Request::kUnsubscribe] = std::make_shared<UnsubscribeRouter>(unique_requests_);
+}
 
 void ServiceRegistry::addRequest(v1::Request::BodyCase kind,
                                  std::shared_ptr<RequestService> service) {

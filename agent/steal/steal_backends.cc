@@ -85,7 +85,6 @@ std::shared_ptr<StealService> makeStealService(ServiceContext& ctx) {
 void registerSteal(ServiceRegistry& registry, ServiceContext& ctx) {
   auto service = makeStealService(ctx);
   registry.addRequest(v1::Request::kSteal, service);
-  registry.addRequest(v1::Request::kUnsubscribe, service);
   registry.addFeature(v1::FEATURE_STEAL);
 }
 

@@ -75,7 +75,8 @@ class StealServiceImpl final : public StealService,
       : ctx_(ctx),
         factory_(std::move(factory)),
         flush_(std::move(flush)),
-        strand_(asio::make_strand(ctx.blocking)) {}
+        strand_(asio::make_strand(ctx.blocking)),
+        table_([&ctx] { return ctx.subscription_ids.next(); }) {}
 
   ~StealServiceImpl() override {
     // The blocking pool has been joined by now (Server::~Server): nothing
@@ -92,6 +93,11 @@ class StealServiceImpl final : public StealService,
       respondError(*session, request.request_id(),
                    protoError(v1::INTERNAL, "steal service: unexpected request"));
     }
+  }
+
+  bool ownsSubscription(uint64_t id, const std::string& session_id) const override {
+    const Subscription* s = table_.find(id);
+    return s != nullptr && s->session_id == session_id;
   }
 
   void sessionEnded(const std::string& session_id) override {

@@ -22,7 +22,7 @@ absl::StatusOr<Subscription> SubscriptionTable::reserve(uint16_t port,
                                                   " (subscription ", holder.id, ")"));
   }
   Subscription s;
-  s.id = next_id_++;
+  s.id = ids_ ? ids_() : next_id_++;
   s.port = port;
   s.session_id = session_id;
   s.client_name = client_name;

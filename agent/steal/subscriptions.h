@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -36,6 +37,10 @@ struct Subscription {
 
 class SubscriptionTable {
  public:
+  // `ids` hands out subscription ids (shared with other services, so an
+  // unsubscribe names one subscription agent-wide); none: 1, 2, 3...
+  explicit SubscriptionTable(std::function<uint64_t()> ids = nullptr) : ids_(std::move(ids)) {}
+
   // Reserves `port` for the session. INVALID_ARGUMENT for port 0,
   // PORT_BUSY when any subscription (reserved or active) holds it.
   absl::StatusOr<Subscription> reserve(uint16_t port, const std::string& session_id,
@@ -59,6 +64,7 @@ class SubscriptionTable {
   size_t size() const { return by_id_.size(); }
 
  private:
+  std::function<uint64_t()> ids_;
   uint64_t next_id_ = 1;
   std::map<uint64_t, Subscription> by_id_;
   std::map<uint16_t, uint64_t> by_port_;

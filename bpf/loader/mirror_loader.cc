@@ -113,13 +113,13 @@ MirrorLoader::MirrorLoader(mirror_bpf* skel) : skel_(skel) {}
 MirrorLoader::~MirrorLoader() {
   for (auto& [ifindex, links] : links_) {
     close(links.ingress);
-    close(links.egress);
+    if (links.egress >= 0) close(links.egress);
   }
   if (reader_ != nullptr) ring_buffer__free(reader_);
   mirror_bpf__destroy(skel_);
 }
 
-absl::Status MirrorLoader::attach(int ifindex) {
+absl::Status MirrorLoader::attach(int ifindex, Hooks hooks) {
   if (links_.contains(ifindex)) {
     return absl::AlreadyExistsError(absl::StrCat("mirror already attached to ifindex ", ifindex));
   }
@@ -127,6 +127,10 @@ absl::Status MirrorLoader::attach(int ifindex) {
   links.ingress =
       tcxLinkCreate(bpf_program__fd(skel_->progs.mirror_ingress), ifindex, kBpfTcxIngress);
   if (links.ingress < 0) return tcxError(errno, ifindex, "ingress");
+  if (hooks == Hooks::kIngressOnly) {
+    links_.emplace(ifindex, links);
+    return absl::OkStatus();
+  }
   links.egress = tcxLinkCreate(bpf_program__fd(skel_->progs.mirror_egress), ifindex, kBpfTcxEgress);
   if (links.egress < 0) {
     int err = errno;
@@ -144,7 +148,7 @@ absl::Status MirrorLoader::detach(int ifindex) {
   }
   // Closing the last fd of a link detaches its program from the hook.
   close(it->second.ingress);
-  close(it->second.egress);
+  if (it->second.egress >= 0) close(it->second.egress);
   links_.erase(it);
   return absl::OkStatus();
 }

@@ -84,13 +84,18 @@ class MirrorLoader {
   MirrorLoader(const MirrorLoader&) = delete;
   MirrorLoader& operator=(const MirrorLoader&) = delete;
 
+  // Which hooks of an interface to attach to. Loopback needs one: every
+  // packet it sends leaves through its egress and comes back through its
+  // ingress, so both would copy it twice.
+  enum class Hooks { kBoth, kIngressOnly };
+
   // Attaches to TC ingress and egress of interface `ifindex` of the calling
   // thread's network namespace (setns() to the target first), through TCX
   // links after any programs already there; they keep running.
   // Errors: AlreadyExists when attached to it already; NotFound (ENODEV) for
   // no such interface; PermissionDenied; InvalidArgument on a kernel without
-  // TCX (< 6.6). Attaches both directions or neither.
-  absl::Status attach(int ifindex);
+  // TCX (< 6.6). Attaches every hook asked for or none.
+  absl::Status attach(int ifindex, Hooks hooks = Hooks::kBoth);
 
   // Releases both links of `ifindex`. NotFound when not attached to it.
   absl::Status detach(int ifindex);

@@ -1,0 +1,412 @@
+#include "agent/mirror/mirror_engine.h"
+
+#include <linux/rtnetlink.h>
+#include <net/if.h>
+#include <netlink/msg.h>
+#include <netlink/netlink.h>
+#include <netlink/socket.h>
+#include <sched.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/log.h"
+#include "agent/common/unique_fd.h"
+#include "loader/mirror_loader.h"
+#include "siphon/status.h"
+#include "siphon/v1/streams.pb.h"
+
+namespace siphon::agent::mirror {
+namespace {
+
+Timestamp monotonicNow() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
+
+struct NlSockDeleter {
+  void operator()(nl_sock* s) const { nl_socket_free(s); }
+};
+using NlSock = std::unique_ptr<nl_sock, NlSockDeleter>;
+
+}  // namespace
+
+uint8_t directionByte(Direction direction) {
+  return static_cast<uint8_t>(direction == Direction::kClientToServer ? v1::CLIENT_TO_SERVER
+                                                                      : v1::SERVER_TO_CLIENT);
+}
+
+struct MirrorEngine::Impl : ConnectionEvents {
+  MirrorEngineOptions options;
+  Deliver deliver;
+  std::unique_ptr<bpf::MirrorLoader> loader;
+  NlSock links;  // rtnetlink link events of the target's netns
+  UniqueFd wake;  // eventfd: ports changed, or stop
+  UniqueFd epoll;
+  std::thread thread;
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> queued{0};
+
+  // Guarded by mu: what other threads change or read.
+  mutable std::mutex mu;
+  std::set<uint16_t> ports;
+  bool ports_changed = false;
+  MirrorEngineStats stats;
+
+  // Engine thread only.
+  std::unique_ptr<ConnectionTable> table;
+  std::vector<MirrorEvent> batch;
+  std::map<int, std::string> attached;  // ifindex -> name
+  uint64_t overflow_gap_bytes = 0;
+  absl::Status first_attach_error;  // of the start-up enumeration
+
+  // ---- ConnectionEvents (engine thread, inside table calls) ----
+
+  void onOpened(const ConnectionInfo& connection) override {
+    MirrorEvent e;
+    e.kind = MirrorEvent::Kind::kOpened;
+    e.connection = connection.id;
+    e.info = connection;
+    batch.push_back(std::move(e));
+  }
+
+  void onData(uint64_t id, Direction direction, std::string_view bytes) override {
+    while (!bytes.empty()) {
+      const size_t n = std::min(bytes.size(), options.max_record);
+      if (queued.load(std::memory_order_relaxed) + n + 1 > options.max_queued_bytes) {
+        // The consumer is behind: these bytes are lost for everyone, and
+        // said so; nothing waits.
+        overflow_gap_bytes += n;
+        addGap(id, direction, n);
+      } else {
+        MirrorEvent e;
+        e.kind = MirrorEvent::Kind::kData;
+        e.connection = id;
+        e.direction = direction;
+        e.record.reserve(n + 1);
+        e.record.push_back(static_cast<char>(directionByte(direction)));
+        e.record.append(bytes.substr(0, n));
+        queued.fetch_add(e.record.size(), std::memory_order_relaxed);
+        batch.push_back(std::move(e));
+      }
+      bytes.remove_prefix(n);
+    }
+  }
+
+  void onGap(uint64_t id, Direction direction, uint64_t bytes) override {
+    addGap(id, direction, bytes);
+  }
+
+  void onEnd(uint64_t id, Direction direction) override {
+    MirrorEvent e;
+    e.kind = MirrorEvent::Kind::kEnd;
+    e.connection = id;
+    e.direction = direction;
+    batch.push_back(std::move(e));
+  }
+
+  void onClosed(uint64_t id, CloseReason reason) override {
+    MirrorEvent e;
+    e.kind = MirrorEvent::Kind::kClosed;
+    e.connection = id;
+    e.reason = reason;
+    batch.push_back(std::move(e));
+  }
+
+  // Consecutive gaps of one direction are one gap.
+  void addGap(uint64_t id, Direction direction, uint64_t bytes) {
+    if (!batch.empty()) {
+      MirrorEvent& last = batch.back();
+      if (last.kind == MirrorEvent::Kind::kGap && last.connection == id &&
+          last.direction == direction) {
+        last.gap_bytes += bytes;
+        return;
+      }
+    }
+    MirrorEvent e;
+    e.kind = MirrorEvent::Kind::kGap;
+    e.connection = id;
+    e.direction = direction;
+    e.gap_bytes = bytes;
+    batch.push_back(std::move(e));
+  }
+
+  // ---- interfaces ----
+
+  void attachInterface(int ifindex, const std::string& name, unsigned flags) {
+    if (attached.contains(ifindex)) return;
+    const bool loopback = (flags & IFF_LOOPBACK) != 0;
+    absl::Status s = loader->attach(ifindex, loopback ? bpf::MirrorLoader::Hooks::kIngressOnly
+                                                      : bpf::MirrorLoader::Hooks::kBoth);
+    if (!s.ok() && !absl::IsAlreadyExists(s)) {
+      log::warn("mirror_attach_failed", {{"interface", name},
+                                         {"ifindex", static_cast<int64_t>(ifindex)},
+                                         {"error", sv(s.message())}});
+      if (first_attach_error.ok()) first_attach_error = s;
+      return;
+    }
+    attached[ifindex] = name;
+    log::info("mirror_attached", {{"interface", name},
+                                  {"ifindex", static_cast<int64_t>(ifindex)},
+                                  {"hooks", loopback ? "ingress" : "ingress,egress"}});
+  }
+
+  void detachInterface(int ifindex) {
+    auto it = attached.find(ifindex);
+    if (it == attached.end()) return;
+    (void)loader->detach(ifindex);
+    log::info("mirror_detached", {{"interface", it->second},
+                                  {"ifindex", static_cast<int64_t>(ifindex)}});
+    attached.erase(it);
+  }
+
+  static int onLinkMessage(nl_msg* msg, void* arg) {
+    auto* self = static_cast<Impl*>(arg);
+    nlmsghdr* h = nlmsg_hdr(msg);
+    if (h->nlmsg_type != RTM_NEWLINK && h->nlmsg_type != RTM_DELLINK) return NL_OK;
+    if (h->nlmsg_len < NLMSG_LENGTH(sizeof(ifinfomsg))) return NL_OK;
+    const auto* ifi = static_cast<const ifinfomsg*>(nlmsg_data(h));
+    std::string name = absl::StrCat("if", ifi->ifi_index);
+    if (nlattr* a = nlmsg_find_attr(h, sizeof(ifinfomsg), IFLA_IFNAME); a != nullptr) {
+      const char* text = static_cast<const char*>(nla_data(a));
+      name.assign(text, strnlen(text, static_cast<size_t>(nla_len(a))));
+    }
+    if (h->nlmsg_type == RTM_NEWLINK) {
+      self->attachInterface(ifi->ifi_index, name, ifi->ifi_flags);
+    } else {
+      self->detachInterface(ifi->ifi_index);
+    }
+    return NL_OK;
+  }
+
+  absl::Status openLinkWatch() {
+    links.reset(nl_socket_alloc());
+    if (!links) return absl::ResourceExhaustedError("mirror: nl_socket_alloc failed");
+    nl_socket_disable_seq_check(links.get());
+    nl_socket_modify_cb(links.get(), NL_CB_VALID, NL_CB_CUSTOM, &Impl::onLinkMessage, this);
+    if (int err = nl_connect(links.get(), NETLINK_ROUTE); err < 0) {
+      return absl::UnavailableError(absl::StrCat("mirror: rtnetlink connect: ", nl_geterror(err)));
+    }
+    // Joined before the dump: a link that appears meanwhile is in one or the other.
+    if (int err = nl_socket_add_membership(links.get(), RTNLGRP_LINK); err < 0) {
+      return absl::UnavailableError(absl::StrCat("mirror: rtnetlink link events: ", nl_geterror(err)));
+    }
+    ifinfomsg request{};
+    request.ifi_family = AF_UNSPEC;
+    if (int err = nl_send_simple(links.get(), RTM_GETLINK, NLM_F_DUMP, &request, sizeof(request));
+        err < 0) {
+      return absl::UnavailableError(absl::StrCat("mirror: list interfaces: ", nl_geterror(err)));
+    }
+    // Blocking until the dump's NLMSG_DONE: every interface there now.
+    if (int err = nl_recvmsgs_default(links.get()); err < 0) {
+      return absl::UnavailableError(absl::StrCat("mirror: list interfaces: ", nl_geterror(err)));
+    }
+    nl_socket_set_nonblocking(links.get());
+    return absl::OkStatus();
+  }
+
+  // ---- the thread ----
+
+  absl::Status setUp(int netns_fd) {
+    if (netns_fd >= 0 && ::setns(netns_fd, CLONE_NEWNET) != 0) {
+      return lastErrnoStatus("mirror: enter the target's network namespace");
+    }
+    bpf::MirrorLoader::Options lo;
+    lo.ring_bytes = options.ring_bytes;
+    auto loaded = bpf::MirrorLoader::load(lo);
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                    absl::StrCat("mirror: load the TC capture program: ", loaded.status().message()));
+    }
+    loader = std::move(*loaded);
+    RETURN_IF_ERROR(loader->startReader(
+        [this](const bpf::MirrorPacket& p) {
+          std::string_view bytes(reinterpret_cast<const char*>(p.data.data()), p.data.size());
+          // A malformed packet is counted by the table; nothing else to do.
+          (void)table->onPacket(bytes, LinkType::kRawIp,
+                                Timestamp(static_cast<int64_t>(p.header.timestamp_ns)));
+        },
+        [this](uint64_t lost) { table->addDroppedPackets(lost); }));
+    RETURN_IF_ERROR(openLinkWatch());
+    if (attached.empty()) {
+      return first_attach_error.ok()
+                 ? absl::NotFoundError("mirror: no network interface in the target's namespace")
+                 : first_attach_error;
+    }
+    wake = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake) return lastErrnoStatus("mirror: eventfd");
+    epoll = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
+    if (!epoll) return lastErrnoStatus("mirror: epoll_create1");
+    for (int fd : {loader->fd(), nl_socket_get_fd(links.get()), wake.get()}) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = fd;
+      if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+        return lastErrnoStatus("mirror: epoll_ctl");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void applyPorts() {
+    std::set<uint16_t> now;
+    {
+      std::lock_guard lock(mu);
+      if (!ports_changed) return;
+      ports_changed = false;
+      now = ports;
+    }
+    table->setServerPorts(std::move(now));
+  }
+
+  void flush() {
+    if (batch.empty()) return;
+    std::vector<MirrorEvent> out;
+    out.swap(batch);
+    deliver(std::move(out));
+  }
+
+  void publishStats() {
+    auto kernel = loader->counters();
+    std::lock_guard lock(mu);
+    if (kernel.ok()) {
+      stats.kernel_seen = kernel->seen;
+      stats.kernel_copied = kernel->copied;
+      stats.kernel_lost = kernel->failed;
+    }
+    stats.table = table->counters();
+    stats.overflow_gap_bytes = overflow_gap_bytes;
+    stats.interfaces.clear();
+    for (const auto& [ifindex, name] : attached) {
+      stats.interfaces.push_back(absl::StrCat(name, "(", ifindex, ")"));
+    }
+  }
+
+  void run() {
+    Timestamp last_tick = monotonicNow();
+    epoll_event events[4];
+    while (!stop.load()) {
+      int n = ::epoll_wait(epoll.get(), events, 4, static_cast<int>(options.tick.count()));
+      if (n < 0 && errno != EINTR) {
+        log::error("mirror_stopped", {{"error", sv(lastErrnoStatus("epoll_wait").message())}});
+        break;
+      }
+      for (int i = 0; i < n; ++i) {
+        if (events[i].data.fd == wake.get()) {
+          uint64_t v;
+          (void)!::read(wake.get(), &v, sizeof(v));
+        } else if (links && events[i].data.fd == nl_socket_get_fd(links.get())) {
+          int err = nl_recvmsgs_default(links.get());
+          if (err < 0 && err != -NLE_AGAIN) {
+            // ENOBUFS: events were lost; the interfaces are listed again.
+            log::warn("mirror_link_events", {{"error", nl_geterror(err)}});
+            ifinfomsg request{};
+            request.ifi_family = AF_UNSPEC;
+            (void)nl_send_simple(links.get(), RTM_GETLINK, NLM_F_DUMP, &request, sizeof(request));
+          }
+        }
+      }
+      applyPorts();
+      auto consumed = loader->consume();
+      if (!consumed.ok()) {
+        log::error("mirror_stopped", {{"error", sv(consumed.status().message())}});
+        break;
+      }
+      const Timestamp now = monotonicNow();
+      if (now - last_tick >= options.tick) {
+        table->advanceTime(now);
+        publishStats();
+        last_tick = now;
+      }
+      flush();
+    }
+    table->closeAll();
+    flush();
+    publishStats();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<MirrorEngine>> MirrorEngine::start(int netns_fd,
+                                                                  MirrorEngineOptions options,
+                                                                  Deliver deliver) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  impl->deliver = std::move(deliver);
+  impl->table = std::make_unique<ConnectionTable>(impl->options.table, *impl);
+  std::promise<absl::Status> ready;
+  auto started = ready.get_future();
+  Impl* raw = impl.get();
+  impl->thread = std::thread([raw, netns_fd, ready = std::move(ready)]() mutable {
+    absl::Status s = raw->setUp(netns_fd);
+    const bool ok = s.ok();
+    ready.set_value(std::move(s));
+    if (!ok) return;
+    raw->publishStats();
+    raw->run();
+  });
+  absl::Status s = started.get();
+  if (!s.ok()) {
+    impl->thread.join();
+    return s;
+  }
+  return std::unique_ptr<MirrorEngine>(new MirrorEngine(std::move(impl)));
+}
+
+MirrorEngine::MirrorEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+MirrorEngine::~MirrorEngine() {
+  impl_->stop.store(true);
+  uint64_t one = 1;
+  (void)!::write(impl_->wake.get(), &one, sizeof(one));
+  if (impl_->thread.joinable()) impl_->thread.join();
+  // The loader's destructor closes the TCX links: detached everywhere.
+}
+
+absl::Status MirrorEngine::addPort(uint16_t port) {
+  if (port == 0) return absl::InvalidArgumentError("mirror: port must be 1 to 65535");
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->ports.insert(port);
+    impl_->ports_changed = true;
+  }
+  uint64_t one = 1;
+  (void)!::write(impl_->wake.get(), &one, sizeof(one));
+  // The map is the kernel's: safe from any thread.
+  return impl_->loader->addPort(port);
+}
+
+absl::Status MirrorEngine::removePort(uint16_t port) {
+  absl::Status s = impl_->loader->removePort(port);
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->ports.erase(port);
+    impl_->ports_changed = true;
+  }
+  uint64_t one = 1;
+  (void)!::write(impl_->wake.get(), &one, sizeof(one));
+  return s;
+}
+
+void MirrorEngine::released(size_t bytes) {
+  impl_->queued.fetch_sub(bytes, std::memory_order_relaxed);
+}
+
+size_t MirrorEngine::queuedBytes() const { return impl_->queued.load(); }
+
+MirrorEngineStats MirrorEngine::stats() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace siphon::agent::mirror

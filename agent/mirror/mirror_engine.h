@@ -1,0 +1,112 @@
+// MirrorEngine: the capture half of the mirror. A thread of its own enters
+// the target's network namespace, loads the TC capture program
+// (bpf/loader/mirror_loader.h), attaches it to every interface there
+// (loopback at ingress only, so each packet is copied once) and to every
+// interface that appears later (rtnetlink link events through libnl), reads
+// the ring buffer and reassembles the TCP connections of the mirrored ports
+// (reassembly.h). What comes out (connections opened, records, gaps, ends,
+// closes) is handed over in batches to `Deliver`, which the service posts to
+// its event loop.
+//
+// Memory is bounded twice: the reassembly's own bounds (connections,
+// out-of-order bytes), and `max_queued_bytes` of records handed over and not
+// yet released() by the consumer. Past it, bytes become gaps at once: the
+// engine never waits for a consumer, so it never slows the ring buffer, and
+// the ring buffer never slows the application (a full ring drops the copy,
+// never the packet).
+//
+// Nothing is pinned: the TCX links are fds of this process, so the
+// destructor, or the process dying by any signal, detaches everything.
+//
+// Threads: start(), addPort(), removePort(), released(), stats() and the
+// destructor from any thread; `Deliver` runs on the engine's thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/mirror/reassembly.h"
+
+namespace siphon::agent::mirror {
+
+// One thing that happened to a mirrored connection, in order per connection.
+struct MirrorEvent {
+  enum class Kind : uint8_t { kOpened, kData, kGap, kEnd, kClosed };
+  Kind kind = Kind::kData;
+  uint64_t connection = 0;
+  Direction direction = Direction::kClientToServer;  // kData, kGap, kEnd
+  // kData: one record as it goes on the wire (streams.proto,
+  // MirroredConnection): the v1::Direction byte, then the bytes.
+  std::string record;
+  uint64_t gap_bytes = 0;  // kGap
+  ConnectionInfo info;     // kOpened
+  CloseReason reason = CloseReason::kFin;  // kClosed
+};
+
+// The v1::Direction value of a direction (the first byte of a record).
+uint8_t directionByte(Direction direction);
+
+struct MirrorEngineOptions {
+  // The ring buffer between the TC program and this thread (a power of two,
+  // at least a page). Too small for a burst: the copies are lost, reported
+  // as gaps.
+  uint32_t ring_bytes = 32u << 20;
+  // Record bytes handed over and not yet released by the consumer.
+  size_t max_queued_bytes = 64u << 20;
+  // Record payload at most (one Data frame each).
+  size_t max_record = 32 * 1024;
+  std::chrono::milliseconds tick{50};  // hole and idle timeouts, kernel counters
+  ConnectionTableOptions table;        // server_ports follows addPort/removePort
+};
+
+struct MirrorEngineStats {
+  uint64_t kernel_seen = 0;     // packets of mirrored ports the TC program saw
+  uint64_t kernel_copied = 0;
+  uint64_t kernel_lost = 0;     // ring buffer full
+  MirrorCounters table;         // reassembly
+  uint64_t overflow_gap_bytes = 0;  // turned into gaps: the consumer was behind
+  std::vector<std::string> interfaces;  // attached, "name(ifindex)"
+};
+
+class MirrorEngine {
+ public:
+  using Deliver = std::function<void(std::vector<MirrorEvent> batch)>;
+
+  // Starts the thread in the network namespace of `netns_fd` (-1: the
+  // caller's) and returns once the program is attached to every interface
+  // there. Errors: PERMISSION_DENIED without CAP_BPF/CAP_NET_ADMIN or setns;
+  // INVALID_ARGUMENT from a kernel without TCX (< 6.6) or bpf_cast_to_kern_ctx;
+  // each with what failed.
+  static absl::StatusOr<std::unique_ptr<MirrorEngine>> start(int netns_fd,
+                                                             MirrorEngineOptions options,
+                                                             Deliver deliver);
+  // Stops the thread, detaches from every interface, unloads.
+  ~MirrorEngine();
+  MirrorEngine(const MirrorEngine&) = delete;
+  MirrorEngine& operator=(const MirrorEngine&) = delete;
+
+  // Mirrors / stops mirroring a port from the next packet on. Stopping
+  // closes the port's connections (kClosed, kShutdown) with their missing
+  // bytes reported first.
+  absl::Status addPort(uint16_t port);
+  absl::Status removePort(uint16_t port);
+
+  // The consumer is done with `bytes` of records it was handed.
+  void released(size_t bytes);
+  size_t queuedBytes() const;
+
+  MirrorEngineStats stats() const;
+
+ private:
+  struct Impl;
+  explicit MirrorEngine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace siphon::agent::mirror

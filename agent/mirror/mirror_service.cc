@@ -1,0 +1,661 @@
+#include "agent/mirror/mirror_service.h"
+
+#include <cerrno>
+#include <deque>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/log.h"
+#include "agent/server/server.h"
+#include "siphon/status.h"
+
+namespace siphon::agent::mirror {
+namespace {
+
+namespace asio = net::asio;
+
+// A record is at most this (the Data frame of one record must fit the
+// client's window with room to spare: credit returns in quarter steps).
+constexpr size_t kMaxRecord = 32 * 1024 + 1;
+
+v1::SocketAddress toProto(const Endpoint& e) {
+  v1::SocketAddress a;
+  a.set_ip(e.address.toString());
+  a.set_port(e.port);
+  return a;
+}
+
+v1::Direction toProto(Direction d) {
+  return d == Direction::kClientToServer ? v1::CLIENT_TO_SERVER : v1::SERVER_TO_CLIENT;
+}
+
+v1::Error closeError(CloseReason reason) {
+  switch (reason) {
+    case CloseReason::kReset: {
+      v1::Error e = toProtoError(errnoStatus(ECONNRESET, "mirrored connection reset"));
+      return e;
+    }
+    case CloseReason::kIdle:
+      return toProtoError(protoError(v1::TIMEOUT, "mirrored connection idle too long"));
+    case CloseReason::kEvicted:
+      return toProtoError(protoError(
+          v1::RESOURCE_EXHAUSTED, "mirror: connection table full; least recently active dropped"));
+    case CloseReason::kReplaced:
+      return toProtoError(
+          protoError(v1::CANCELLED, "mirrored connection replaced by a new one on its addresses"));
+    case CloseReason::kShutdown:
+    case CloseReason::kFin:
+      break;
+  }
+  return toProtoError(protoError(v1::CANCELLED, "mirror of this port stopped"));
+}
+
+// What one subscription holds across its streams.
+struct Budget {
+  size_t limit = 0;
+  size_t queued = 0;
+};
+
+// The agent side of one mirrored stream: sends records within credit,
+// queues within the subscription's budget, turns the rest into gaps.
+class MirrorStream final : public StreamEndpoint,
+                           public std::enable_shared_from_this<MirrorStream> {
+ public:
+  MirrorStream(std::weak_ptr<AgentSession> session, uint64_t id, std::shared_ptr<Budget> budget,
+               MirrorServiceStats& stats)
+      : session_(std::move(session)), id_(id), budget_(std::move(budget)), stats_(stats) {}
+
+  ~MirrorStream() override { budget_->queued -= queued_; }
+
+  bool dead() const { return dead_; }
+
+  // `record` starts with the direction byte.
+  void pushRecord(std::string record, Direction direction) {
+    if (dead_ || finishing_) return;
+    if (record.size() > max_record_) {
+      // Split so every frame fits the client's window.
+      const char dir = record[0];
+      std::string_view rest(record);
+      rest.remove_prefix(1);
+      while (!rest.empty()) {
+        const size_t n = std::min(rest.size(), max_record_ - 1);
+        std::string part;
+        part.reserve(n + 1);
+        part.push_back(dir);
+        part.append(rest.substr(0, n));
+        pushOne(std::move(part), direction);
+        rest.remove_prefix(n);
+      }
+      return;
+    }
+    pushOne(std::move(record), direction);
+  }
+
+  void pushGap(Direction direction, uint64_t bytes) {
+    if (dead_ || finishing_ || bytes == 0) return;
+    addGap(direction, bytes);
+    flush();
+  }
+
+  // Ends the stream once everything queued went: HalfClose, or Reset.
+  void pushEnd(std::optional<v1::Error> error) {
+    if (dead_ || finishing_) return;
+    finishing_ = true;
+    Item item;
+    item.kind = error ? Item::kReset : Item::kHalfClose;
+    if (error) item.error = std::move(*error);
+    queue_.push_back(std::move(item));
+    flush();
+  }
+
+  // Now, without waiting for the queue (unsubscribe, drain).
+  void resetNow(const v1::Error& error) {
+    if (dead_) return;
+    auto s = session_.lock();
+    die();
+    if (!s || s->ended()) return;
+    s->session().resetStream(id_, error);
+    s->unregisterStream(id_);
+    s->wake();
+  }
+
+  // ---- StreamEndpoint ----
+
+  void onData(std::string_view payload) override {
+    // Read-only: what the client sends is dropped, its credit returned.
+    if (auto s = session_.lock()) s->session().consumed(id_, payload.size());
+  }
+  void onHalfClose() override {
+    client_closed_ = true;
+    if (half_closed_) finishOnSession();
+  }
+  void onReset(const v1::Error&) override { die(); }
+  void onWritable() override { flush(); }
+  void onAccept(const v1::StreamAccept& accept) override {
+    accepted_ = true;
+    auto s = session_.lock();
+    const uint32_t window = accept.initial_window() != 0
+                                ? accept.initial_window()
+                                : (s ? s->session().limits().initial_stream_window : 0);
+    if (window >= 8) max_record_ = std::min(kMaxRecord, static_cast<size_t>(window / 4 * 3));
+    flush();
+  }
+  void close() override { die(); }
+
+ private:
+  struct Item {
+    enum Kind { kRecord, kGap, kHalfClose, kReset } kind = kRecord;
+    std::string record;
+    Direction direction = Direction::kClientToServer;
+    uint64_t gap = 0;
+    v1::Error error;
+  };
+
+  void pushOne(std::string record, Direction direction) {
+    if (queue_.empty() && accepted_) {
+      auto s = session_.lock();
+      if (s && !s->ended() && s->session().sendCredit(id_, record.size()) >= record.size()) {
+        send(*s, std::move(record));
+        s->wake();
+        return;
+      }
+    }
+    if (budget_->queued + record.size() > budget_->limit) {
+      addGap(direction, record.size() - 1);  // the bytes, not the direction byte
+      return;
+    }
+    budget_->queued += record.size();
+    queued_ += record.size();
+    Item item;
+    item.kind = Item::kRecord;
+    item.direction = direction;
+    item.record = std::move(record);
+    queue_.push_back(std::move(item));
+  }
+
+  void addGap(Direction direction, uint64_t bytes) {
+    if (!queue_.empty() && queue_.back().kind == Item::kGap &&
+        queue_.back().direction == direction) {
+      queue_.back().gap += bytes;
+      return;
+    }
+    Item item;
+    item.kind = Item::kGap;
+    item.direction = direction;
+    item.gap = bytes;
+    queue_.push_back(std::move(item));
+  }
+
+  void send(AgentSession& s, std::string record) {
+    stats_.delivered_bytes += record.size() - 1;
+    absl::Status sent = s.session().sendData(id_, std::move(record));
+    if (!sent.ok()) die();
+  }
+
+  void flush() {
+    if (dead_ || !accepted_) return;
+    auto s = session_.lock();
+    if (!s || s->ended()) return;
+    bool wrote = false;
+    while (!queue_.empty() && !dead_) {
+      Item& item = queue_.front();
+      if (item.kind == Item::kRecord) {
+        const size_t n = item.record.size();
+        if (s->session().sendCredit(id_, n) < n) break;
+        budget_->queued -= n;
+        queued_ -= n;
+        std::string record = std::move(item.record);
+        queue_.pop_front();
+        send(*s, std::move(record));
+      } else if (item.kind == Item::kGap) {
+        v1::StreamGap gap;
+        gap.set_stream_id(id_);
+        gap.set_direction(toProto(item.direction));
+        gap.set_bytes(item.gap);
+        stats_.gap_bytes += item.gap;
+        ++stats_.gaps;
+        queue_.pop_front();
+        (void)s->session().sendGap(std::move(gap));
+      } else if (item.kind == Item::kHalfClose) {
+        queue_.pop_front();
+        (void)s->session().halfClose(id_);
+        half_closed_ = true;
+        if (client_closed_) finishOnSession();
+      } else {
+        v1::Error error = std::move(item.error);
+        queue_.pop_front();
+        s->session().resetStream(id_, error);
+        s->unregisterStream(id_);
+        die();
+      }
+      wrote = true;
+    }
+    if (wrote) s->wake();
+  }
+
+  // Both sides closed: the session forgot the stream; so do we.
+  void finishOnSession() {
+    auto self = shared_from_this();  // unregistering drops the session's reference
+    if (auto s = session_.lock()) s->unregisterStream(id_);
+    die();
+  }
+
+  void die() {
+    dead_ = true;
+    budget_->queued -= queued_;
+    queued_ = 0;
+    queue_.clear();
+  }
+
+  std::weak_ptr<AgentSession> session_;
+  uint64_t id_;
+  std::shared_ptr<Budget> budget_;
+  MirrorServiceStats& stats_;
+  std::deque<Item> queue_;
+  size_t queued_ = 0;  // record bytes in queue_
+  size_t max_record_ = kMaxRecord;
+  bool accepted_ = false;
+  bool finishing_ = false;   // the end is queued
+  bool half_closed_ = false;
+  bool client_closed_ = false;
+  bool dead_ = false;
+};
+
+struct Subscription {
+  uint64_t id = 0;
+  uint16_t port = 0;
+  bool both = false;
+  bool active = false;  // the source has the port
+  std::string session_id;
+  std::weak_ptr<AgentSession> session;
+  std::shared_ptr<Budget> budget = std::make_shared<Budget>();
+  // Streams of this subscription by connection; a dead one stays until the
+  // connection closes so a reset stream is not opened again.
+  std::map<uint64_t, std::shared_ptr<MirrorStream>> streams;
+};
+
+class MirrorServiceImpl final : public MirrorService,
+                                public std::enable_shared_from_this<MirrorServiceImpl> {
+ public:
+  MirrorServiceImpl(ServiceContext& ctx, MirrorSourceFactory factory, MirrorServiceOptions options)
+      : ctx_(ctx),
+        factory_(std::move(factory)),
+        options_(options),
+        strand_(asio::make_strand(ctx.blocking)) {}
+
+  ~MirrorServiceImpl() override {
+    // The blocking pool is joined by now: nothing else touches the source.
+    source_.reset();
+  }
+
+  void handle(std::shared_ptr<AgentSession> session, v1::Request request) override {
+    if (request.has_mirror()) {
+      subscribe(std::move(session), request.request_id(), request.mirror());
+    } else if (request.has_unsubscribe()) {
+      unsubscribe(*session, request.request_id(), request.unsubscribe().subscription_id());
+    } else {
+      respondError(*session, request.request_id(),
+                   protoError(v1::INTERNAL, "mirror service: unexpected request"));
+    }
+  }
+
+  bool ownsSubscription(uint64_t id, const std::string& session_id) const override {
+    auto it = subs_.find(id);
+    return it != subs_.end() && it->second.session_id == session_id;
+  }
+
+  void sessionEnded(const std::string& session_id) override {
+    std::vector<uint64_t> ids;
+    for (const auto& [id, sub] : subs_) {
+      if (sub.session_id == session_id) ids.push_back(id);
+    }
+    for (uint64_t id : ids) removeSubscription(id, "session ended");
+  }
+
+  void agentDraining() override { stopAll("the agent is draining", v1::AGENT_DRAINING); }
+  void agentStopping() override { stopAll("the agent is stopping", v1::AGENT_DRAINING); }
+
+  MirrorServiceStats stats() const override { return stats_; }
+
+ private:
+  void respondError(AgentSession& session, uint64_t request_id, const absl::Status& s) {
+    v1::Response r;
+    r.set_request_id(request_id);
+    *r.mutable_error() = toProtoError(s);
+    session.respond(std::move(r));
+  }
+
+  void subscribe(std::shared_ptr<AgentSession> session, uint64_t request_id,
+                 const v1::MirrorSubscribe& req) {
+    if (req.port() == 0 || req.port() > 65535) {
+      respondError(*session, request_id,
+                   protoError(v1::INVALID_ARGUMENT,
+                              absl::StrCat("mirror: port ", req.port(), " is not 1 to 65535")));
+      return;
+    }
+    if (stopping_) {
+      respondError(*session, request_id,
+                   protoError(v1::AGENT_DRAINING,
+                              "mirror: the agent is shutting down; mirror through another agent"));
+      return;
+    }
+    Subscription sub;
+    sub.id = ctx_.subscription_ids.next();
+    sub.port = static_cast<uint16_t>(req.port());
+    sub.both = req.both_directions();
+    sub.session_id = session->id();
+    sub.session = session;
+    sub.budget->limit = options_.subscription_buffer;
+    const uint64_t id = sub.id;
+    const uint16_t port = sub.port;
+    subs_.emplace(id, std::move(sub));
+    const bool first_on_port = port_refs_[port]++ == 0;
+    const uint64_t generation = generation_;
+    auto self = shared_from_this();
+    std::weak_ptr<AgentSession> weak = session;
+    asio::post(strand_, [self, weak, id, port, first_on_port, request_id, generation] {
+      absl::Status s = self->ensureSourceOnStrand(generation);
+      if (s.ok() && first_on_port) s = self->source_->addPort(port);
+      asio::post(self->ctx_.io, [self, weak, id, port, request_id, s] {
+        self->subscribed(weak, id, port, request_id, s);
+      });
+    });
+  }
+
+  void subscribed(std::weak_ptr<AgentSession> weak, uint64_t id, uint16_t port,
+                  uint64_t request_id, const absl::Status& status) {
+    auto session = weak.lock();
+    auto it = subs_.find(id);
+    if (!status.ok()) {
+      if (it != subs_.end()) removeSubscription(id, "subscribe failed", /*quiet=*/true);
+      if (session) {
+        v1::Error e = toProtoError(status);
+        e.set_message(absl::StrCat("mirror port ", port, ": ", e.message()));
+        v1::Response r;
+        r.set_request_id(request_id);
+        *r.mutable_error() = std::move(e);
+        session->respond(std::move(r));
+      }
+      log::warn("mirror_subscribe_failed",
+                {{"port", static_cast<int>(port)}, {"error", sv(status.message())}});
+      return;
+    }
+    if (it == subs_.end() || !session || session->ended()) return;  // gone meanwhile
+    it->second.active = true;
+    log::info("mirror_subscribed", {{"session", session->id()},
+                                    {"port", static_cast<int>(port)},
+                                    {"subscription", id},
+                                    {"both_directions", it->second.both}});
+    v1::Response r;
+    r.set_request_id(request_id);
+    r.mutable_subscribed()->set_subscription_id(id);
+    r.mutable_subscribed()->set_backend("tc");
+    session->respond(std::move(r));
+  }
+
+  void unsubscribe(AgentSession& session, uint64_t request_id, uint64_t id) {
+    v1::Response r;
+    r.set_request_id(request_id);
+    if (!ownsSubscription(id, session.id())) {
+      *r.mutable_error() = toProtoError(
+          protoError(v1::NOT_FOUND, absl::StrCat("no subscription ", id, " in this session")));
+    } else {
+      removeSubscription(id, "unsubscribe");
+      r.mutable_unsubscribed();
+    }
+    session.respond(std::move(r));
+  }
+
+  void removeSubscription(uint64_t id, std::string_view reason, bool quiet = false) {
+    auto it = subs_.find(id);
+    if (it == subs_.end()) return;
+    Subscription sub = std::move(it->second);
+    subs_.erase(it);
+    const v1::Error error =
+        toProtoError(protoError(v1::CANCELLED, absl::StrCat("mirror stopped: ", std::string(reason))));
+    for (auto& [conn, stream] : sub.streams) stream->resetNow(error);
+    if (!quiet) {
+      log::info("mirror_unsubscribed", {{"session", sub.session_id},
+                                        {"port", static_cast<int>(sub.port)},
+                                        {"subscription", id},
+                                        {"reason", reason}});
+    }
+    auto ref = port_refs_.find(sub.port);
+    if (ref != port_refs_.end() && --ref->second == 0) {
+      port_refs_.erase(ref);
+      releasePort(sub.port);
+    }
+  }
+
+  void stopAll(std::string_view why, v1::ErrorCode code) {
+    if (stopping_) return;
+    stopping_ = true;
+    const v1::Error error = toProtoError(protoError(code, absl::StrCat("mirror stopped: ", std::string(why))));
+    for (auto& [id, sub] : subs_) {
+      for (auto& [conn, stream] : sub.streams) stream->resetNow(error);
+      sub.streams.clear();
+    }
+    subs_.clear();
+    port_refs_.clear();
+    ++generation_;
+    auto self = shared_from_this();
+    asio::post(strand_, [self] { self->stopSourceOnStrand(); });
+  }
+
+  // ---- strand side ----
+
+  absl::Status ensureSourceOnStrand(uint64_t generation) {
+    if (source_) return absl::OkStatus();
+    if (stopping_) return protoError(v1::AGENT_DRAINING, "the agent is shutting down");
+    std::weak_ptr<MirrorServiceImpl> weak = shared_from_this();
+    asio::io_context& io = ctx_.io;
+    auto source = factory_([weak, &io, generation](std::vector<MirrorEvent> batch) {
+      asio::post(io, [weak, generation, batch = std::move(batch)]() mutable {
+        if (auto self = weak.lock()) self->onBatch(generation, std::move(batch));
+      });
+    });
+    if (!source.ok()) return source.status();
+    source_ = std::move(*source);
+    source_generation_ = generation;
+    log::info("mirror_started", {});
+    return absl::OkStatus();
+  }
+
+  void stopSourceOnStrand() {
+    if (!source_) return;
+    source_.reset();  // detaches from every interface
+    log::info("mirror_stopped", {{"connections", stats_.connections},
+                                 {"delivered_bytes", stats_.delivered_bytes},
+                                 {"gap_bytes", stats_.gap_bytes}});
+  }
+
+  void releasePort(uint16_t port) {
+    auto self = shared_from_this();
+    const bool last = port_refs_.empty();
+    if (last) ++generation_;  // batches of the old source are only released
+    asio::post(strand_, [self, port, last] {
+      if (!self->source_) return;
+      absl::Status s = self->source_->removePort(port);
+      if (!s.ok()) {
+        log::warn("mirror_release_failed",
+                  {{"port", static_cast<int>(port)}, {"error", sv(s.message())}});
+      }
+      // Nobody mirrors anything: the target goes back to no program at all.
+      // A subscribe that came after this release posted its task after
+      // this one, so it starts the source again.
+      if (last) self->stopSourceOnStrand();
+    });
+  }
+
+  // ---- event loop: connections ----
+
+  void onBatch(uint64_t generation, std::vector<MirrorEvent> batch) {
+    size_t bytes = 0;
+    for (const MirrorEvent& e : batch) bytes += e.record.size();
+    if (generation == generation_) {
+      for (MirrorEvent& e : batch) onEvent(e);
+    }
+    // Whatever happened to them, the source may hand over as much again.
+    auto self = shared_from_this();
+    asio::post(strand_, [self, bytes, generation] {
+      if (self->source_ && self->source_generation_ == generation) self->source_->released(bytes);
+    });
+  }
+
+  void onEvent(MirrorEvent& e) {
+    switch (e.kind) {
+      case MirrorEvent::Kind::kOpened: {
+        conns_[e.connection] = e.info;
+        auto range = subsOf(e.info.server.port);
+        for (Subscription* sub : range) openStream(*sub, e.info, e.info.started_mid_stream);
+        return;
+      }
+      case MirrorEvent::Kind::kClosed: {
+        auto it = conns_.find(e.connection);
+        if (it == conns_.end()) return;
+        const std::optional<v1::Error> error =
+            e.reason == CloseReason::kFin ? std::nullopt : std::optional(closeError(e.reason));
+        for (Subscription* sub : subsOf(it->second.server.port)) {
+          auto s = sub->streams.find(e.connection);
+          if (s == sub->streams.end()) continue;
+          s->second->pushEnd(error);
+          sub->streams.erase(s);
+        }
+        conns_.erase(it);
+        return;
+      }
+      default:
+        break;
+    }
+    auto it = conns_.find(e.connection);
+    if (it == conns_.end()) return;
+    std::vector<Subscription*> subs = subsOf(it->second.server.port);
+    // Each subscription that wants this direction gets a copy; the last
+    // one takes the record itself.
+    std::vector<MirrorStream*> targets;
+    for (Subscription* sub : subs) {
+      if (e.direction == Direction::kServerToClient && !sub->both) continue;
+      auto s = sub->streams.find(e.connection);
+      // A subscription newer than the connection joins it here.
+      MirrorStream* stream = s != sub->streams.end() ? s->second.get()
+                                                     : openStream(*sub, it->second, true);
+      if (stream != nullptr && !stream->dead()) targets.push_back(stream);
+    }
+    for (size_t i = 0; i < targets.size(); ++i) {
+      MirrorStream& stream = *targets[i];
+      switch (e.kind) {
+        case MirrorEvent::Kind::kData:
+          stream.pushRecord(i + 1 == targets.size() ? std::move(e.record) : e.record, e.direction);
+          break;
+        case MirrorEvent::Kind::kGap:
+          stream.pushGap(e.direction, e.gap_bytes);
+          break;
+        case MirrorEvent::Kind::kEnd:
+          stream.pushRecord(std::string(1, static_cast<char>(directionByte(e.direction))),
+                            e.direction);
+          break;
+        default:
+          break;
+      }
+    }
+  }
+
+  std::vector<Subscription*> subsOf(uint16_t port) {
+    std::vector<Subscription*> out;
+    for (auto& [id, sub] : subs_) {
+      if (sub.port == port && sub.active) out.push_back(&sub);
+    }
+    return out;
+  }
+
+  MirrorStream* openStream(Subscription& sub, const ConnectionInfo& info, bool mid_stream) {
+    auto session = sub.session.lock();
+    if (!session || session->ended()) return nullptr;
+    v1::StreamOpen open;
+    v1::MirroredConnection& m = *open.mutable_mirrored();
+    m.set_subscription_id(sub.id);
+    *m.mutable_source() = toProto(info.client);
+    *m.mutable_destination() = toProto(info.server);
+    m.set_started_mid_stream(mid_stream);
+    auto id = session->session().openStream(std::move(open));
+    if (!id.ok()) {
+      // At the session's stream limit: this connection is not mirrored to
+      // it. Remembered as dead so it is not tried for every packet.
+      ++stats_.refused_streams;
+      log::warn("mirror_connection_refused", {{"session", session->id()},
+                                              {"connection", info.client.toString()},
+                                              {"error", sv(id.status().message())}});
+      auto dead = std::make_shared<MirrorStream>(sub.session, 0, sub.budget, stats_);
+      dead->close();
+      sub.streams[info.id] = dead;
+      return nullptr;
+    }
+    auto stream = std::make_shared<MirrorStream>(sub.session, *id, sub.budget, stats_);
+    session->registerStream(*id, stream);
+    session->wake();
+    sub.streams[info.id] = stream;
+    ++stats_.connections;
+    log::debug("mirror_connection", {{"session", session->id()},
+                                     {"stream", *id},
+                                     {"client", info.client.toString()},
+                                     {"server", info.server.toString()},
+                                     {"mid_stream", mid_stream}});
+    return stream.get();
+  }
+
+  ServiceContext& ctx_;
+  MirrorSourceFactory factory_;
+  MirrorServiceOptions options_;
+  asio::strand<asio::thread_pool::executor_type> strand_;
+
+  // Event loop.
+  std::map<uint64_t, Subscription> subs_;
+  std::map<uint16_t, int> port_refs_;
+  std::map<uint64_t, ConnectionInfo> conns_;
+  MirrorServiceStats stats_;
+  uint64_t generation_ = 1;  // bumped when the source goes: its late batches are ignored
+  std::atomic<bool> stopping_{false};
+
+  // Strand.
+  std::unique_ptr<MirrorSource> source_;
+  uint64_t source_generation_ = 0;
+};
+
+class EngineSource final : public MirrorSource {
+ public:
+  explicit EngineSource(std::unique_ptr<MirrorEngine> engine) : engine_(std::move(engine)) {}
+  absl::Status addPort(uint16_t port) override { return engine_->addPort(port); }
+  absl::Status removePort(uint16_t port) override { return engine_->removePort(port); }
+  void released(size_t bytes) override { engine_->released(bytes); }
+
+ private:
+  std::unique_ptr<MirrorEngine> engine_;
+};
+
+}  // namespace
+
+std::shared_ptr<MirrorService> makeMirrorService(ServiceContext& ctx, MirrorSourceFactory factory,
+                                                 MirrorServiceOptions options) {
+  return std::make_shared<MirrorServiceImpl>(ctx, std::move(factory), options);
+}
+
+void registerMirror(ServiceRegistry& registry, ServiceContext& ctx) {
+  const int netns_fd = ctx.target.netnsFd();
+  MirrorEngineOptions engine;
+  engine.ring_bytes = ctx.config.mirror_ring_bytes;
+  MirrorServiceOptions options;
+  options.subscription_buffer = ctx.config.mirror_buffer_bytes;
+  auto service = makeMirrorService(
+      ctx,
+      [netns_fd, engine](std::function<void(std::vector<MirrorEvent>)> deliver)
+          -> absl::StatusOr<std::unique_ptr<MirrorSource>> {
+        ASSIGN_OR_RETURN(auto e, MirrorEngine::start(netns_fd, engine, std::move(deliver)));
+        return std::unique_ptr<MirrorSource>(new EngineSource(std::move(e)));
+      },
+      options);
+  registry.addRequest(v1::Request::kMirror, service);
+  registry.addFeature(v1::FEATURE_MIRROR);
+}
+
+}  // namespace siphon::agent::mirror
