@@ -41,6 +41,7 @@ void addFsCommands(CLI::App& app, std::vector<Command>& out);     // fs stat, ls
 void addNetCommands(CLI::App& app, std::vector<Command>& out);    // connect, forward
 void addDnsCommands(CLI::App& app, std::vector<Command>& out);    // dns lookup, dns reverse
 void addStealCommands(CLI::App& app, std::vector<Command>& out);  // steal
+void addMirrorCommands(CLI::App& app, std::vector<Command>& out);  // mirror
 
 // One line on stderr: "siphon: <message>".
 void printError(std::string_view message);

@@ -6,7 +6,10 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "siphon/text.h"  // appendJsonString, jsonString
 
@@ -46,6 +49,44 @@ class JsonWriter {
   std::vector<Level> stack_;
   bool key_pending_ = false;
   bool done_ = false;
+};
+
+// A one-line JSON object for event lines: JSON Lines, so a reader can split
+// on '\n' (JsonWriter pretty-prints over several lines). Starts with an
+// "event" member.
+class JsonLine {
+ public:
+  // out_ starts as "{" by construction: GCC 12 at -O3 warns (-Wrestrict, a
+  // false positive) on assigning a literal to a std::string here.
+  explicit JsonLine(std::string_view event) : out_(1, '{') { add("event", event); }
+  JsonLine& add(std::string_view key, std::string_view value) {
+    appendKey(key);
+    appendJsonString(out_, value);
+    return *this;
+  }
+  JsonLine& add(std::string_view key, uint64_t value) {
+    appendKey(key);
+    absl::StrAppend(&out_, value);
+    return *this;
+  }
+  JsonLine& addBool(std::string_view key, bool value) {
+    appendKey(key);
+    out_ += value ? "true" : "false";
+    return *this;
+  }
+  // The object, with its '\n'.
+  std::string take() {
+    out_ += "}\n";
+    return std::move(out_);
+  }
+
+ private:
+  void appendKey(std::string_view key) {
+    if (out_.size() > 1) out_.push_back(',');
+    appendJsonString(out_, key);
+    out_.push_back(':');
+  }
+  std::string out_;
 };
 
 }  // namespace siphon::cli

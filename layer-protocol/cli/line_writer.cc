@@ -43,6 +43,22 @@ void LineWriter::write(std::string line) {
   cv_.notify_one();
 }
 
+bool LineWriter::tryWrite(std::string chunk) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (queued_bytes_ + chunk.size() > max_queued_) return false;
+    queued_bytes_ += chunk.size();
+    queue_.push_back(std::move(chunk));
+  }
+  cv_.notify_one();
+  return true;
+}
+
+size_t LineWriter::queuedBytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queued_bytes_ + writing_bytes_;
+}
+
 void LineWriter::flush() {
   std::unique_lock<std::mutex> lock(mu_);
   drained_.wait_for(lock, std::chrono::milliseconds(flush_limit_ms),
@@ -70,6 +86,7 @@ void LineWriter::run() {
       dropped_unsaid_ = 0;
     }
     writing_ = true;
+    writing_bytes_ = line.size();
     lock.unlock();
     size_t off = 0;
     while (off < line.size()) {
@@ -80,6 +97,7 @@ void LineWriter::run() {
     }
     lock.lock();
     writing_ = false;
+    writing_bytes_ = 0;
     if (queue_.empty()) drained_.notify_all();
   }
 }

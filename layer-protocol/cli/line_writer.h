@@ -27,6 +27,13 @@ class LineWriter {
 
   // Never blocks on the fd.
   void write(std::string line);
+  // For a caller that accounts for what does not fit itself (the raw bytes
+  // `siphon mirror` writes to stdout, where a line about drops would
+  // corrupt the output): a chunk that does not fit is refused (false), not
+  // counted in dropped() and never reported on the fd. Never blocks.
+  bool tryWrite(std::string chunk);
+  // Bytes queued and not yet written (the chunk being written included).
+  size_t queuedBytes() const;
   // Waits until what is queued is written, at most about flush_limit_ms
   // (before a line written straight to the fd, to keep the order).
   void flush();
@@ -44,6 +51,7 @@ class LineWriter {
   std::condition_variable drained_;
   std::deque<std::string> queue_;
   size_t queued_bytes_ = 0;
+  size_t writing_bytes_ = 0;  // the chunk in write(2)
   uint64_t dropped_ = 0;          // in all
   uint64_t dropped_unsaid_ = 0;   // not yet reported in a line
   bool writing_ = false;

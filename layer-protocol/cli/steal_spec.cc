@@ -4,13 +4,12 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cli/json_writer.h"
 #include "siphon/status.h"
 #include "siphon/text.h"
 
 namespace siphon::cli {
-namespace {
 
-// 1..65535 in plain decimal digits (no sign, no blanks).
 bool parsePort(std::string_view s, uint16_t* out) {
   uint32_t v = 0;
   if (s.empty() || s.size() > 5 || s.find_first_not_of("0123456789") != std::string_view::npos ||
@@ -21,41 +20,7 @@ bool parsePort(std::string_view s, uint16_t* out) {
   return true;
 }
 
-// A one-line JSON object: JSON Lines, so a reader can split on '\n'.
-// (JsonWriter pretty-prints over several lines.)
-class JsonLine {
- public:
-  // out_ starts as "{" by construction: GCC 12 at -O3 warns (-Wrestrict, a
-  // false positive) on assigning a literal to a std::string here.
-  explicit JsonLine(std::string_view event) : out_(1, '{') { add("event", event); }
-  JsonLine& add(std::string_view key, std::string_view value) {
-    appendKey(key);
-    appendJsonString(out_, value);
-    return *this;
-  }
-  JsonLine& add(std::string_view key, uint64_t value) {
-    appendKey(key);
-    absl::StrAppend(&out_, value);
-    return *this;
-  }
-  JsonLine& addBool(std::string_view key, bool value) {
-    appendKey(key);
-    out_ += value ? "true" : "false";
-    return *this;
-  }
-  std::string take() {
-    out_ += "}\n";
-    return std::move(out_);
-  }
-
- private:
-  void appendKey(std::string_view key) {
-    if (out_.size() > 1) out_.push_back(',');
-    appendJsonString(out_, key);
-    out_.push_back(':');
-  }
-  std::string out_;
-};
+namespace {
 
 // "10.1.2.3:40000 -> :80", the start of every line about a connection.
 std::string connectionText(const StolenEvent& e) {

@@ -22,6 +22,9 @@ struct StealRoute {
   std::string to() const;
 };
 
+// A port, 1..65535, in plain decimal digits (no sign, no blanks).
+bool parsePort(std::string_view s, uint16_t* out);
+
 // "10.0.0.1:80", "[::1]:80", "db:5432": brackets around hosts with a ':'.
 std::string hostPort(std::string_view host, uint32_t port);
 

@@ -75,5 +75,46 @@ TEST(LineWriter, AFullPipeDropsAndCountsInsteadOfBlocking) {
   ::close(p[0]);
 }
 
+// tryWrite() is for raw output: a refused chunk is the caller's to count,
+// and nothing about it ever reaches the fd.
+TEST(LineWriter, TryWriteRefusesWhatDoesNotFitAndSaysNothing) {
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+  std::string fill(4096, 'x');
+  ssize_t filled = 0;
+  while (true) {
+    ssize_t n = ::write(p[1], fill.data(), fill.size());
+    if (n <= 0) break;
+    filled += n;
+  }
+  int flags = ::fcntl(p[1], F_GETFL);
+  ::fcntl(p[1], F_SETFL, flags & ~O_NONBLOCK);
+  {
+    LineWriter w(p[1], /*max_queued=*/100);
+    size_t accepted = 0, refused = 0;
+    std::string expected;
+    for (int i = 0; i < 50; ++i) {
+      std::string chunk = "chunk" + std::to_string(10 + i);  // 7 bytes, no newline
+      if (w.tryWrite(chunk)) {
+        ++accepted;
+        expected += chunk;
+      } else {
+        ++refused;
+      }
+    }
+    EXPECT_GE(refused, 35u);
+    EXPECT_GE(accepted, 14u);  // room for 14, plus one in the writer's hands
+    EXPECT_EQ(w.dropped(), 0u);
+    EXPECT_EQ(w.queuedBytes(), accepted * 7);
+    std::string got;
+    while (got.size() < static_cast<size_t>(filled) + expected.size()) got += readAvailable(p[0]);
+    w.flush();
+    EXPECT_EQ(w.queuedBytes(), 0u);
+    EXPECT_EQ((got + readAvailable(p[0])).substr(static_cast<size_t>(filled)), expected);
+  }
+  ::close(p[1]);
+  ::close(p[0]);
+}
+
 }  // namespace
 }  // namespace siphon::cli

@@ -1,0 +1,685 @@
+// `siphon mirror`: a copy of every TCP connection to a port of the target
+// (MirrorSubscribe). The application keeps serving its connections; this
+// client gets their bytes, read-only, one stream per connection
+// (StreamOpen{mirrored}), and prints them or replays them.
+//
+//   siphon mirror --port P [--to HOST:PORT | --stdout] [--both]
+//
+// Order of events:
+//  1. The stream acceptor is set and the signals armed before the subscribe;
+//     streams that arrive before its answer wait (not yet accepted).
+//  2. "mirror: port P ..." once subscribed (scripts wait for it).
+//  3. Per mirrored connection: accept at once (the agent has no credit to
+//     send before, and what it cannot send becomes gaps), an "opened" line,
+//     then its records in order: to stdout (mirror_output.h, StdoutFramer:
+//     markers between runs), or with --to, the client->server bytes to a
+//     fresh connection to HOST:PORT per mirrored connection (its answers
+//     are read and thrown away). A gap is one line; the end one "closed"
+//     line with the counts.
+//  4. First SIGINT/SIGTERM: unsubscribe, end the streams, give the replays
+//     a moment to write what they hold, the summary, exit 0. A second
+//     signal ends the replays at once.
+//  5. With several --agent: after a move to another agent (client.h,
+//     failover) the port is mirrored there under the same subscription, and
+//     that agent's connections arrive as new streams; one "agent A ...;
+//     moved to agent B" line.
+//
+// Nothing waits on stdout, stderr or a replay server: the streams are read
+// as fast as they come (so the agent never falls behind because of us).
+// stdout and stderr are written by threads of their own through bounded
+// queues (LineWriter), each replay through a bounded queue of its own; what
+// does not fit is dropped and said in a line (and in the summary), never
+// silently.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cli/command.h"
+#include "cli/exit_codes.h"
+#include "cli/line_writer.h"
+#include "cli/mirror_output.h"
+#include "cli/steal_spec.h"
+#include "siphon/status.h"
+
+namespace siphon::cli {
+namespace {
+
+namespace asio = net::asio;
+using Clock = asio::steady_timer::clock_type;
+
+// Raw bytes that may wait for stdout before chunks are dropped.
+constexpr size_t kStdoutQueueBytes = 16 << 20;
+// Client->server bytes that may wait for one replay server.
+constexpr size_t kReplayQueueBytes = 8 << 20;
+// After the client->server FIN went to the replay server: how long its
+// answer may still come before the connection is closed.
+constexpr auto kReplayLinger = std::chrono::seconds(5);
+// At the stop: how long the replays may go on writing what they hold.
+constexpr auto kStopGrace = std::chrono::seconds(2);
+
+struct MirrorFlags {
+  std::string port;
+  std::string to;
+  bool to_stdout = false;
+  bool both = false;
+  MirrorSpec spec;  // set by the subcommand's callback
+};
+
+std::string statusText(const absl::Status& s) {
+  return absl::StrCat(errorCodeName(errorCodeOf(s)), ": ", s.message());
+}
+
+// The replay of one connection's client->server bytes to the --to server:
+// a connection of its own, a writer draining a bounded queue, a reader
+// throwing the answers away. It never blocks the caller: bytes beyond the
+// bound, or after a failure, are dropped and counted.
+//
+// Call order: start(), push()... , finish() (the FIN after what is queued)
+// or abort() (now); waitDone() until the writer is over.
+class Replay : public std::enable_shared_from_this<Replay> {
+ public:
+  Replay(asio::any_io_executor ex, std::vector<net::tcp::endpoint> endpoints,
+         std::chrono::milliseconds connect_timeout, std::function<void(std::string)> on_fail)
+      : socket_(ex),
+        timer_(ex),
+        wake_(ex),
+        finished_(ex),
+        endpoints_(std::move(endpoints)),
+        connect_timeout_(connect_timeout),
+        on_fail_(std::move(on_fail)) {}
+
+  void start() { asio::co_spawn(socket_.get_executor(), run(shared_from_this()), asio::detached); }
+
+  void push(std::string_view bytes) {
+    if (failed_ || finishing_) {
+      dropped_ += bytes.size();
+      return;
+    }
+    if (queued_ + bytes.size() > kReplayQueueBytes) {
+      dropped_ += bytes.size();
+      fail(absl::StrCat("it read too slowly: ", kReplayQueueBytes >> 20, " MiB waited for it"));
+      return;
+    }
+    queued_ += bytes.size();
+    queue_.emplace_back(bytes);
+    wake_.notify();
+  }
+
+  void finish() {
+    finishing_ = true;
+    wake_.notify();
+  }
+
+  // Ends the replay now, without a line: what it holds is not replayed.
+  void abort() {
+    if (done_) return;
+    if (!failed_) {
+      failed_ = true;
+      dropQueue();
+    }
+    closeSocket(/*reset=*/true);
+    wake_.notify();
+  }
+
+  net::awaitable<void> waitDone(Clock::time_point deadline) {
+    while (!done_ && Clock::now() < deadline) co_await finished_.wait(deadline);
+  }
+
+  bool done() const { return done_; }
+  uint64_t written() const { return written_; }
+  uint64_t dropped() const { return dropped_; }
+
+ private:
+  static net::awaitable<void> run(std::shared_ptr<Replay> self_in) {
+    const std::shared_ptr<Replay> self = std::move(self_in);
+    co_await self->write();
+    self->done_ = true;
+    self->finished_.notify();
+  }
+
+  net::awaitable<void> write() {
+    // A server that does not answer the connect must not hold the bytes
+    // for ever: the watchdog closes the socket.
+    connecting_ = true;
+    timer_.expires_after(connect_timeout_);
+    timer_.async_wait([self = shared_from_this()](net::error_code ec) {
+      if (ec || !self->connecting_) return;
+      self->connect_timed_out_ = true;
+      self->closeSocket(false);
+    });
+    net::error_code ec;
+    co_await asio::async_connect(socket_, endpoints_, asio::redirect_error(net::use_awaitable, ec));
+    connecting_ = false;
+    timer_.cancel();
+    if (failed_) co_return;  // aborted meanwhile
+    if (connect_timed_out_) {
+      fail(absl::StrCat("connect: no answer within ", connect_timeout_.count(), " ms"));
+      co_return;
+    }
+    if (ec) {
+      fail(absl::StrCat("connect: ", ec.message()));
+      co_return;
+    }
+    socket_.set_option(net::tcp::no_delay(true), ec);
+    asio::co_spawn(socket_.get_executor(), discardAnswers(shared_from_this()), asio::detached);
+
+    while (true) {
+      while (queue_.empty() && !finishing_ && !failed_) co_await wake_.wait();
+      if (failed_) co_return;
+      if (queue_.empty()) {
+        // Every byte is out: pass the FIN on, and give the answer a while.
+        socket_.shutdown(net::tcp::socket::shutdown_send, ec);
+        timer_.expires_after(kReplayLinger);
+        timer_.async_wait([self = shared_from_this()](net::error_code e) {
+          if (!e) self->closeSocket(false);
+        });
+        co_return;
+      }
+      std::string chunk = std::move(queue_.front());
+      queue_.pop_front();
+      co_await asio::async_write(socket_, asio::buffer(chunk),
+                                 asio::redirect_error(net::use_awaitable, ec));
+      queued_ -= chunk.size();
+      if (failed_) co_return;
+      if (ec) {
+        dropped_ += chunk.size();
+        fail(absl::StrCat("write: ", ec.message()));
+        co_return;
+      }
+      written_ += chunk.size();
+    }
+  }
+
+  static net::awaitable<void> discardAnswers(std::shared_ptr<Replay> self_in) {
+    const std::shared_ptr<Replay> self = std::move(self_in);
+    std::vector<char> buf(64 * 1024);
+    net::error_code ec;
+    while (!ec && self->socket_.is_open()) {
+      (void)co_await self->socket_.async_read_some(asio::buffer(buf),
+                                                   asio::redirect_error(net::use_awaitable, ec));
+    }
+    // The server closed (or reset) its side: once our bytes are out too,
+    // nothing is left to do with the socket.
+    if (self->done_) self->closeSocket(false);
+  }
+
+  void fail(std::string why) {
+    if (failed_) return;
+    failed_ = true;
+    dropQueue();
+    closeSocket(true);
+    wake_.notify();
+    if (on_fail_) on_fail_(std::move(why));
+  }
+
+  void dropQueue() {
+    dropped_ += queued_;
+    queued_ = 0;
+    queue_.clear();
+  }
+
+  void closeSocket(bool reset) {
+    net::error_code ignored;
+    if (!socket_.is_open()) return;
+    if (reset) socket_.set_option(asio::socket_base::linger(true, 0), ignored);
+    socket_.close(ignored);
+    timer_.cancel();
+  }
+
+  net::tcp::socket socket_;
+  asio::steady_timer timer_;  // the connect watchdog, then the linger
+  net::Signal wake_;          // the writer waits on it
+  net::Signal finished_;      // waitDone() waits on it
+  std::vector<net::tcp::endpoint> endpoints_;
+  std::chrono::milliseconds connect_timeout_;
+  std::function<void(std::string)> on_fail_;
+  std::deque<std::string> queue_;
+  size_t queued_ = 0;  // in queue_ and in the write under way
+  uint64_t written_ = 0;
+  uint64_t dropped_ = 0;
+  bool connecting_ = false;
+  bool connect_timed_out_ = false;
+  bool finishing_ = false;
+  bool failed_ = false;
+  bool done_ = false;
+};
+
+// One mirrored connection.
+struct Mirrored {
+  MirrorConnection conn;
+  std::shared_ptr<client::ClientStream> stream;
+  MirrorCounts counts;
+  std::shared_ptr<Replay> replay;
+  // stdout: bytes not written since the last line about it, per direction.
+  uint64_t unwritten[2] = {0, 0};
+};
+
+struct MirrorState {
+  MirrorState(asio::any_io_executor ex, const CommandEnv& env, MirrorSpec s)
+      : client(env.client),
+        json(env.json),
+        timeout(env.timeout),
+        spec(std::move(s)),
+        done(ex),
+        signals(ex, SIGINT, SIGTERM) {
+    if (!spec.to) out = std::make_unique<LineWriter>(STDOUT_FILENO, kStdoutQueueBytes);
+  }
+
+  std::shared_ptr<client::Client> client;
+  bool json;
+  std::chrono::milliseconds timeout;
+  MirrorSpec spec;
+  std::vector<net::tcp::endpoint> endpoints;  // of --to
+  // Only runMirror waits on it (net::Signal is one timer: one waiter).
+  net::Signal done;
+  asio::signal_set signals;
+
+  uint64_t subscription = 0;  // ours, once subscribed
+  bool started = false;
+  std::vector<std::pair<std::shared_ptr<client::ClientStream>, v1::StreamOpen>> waiting;
+  std::map<uint64_t, std::shared_ptr<Mirrored>> live;  // by connection id
+  size_t starting = 0;  // spawned serve coroutines that have not run yet
+  uint64_t next_connection = 0;
+  MirrorTotals totals;
+
+  bool stop_requested = false;  // first signal
+  bool ending = false;          // second signal
+  absl::Status lost;            // the session is gone for good
+
+  // stderr lines, and (without --to) the raw bytes on stdout: threads of
+  // their own, so neither can stall the streams this loop reads.
+  LineWriter err{STDERR_FILENO};
+  std::unique_ptr<LineWriter> out;
+  StdoutFramer framer;
+
+  void print(std::string line) { err.write(std::move(line)); }
+
+  void sessionLost(const absl::Status& s) {
+    if (!lost.ok()) return;
+    lost = s;
+    done.notify();
+  }
+  // AGENT_LOST on one stream or call: only the client's own loss counts (a
+  // failover may have moved it on).
+  void checkLost(const absl::Status& s) {
+    if (errorCodeOf(s) == v1::AGENT_LOST && !client->lostStatus().ok()) {
+      sessionLost(client->lostStatus());
+    }
+  }
+
+  void writeStdout(Mirrored& c, v1::Direction d, std::string_view bytes) {
+    const int i = directionIndex(d);
+    if (out->tryWrite(framer.frame(c.conn, d, bytes))) {
+      reportUnwritten(c, d);
+      return;
+    }
+    framer.notWritten(c.conn, d, bytes.size());
+    c.counts.not_written[i] += bytes.size();
+    c.unwritten[i] += bytes.size();
+  }
+  // One line per run of chunks stdout could not take, once it takes one
+  // again (or the connection ends).
+  void reportUnwritten(Mirrored& c, v1::Direction d) {
+    uint64_t& n = c.unwritten[directionIndex(d)];
+    if (n == 0) return;
+    print(notWrittenLine(c.conn, d, n, json));
+    n = 0;
+  }
+
+  // Ends every stream (stop, lost session); their coroutines print the rest.
+  void resetAll(std::string_view why) {
+    std::vector<std::shared_ptr<Mirrored>> all;
+    for (auto& [id, c] : live) all.push_back(c);
+    for (auto& c : all) c->stream->reset(v1::CANCELLED, why);
+  }
+  void abortReplays() {
+    for (auto& [id, c] : live) {
+      if (c->replay) c->replay->abort();
+    }
+  }
+  bool busy() const { return !live.empty() || starting > 0; }
+};
+
+// One mirrored connection, from its StreamOpen to its end.
+net::awaitable<void> serveMirrored(std::shared_ptr<MirrorState> state,
+                                   std::shared_ptr<client::ClientStream> stream_in,
+                                   v1::StreamOpen open_in) {
+  const std::shared_ptr<MirrorState> st = std::move(state);
+  const std::shared_ptr<client::ClientStream> stream = std::move(stream_in);
+  const v1::StreamOpen open = std::move(open_in);
+  auto ex = co_await asio::this_coro::executor;
+
+  auto c = std::make_shared<Mirrored>();
+  c->conn = mirrorConnection(++st->next_connection, open.mirrored());
+  c->stream = stream;
+  st->live[c->conn.id] = c;
+  --st->starting;
+  ++st->totals.connections;
+  st->print(openedLine(c->conn, st->json));
+
+  absl::Status end;  // OK: the agent's half-close
+  std::string reason;
+  if (st->ending || st->stop_requested) {
+    stream->reset(v1::CANCELLED, "siphon mirror is ending");
+    reason = "mirror stopped";
+  } else if (absl::Status a = st->client->acceptStream(*stream); !a.ok()) {
+    st->checkLost(a);
+    reason = absl::StrCat("ended before it was accepted: ", statusText(a));
+  }
+
+  if (reason.empty() && st->spec.to) {
+    std::weak_ptr<MirrorState> weak = st;
+    std::weak_ptr<Mirrored> weak_c = c;
+    c->replay =
+        std::make_shared<Replay>(ex, st->endpoints, st->timeout, [weak, weak_c](std::string why) {
+          auto s = weak.lock();
+          auto m = weak_c.lock();
+          if (s && m) s->print(replayFailedLine(m->conn, s->spec.to->to(), why, s->json));
+        });
+    c->replay->start();
+  }
+
+  while (reason.empty()) {
+    auto event = co_await stream->readEvent();
+    if (!event.ok()) {
+      end = event.status();
+      break;
+    }
+    if (!*event) break;
+    const client::StreamEvent& e = **event;
+    if (e.gap) {
+      const v1::Direction d = e.gap->direction();
+      c->counts.gaps[directionIndex(d)] += e.gap->bytes();
+      st->print(gapLine(c->conn, d, e.gap->bytes(), st->json));
+      // The replay server gets the bytes on both sides of the hole (the
+      // gap line says where it is); stdout gets a marker naming it.
+      if (st->out) st->framer.lost(c->conn, d, e.gap->bytes());
+      continue;
+    }
+    auto record = parseMirrorRecord(e.data);
+    if (!record.ok()) {
+      reason = absl::StrCat("malformed record from the agent: ", record.status().message());
+      stream->reset(v1::PROTOCOL_ERROR, reason);
+      break;
+    }
+    const v1::Direction d = record->direction;
+    if (record->fin) {
+      if (d == v1::CLIENT_TO_SERVER && c->replay) c->replay->finish();
+      continue;
+    }
+    c->counts.bytes[directionIndex(d)] += record->bytes.size();
+    if (c->replay) {
+      if (d == v1::CLIENT_TO_SERVER) c->replay->push(record->bytes);
+    } else if (d == v1::CLIENT_TO_SERVER || st->spec.both) {
+      st->writeStdout(*c, d, record->bytes);
+    }
+  }
+  if (reason.empty()) reason = closeReason(end);
+  // The agent reads nothing on the stream: our half-close only lets both
+  // sides forget it.
+  if (end.ok()) (void)stream->halfClose();
+  st->checkLost(end);
+
+  if (c->replay) {
+    c->replay->finish();
+    const auto wait = st->stop_requested ? std::chrono::milliseconds(kStopGrace) : st->timeout;
+    co_await c->replay->waitDone(Clock::now() + wait);
+    if (!c->replay->done()) {
+      c->replay->abort();
+      co_await c->replay->waitDone(Clock::now() + std::chrono::seconds(1));
+    }
+    c->counts.replayed = c->replay->written();
+    c->counts.not_replayed = c->replay->dropped();
+  }
+  if (st->out) {
+    st->reportUnwritten(*c, v1::CLIENT_TO_SERVER);
+    st->reportUnwritten(*c, v1::SERVER_TO_CLIENT);
+    st->framer.forget(c->conn.id);
+  }
+  addCounts(st->totals.counts, c->counts);
+  st->print(closedLine(c->conn, c->counts, reason, c->replay != nullptr, st->json));
+  st->live.erase(c->conn.id);
+  st->done.notify();
+}
+
+void spawnServe(const std::shared_ptr<MirrorState>& st,
+                std::shared_ptr<client::ClientStream> stream, v1::StreamOpen open) {
+  ++st->starting;
+  asio::co_spawn(st->signals.get_executor(), serveMirrored(st, std::move(stream), std::move(open)),
+                 asio::detached);
+}
+
+// The client's stream acceptor: runs inside the client's dispatch, so it
+// only starts (or parks) the work.
+void onStreamOpen(const std::shared_ptr<MirrorState>& st,
+                  std::shared_ptr<client::ClientStream> stream, v1::StreamOpen open) {
+  if (!open.has_mirrored()) {
+    stream->reset(v1::UNIMPLEMENTED, "siphon mirror accepts mirrored connections only");
+    return;
+  }
+  if (!st->started) {
+    st->waiting.emplace_back(std::move(stream), std::move(open));
+    return;
+  }
+  if (open.mirrored().subscription_id() != st->subscription) {
+    stream->reset(v1::NOT_FOUND, absl::StrCat("no subscription ", open.mirrored().subscription_id(),
+                                              " in this client"));
+    return;
+  }
+  spawnServe(st, std::move(stream), std::move(open));
+}
+
+void armSignals(const std::shared_ptr<MirrorState>& st) {
+  st->signals.async_wait([weak = std::weak_ptr<MirrorState>(st)](net::error_code ec, int) {
+    auto s = weak.lock();
+    if (ec || !s) return;
+    if (!s->stop_requested) {
+      s->stop_requested = true;
+      armSignals(s);  // a second one ends the replays at once
+    } else {
+      s->ending = true;
+      s->abortReplays();
+    }
+    s->done.notify();
+  });
+}
+
+void setHandlers(const CommandEnv& env, const std::shared_ptr<MirrorState>& st) {
+  std::weak_ptr<MirrorState> weak = st;
+  env.client->setStreamAcceptor(
+      [weak](std::shared_ptr<client::ClientStream> stream, v1::StreamOpen open) {
+        if (auto s = weak.lock()) {
+          onStreamOpen(s, std::move(stream), std::move(open));
+        } else {
+          stream->reset(v1::CANCELLED, "siphon mirror has ended");
+        }
+      });
+  env.client->setDrainingHandler([weak](const v1::Draining& d) {
+    if (auto s = weak.lock()) s->print(mirrorDrainingLine(d.reason(), s->json));
+  });
+  // Failover (several --agent): the port is mirrored again on the new
+  // agent under the same subscription id; its connections come as new
+  // streams.
+  env.client->setFailoverHandler([weak](const client::FailoverEvent& e) {
+    auto s = weak.lock();
+    if (!s) return;
+    AgentMove move{e.from, e.to, e.reason, e.draining, e.streams, 0, 0};
+    s->print(movedLine(move, s->json));
+    for (const auto& [id, status] : e.subscriptions) {
+      if (status.ok()) continue;
+      s->print(remirrorFailedLine(s->spec.port, e.to, statusText(status), s->json));
+      s->sessionLost(protoError(
+          v1::FAILED_PRECONDITION,
+          absl::StrCat("port ", s->spec.port, " could not be mirrored again on agent ", e.to)));
+    }
+  });
+  env.client->setResumedHandler([weak](const absl::Status& cut) {
+    if (auto s = weak.lock()) {
+      s->print(resumedLine(s->client->endpoint(), std::string(cut.message()), s->json));
+    }
+  });
+  env.client->setLostHandler([weak](const absl::Status& s) {
+    if (auto state = weak.lock()) state->sessionLost(s);
+  });
+}
+
+void clearHandlers(const CommandEnv& env) {
+  env.client->setStreamAcceptor(nullptr);
+  env.client->setLostHandler(nullptr);
+  env.client->setDrainingHandler(nullptr);
+  env.client->setFailoverHandler(nullptr);
+  env.client->setResumedHandler(nullptr);
+}
+
+// The subscribe failed: one line, the exit code.
+int subscribeFailed(const MirrorState& st, const absl::Status& s) {
+  const std::string what = absl::StrCat("mirror port ", st.spec.port);
+  if (errorCodeOf(s) == v1::UNIMPLEMENTED) {
+    printError(absl::StrCat(what, " failed: this agent does not mirror (", statusText(s),
+                            "); it needs a siphon-agent with the mirror service"));
+    return kExitError;
+  }
+  Failure f = requestFailure(what, s);
+  printError(f.message);
+  return f.exit_code;
+}
+
+net::awaitable<int> runMirror(const CommandEnv& env, const MirrorSpec& spec) {
+  auto ex = co_await asio::this_coro::executor;
+  auto st = std::make_shared<MirrorState>(ex, env, spec);
+
+  // Resolve --to first: a typo fails before the agent starts copying.
+  if (spec.to) {
+    net::tcp::resolver resolver(ex);
+    net::error_code ec;
+    auto results = co_await resolver.async_resolve(spec.to->host, std::to_string(spec.to->to_port),
+                                                   asio::redirect_error(net::use_awaitable, ec));
+    if (ec || results.empty()) {
+      printError(absl::StrCat("mirror: cannot resolve ", spec.to->host, ": ",
+                              ec ? ec.message() : "no address"));
+      co_return kExitError;
+    }
+    for (const auto& r : results) st->endpoints.push_back(r.endpoint());
+  }
+
+  // A closed stdout (| head) is a write error, not a signal to die of.
+  ::signal(SIGPIPE, SIG_IGN);
+  armSignals(st);
+  setHandlers(env, st);
+
+  v1::Request request;
+  request.mutable_mirror()->set_port(spec.port);
+  request.mutable_mirror()->set_both_directions(spec.both);
+  auto response = co_await env.client->call(std::move(request), env.timeout);
+  absl::Status failed = response.status();
+  if (response.ok() && !response->has_subscribed()) {
+    failed = protoError(v1::INTERNAL, "the agent answered without a subscription");
+  }
+  net::error_code ignored;
+  if (!failed.ok()) {
+    clearHandlers(env);
+    for (auto& [stream, open] : st->waiting) stream->reset(v1::CANCELLED, "siphon mirror failed");
+    st->waiting.clear();
+    st->signals.cancel(ignored);
+    co_return subscribeFailed(*st, failed);
+  }
+  st->subscription = response->subscribed().subscription_id();
+  st->started = true;
+  st->print(mirroringLine(spec, response->subscribed().backend(), st->subscription, st->json));
+  auto waiting = std::move(st->waiting);
+  st->waiting.clear();
+  for (auto& [stream, open] : waiting) onStreamOpen(st, std::move(stream), std::move(open));
+
+  while (!st->stop_requested && st->lost.ok()) co_await st->done.wait();
+
+  int exit_code = kExitOk;
+  if (st->lost.ok()) {
+    v1::Request unsubscribe;
+    unsubscribe.mutable_unsubscribe()->set_subscription_id(st->subscription);
+    auto r = co_await env.client->call(std::move(unsubscribe), env.timeout);
+    if (!r.ok()) st->checkLost(r.status());
+    if (!r.ok() && st->lost.ok() && errorCodeOf(r.status()) != v1::NOT_FOUND) {
+      Failure f = requestFailure(absl::StrCat("unsubscribe port ", spec.port), r.status());
+      st->err.flush();  // keep the order of the lines before it
+      printError(f.message);
+      exit_code = f.exit_code;
+    }
+  }
+  // New streams are refused from now on; the open ones end, their replays
+  // get kStopGrace to write what they hold.
+  env.client->setStreamAcceptor(nullptr);
+  st->resetAll(st->lost.ok() ? "siphon mirror stopped" : "the session with the agent is lost");
+  const auto grace_end = Clock::now() + kStopGrace;
+  while (st->busy() && !st->ending && Clock::now() < grace_end) co_await st->done.wait(grace_end);
+  st->abortReplays();
+  while (st->busy()) co_await st->done.wait();
+
+  clearHandlers(env);
+  st->signals.cancel(ignored);
+  if (st->out) {
+    st->out->flush();
+    if (size_t left = st->out->queuedBytes(); left > 0) st->print(stdoutLeftLine(left, st->json));
+  }
+  st->print(mirrorSummaryLine(st->totals, spec.to.has_value(), st->json));
+  if (!st->lost.ok()) {
+    st->err.flush();
+    printError(absl::StrCat("mirror: ", st->lost.message()));
+    exit_code = errorCodeOf(st->lost) == v1::AGENT_LOST ? kExitUnreachable : kExitError;
+  }
+  co_return exit_code;
+}
+
+}  // namespace
+
+void addMirrorCommands(CLI::App& app, std::vector<Command>& out) {
+  auto flags = std::make_shared<MirrorFlags>();
+  CLI::App* mirror = app.add_subcommand(
+      "mirror",
+      "Copy the TCP connections to a port of the target (the application keeps serving them) "
+      "and print or replay their bytes; runs until SIGINT/SIGTERM");
+  mirror->add_option("-p,--port", flags->port, "Port of the target to mirror (1-65535)")
+      ->type_name("PORT")
+      ->required();
+  mirror
+      ->add_option("--to", flags->to,
+                   "Replay each connection's client->server bytes to a new connection to this "
+                   "server (HOST:PORT, [ADDR]:PORT for IPv6); its answers are thrown away")
+      ->type_name("HOST:PORT");
+  mirror->add_flag("--stdout", flags->to_stdout,
+                   "Write the bytes to stdout, with a marker line before each run (the default "
+                   "without --to)");
+  mirror->add_flag("--both", flags->both,
+                   "Also the server's bytes (responses); with --stdout only");
+  mirror->footer(
+      "stdout: a marker line before each run of bytes, '>>> #N CLIENT -> SERVER' (the client's "
+      "bytes) or '<<< #N CLIENT <- SERVER' (the server's), N numbering the connections; every "
+      "marker but the first follows one added newline; a marker also follows bytes that are "
+      "missing ('(N bytes missing before these)'). The bytes are written as they are.\n"
+      "stderr: one line per connection opened (and whether it was joined mid-stream), per gap "
+      "(bytes the agent lost and will never send), per connection closed (why, and its byte "
+      "counts), per replay that failed; a summary at the end. With --json each is a JSON "
+      "object. Nothing waits for stdout, stderr or a --to server: what they cannot take in time "
+      "is dropped and said.\n\n"
+      "Examples: siphon mirror --port 80 --both\n"
+      "          siphon mirror --port 80 --to 127.0.0.1:8080");
+  mirror->callback([flags] {
+    auto spec = parseMirrorSpec(flags->port, flags->to, flags->to_stdout, flags->both);
+    if (!spec.ok()) throw CLI::ValidationError("mirror", std::string(spec.status().message()));
+    flags->spec = *std::move(spec);
+  });
+  out.push_back({mirror, [flags](const CommandEnv& env) -> net::awaitable<int> {
+                   co_return co_await runMirror(env, flags->spec);
+                 }});
+}
+
+}  // namespace siphon::cli
