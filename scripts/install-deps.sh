@@ -22,6 +22,8 @@ PKGS=(
   socat
   # Steal: the iptables backend (nft and legacy), curl in the tests and demo.
   iptables curl
+  # Capture: libpcap in the agent, tshark to read the files back in the tests.
+  libpcap-dev tshark
 )
 
 # containerd's .proto files, for the agent's gRPC client generated at build

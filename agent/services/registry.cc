@@ -1,4 +1,5 @@
 // Every service the agent offers, in one place. Each area adds its own lines.
+#include "agent/capture/capture_service.h"
 #include "agent/dns/dns_service.h"
 #include "agent/files/file_service.h"
 #include "agent/mirror/mirror_service.h"
@@ -27,6 +28,8 @@ std::unique_ptr<ServiceRegistry> buildServices(ServiceContext& ctx) {
   outgoing::registerOutgoing(*r, ctx);  // TCP, UDP, unix streams from the target
 
   steal::registerSteal(*r, ctx);  // incoming TCP of subscribed ports, as streams
+
+  capture::registerCapture(*r, ctx);  // pcap of the target's packets, as streams
 
   mirror::registerMirror(*r, ctx);  // copies of the TCP connections of subscribed ports
 

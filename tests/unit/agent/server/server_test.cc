@@ -137,7 +137,7 @@ TEST_F(ServerTest, UnimplementedRequestsAndStreamsAnswerAtOnce) {
     EXPECT_EQ(errorCodeOf(r.status()), v1::UNIMPLEMENTED) << r.status();
 
     v1::StreamOpen open;
-    open.mutable_capture()->set_interface("any");  // a stream kind nobody serves yet
+    open.mutable_stolen()->set_subscription_id(1);  // a kind only the agent opens
     auto stream = co_await c->openStream(open);
     EXPECT_EQ(errorCodeOf(stream.status()), v1::UNIMPLEMENTED) << stream.status();
     c->close();

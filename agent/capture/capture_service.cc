@@ -1,0 +1,141 @@
+#include "agent/capture/capture_service.h"
+
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "agent/capture/capture_spec.h"
+#include "agent/common/log.h"
+#include "agent/netns/netns_worker.h"
+#include "agent/outgoing/session_host.h"
+#include "agent/server/server.h"
+#include "siphon/protocol/codec.h"
+#include "siphon/status.h"
+
+namespace siphon::agent::capture {
+namespace {
+
+namespace asio = net::asio;
+
+using SourceOr = absl::StatusOr<std::unique_ptr<PacketSource>>;
+
+class CaptureService : public StreamService {
+ public:
+  CaptureService(ServiceContext& ctx, CaptureOptions options)
+      : ctx_(ctx), options_(std::move(options)), active_(std::make_shared<size_t>(0)) {}
+
+  void open(std::shared_ptr<AgentSession> session, v1::StreamOpen open) override {
+    const uint64_t id = open.stream_id();
+    protocol::Session& s = session->session();
+    auto refuse = [&](const absl::Status& why) {
+      log::info("capture_refused",
+                {{"session", session->id()}, {"stream", id}, {"error", sv(why.message())}});
+      s.resetStream(id, toProtoError(why));
+      session->wake();
+    };
+    if (*active_ >= options_.max_captures) {
+      refuse(protoError(v1::RESOURCE_EXHAUSTED,
+                        absl::StrCat("capture: ", options_.max_captures,
+                                     " captures run on this agent already; end one first")));
+      return;
+    }
+    // Each record goes as one Data frame: the snaplen must let it fit.
+    auto spec =
+        captureSpec(open.capture(), s.limits().max_frame_size - protocol::kDataFrameOverhead);
+    if (!spec.ok()) {
+      refuse(spec.status());
+      return;
+    }
+
+    CaptureStream::Options so = options_.stream;
+    so.session_id = session->id();
+    so.interface = spec->interface;
+    so.filter = spec->filter;
+    // Twice the block timeout: the kernel's retire timer runs in jiffies and
+    // is re-armed per period.
+    so.finish_delay = std::chrono::milliseconds(2 * spec->block_timeout_ms + 10);
+    ++*active_;
+    so.on_end = [active = active_] { --*active; };
+    auto host = std::make_shared<outgoing::SessionHost>(session);
+    auto stream = std::make_shared<CaptureStream>(ctx_.io.get_executor(), id, host, std::move(so));
+    // Registered before the source is open, so a Reset or the session's end
+    // meanwhile ends it (the source is closed as soon as it arrives).
+    session->registerStream(id, stream);
+    log::debug("capture_open", {{"session", session->id()},
+                                {"stream", id},
+                                {"interface", spec->interface},
+                                {"filter", spec->filter},
+                                {"snaplen", spec->snaplen}});
+    asio::co_spawn(ctx_.io,
+                   openSource(ctx_.netns, options_.open_source, std::move(host), std::move(stream),
+                              *std::move(spec)),
+                   asio::detached);
+  }
+
+ private:
+  // Opens the source inside the target's netns, then accepts the stream
+  // and starts the capture, or resets it with the reason.
+  static net::awaitable<void> openSource(NetnsWorker& netns,
+                                         std::function<SourceOr(const CaptureSpec&)> opener_in,
+                                         std::shared_ptr<outgoing::SessionHost> host_in,
+                                         std::shared_ptr<CaptureStream> stream_in,
+                                         CaptureSpec spec_in) {
+    // GCC 12 drops by-value coroutine parameters the body never names.
+    const auto opener = std::move(opener_in);
+    const auto host = std::move(host_in);
+    const auto stream = std::move(stream_in);
+    const CaptureSpec spec = std::move(spec_in);
+    try {
+      // A named function object: GCC 12 destroys temporaries in a co_await
+      // expression twice.
+      std::function<SourceOr()> task = [opener, spec] { return opener(spec); };
+      SourceOr source = co_await netns.runAsync(task);
+      if (stream->dead()) co_return;  // the client or the session gave up meanwhile
+      if (!source.ok()) {
+        log::info("capture_refused", {{"stream", stream->streamId()},
+                                      {"interface", spec.interface},
+                                      {"filter", spec.filter},
+                                      {"error", sv(source.status().message())}});
+        stream->reset(toProtoError(source.status()));
+        co_return;
+      }
+      protocol::Session* s = host->session();
+      if (s == nullptr) {
+        stream->close();
+        co_return;
+      }
+      v1::StreamAccept accept;
+      accept.set_stream_id(stream->streamId());
+      if (!s->acceptStream(std::move(accept)).ok()) {
+        // The client reset it meanwhile.
+        host->release(stream->streamId());
+        stream->close();
+        co_return;
+      }
+      host->wake();
+      stream->start(*std::move(source));
+    } catch (const std::exception& e) {
+      stream->reset(
+          toProtoError(protoError(v1::INTERNAL, absl::StrCat("capture open: ", e.what()))));
+    }
+  }
+
+  ServiceContext& ctx_;
+  CaptureOptions options_;
+  // Captures running now; shared with their on_end, which may outlive us.
+  std::shared_ptr<size_t> active_;
+};
+
+}  // namespace
+
+std::shared_ptr<StreamService> makeCaptureService(ServiceContext& ctx, CaptureOptions options) {
+  return std::make_shared<CaptureService>(ctx, std::move(options));
+}
+
+void registerCapture(ServiceRegistry& registry, ServiceContext& ctx) {
+  registry.addStream(v1::StreamOpen::kCapture, makeCaptureService(ctx));
+  registry.addFeature(v1::FEATURE_CAPTURE);
+}
+
+}  // namespace siphon::agent::capture

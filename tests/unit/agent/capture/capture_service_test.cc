@@ -1,0 +1,192 @@
+// The capture service end to end, in process and without root: a
+// targetless agent whose capture service opens fake sources (the real one
+// needs CAP_NET_RAW: tests/privileged/capture), driven by the real client.
+#include "agent/capture/capture_service.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/capture/pcap_file.h"
+#include "agent/server/server.h"
+#include "siphon/client/client.h"
+#include "siphon/status.h"
+#include "tests/fakes/fake_packet_source.h"
+#include "tests/fakes/in_process_agent.h"
+
+namespace siphon::agent::capture {
+namespace {
+
+namespace asio = net::asio;
+using fakes::FakePacketSource;
+using fakes::FakePacketSourceState;
+using ::testing::HasSubstr;
+
+constexpr char kToken[] = "capture-test-token";
+
+v1::StreamOpen captureOpen(std::string interface, std::string filter) {
+  v1::StreamOpen o;
+  o.mutable_capture()->set_interface(std::move(interface));
+  o.mutable_capture()->set_filter(std::move(filter));
+  return o;
+}
+
+class CaptureServiceTest : public testing::Test {
+ protected:
+  // The agent with its capture service opening fake sources, or failing
+  // with `open_error` when it is set.
+  void startAgent(size_t max_captures = 32) {
+    AgentConfig config;
+    config.token = kToken;
+    TargetSpec spec;
+    spec.mode = TargetMode::kTargetless;
+    agent_.start(config, std::make_unique<RealProcFs>(), spec, [this, max_captures](Server& s) {
+      CaptureOptions o;
+      o.max_captures = max_captures;
+      o.open_source =
+          [this](const CaptureSpec& spec) -> absl::StatusOr<std::unique_ptr<PacketSource>> {
+        ++opens_;
+        last_spec_ = spec;
+        if (!open_error_.ok()) return open_error_;
+        return std::make_unique<FakePacketSource>(source_, spec.snaplen);
+      };
+      s.services().addStream(v1::StreamOpen::kCapture, makeCaptureService(s.serviceContext(), o));
+    });
+  }
+
+  template <typename F>
+  void withClient(F f) {
+    asio::io_context io;
+    bool done = false;
+    asio::co_spawn(
+        io,
+        [&]() -> net::awaitable<void> {
+          client::ClientOptions o;
+          o.endpoints = {agent_.address()};
+          o.token = kToken;
+          auto c = client::Client::create(io.get_executor(), o);
+          absl::Status s = co_await c->connect();
+          EXPECT_TRUE(s.ok()) << s;
+          if (s.ok()) co_await f(c);
+          c->close();
+          done = true;
+        },
+        asio::detached);
+    io.run();
+    ASSERT_TRUE(done);
+  }
+
+  fakes::InProcessAgent agent_;
+  std::shared_ptr<FakePacketSourceState> source_ = std::make_shared<FakePacketSourceState>();
+  std::atomic<int> opens_{0};
+  CaptureSpec last_spec_;  // written on the agent's netns thread, read after a round trip
+  absl::Status open_error_;
+};
+
+TEST_F(CaptureServiceTest, TheRealAgentAdvertisesCapture) {
+  AgentConfig config;
+  config.token = kToken;
+  TargetSpec spec;
+  spec.mode = TargetMode::kTargetless;
+  agent_.start(config, std::make_unique<RealProcFs>(), spec);
+  withClient([&](const std::shared_ptr<client::Client>& c) -> net::awaitable<void> {
+    const auto& features = c->welcome().features();
+    EXPECT_NE(std::find(features.begin(), features.end(), v1::FEATURE_CAPTURE), features.end());
+    co_return;
+  });
+}
+
+TEST_F(CaptureServiceTest, StreamsAPcapFileUntilTheClientHalfCloses) {
+  startAgent();
+  withClient([&](const std::shared_ptr<client::Client>& c) -> net::awaitable<void> {
+    auto stream = co_await c->openStream(captureOpen("", "tcp port 80"));
+    EXPECT_TRUE(stream.ok()) << stream.status();
+    if (!stream.ok()) co_return;
+    EXPECT_EQ(opens_, 1);
+    EXPECT_EQ(last_spec_.interface, "any");
+    EXPECT_EQ(last_spec_.filter, "tcp port 80");
+    auto header = co_await (*stream)->read();
+    EXPECT_TRUE(header.ok() && header->has_value());
+    if (!header.ok() || !header->has_value()) co_return;
+    EXPECT_EQ(**header, globalHeader(FakePacketSource::kLinkType, last_spec_.snaplen));
+
+    std::vector<std::string> sent = {"first packet", std::string(3000, 'p'), "last"};
+    for (const auto& p : sent) source_->push(p);
+    for (size_t i = 0; i < sent.size(); ++i) {
+      auto r = co_await (*stream)->read();
+      EXPECT_TRUE(r.ok() && r->has_value());
+      if (!r.ok() || !r->has_value()) co_return;
+      EXPECT_EQ(**r, record(FakePacketSource::packetFor(i, sent[i])));
+    }
+    EXPECT_TRUE((*stream)->halfClose().ok());
+    auto end = co_await (*stream)->read();
+    EXPECT_TRUE(end.ok()) << end.status();
+    EXPECT_TRUE(end.ok() && !end->has_value()) << "the agent half-closes back";
+  });
+  EXPECT_TRUE(source_->closed);
+}
+
+TEST_F(CaptureServiceTest, AnOpenFailureIsTheResetWithItsWords) {
+  startAgent();
+  open_error_ = protoError(
+      v1::NOT_FOUND,
+      "capture on interface 'nosuch0' in the target: No such device exists (SIOCGIFINDEX)");
+  withClient([&](const std::shared_ptr<client::Client>& c) -> net::awaitable<void> {
+    auto stream = co_await c->openStream(captureOpen("nosuch0", ""));
+    EXPECT_EQ(errorCodeOf(stream.status()), v1::NOT_FOUND) << stream.status();
+    EXPECT_THAT(std::string(stream.status().message()), HasSubstr("'nosuch0'"));
+    // The session serves on.
+    open_error_ = absl::OkStatus();
+    auto again = co_await c->openStream(captureOpen("lo", ""));
+    EXPECT_TRUE(again.ok()) << again.status();
+  });
+}
+
+TEST_F(CaptureServiceTest, AMalformedInterfaceNeverReachesLibpcap) {
+  startAgent();
+  withClient([&](const std::shared_ptr<client::Client>& c) -> net::awaitable<void> {
+    auto stream = co_await c->openStream(captureOpen("../../etc", ""));
+    EXPECT_EQ(errorCodeOf(stream.status()), v1::INVALID_ARGUMENT) << stream.status();
+  });
+  EXPECT_EQ(opens_, 0);
+}
+
+TEST_F(CaptureServiceTest, CapturesAreLimitedAndTheLimitFreesUp) {
+  startAgent(/*max_captures=*/1);
+  withClient([&](const std::shared_ptr<client::Client>& c) -> net::awaitable<void> {
+    auto first = co_await c->openStream(captureOpen("any", ""));
+    EXPECT_TRUE(first.ok()) << first.status();
+    if (!first.ok()) co_return;
+    auto second = co_await c->openStream(captureOpen("any", ""));
+    EXPECT_EQ(errorCodeOf(second.status()), v1::RESOURCE_EXHAUSTED) << second.status();
+    // The first ends: room for another.
+    EXPECT_TRUE((*first)->halfClose().ok());
+    while (true) {
+      auto r = co_await (*first)->read();
+      if (!r.ok() || !r->has_value()) break;
+    }
+    auto third = co_await c->openStream(captureOpen("any", ""));
+    EXPECT_TRUE(third.ok()) << third.status();
+  });
+}
+
+TEST_F(CaptureServiceTest, TheSessionsEndClosesTheCapture) {
+  startAgent();
+  withClient([&](const std::shared_ptr<client::Client>& c) -> net::awaitable<void> {
+    auto stream = co_await c->openStream(captureOpen("any", ""));
+    EXPECT_TRUE(stream.ok()) << stream.status();
+    co_return;  // withClient closes the session
+  });
+  // The agent handles the Goaway on its own thread.
+  for (int i = 0; i < 500 && !source_->closed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_TRUE(source_->closed);
+}
+
+}  // namespace
+}  // namespace siphon::agent::capture
