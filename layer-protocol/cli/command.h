@@ -42,6 +42,7 @@ void addNetCommands(CLI::App& app, std::vector<Command>& out);    // connect, fo
 void addDnsCommands(CLI::App& app, std::vector<Command>& out);    // dns lookup, dns reverse
 void addStealCommands(CLI::App& app, std::vector<Command>& out);  // steal
 void addMirrorCommands(CLI::App& app, std::vector<Command>& out);  // mirror
+void addCaptureCommands(CLI::App& app, std::vector<Command>& out);  // capture
 
 // One line on stderr: "siphon: <message>".
 void printError(std::string_view message);

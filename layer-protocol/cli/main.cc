@@ -122,6 +122,7 @@ int realMain(int argc, char** argv) {
   addNetCommands(app, commands);
   addStealCommands(app, commands);
   addMirrorCommands(app, commands);
+  addCaptureCommands(app, commands);
   app.footer(
       "Exit codes: 0 ok, 1 error, 2 usage, 3 agent unreachable, 4 session rejected by the "
       "agent.");
