@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,7 @@ class CaptureServiceTest : public testing::Test {
       o.open_source =
           [this](const CaptureSpec& spec) -> absl::StatusOr<std::unique_ptr<PacketSource>> {
         ++opens_;
+        std::lock_guard<std::mutex> l(mu_);
         last_spec_ = spec;
         if (!open_error_.ok()) return open_error_;
         return std::make_unique<FakePacketSource>(source_, spec.snaplen);
@@ -83,7 +85,13 @@ class CaptureServiceTest : public testing::Test {
   fakes::InProcessAgent agent_;
   std::shared_ptr<FakePacketSourceState> source_ = std::make_shared<FakePacketSourceState>();
   std::atomic<int> opens_{0};
-  CaptureSpec last_spec_;  // written on the agent's netns thread, read after a round trip
+  std::mutex mu_;
+  CaptureSpec last_spec_;  // written on the agent's netns thread
+
+  CaptureSpec lastSpec() {
+    std::lock_guard<std::mutex> l(mu_);
+    return last_spec_;
+  }
   absl::Status open_error_;
 };
 
@@ -107,12 +115,13 @@ TEST_F(CaptureServiceTest, StreamsAPcapFileUntilTheClientHalfCloses) {
     EXPECT_TRUE(stream.ok()) << stream.status();
     if (!stream.ok()) co_return;
     EXPECT_EQ(opens_, 1);
-    EXPECT_EQ(last_spec_.interface, "any");
-    EXPECT_EQ(last_spec_.filter, "tcp port 80");
+    const CaptureSpec spec = lastSpec();
+    EXPECT_EQ(spec.interface, "any");
+    EXPECT_EQ(spec.filter, "tcp port 80");
     auto header = co_await (*stream)->read();
     EXPECT_TRUE(header.ok() && header->has_value());
     if (!header.ok() || !header->has_value()) co_return;
-    EXPECT_EQ(**header, globalHeader(FakePacketSource::kLinkType, last_spec_.snaplen));
+    EXPECT_EQ(**header, globalHeader(FakePacketSource::kLinkType, spec.snaplen));
 
     std::vector<std::string> sent = {"first packet", std::string(3000, 'p'), "last"};
     for (const auto& p : sent) source_->push(p);
