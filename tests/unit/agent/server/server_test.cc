@@ -131,9 +131,9 @@ TEST_F(ServerTest, UnimplementedRequestsAndStreamsAnswerAtOnce) {
   runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
     auto c = client::Client::create(ex, options());
     EXPECT_TRUE((co_await c->connect()).ok());
-    v1::Request mirror;
-    mirror.mutable_mirror()->set_port(80);  // a request kind nobody serves yet
-    auto r = co_await c->call(mirror, milliseconds(5000));
+    v1::Request sessions;
+    sessions.mutable_sessions();  // a request kind nobody serves yet
+    auto r = co_await c->call(sessions, milliseconds(5000));
     EXPECT_EQ(errorCodeOf(r.status()), v1::UNIMPLEMENTED) << r.status();
 
     v1::StreamOpen open;
