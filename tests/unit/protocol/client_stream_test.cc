@@ -361,5 +361,91 @@ TEST(ClientStreamTest, AResetEndsReadEventWithThePeersCode) {
   });
 }
 
+// After a failover the mirror is made again on the other agent under the
+// same subscription id, and that agent's connections come as new streams.
+// One that comes before the resubscription's answer waits (parked), with
+// what was sent on it meanwhile, and is handed over under the client's id.
+TEST(ClientStreamTest, AfterAFailoverTheNewAgentsMirrorStreamsArriveUnderTheSameId) {
+  run([](asio::any_io_executor ex) -> net::awaitable<void> {
+    auto a = std::make_shared<ScriptedAgent>(ex);
+    auto b = std::make_shared<ScriptedAgent>(ex);
+    asio::co_spawn(
+        ex, [a]() { return a->serve(); }, asio::detached);
+    asio::co_spawn(
+        ex, [b]() { return b->serve(); }, asio::detached);
+    std::vector<v1::Request> seen_by_b;
+    auto answer = [](ScriptedAgent& agent, const v1::Request& r, uint64_t id) {
+      v1::Response response;
+      response.set_request_id(r.request_id());
+      response.mutable_subscribed()->set_subscription_id(id);
+      response.mutable_subscribed()->set_backend("tc");
+      agent.session().sendResponse(std::move(response));
+      agent.wake();
+    };
+    a->on_request = [&](v1::Request r) { answer(*a, r, kAgentSubscription); };
+    b->on_request = [&](v1::Request r) {
+      seen_by_b.push_back(r);
+      // The new agent's first connection, and a gap on it, before its
+      // answer to the resubscribe.
+      uint64_t id = b->openMirrored(9);
+      EXPECT_TRUE(b->sendGap(id, v1::CLIENT_TO_SERVER, 42).ok());
+      answer(*b, r, 9);
+    };
+
+    ClientOptions options;
+    options.endpoints = {a->address(), b->address()};
+    auto c = Client::create(ex, options);
+    absl::Status connected = co_await c->connect();
+    EXPECT_TRUE(connected.ok()) << connected;
+    if (!connected.ok()) co_return;
+    std::vector<std::pair<std::shared_ptr<ClientStream>, v1::StreamOpen>> streams;
+    net::Signal opened(ex);
+    c->setStreamAcceptor([&](std::shared_ptr<ClientStream> s, v1::StreamOpen open) {
+      streams.emplace_back(std::move(s), std::move(open));
+      opened.notify();
+    });
+    std::optional<FailoverEvent> moved;
+    c->setFailoverHandler([&](const FailoverEvent& e) {
+      moved = e;
+      opened.notify();
+    });
+    v1::Request subscribe;
+    subscribe.mutable_mirror()->set_port(80);
+    auto subscribed = co_await c->call(subscribe);
+    EXPECT_TRUE(subscribed.ok()) << subscribed.status();
+    if (!subscribed.ok()) co_return;
+    const uint64_t id = subscribed->subscribed().subscription_id();
+    a->openMirrored(kAgentSubscription);
+    while (streams.empty()) co_await opened.wait();
+    EXPECT_TRUE(c->acceptStream(*streams[0].first).ok());
+
+    a->close();  // the agent is gone: refused from now on
+    const auto deadline = asio::steady_timer::clock_type::now() + std::chrono::seconds(10);
+    while ((!moved || streams.size() < 2) && asio::steady_timer::clock_type::now() < deadline) {
+      co_await opened.wait(deadline);
+    }
+    EXPECT_TRUE(moved.has_value());
+    EXPECT_EQ(streams.size(), 2u);
+    if (!moved || streams.size() < 2) co_return;
+    EXPECT_EQ(moved->subscriptions.size(), 1u);
+    EXPECT_EQ(seen_by_b.size(), 1u);
+    if (moved->subscriptions.size() != 1 || seen_by_b.size() != 1) co_return;
+    EXPECT_EQ(moved->subscriptions[0].first, id);
+    EXPECT_TRUE(moved->subscriptions[0].second.ok());
+    EXPECT_EQ(seen_by_b[0].mirror().port(), 80u);
+
+    // The old agent's stream ends with the agent.
+    auto old_end = co_await streams[0].first->readEvent();
+    EXPECT_EQ(errorCodeOf(old_end.status()), v1::AGENT_LOST) << old_end.status();
+    // The new one is the same subscription's, with what came while parked.
+    EXPECT_EQ(streams[1].second.mirrored().subscription_id(), id);
+    EXPECT_TRUE(c->acceptStream(*streams[1].first).ok());
+    auto gap = co_await streams[1].first->readEvent();
+    EXPECT_TRUE(gap.ok() && *gap && (*gap)->gap && (*gap)->gap->bytes() == 42u);
+    c->close();
+    b->close();
+  });
+}
+
 }  // namespace
 }  // namespace siphon::client
