@@ -411,6 +411,86 @@ http {{
             raise RuntimeError(f"iperf3 through port {port}: {data['error']}")
         return data["end"]["sum_received"]["bits_per_second"] / 1e9
 
+    # ---------------------------------------------------------------- mirror
+    def start_mirror(self, endpoint, port, to):
+        log_path = os.path.join(self.tmp, f"mirror-{port}-{time.time_ns()}.log")
+        f = open(log_path, "w")
+        p = self.cli(endpoint, "mirror", "--port", port, "--to", to, stdout=subprocess.DEVNULL,
+                     stderr=f)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            with open(log_path) as r:
+                text = r.read()
+            if re.search(r"mirror: port \d+", text):
+                return p, log_path
+            if p.poll() is not None:
+                raise RuntimeError(f"siphon mirror exited: {text}")
+            time.sleep(0.02)
+        raise RuntimeError("siphon mirror did not start")
+
+    def stop_mirror(self, p, log_path):
+        """Stops `siphon mirror` and returns (bytes replayed, gap bytes) of the
+        client->server direction, from its summary line."""
+        self.procs.stop(p, signal.SIGINT)
+        with open(log_path) as r:
+            text = r.read()
+        m = re.search(r"client->server (\d+) bytes \(gaps (\d+) bytes\)", text)
+        if not m:
+            raise RuntimeError(f"siphon mirror: no summary line in {text[-2000:]!r}")
+        return int(m.group(1)), int(m.group(2))
+
+    def mirror(self):
+        """The application's throughput with a mirror on against without, and
+        the highest rate the mirror copies without a gap."""
+        sink = self.procs.start(["socat", "-u", "-b", "262144",
+                                 "TCP-LISTEN:19000,reuseaddr,fork,backlog=64", "GOPEN:/dev/null"],
+                                netns=self.node, stderr=subprocess.DEVNULL)
+        self.wait_port(self.node, 19000)
+        agent, endpoint = self.start_agent()
+        values = {"direct": [], "siphon": []}
+        try:
+            for rep in range(self.reps):
+                values["direct"].append(self.iperf(1))
+                p, path = self.start_mirror(endpoint, 5201, "127.0.0.1:19000")
+                try:
+                    values["siphon"].append(self.iperf(1))
+                finally:
+                    copied, gaps = self.stop_mirror(p, path)
+                log(f"mirror rep {rep + 1}/{self.reps}: without {values['direct'][-1]:.2f}, "
+                    f"with {values['siphon'][-1]:.2f} Gbit/s; mirror copied {copied >> 20} MiB, "
+                    f"gaps {gaps >> 20} MiB")
+            self.record("mirror on: the application's own bulk TCP throughput (iperf3)", "Gbit/s",
+                        {m: summary(v) for m, v in values.items()}, {"direct": 0.95})
+
+            # Rates doubling until the mirror reports a gap; the last clean one
+            # counts. Against the application's unmirrored throughput above.
+            best = 0.0
+            rate = 250
+            while rate <= 64000:
+                p, path = self.start_mirror(endpoint, 5201, "127.0.0.1:19000")
+                try:
+                    data = self.iperf_json(["iperf3", "-c", self.pod_ip, "-p", "5201", "-t",
+                                            self.secs, "-b", f"{rate}M", "-J"], self.client)
+                finally:
+                    copied, gaps = self.stop_mirror(p, path)
+                if "error" in data:
+                    raise RuntimeError(f"iperf3: {data['error']}")
+                got = data["end"]["sum_received"]["bits_per_second"] / 1e9
+                log(f"mirror at {rate} Mbit/s: application {got:.2f} Gbit/s, copied "
+                    f"{copied >> 20} MiB, gaps {gaps} bytes")
+                if gaps:
+                    break
+                best = got
+                if got < rate / 1000 * 0.9:
+                    break  # the application itself tops out here
+                rate *= 2
+            self.record("mirror: highest rate copied with zero gaps (iperf3 -b, doubling)",
+                        "Gbit/s", {"siphon": summary([best]), "direct": values and
+                                   summary(values["direct"])}, {"direct": 0.5})
+        finally:
+            self.procs.stop(agent)
+            self.procs.stop(sink)
+
     def startup(self, runs=21):
         times = []
         for _ in range(runs):
@@ -528,7 +608,8 @@ def main():
         sys.exit("bench: needs root (network namespaces, BPF, iptables)")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     groups = [g for g in args.only.split(",") if g] or [
-        "bulk", "bulk8", "http", "short", "idle", "forward", "startup", "rss", "services"]
+        "bulk", "bulk8", "http", "short", "idle", "forward", "startup", "rss", "services",
+        "mirror"]
     with ExitStack() as stack:
         procs = Procs()
         stack.callback(procs.close)
@@ -554,6 +635,8 @@ def main():
             b.idle_rss()
         if "services" in groups:
             b.services()
+        if "mirror" in groups:
+            b.mirror()
         cpu = ""
         with open("/proc/cpuinfo") as f:
             m = re.search(r"model name\s*:\s*(.*)", f.read())
