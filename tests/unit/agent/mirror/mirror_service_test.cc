@@ -499,6 +499,28 @@ TEST_F(MirrorServiceTest, UnsubscribeEndsStreamsAndTheLastOneStopsTheSource) {
   });
 }
 
+// A drain does not wait for mirrors: they hold nothing the application
+// needs. Their streams end at once with AGENT_DRAINING and the program is
+// unloaded.
+TEST_F(MirrorServiceTest, DrainEndsMirroredStreamsAtOnce) {
+  start();
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = newClient(ex);
+    auto streams = acceptAll(c, ex);
+    EXPECT_TRUE((co_await c->connect()).ok());
+    EXPECT_TRUE((co_await subscribe(c, 80, true)).ok());
+    capture_->push({opened(connection(4, 40000, 80)), data(4, kUp, "in flight")});
+    EXPECT_TRUE(co_await waitStreams(*streams, 1));
+    if (streams->got.empty()) co_return;
+    agent_.server().requestDrain("test");
+    Transcript t = co_await readAll(streams->got[0].first);
+    EXPECT_EQ(t.up, "in flight");
+    EXPECT_EQ(errorCodeOf(t.end), v1::AGENT_DRAINING) << t.end;
+    EXPECT_TRUE(co_await eventually([&] { return capture_->saw("stop"); }));
+    c->close();
+  });
+}
+
 TEST_F(MirrorServiceTest, BadSubscriptionsAreRefused) {
   start();
   fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
