@@ -567,6 +567,8 @@ void ConnectionTable::close(Connection& connection, CloseReason reason) {
   connection.to_server.finish(to_server);
   DirectionSink to_client(*this, connection, Direction::kServerToClient);
   connection.to_client.finish(to_client);
+  counters_.duplicate_bytes +=
+      connection.to_server.stats().duplicate_bytes + connection.to_client.stats().duplicate_bytes;
   uint64_t id = connection.info.id;
   by_activity_.erase(connection.activity);
   connections_.erase(Key{connection.info.client, connection.info.server});

@@ -262,6 +262,7 @@ struct MirrorCounters {
   uint64_t delivered_bytes = 0;
   uint64_t gap_bytes = 0;
   uint64_t gaps = 0;
+  uint64_t duplicate_bytes = 0;  // seen again (retransmissions, double copies), of closed connections
   uint64_t connections_opened = 0;
   uint64_t connections_closed = 0;
   uint64_t evictions = 0;
