@@ -61,6 +61,7 @@ pod_pid=""
 dns_pid=""
 agent_pid=""
 steal_pid=""
+mirror_pid=""
 local_pid=""
 curl_pid=""
 tmp="$(mktemp -d /tmp/siphon-demo.XXXXXX)"
@@ -83,6 +84,7 @@ cleanup() {
   trap - EXIT INT TERM
   [ -n "$curl_pid" ] && stop "$curl_pid"
   [ -n "$steal_pid" ] && stop "$steal_pid"
+  [ -n "$mirror_pid" ] && stop "$mirror_pid"
   [ -n "$local_pid" ] && stop "$local_pid"
   [ -n "$agent_pid" ] && stop "$agent_pid"
   [ -n "$pod_pid" ] && stop "$pod_pid"
@@ -251,6 +253,30 @@ cat "$tmp/steal.log"
 [ "$code" -eq 0 ]
 printf '\033[36m$ %s\033[0m\n' "curl http://127.0.0.1:8080/   # inside the pod, after"
 in_pod_curl
+
+step "Mirror the pod's port 8080: a copy of each connection, the application keeps serving"
+printf '\033[36m$ %s\033[0m\n' "siphon mirror --port 8080 --both &"
+"$cli_bin" --token-file "$token_file" mirror --port 8080 --both \
+  >"$tmp/mirror.out" 2>"$tmp/mirror.log" &
+mirror_pid=$!
+for _ in $(seq 100); do
+  grep -q 'mirror: port' "$tmp/mirror.log" && break
+  kill -0 "$mirror_pid" 2>/dev/null || break
+  sleep 0.1
+done
+printf '\033[36m$ %s\033[0m\n' "curl http://127.0.0.1:8080/   # inside the pod: the application answers"
+in_pod_curl
+sleep 0.5
+printf '\033[36m$ %s\033[0m\n' "kill -INT %siphon-mirror"
+kill -INT "$mirror_pid"
+wait "$mirror_pid" && code=0 || code=$?
+mirror_pid=""
+echo "stdout (both directions, with markers):"
+cat "$tmp/mirror.out"
+echo "stderr:"
+cat "$tmp/mirror.log"
+[ "$code" -eq 0 ]
+grep -q 'GET / HTTP/1.1' "$tmp/mirror.out"
 
 step "A wrong token is refused (exit code 4)"
 echo wrong-token >"$tmp/wrong"
