@@ -370,6 +370,17 @@ MirrorEngine::~MirrorEngine() {
   uint64_t one = 1;
   (void)!::write(impl_->wake.get(), &one, sizeof(one));
   if (impl_->thread.joinable()) impl_->thread.join();
+  // Every loss the copy had, in one line (the sessions got each as a gap).
+  const MirrorEngineStats st = stats();
+  log::info("mirror_capture_stopped",
+            {{"packets_seen", st.kernel_seen},
+             {"packets_copied", st.kernel_copied},
+             {"packets_lost_ring_full", st.kernel_lost},
+             {"packets_invalid", st.table.invalid_packets},
+             {"connections", st.table.connections_opened},
+             {"bytes", st.table.delivered_bytes},
+             {"gap_bytes", st.table.gap_bytes},
+             {"gap_bytes_consumer_behind", st.overflow_gap_bytes}});
   // The loader's destructor closes the TCX links: detached everywhere.
 }
 
