@@ -62,7 +62,15 @@ struct MirrorEngineOptions {
   // Record payload at most (one Data frame each).
   size_t max_record = 32 * 1024;
   std::chrono::milliseconds tick{50};  // hole and idle timeouts, kernel counters
-  ConnectionTableOptions table;        // server_ports follows addPort/removePort
+  // server_ports follows addPort/removePort. Out of order, 8 MiB per
+  // direction: a sender cannot get further ahead of a hole than the
+  // receiver's window, which Linux caps at 6 MiB by default (tcp_rmem); a
+  // lost copy of one packet must not turn its retransmission into a gap.
+  ConnectionTableOptions table = [] {
+    ConnectionTableOptions o;
+    o.stream.max_buffered = 8u << 20;
+    return o;
+  }();
 };
 
 struct MirrorEngineStats {

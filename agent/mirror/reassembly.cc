@@ -354,6 +354,12 @@ void StreamReassembler::drain(StreamSink& sink) {
 
 // Gives up the hole at next_: up to the first buffered chunk, or to the FIN
 // when nothing is buffered.
+void StreamReassembler::shed(StreamSink& sink) {
+  if (ended_ || pending_.empty()) return;
+  skipFirstHole(sink);
+  endIfFinished(sink);
+}
+
 void StreamReassembler::skipFirstHole(StreamSink& sink) {
   skipTo(pending_.empty() ? knownEnd() : pending_.begin()->first, sink);
   drain(sink);
@@ -511,8 +517,10 @@ void ConnectionTable::onSegment(const TcpSegment& segment, Timestamp now) {
   }
   touch(*connection, now);
 
+  const size_t before = held(*connection);
   DirectionSink sink(*this, *connection, direction);
   connection->stream(direction).onSegment(segment.seq, segment.flags, segment.payload, now, sink);
+  accountBuffered(*connection, before);
   if (connection->reset) {
     close(*connection, CloseReason::kReset);
   } else if (connection->to_server.ended() && connection->to_client.ended()) {
@@ -561,6 +569,7 @@ ConnectionTable::Connection* ConnectionTable::open(const TcpSegment& segment, Ti
 }
 
 void ConnectionTable::close(Connection& connection, CloseReason reason) {
+  buffered_total_ -= held(connection);
   // What is still missing in either direction is reported before the close:
   // a consumer never has to guess whether bytes were lost.
   DirectionSink to_server(*this, connection, Direction::kClientToServer);
@@ -585,10 +594,12 @@ void ConnectionTable::advanceTime(Timestamp now) {
   // connection, which must not happen under the iteration.
   std::vector<Connection*> all(by_activity_.begin(), by_activity_.end());
   for (Connection* connection : all) {
+    const size_t before = held(*connection);
     DirectionSink to_server(*this, *connection, Direction::kClientToServer);
     connection->to_server.advanceTime(now, to_server);
     DirectionSink to_client(*this, *connection, Direction::kServerToClient);
     connection->to_client.advanceTime(now, to_client);
+    buffered_total_ = buffered_total_ - before + held(*connection);
     if (connection->to_server.ended() && connection->to_client.ended()) {
       close(*connection, CloseReason::kFin);
     }
@@ -608,12 +619,34 @@ void ConnectionTable::setServerPorts(std::set<uint16_t> ports) {
   for (Connection* c : gone) close(*c, CloseReason::kShutdown);
 }
 
-size_t ConnectionTable::bufferedBytes() const {
-  size_t total = 0;
-  for (const auto& [key, connection] : connections_) {
-    total += connection->to_server.bufferedBytes() + connection->to_client.bufferedBytes();
+size_t ConnectionTable::held(const Connection& connection) {
+  return connection.to_server.bufferedBytes() + connection.to_client.bufferedBytes();
+}
+
+void ConnectionTable::accountBuffered(Connection& connection, size_t before) {
+  buffered_total_ = buffered_total_ - before + held(connection);
+  if (buffered_total_ <= options_.max_buffered_total) return;
+  // The connection that grew pays first, its fuller direction first.
+  // False when nothing could be given up (no progress: stop).
+  auto shedOne = [this](Connection& c) {
+    const size_t was = held(c);
+    const Direction d = c.to_server.bufferedBytes() >= c.to_client.bufferedBytes()
+                            ? Direction::kClientToServer
+                            : Direction::kServerToClient;
+    DirectionSink sink(*this, c, d);
+    c.stream(d).shed(sink);
+    buffered_total_ = buffered_total_ - was + held(c);
+    return held(c) < was;
+  };
+  while (buffered_total_ > options_.max_buffered_total && shedOne(connection)) {
   }
-  return total;
+  // Then the least recently active. A stream that ends here is closed by
+  // the next advanceTime().
+  for (Connection* c : by_activity_) {
+    while (buffered_total_ > options_.max_buffered_total && shedOne(*c)) {
+    }
+    if (buffered_total_ <= options_.max_buffered_total) break;
+  }
 }
 
 }  // namespace siphon::agent::mirror

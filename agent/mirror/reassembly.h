@@ -164,6 +164,10 @@ class StreamReassembler {
   // why it stops). No-op on an ended stream.
   void finish(StreamSink& sink);
 
+  // Gives up the first hole (a gap) and delivers what follows it up to the
+  // next hole: memory is needed elsewhere. No-op with nothing buffered.
+  void shed(StreamSink& sink);
+
   bool started() const { return started_; }
   bool startedMidStream() const { return started_mid_stream_; }
   bool ended() const { return ended_; }
@@ -250,6 +254,10 @@ struct ConnectionTableOptions {
   // Mirrored ports: on a mid-stream join, the side using one is the server.
   std::set<uint16_t> server_ports;
   size_t max_connections = 4096;
+  // Out-of-order bytes held by all connections together. Past it, the
+  // connection that just grew gives up its first hole (then the least
+  // recently active ones do), so one busy table cannot grow without bound.
+  size_t max_buffered_total = 128u << 20;
   Timestamp idle_timeout = std::chrono::minutes(5);
   ReassemblerOptions stream;
 };
@@ -304,7 +312,8 @@ class ConnectionTable {
 
   const MirrorCounters& counters() const { return counters_; }
   size_t size() const { return connections_.size(); }
-  size_t bufferedBytes() const;
+  // Out-of-order bytes held by all connections (kept as they change).
+  size_t bufferedBytes() const { return buffered_total_; }
 
  private:
   struct Connection;
@@ -313,6 +322,10 @@ class ConnectionTable {
 
   Connection* open(const TcpSegment& segment, Timestamp now);
   void close(Connection& connection, CloseReason reason);
+  // Keeps buffered_total_ right after `connection` changed from `before`
+  // bytes held, and sheds holes past max_buffered_total.
+  void accountBuffered(Connection& connection, size_t before);
+  static size_t held(const Connection& connection);
   void touch(Connection& connection, Timestamp now);
 
   ConnectionTableOptions options_;
@@ -320,6 +333,7 @@ class ConnectionTable {
   uint64_t next_id_ = 1;
   std::map<Key, std::unique_ptr<Connection>> connections_;
   std::list<Connection*> by_activity_;  // least recently active first
+  size_t buffered_total_ = 0;
   MirrorCounters counters_;
 };
 

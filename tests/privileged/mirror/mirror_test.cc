@@ -242,12 +242,13 @@ class ByteSink {
 // Writes of sendPaced().
 constexpr size_t kPaceChunk = 256 << 10;
 // How far the paced sender may be ahead of what the replay received, so at
-// most this plus one chunk is anywhere between them. Below the agent's
-// out-of-order bound (1 MiB per direction, agent/mirror/reassembly.h): on a
-// busy two-core machine the veth delivers packets to the pod out of order
-// (two CPUs' backlogs), as far back as the bytes in flight, and a hole
-// deeper than the bound is given up as a gap although its bytes come.
-constexpr uint64_t kPaceAhead = 512 << 10;
+// most this plus one chunk is anywhere between them. On a busy two-core
+// machine the veth delivers packets to the pod out of order (two CPUs'
+// backlogs), as far back as the bytes in flight: the agent's out-of-order
+// bound (8 MiB per direction, MirrorEngineOptions) must hold that much, or a
+// hole would be given up as a gap although its bytes come. With a 1 MiB
+// bound this pacing gave a gap in about one run in ten.
+constexpr uint64_t kPaceAhead = 4 << 20;
 
 // Sends Pattern(seed) in kPaceChunk writes, from byte `from` of the pattern
 // stream (the pattern is kept in `p` across calls) to `to`, waiting before
