@@ -256,7 +256,7 @@ class MirrorStream final : public StreamEndpoint,
   size_t queued_ = 0;  // record bytes in queue_
   size_t max_record_ = kMaxRecord;
   bool accepted_ = false;
-  bool finishing_ = false;   // the end is queued
+  bool finishing_ = false;  // the end is queued
   bool half_closed_ = false;
   bool client_closed_ = false;
   bool dead_ = false;
@@ -295,8 +295,8 @@ class MirrorServiceImpl final : public MirrorService,
     } else if (request.has_unsubscribe()) {
       unsubscribe(*session, request.request_id(), request.unsubscribe().subscription_id());
     } else {
-      respondError(*session, request.request_id(),
-                   protoError(v1::INTERNAL, "mirror service: unexpected request"));
+      session->respondError(request.request_id(),
+                            protoError(v1::INTERNAL, "mirror service: unexpected request"));
     }
   }
 
@@ -319,25 +319,19 @@ class MirrorServiceImpl final : public MirrorService,
   MirrorServiceStats stats() const override { return stats_; }
 
  private:
-  void respondError(AgentSession& session, uint64_t request_id, const absl::Status& s) {
-    v1::Response r;
-    r.set_request_id(request_id);
-    *r.mutable_error() = toProtoError(s);
-    session.respond(std::move(r));
-  }
-
   void subscribe(std::shared_ptr<AgentSession> session, uint64_t request_id,
                  const v1::MirrorSubscribe& req) {
     if (req.port() == 0 || req.port() > 65535) {
-      respondError(*session, request_id,
-                   protoError(v1::INVALID_ARGUMENT,
-                              absl::StrCat("mirror: port ", req.port(), " is not 1 to 65535")));
+      session->respondError(
+          request_id, protoError(v1::INVALID_ARGUMENT,
+                                 absl::StrCat("mirror: port ", req.port(), " is not 1 to 65535")));
       return;
     }
     if (stopping_) {
-      respondError(*session, request_id,
-                   protoError(v1::AGENT_DRAINING,
-                              "mirror: the agent is shutting down; mirror through another agent"));
+      session->respondError(
+          request_id,
+          protoError(v1::AGENT_DRAINING,
+                     "mirror: the agent is shutting down; mirror through another agent"));
       return;
     }
     Subscription sub;
@@ -363,20 +357,13 @@ class MirrorServiceImpl final : public MirrorService,
     });
   }
 
-  void subscribed(std::weak_ptr<AgentSession> weak, uint64_t id, uint16_t port,
-                  uint64_t request_id, const absl::Status& status) {
+  void subscribed(std::weak_ptr<AgentSession> weak, uint64_t id, uint16_t port, uint64_t request_id,
+                  const absl::Status& status) {
     auto session = weak.lock();
     auto it = subs_.find(id);
     if (!status.ok()) {
       if (it != subs_.end()) removeSubscription(id, "subscribe failed", /*quiet=*/true);
-      if (session) {
-        v1::Error e = toProtoError(status);
-        e.set_message(absl::StrCat("mirror port ", port, ": ", e.message()));
-        v1::Response r;
-        r.set_request_id(request_id);
-        *r.mutable_error() = std::move(e);
-        session->respond(std::move(r));
-      }
+      if (session) session->respondError(request_id, status, absl::StrCat("mirror port ", port));
       log::warn("mirror_subscribe_failed",
                 {{"port", static_cast<int>(port)}, {"error", sv(status.message())}});
       return;
@@ -395,15 +382,16 @@ class MirrorServiceImpl final : public MirrorService,
   }
 
   void unsubscribe(AgentSession& session, uint64_t request_id, uint64_t id) {
+    if (!ownsSubscription(id, session.id())) {
+      session.respondError(
+          request_id,
+          protoError(v1::NOT_FOUND, absl::StrCat("no subscription ", id, " in this session")));
+      return;
+    }
+    removeSubscription(id, "unsubscribe");
     v1::Response r;
     r.set_request_id(request_id);
-    if (!ownsSubscription(id, session.id())) {
-      *r.mutable_error() = toProtoError(
-          protoError(v1::NOT_FOUND, absl::StrCat("no subscription ", id, " in this session")));
-    } else {
-      removeSubscription(id, "unsubscribe");
-      r.mutable_unsubscribed();
-    }
+    r.mutable_unsubscribed();
     session.respond(std::move(r));
   }
 
@@ -412,8 +400,8 @@ class MirrorServiceImpl final : public MirrorService,
     if (it == subs_.end()) return;
     Subscription sub = std::move(it->second);
     subs_.erase(it);
-    const v1::Error error =
-        toProtoError(protoError(v1::CANCELLED, absl::StrCat("mirror stopped: ", std::string(reason))));
+    const v1::Error error = toProtoError(
+        protoError(v1::CANCELLED, absl::StrCat("mirror stopped: ", std::string(reason))));
     for (auto& [conn, stream] : sub.streams) stream->resetNow(error);
     if (!quiet) {
       log::info("mirror_unsubscribed", {{"session", sub.session_id},
@@ -431,7 +419,8 @@ class MirrorServiceImpl final : public MirrorService,
   void stopAll(std::string_view why, v1::ErrorCode code) {
     if (stopping_) return;
     stopping_ = true;
-    const v1::Error error = toProtoError(protoError(code, absl::StrCat("mirror stopped: ", std::string(why))));
+    const v1::Error error =
+        toProtoError(protoError(code, absl::StrCat("mirror stopped: ", std::string(why))));
     for (auto& [id, sub] : subs_) {
       for (auto& [conn, stream] : sub.streams) stream->resetNow(error);
       sub.streams.clear();
@@ -538,8 +527,8 @@ class MirrorServiceImpl final : public MirrorService,
       if (e.direction == Direction::kServerToClient && !sub->both) continue;
       auto s = sub->streams.find(e.connection);
       // A subscription newer than the connection joins it here.
-      MirrorStream* stream = s != sub->streams.end() ? s->second.get()
-                                                     : openStream(*sub, it->second, true);
+      MirrorStream* stream =
+          s != sub->streams.end() ? s->second.get() : openStream(*sub, it->second, true);
       if (stream != nullptr && !stream->dead()) targets.push_back(stream);
     }
     for (size_t i = 0; i < targets.size(); ++i) {

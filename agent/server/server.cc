@@ -155,6 +155,17 @@ void AgentSession::respond(v1::Response response) {
   if (transport_) transport_->wake();
 }
 
+void AgentSession::respondError(uint64_t request_id, const absl::Status& status,
+                                std::string_view context) {
+  v1::Response r;
+  r.set_request_id(request_id);
+  *r.mutable_error() = toProtoError(status);
+  if (!context.empty()) {
+    r.mutable_error()->set_message(absl::StrCat(std::string(context), ": ", r.error().message()));
+  }
+  respond(std::move(r));
+}
+
 void AgentSession::notifyDraining(int64_t deadline_unix_ms, std::string_view reason) {
   if (ended_) return;
   v1::Draining d;

@@ -55,6 +55,10 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   void detachForResume();
   // Sends a response, if the session still exists.
   void respond(v1::Response response);
+  // The error answer to request `request_id`; `context` (when given) goes
+  // before the status's message ("steal port 80: ...").
+  void respondError(uint64_t request_id, const absl::Status& status,
+                    std::string_view context = {});
   // Ends the session now: transport closed, removed from the registry.
   void end(std::string_view reason);
   // Ends a session that is lost (not resumed within the grace period, a

@@ -1,9 +1,8 @@
 #include <algorithm>
 
-#include "agent/services/service.h"
-
 #include "absl/strings/str_cat.h"
 #include "agent/server/server.h"
+#include "agent/services/service.h"
 #include "siphon/status.h"
 
 namespace siphon::agent {
@@ -22,11 +21,9 @@ class UnsubscribeRouter final : public RequestService {
         return;
       }
     }
-    v1::Response r;
-    r.set_request_id(request.request_id());
-    *r.mutable_error() = toProtoError(
+    session->respondError(
+        request.request_id(),
         protoError(v1::NOT_FOUND, absl::StrCat("no subscription ", id, " in this session")));
-    session->respond(std::move(r));
   }
 
  private:

@@ -90,8 +90,8 @@ class StealServiceImpl final : public StealService,
     } else if (request.has_unsubscribe()) {
       unsubscribe(std::move(session), request.request_id(), request.unsubscribe());
     } else {
-      respondError(*session, request.request_id(),
-                   protoError(v1::INTERNAL, "steal service: unexpected request"));
+      session->respondError(request.request_id(),
+                            protoError(v1::INTERNAL, "steal service: unexpected request"));
     }
   }
 
@@ -230,38 +230,31 @@ class StealServiceImpl final : public StealService,
   }
 
  private:
-  void respondError(AgentSession& session, uint64_t request_id, const absl::Status& s) {
-    v1::Response r;
-    r.set_request_id(request_id);
-    *r.mutable_error() = toProtoError(s);
-    session.respond(std::move(r));
-  }
-
   void subscribe(std::shared_ptr<AgentSession> session, uint64_t request_id,
                  const v1::StealSubscribe& req) {
     if (req.port() == 0 || req.port() > 65535) {
-      respondError(*session, request_id,
-                   protoError(v1::INVALID_ARGUMENT,
-                              absl::StrCat("steal: port ", req.port(), " is not 1 to 65535")));
+      session->respondError(
+          request_id, protoError(v1::INVALID_ARGUMENT,
+                                 absl::StrCat("steal: port ", req.port(), " is not 1 to 65535")));
       return;
     }
     if (req.has_http_filter()) {
-      respondError(*session, request_id,
-                   protoError(v1::UNIMPLEMENTED,
-                              "steal: HTTP filters are not supported by this agent yet; steal "
-                              "the whole port (no filter)"));
+      session->respondError(
+          request_id, protoError(v1::UNIMPLEMENTED,
+                                 "steal: HTTP filters are not supported by this agent yet; steal "
+                                 "the whole port (no filter)"));
       return;
     }
     if (stopped_ || draining_) {
-      respondError(*session, request_id,
-                   protoError(v1::AGENT_DRAINING,
-                              "steal: the agent is shutting down; steal through another agent"));
+      session->respondError(
+          request_id, protoError(v1::AGENT_DRAINING,
+                                 "steal: the agent is shutting down; steal through another agent"));
       return;
     }
     const auto port = static_cast<uint16_t>(req.port());
     auto sub = table_.reserve(port, session->id(), session->clientName());
     if (!sub.ok()) {
-      respondError(*session, request_id, sub.status());
+      session->respondError(request_id, sub.status());
       return;
     }
     sessions_[session->id()] = session;
@@ -297,14 +290,7 @@ class StealServiceImpl final : public StealService,
     const Subscription* sub = table_.find(id);
     if (!status.ok()) {
       if (sub) (void)table_.remove(id, sub->session_id);
-      if (session) {
-        v1::Error e = toProtoError(status);
-        e.set_message(absl::StrCat("steal port ", port, ": ", e.message()));
-        v1::Response r;
-        r.set_request_id(request_id);
-        *r.mutable_error() = std::move(e);
-        session->respond(std::move(r));
-      }
+      if (session) session->respondError(request_id, status, absl::StrCat("steal port ", port));
       log::warn("steal_subscribe_failed",
                 {{"port", static_cast<int>(port)}, {"error", sv(status.message())}});
       return;
@@ -331,7 +317,7 @@ class StealServiceImpl final : public StealService,
                    const v1::Unsubscribe& req) {
     auto removed = table_.remove(req.subscription_id(), session->id());
     if (!removed.ok()) {
-      respondError(*session, request_id, removed.status());
+      session->respondError(request_id, removed.status());
       return;
     }
     log::info("steal_unsubscribed", {{"session", session->id()},
@@ -578,7 +564,7 @@ class StealServiceImpl final : public StealService,
   Steering* io_steering_ = nullptr;  // set once the steering exists
   std::pair<uint16_t, uint16_t> listener_ports_{0, 0};
   std::atomic<bool> stopped_{false};
-  bool draining_ = false;   // event loop
+  bool draining_ = false;    // event loop
   size_t passthroughs_ = 0;  // splices running (event loop)
 
   // Strand.
