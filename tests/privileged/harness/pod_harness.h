@@ -22,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <optional>
@@ -395,6 +396,22 @@ class Agent {
 
 // A socket made inside the named network namespace: a thread enters it,
 // creates the socket and ends; the socket keeps that namespace for life.
+// Runs `fn` on a thread inside the named network namespace (setns moves
+// only the calling thread; sockets keep the namespace they were made in).
+inline void inNetns(const std::string& netns, const std::function<void()>& fn) {
+  std::thread t([&] {
+    int ns = ::open(("/var/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC);
+    if (ns < 0 || ::setns(ns, CLONE_NEWNET) != 0) {
+      ADD_FAILURE() << "enter netns " << netns << ": " << std::strerror(errno);
+      if (ns >= 0) ::close(ns);
+      return;
+    }
+    ::close(ns);
+    fn();
+  });
+  t.join();
+}
+
 inline int socketInNetns(const std::string& netns, int domain, int type) {
   int fd = -1;
   std::thread t([&] {

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "tests/privileged/harness/pod_harness.h"
+#include "tests/privileged/harness/tcx.h"
 #include "tests/privileged/harness/traffic.h"
 
 namespace siphon {
@@ -51,53 +52,6 @@ constexpr const char* kPodIp = "10.252.0.1";
 constexpr const char* kClientIp = "10.252.0.2";
 constexpr uint16_t kSinkPort = 9000;
 
-// TCX attach types (linux/bpf.h of 6.6+; Debian 12's headers predate them).
-constexpr int kBpfTcxIngress = 46;
-constexpr int kBpfTcxEgress = 47;
-
-// Runs fn on a thread inside the named network namespace.
-void inNetns(const std::string& netns, const std::function<void()>& fn) {
-  std::thread t([&] {
-    int ns = ::open(("/var/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC);
-    if (ns < 0 || ::setns(ns, CLONE_NEWNET) != 0) {
-      ADD_FAILURE() << "enter netns " << netns << ": " << std::strerror(errno);
-      if (ns >= 0) ::close(ns);
-      return;
-    }
-    ::close(ns);
-    fn();
-  });
-  t.join();
-}
-
-// Every TCX program on every interface of the namespace, as "dev hook id".
-std::vector<std::string> tcxPrograms(const std::string& netns) {
-  std::vector<std::string> found;
-  inNetns(netns, [&] {
-    struct if_nameindex* all = if_nameindex();
-    ASSERT_NE(all, nullptr) << std::strerror(errno);
-    for (struct if_nameindex* i = all; i->if_index != 0; ++i) {
-      for (int hook : {kBpfTcxIngress, kBpfTcxEgress}) {
-        uint32_t ids[16] = {};
-        uint32_t count = 16;
-        uint32_t flags = 0;
-        if (bpf_prog_query(static_cast<int>(i->if_index), static_cast<bpf_attach_type>(hook), 0,
-                           &flags, ids, &count) != 0) {
-          ADD_FAILURE() << "query TCX " << hook << " of " << i->if_name << ": "
-                        << std::strerror(errno);
-          continue;
-        }
-        for (uint32_t k = 0; k < count; ++k) {
-          found.push_back(std::string(i->if_name) +
-                          (hook == kBpfTcxIngress ? " ingress " : " egress ") +
-                          std::to_string(ids[k]));
-        }
-      }
-    }
-    if_freenameindex(all);
-  });
-  return found;
-}
 
 // A blocking TCP connection from the named namespace to the pod; -1 on
 // failure.

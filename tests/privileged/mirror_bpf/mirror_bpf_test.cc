@@ -43,6 +43,7 @@
 // The harness's Agent (a running siphon-agent) is not used here.
 #define SIPHON_AGENT_BIN "siphon-agent"
 #include "tests/privileged/harness/pod_harness.h"
+#include "tests/privileged/harness/tcx.h"
 #include "tests/privileged/harness/traffic.h"
 
 namespace siphon::bpf {
@@ -51,6 +52,10 @@ namespace {
 using harness::Child;
 using harness::Clock;
 using harness::Fd;
+using harness::inNetns;
+using harness::kBpfTcxEgress;
+using harness::kBpfTcxIngress;
+using harness::tcxProgs;
 using harness::NetNs;
 using harness::Result;
 using harness::readAll;
@@ -70,24 +75,7 @@ constexpr const char* kPeerIp4 = "10.78.0.2";
 constexpr const char* kPodIp6 = "fd78::1";
 constexpr const char* kPeerIp6 = "fd78::2";
 
-// Debian's linux/bpf.h predates TCX; the kernel's values.
-constexpr int kBpfTcxIngress = 46;
-constexpr int kBpfTcxEgress = 47;
 
-// Runs `fn` on a thread that has entered network namespace `netns`.
-void inNetns(const std::string& netns, const std::function<void()>& fn) {
-  std::thread t([&] {
-    int ns = ::open(("/var/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC);
-    if (ns < 0 || ::setns(ns, CLONE_NEWNET) != 0) {
-      ADD_FAILURE() << "enter netns " << netns << ": " << std::strerror(errno);
-      if (ns >= 0) ::close(ns);
-      return;
-    }
-    ::close(ns);
-    fn();
-  });
-  t.join();
-}
 
 struct Addr {
   sockaddr_storage storage{};
@@ -214,22 +202,6 @@ struct Captured {
   std::string bytes;
 };
 
-// The programs attached to one TCX hook of interface `dev` of `netns`.
-std::vector<uint32_t> tcxProgs(const std::string& netns, const std::string& dev, int hook) {
-  std::vector<uint32_t> ids;
-  inNetns(netns, [&] {
-    int ifindex = static_cast<int>(if_nametoindex(dev.c_str()));
-    ASSERT_GT(ifindex, 0) << dev;
-    uint32_t prog_ids[16] = {};
-    uint32_t count = 16;
-    uint32_t attach_flags = 0;
-    int err = bpf_prog_query(ifindex, static_cast<bpf_attach_type>(hook), 0, &attach_flags,
-                             prog_ids, &count);
-    ASSERT_EQ(err, 0) << "query TCX " << hook << " of " << dev << ": " << std::strerror(errno);
-    ids.assign(prog_ids, prog_ids + count);
-  });
-  return ids;
-}
 
 class MirrorBpfTest : public testing::Test {
  protected:
