@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <future>
 #include <memory>
@@ -74,6 +75,18 @@ void runClient(F f) {
       net::asio::detached);
   io.run();
   ASSERT_TRUE(done);
+}
+
+// Polls `pred` on the calling coroutine's executor until it holds or about
+// 10 s passed (a hang guard, not a timing assertion); returns pred().
+inline net::awaitable<bool> eventually(std::function<bool()> pred) {
+  net::asio::steady_timer t(co_await net::asio::this_coro::executor);
+  for (int i = 0; i < 1000; ++i) {
+    if (pred()) co_return true;
+    t.expires_after(std::chrono::milliseconds(10));
+    co_await t.async_wait(net::use_awaitable);
+  }
+  co_return pred();
 }
 
 }  // namespace siphon::fakes

@@ -22,6 +22,7 @@ namespace siphon::agent::mirror {
 namespace {
 
 namespace asio = net::asio;
+using fakes::eventually;
 
 constexpr char kToken[] = "mirror-test-token";
 
@@ -167,12 +168,7 @@ std::shared_ptr<Streams> acceptAll(const std::shared_ptr<client::Client>& c,
 }
 
 net::awaitable<bool> waitStreams(Streams& s, size_t n) {
-  asio::steady_timer t(co_await asio::this_coro::executor);
-  for (int i = 0; i < 1000 && s.got.size() < n; ++i) {
-    t.expires_after(std::chrono::milliseconds(10));
-    co_await t.async_wait(net::use_awaitable);
-  }
-  co_return s.got.size() >= n;
+  co_return co_await fakes::eventually([&] { return s.got.size() >= n; });
 }
 
 // Everything one mirrored stream delivered, until its end.
@@ -232,16 +228,6 @@ net::awaitable<absl::Status> unsubscribe(const std::shared_ptr<client::Client>& 
   co_return resp.status();
 }
 
-net::awaitable<bool> eventually(std::function<bool()> pred) {
-  asio::steady_timer t(co_await asio::this_coro::executor);
-  for (int i = 0; i < 1000; ++i) {
-    if (pred()) co_return true;
-    t.expires_after(std::chrono::milliseconds(10));
-    co_await t.async_wait(net::use_awaitable);
-  }
-  co_return pred();
-}
-
 class MirrorServiceTest : public testing::Test {
  protected:
   void start(MirrorServiceOptions options = {}) {
@@ -271,11 +257,19 @@ class MirrorServiceTest : public testing::Test {
     });
   }
 
-  std::shared_ptr<client::Client> newClient(const asio::any_io_executor& ex) {
+  // A connected client that accepts every stream the agent opens.
+  struct Mirrorer {
+    std::shared_ptr<client::Client> client;
+    std::shared_ptr<Streams> streams;
+  };
+  net::awaitable<Mirrorer> connected(const asio::any_io_executor& ex) {
     client::ClientOptions o;
     o.endpoints = {agent_.address()};
     o.token = kToken;
-    return client::Client::create(ex, o);
+    Mirrorer m{client::Client::create(ex, o), nullptr};
+    m.streams = acceptAll(m.client, ex);
+    EXPECT_TRUE((co_await m.client->connect()).ok());
+    co_return m;
   }
 
   std::shared_ptr<FakeCapture> capture_ = std::make_shared<FakeCapture>();
@@ -285,12 +279,8 @@ class MirrorServiceTest : public testing::Test {
 TEST_F(MirrorServiceTest, ConnectionArrivesAsRecordsGapsAndEndsInOrder) {
   start();
   fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
-    auto both = newClient(ex);
-    auto requests = newClient(ex);
-    auto both_streams = acceptAll(both, ex);
-    auto request_streams = acceptAll(requests, ex);
-    EXPECT_TRUE((co_await both->connect()).ok());
-    EXPECT_TRUE((co_await requests->connect()).ok());
+    auto [both, both_streams] = co_await connected(ex);
+    auto [requests, request_streams] = co_await connected(ex);
     auto a = co_await subscribe(both, 80, true);
     auto b = co_await subscribe(requests, 80, false);
     EXPECT_TRUE(a.ok() && b.ok());
@@ -350,9 +340,7 @@ TEST_F(MirrorServiceTest, ConnectionArrivesAsRecordsGapsAndEndsInOrder) {
 TEST_F(MirrorServiceTest, ResetsAndTimeoutsEndTheStreamWithTheirReason) {
   start();
   fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
-    auto c = newClient(ex);
-    auto streams = acceptAll(c, ex);
-    EXPECT_TRUE((co_await c->connect()).ok());
+    auto [c, streams] = co_await connected(ex);
     EXPECT_TRUE((co_await subscribe(c, 80, true)).ok());
     capture_->push({opened(connection(1, 40000, 80)), data(1, kUp, "abc"),
                     closed(1, CloseReason::kReset), opened(connection(2, 40001, 80)),
@@ -374,12 +362,8 @@ TEST_F(MirrorServiceTest, ResetsAndTimeoutsEndTheStreamWithTheirReason) {
 TEST_F(MirrorServiceTest, LateSubscriptionJoinsOpenConnectionsMidStream) {
   start();
   fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
-    auto early = newClient(ex);
-    auto late = newClient(ex);
-    auto early_streams = acceptAll(early, ex);
-    auto late_streams = acceptAll(late, ex);
-    EXPECT_TRUE((co_await early->connect()).ok());
-    EXPECT_TRUE((co_await late->connect()).ok());
+    auto [early, early_streams] = co_await connected(ex);
+    auto [late, late_streams] = co_await connected(ex);
     EXPECT_TRUE((co_await subscribe(early, 80, false)).ok());
     capture_->push({opened(connection(3, 40000, 80)), data(3, kUp, "before ")});
     EXPECT_TRUE(co_await waitStreams(*early_streams, 1));
@@ -407,12 +391,8 @@ TEST_F(MirrorServiceTest, SlowClientLosesOnlyItsOwnCopyAndGapsAddUp) {
   constexpr size_t kChunks = 512;  // 8 MiB: far above window + budget
   const std::string payload = randomBytes(kChunk * kChunks, 9);
   fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
-    auto slow = newClient(ex);
-    auto fast = newClient(ex);
-    auto slow_streams = acceptAll(slow, ex);
-    auto fast_streams = acceptAll(fast, ex);
-    EXPECT_TRUE((co_await slow->connect()).ok());
-    EXPECT_TRUE((co_await fast->connect()).ok());
+    auto [slow, slow_streams] = co_await connected(ex);
+    auto [fast, fast_streams] = co_await connected(ex);
     EXPECT_TRUE((co_await subscribe(slow, 80, false)).ok());
     EXPECT_TRUE((co_await subscribe(fast, 80, false)).ok());
     capture_->push({opened(connection(5, 40000, 80))});
@@ -463,11 +443,8 @@ TEST_F(MirrorServiceTest, SlowClientLosesOnlyItsOwnCopyAndGapsAddUp) {
 TEST_F(MirrorServiceTest, UnsubscribeEndsStreamsAndTheLastOneStopsTheSource) {
   start();
   fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
-    auto a = newClient(ex);
-    auto b = newClient(ex);
-    auto a_streams = acceptAll(a, ex);
-    EXPECT_TRUE((co_await a->connect()).ok());
-    EXPECT_TRUE((co_await b->connect()).ok());
+    auto [a, a_streams] = co_await connected(ex);
+    auto b = (co_await connected(ex)).client;
     auto ida = co_await subscribe(a, 80, false);
     auto idb = co_await subscribe(b, 80, false);
     auto idc = co_await subscribe(b, 443, false);
@@ -505,9 +482,7 @@ TEST_F(MirrorServiceTest, UnsubscribeEndsStreamsAndTheLastOneStopsTheSource) {
 TEST_F(MirrorServiceTest, DrainEndsMirroredStreamsAtOnce) {
   start();
   fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
-    auto c = newClient(ex);
-    auto streams = acceptAll(c, ex);
-    EXPECT_TRUE((co_await c->connect()).ok());
+    auto [c, streams] = co_await connected(ex);
     EXPECT_TRUE((co_await subscribe(c, 80, true)).ok());
     capture_->push({opened(connection(4, 40000, 80)), data(4, kUp, "in flight")});
     EXPECT_TRUE(co_await waitStreams(*streams, 1));
@@ -524,8 +499,7 @@ TEST_F(MirrorServiceTest, DrainEndsMirroredStreamsAtOnce) {
 TEST_F(MirrorServiceTest, BadSubscriptionsAreRefused) {
   start();
   fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
-    auto c = newClient(ex);
-    EXPECT_TRUE((co_await c->connect()).ok());
+    auto [c, streams] = co_await connected(ex);
     EXPECT_EQ(errorCodeOf((co_await subscribe(c, 0, false)).status()), v1::INVALID_ARGUMENT);
     EXPECT_EQ(errorCodeOf((co_await subscribe(c, 70000, false)).status()), v1::INVALID_ARGUMENT);
     capture_->fail_start = true;

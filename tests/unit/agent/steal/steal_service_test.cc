@@ -29,6 +29,7 @@ namespace siphon::agent::steal {
 namespace {
 
 namespace asio = net::asio;
+using fakes::eventually;
 
 constexpr char kToken[] = "steal-test-token";
 
@@ -149,18 +150,6 @@ net::awaitable<absl::Status> unsubscribe(const std::shared_ptr<client::Client>& 
   r.mutable_unsubscribe()->set_subscription_id(id);
   auto resp = co_await c->call(r);
   co_return resp.status();
-}
-
-// Polls `pred` on the client's loop until true or ~10 s (a hang guard, not
-// a timing assertion).
-net::awaitable<bool> eventually(std::function<bool()> pred) {
-  asio::steady_timer t(co_await asio::this_coro::executor);
-  for (int i = 0; i < 1000; ++i) {
-    if (pred()) co_return true;
-    t.expires_after(std::chrono::milliseconds(10));
-    co_await t.async_wait(net::use_awaitable);
-  }
-  co_return pred();
 }
 
 // Starts a targetless agent whose steal service steers through `kernel`.
