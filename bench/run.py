@@ -222,21 +222,26 @@ http {{
         return self.procs.start([self.cli_bin, "--agent", endpoint, "--token-file",
                                  self.token_file] + list(args), netns=self.node, **kw)
 
-    def start_steal(self, endpoint, port, to):
-        log_path = os.path.join(self.tmp, f"steal-{port}.log")
+    def start_cli(self, endpoint, name, ready, *args):
+        """Starts `siphon <args>` with stderr in a log file and waits for the
+        line matching `ready` there. Returns the process and the log's path."""
+        log_path = os.path.join(self.tmp, f"{name}-{time.time_ns()}.log")
         f = open(log_path, "w")
-        p = self.cli(endpoint, "steal", "--port", port, "--to", to, stdout=subprocess.DEVNULL,
-                     stderr=f)
+        p = self.cli(endpoint, *args, stdout=subprocess.DEVNULL, stderr=f)
         deadline = time.time() + 10
         while time.time() < deadline:
             with open(log_path) as r:
                 text = r.read()
-            if "stealing port" in text:
-                return p
+            if re.search(ready, text):
+                return p, log_path
             if p.poll() is not None:
-                raise RuntimeError(f"siphon steal exited: {text}")
+                raise RuntimeError(f"siphon {name} exited: {text}")
             time.sleep(0.02)
-        raise RuntimeError("siphon steal did not start")
+        raise RuntimeError(f"siphon {name} did not start")
+
+    def start_steal(self, endpoint, port, to):
+        return self.start_cli(endpoint, "steal", "stealing port", "steal", "--port", port, "--to",
+                              to)[0]
 
     def peer_on(self, port, to_port):
         """iptables REDIRECT in the pod -> socat (pod) -> socat (node) -> to_port."""
@@ -413,20 +418,8 @@ http {{
 
     # ---------------------------------------------------------------- mirror
     def start_mirror(self, endpoint, port, to):
-        log_path = os.path.join(self.tmp, f"mirror-{port}-{time.time_ns()}.log")
-        f = open(log_path, "w")
-        p = self.cli(endpoint, "mirror", "--port", port, "--to", to, stdout=subprocess.DEVNULL,
-                     stderr=f)
-        deadline = time.time() + 10
-        while time.time() < deadline:
-            with open(log_path) as r:
-                text = r.read()
-            if re.search(r"mirror: port \d+", text):
-                return p, log_path
-            if p.poll() is not None:
-                raise RuntimeError(f"siphon mirror exited: {text}")
-            time.sleep(0.02)
-        raise RuntimeError("siphon mirror did not start")
+        return self.start_cli(endpoint, "mirror", r"mirror: port \d+", "mirror", "--port", port,
+                              "--to", to)
 
     def stop_mirror(self, p, log_path):
         """Stops `siphon mirror` and returns (bytes replayed, gap bytes) of the

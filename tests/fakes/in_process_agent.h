@@ -13,6 +13,7 @@
 #include <string>
 
 #include "agent/server/server.h"
+#include "siphon/client/client.h"
 #include "siphon/transport/asio.h"
 
 namespace siphon::fakes {
@@ -71,6 +72,30 @@ void runClient(F f) {
         co_await f(io.get_executor());
         done = true;
         io.stop();
+      },
+      net::asio::detached);
+  io.run();
+  ASSERT_TRUE(done);
+}
+
+// Runs `f(client)` (a coroutine) with a client connected to `address` on a
+// fresh io_context, then closes the client.
+template <typename F>
+void withClient(const std::string& address, const std::string& token, F f) {
+  net::asio::io_context io;
+  bool done = false;
+  net::asio::co_spawn(
+      io,
+      [&]() -> net::awaitable<void> {
+        client::ClientOptions o;
+        o.endpoints = {address};
+        o.token = token;
+        auto c = client::Client::create(io.get_executor(), o);
+        absl::Status s = co_await c->connect();
+        EXPECT_TRUE(s.ok()) << s;
+        if (s.ok()) co_await f(c);
+        c->close();
+        done = true;
       },
       net::asio::detached);
   io.run();

@@ -123,24 +123,7 @@ class OutgoingServiceTest : public testing::Test {
   // Runs `f(client)` with a connected client on a fresh io_context.
   template <typename F>
   void withClient(F f) {
-    asio::io_context io;
-    bool done = false;
-    asio::co_spawn(
-        io,
-        [&]() -> net::awaitable<void> {
-          client::ClientOptions o;
-          o.endpoints = {agent_.address()};
-          o.token = kToken;
-          auto c = client::Client::create(io.get_executor(), o);
-          absl::Status s = co_await c->connect();
-          EXPECT_TRUE(s.ok()) << s;
-          if (s.ok()) co_await f(c);
-          c->close();
-          done = true;
-        },
-        asio::detached);
-    io.run();
-    ASSERT_TRUE(done);
+    fakes::withClient(agent_.address(), kToken, std::move(f));
   }
 
   fakes::InProcessAgent agent_;
