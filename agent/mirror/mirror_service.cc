@@ -112,6 +112,7 @@ class MirrorStream final : public StreamEndpoint,
   // Now, without waiting for the queue (unsubscribe, drain).
   void resetNow(const v1::Error& error) {
     if (dead_) return;
+    const auto self = shared_from_this();  // unregistering may drop the last other owner
     auto s = session_.lock();
     die();
     if (!s || s->ended()) return;
@@ -195,6 +196,9 @@ class MirrorStream final : public StreamEndpoint,
 
   void flush() {
     if (dead_ || !accepted_) return;
+    // The session may hold the only other reference, and this may
+    // unregister the stream (a reset, both sides closed).
+    const auto self = shared_from_this();
     auto s = session_.lock();
     if (!s || s->ended()) return;
     bool wrote = false;
@@ -427,6 +431,7 @@ class MirrorServiceImpl final : public MirrorService,
     }
     subs_.clear();
     port_refs_.clear();
+    conns_.clear();
     ++generation_;
     auto self = shared_from_this();
     asio::post(strand_, [self] { self->stopSourceOnStrand(); });
@@ -462,7 +467,10 @@ class MirrorServiceImpl final : public MirrorService,
   void releasePort(uint16_t port) {
     auto self = shared_from_this();
     const bool last = port_refs_.empty();
-    if (last) ++generation_;  // batches of the old source are only released
+    if (last) {
+      ++generation_;  // batches of the old source are only released
+      conns_.clear();
+    }
     asio::post(strand_, [self, port, last] {
       if (!self->source_) return;
       absl::Status s = self->source_->removePort(port);
