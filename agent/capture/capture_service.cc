@@ -2,6 +2,7 @@
 
 #include <exception>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -34,6 +35,11 @@ class CaptureService : public StreamService {
       s.resetStream(id, toProtoError(why));
       session->wake();
     };
+    if (draining_) {
+      refuse(protoError(v1::AGENT_DRAINING,
+                        "capture: the agent is shutting down; capture through another agent"));
+      return;
+    }
     if (*active_ >= options_.max_captures) {
       refuse(protoError(v1::RESOURCE_EXHAUSTED,
                         absl::StrCat("capture: ", options_.max_captures,
@@ -62,6 +68,11 @@ class CaptureService : public StreamService {
     // Registered before the source is open, so a Reset or the session's end
     // meanwhile ends it (the source is closed as soon as it arrives).
     session->registerStream(id, stream);
+    std::erase_if(streams_, [](const std::weak_ptr<CaptureStream>& w) {
+      auto s = w.lock();
+      return !s || s->dead();
+    });
+    streams_.push_back(stream);
     log::debug("capture_open", {{"session", session->id()},
                                 {"stream", id},
                                 {"interface", spec->interface},
@@ -121,8 +132,22 @@ class CaptureService : public StreamService {
     }
   }
 
+  // A capture holds nothing the target needs: a drain ends it at once
+  // (the pcap written so far stays valid) instead of waiting for it.
+  void agentDraining() override {
+    draining_ = true;
+    const v1::Error error = toProtoError(
+        protoError(v1::AGENT_DRAINING, "capture stopped: the agent is shutting down"));
+    for (auto& w : streams_) {
+      if (auto s = w.lock(); s && !s->dead()) s->reset(error);
+    }
+    streams_.clear();
+  }
+
   ServiceContext& ctx_;
   CaptureOptions options_;
+  bool draining_ = false;
+  std::vector<std::weak_ptr<CaptureStream>> streams_;  // the open ones (dead ones pruned)
   // Captures running now; shared with their on_end, which may outlive us.
   std::shared_ptr<size_t> active_;
 };

@@ -106,6 +106,10 @@ class StreamService {
   // register an endpoint (session->registerStream), or reset it with a
   // typed error. May finish later, from the event loop.
   virtual void open(std::shared_ptr<AgentSession> session, v1::StreamOpen open) = 0;
+  // The agent starts draining (SIGTERM): streams that hold nothing the
+  // target needs (a capture) end now, so the drain does not wait for them;
+  // new ones are refused with AGENT_DRAINING.
+  virtual void agentDraining() {}
 };
 
 class ServiceRegistry {

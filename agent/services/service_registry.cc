@@ -67,6 +67,12 @@ void ServiceRegistry::agentStopping() {
 
 void ServiceRegistry::agentDraining() {
   for (auto& s : unique_requests_) s->agentDraining();
+  std::vector<StreamService*> done;
+  for (auto& [kind, s] : streams_) {
+    if (std::find(done.begin(), done.end(), s.get()) != done.end()) continue;
+    done.push_back(s.get());
+    s->agentDraining();
+  }
 }
 
 size_t ServiceRegistry::inFlight() const {

@@ -43,6 +43,9 @@ class CaptureServiceTest : public testing::Test {
   void startAgent(size_t max_captures = 32) {
     AgentConfig config;
     config.token = kToken;
+    // Far above any wait of the tests: a drain that waited for a capture
+    // would outlast their hang guards.
+    config.drain_timeout = std::chrono::seconds(60);
     TargetSpec spec;
     spec.mode = TargetMode::kTargetless;
     agent_.start(config, std::make_unique<RealProcFs>(), spec, [this, max_captures](Server& s) {
@@ -178,6 +181,44 @@ TEST_F(CaptureServiceTest, TheSessionsEndClosesTheCapture) {
   for (int i = 0; i < 500 && !source_->closed; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  EXPECT_TRUE(source_->closed);
+}
+
+// A drain does not wait for captures (they hold nothing the target needs):
+// each ends at once with AGENT_DRAINING after the records sent so far, and
+// the agent exits without waiting for --drain-timeout.
+TEST_F(CaptureServiceTest, ADrainEndsCapturesAtOnce) {
+  startAgent();
+  withClient([&](const std::shared_ptr<client::Client>& c) -> net::awaitable<void> {
+    auto stream = co_await c->openStream(captureOpen("any", ""));
+    EXPECT_TRUE(stream.ok()) << stream.status();
+    if (!stream.ok()) co_return;
+    auto header = co_await (*stream)->read();
+    EXPECT_TRUE(header.ok() && header->has_value());
+    source_->push("before the drain");
+    auto first = co_await (*stream)->read();
+    EXPECT_TRUE(first.ok() && first->has_value());
+    agent_.server().requestDrain("test");
+    absl::Status end;
+    bool ended = false;
+    auto s = *stream;
+    asio::co_spawn(
+        co_await asio::this_coro::executor,
+        [&, s]() -> net::awaitable<void> {
+          while (true) {
+            auto r = co_await s->read();
+            if (!r.ok() || !r->has_value()) {
+              end = r.ok() ? absl::OkStatus() : r.status();
+              break;
+            }
+          }
+          ended = true;
+        },
+        asio::detached);
+    EXPECT_TRUE(co_await fakes::eventually([&] { return ended; }))
+        << "the drain waited for the capture";
+    EXPECT_EQ(errorCodeOf(end), v1::AGENT_DRAINING) << end;
+  });
   EXPECT_TRUE(source_->closed);
 }
 
