@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/outgoing/address.h"
 #include "loader/mirror_loader.h"
 #include "siphon/status.h"
 // The harness's Agent (a running siphon-agent) is not used here.
@@ -75,31 +76,15 @@ constexpr const char* kPeerIp4 = "10.78.0.2";
 constexpr const char* kPodIp6 = "fd78::1";
 constexpr const char* kPeerIp6 = "fd78::2";
 
+using agent::outgoing::SockAddr;
 
-
-struct Addr {
-  sockaddr_storage storage{};
-  socklen_t len = 0;
-  int family() const { return storage.ss_family; }
-  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
-};
-
-Addr ip(const std::string& host, uint16_t port) {
-  Addr a;
-  auto* in = reinterpret_cast<sockaddr_in*>(&a.storage);
-  auto* in6 = reinterpret_cast<sockaddr_in6*>(&a.storage);
-  if (inet_pton(AF_INET, host.c_str(), &in->sin_addr) == 1) {
-    in->sin_family = AF_INET;
-    in->sin_port = htons(port);
-    a.len = sizeof(sockaddr_in);
-  } else if (inet_pton(AF_INET6, host.c_str(), &in6->sin6_addr) == 1) {
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons(port);
-    a.len = sizeof(sockaddr_in6);
-  } else {
+SockAddr ip(const std::string& host, uint16_t port) {
+  std::optional<SockAddr> a = agent::outgoing::ipAddress(host, port);
+  if (!a) {
     ADD_FAILURE() << "not an IP literal: " << host;
+    return {};
   }
-  return a;
+  return *a;
 }
 
 Fd tcpSocketIn(const std::string& netns, int family) {
@@ -113,7 +98,7 @@ Fd tcpSocketIn(const std::string& netns, int family) {
 // kernel picks; returns it and its port.
 std::pair<Fd, uint16_t> listenIn(const std::string& netns, int family) {
   Fd fd = tcpSocketIn(netns, family);
-  Addr any = ip(family == AF_INET ? "0.0.0.0" : "::", 0);
+  SockAddr any = ip(family == AF_INET ? "0.0.0.0" : "::", 0);
   EXPECT_EQ(bind(fd.get(), any.get(), any.len), 0) << std::strerror(errno);
   EXPECT_EQ(listen(fd.get(), 8), 0) << std::strerror(errno);
   sockaddr_storage local{};
@@ -299,7 +284,7 @@ class MirrorBpfTest : public testing::Test {
     Transfer t;
     t.to_server = randomBytes(up, 1);
     t.to_client = randomBytes(down, 2);
-    Addr probe = ip(server_host, 0);
+    SockAddr probe = ip(server_host, 0);
     auto [listener, port] = listenIn(pod_->name(), probe.family());
     t.port = port;
     before(port);
@@ -320,7 +305,7 @@ class MirrorBpfTest : public testing::Test {
       EXPECT_TRUE(writeAll(conn.get(), t.to_client)) << std::strerror(errno);
     });
     Fd client = tcpSocketIn(client_ns, probe.family());
-    Addr to = ip(server_host, port);
+    SockAddr to = ip(server_host, port);
     if (connect(client.get(), to.get(), to.len) == 0) {
       EXPECT_TRUE(writeAll(client.get(), t.to_server)) << std::strerror(errno);
       shutdown(client.get(), SHUT_WR);

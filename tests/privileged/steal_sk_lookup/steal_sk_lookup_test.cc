@@ -91,21 +91,12 @@ int socketIn(const std::string& netns, int domain, int type, int protocol = 0) {
 
 // An IP literal ("10.0.0.1", "::1") and a port as a socket address.
 SockAddr ip(const std::string& host, uint16_t port) {
-  SockAddr a;
-  auto* in = reinterpret_cast<sockaddr_in*>(&a.storage);
-  auto* in6 = reinterpret_cast<sockaddr_in6*>(&a.storage);
-  if (inet_pton(AF_INET, host.c_str(), &in->sin_addr) == 1) {
-    in->sin_family = AF_INET;
-    in->sin_port = htons(port);
-    a.len = sizeof(sockaddr_in);
-  } else if (inet_pton(AF_INET6, host.c_str(), &in6->sin6_addr) == 1) {
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons(port);
-    a.len = sizeof(sockaddr_in6);
-  } else {
+  std::optional<SockAddr> a = outgoing::ipAddress(host, port);
+  if (!a) {
     ADD_FAILURE() << "not an IP literal: " << host;
+    return {};
   }
-  return a;
+  return *a;
 }
 
 // "10.0.0.1:80", "[::1]:80".
