@@ -140,16 +140,26 @@ std::string openedLine(const MirrorConnection& c, bool json) {
                       c.mid_stream ? " (joined mid-stream: earlier bytes unknown)" : "", "\n");
 }
 
-std::string gapLine(const MirrorConnection& c, v1::Direction d, uint64_t bytes, bool json) {
+namespace {
+
+// "mirror: connection N: B bytes DIRECTION <what>", or its JSON `event`.
+std::string bytesLine(std::string_view event, std::string_view what, const MirrorConnection& c,
+                      v1::Direction d, uint64_t bytes, bool json) {
   if (json) {
-    return JsonLine("gap")
+    return JsonLine(event)
         .add("connection", c.id)
         .add("direction", directionKey(d))
         .add("bytes", bytes)
         .take();
   }
   return absl::StrCat("mirror: connection ", c.id, ": ", bytes, " bytes ", asv(directionText(d)),
-                      " lost (gap)\n");
+                      " ", asv(what), "\n");
+}
+
+}  // namespace
+
+std::string gapLine(const MirrorConnection& c, v1::Direction d, uint64_t bytes, bool json) {
+  return bytesLine("gap", "lost (gap)", c, d, bytes, json);
 }
 
 std::string replayFailedLine(const MirrorConnection& c, const std::string& to,
@@ -162,15 +172,7 @@ std::string replayFailedLine(const MirrorConnection& c, const std::string& to,
 }
 
 std::string notWrittenLine(const MirrorConnection& c, v1::Direction d, uint64_t bytes, bool json) {
-  if (json) {
-    return JsonLine("not_written")
-        .add("connection", c.id)
-        .add("direction", directionKey(d))
-        .add("bytes", bytes)
-        .take();
-  }
-  return absl::StrCat("mirror: connection ", c.id, ": ", bytes, " bytes ", asv(directionText(d)),
-                      " not written: stdout is too slow\n");
+  return bytesLine("not_written", "not written: stdout is too slow", c, d, bytes, json);
 }
 
 std::string closedLine(const MirrorConnection& c, const MirrorCounts& n, const std::string& reason,
