@@ -38,10 +38,10 @@ TEST(LineWriter, WritesEveryLineInOrder) {
   ::close(p[0]);
 }
 
-TEST(LineWriter, AFullPipeDropsAndCountsInsteadOfBlocking) {
-  int p[2];
-  ASSERT_EQ(::pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
-  // Fill the pipe: nobody reads it.
+// A pipe filled to the brim that nobody reads, its write end blocking as
+// stderr's does. Returns the bytes it took.
+ssize_t fullBlockingPipe(int p[2]) {
+  EXPECT_EQ(::pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
   std::string fill(4096, 'x');
   ssize_t filled = 0;
   while (true) {
@@ -49,9 +49,14 @@ TEST(LineWriter, AFullPipeDropsAndCountsInsteadOfBlocking) {
     if (n <= 0) break;
     filled += n;
   }
-  // The writer's own fd blocks, as stderr does.
-  int blocking = ::fcntl(p[1], F_GETFL);
-  ::fcntl(p[1], F_SETFL, blocking & ~O_NONBLOCK);
+  int flags = ::fcntl(p[1], F_GETFL);
+  ::fcntl(p[1], F_SETFL, flags & ~O_NONBLOCK);
+  return filled;
+}
+
+TEST(LineWriter, AFullPipeDropsAndCountsInsteadOfBlocking) {
+  int p[2];
+  const ssize_t filled = fullBlockingPipe(p);
   {
     LineWriter w(p[1], /*max_queued=*/100);
     // Returns at once, though nothing can be written: 50 lines of 9 bytes
@@ -79,16 +84,7 @@ TEST(LineWriter, AFullPipeDropsAndCountsInsteadOfBlocking) {
 // and nothing about it ever reaches the fd.
 TEST(LineWriter, TryWriteRefusesWhatDoesNotFitAndSaysNothing) {
   int p[2];
-  ASSERT_EQ(::pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
-  std::string fill(4096, 'x');
-  ssize_t filled = 0;
-  while (true) {
-    ssize_t n = ::write(p[1], fill.data(), fill.size());
-    if (n <= 0) break;
-    filled += n;
-  }
-  int flags = ::fcntl(p[1], F_GETFL);
-  ::fcntl(p[1], F_SETFL, flags & ~O_NONBLOCK);
+  const ssize_t filled = fullBlockingPipe(p);
   {
     LineWriter w(p[1], /*max_queued=*/100);
     size_t accepted = 0, refused = 0;
