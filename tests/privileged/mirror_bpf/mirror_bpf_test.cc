@@ -43,6 +43,7 @@
 #include "siphon/status.h"
 // The harness's Agent (a running siphon-agent) is not used here.
 #define SIPHON_AGENT_BIN "siphon-agent"
+#include "tests/privileged/harness/bpf_links.h"
 #include "tests/privileged/harness/pod_harness.h"
 #include "tests/privileged/harness/tcx.h"
 #include "tests/privileged/harness/traffic.h"
@@ -50,6 +51,8 @@
 namespace siphon::bpf {
 namespace {
 
+using harness::BpfLink;
+using harness::bpfLinks;
 using harness::Child;
 using harness::Clock;
 using harness::Fd;
@@ -491,7 +494,8 @@ std::vector<uint32_t> ourProgs(const std::string& pod) {
 // proves that no clsact filter of ours is left, not more), and `link show`
 // prints TCX links as "type 11 prog ID". So the TCX hooks are queried
 // directly too, and the links are matched by the ids of the programs that
-// were attached (`ids`, from ourProgs() while attached: the checks can fail).
+// were attached (`ids`, from ourProgs() while attached: the checks can fail),
+// read with bpfLinks(), which other tests' links coming and going cannot fail.
 void expectNothingLeft(const std::string& pod, const std::vector<uint32_t>& ids) {
   for (const char* dev : {"lo", "vpod"}) {
     for (int hook : {kBpfTcxIngress, kBpfTcxEgress}) {
@@ -501,17 +505,9 @@ void expectNothingLeft(const std::string& pod, const std::vector<uint32_t>& ids)
     EXPECT_EQ(net.exit_code, 0) << net;
     EXPECT_EQ(net.out.find("mirror"), std::string::npos) << net;
   }
-  Result links = run({"ip", "netns", "exec", pod, "bpftool", "-j", "link", "show"});
-  EXPECT_EQ(links.exit_code, 0) << links;
-  for (uint32_t id : ids) {
-    const std::string field = "\"prog_id\":" + std::to_string(id);
-    for (size_t at = links.out.find(field); at != std::string::npos;
-         at = links.out.find(field, at + 1)) {
-      // "prog_id":12 must not match "prog_id":123.
-      const char next = links.out[at + field.size()];
-      if (next < '0' || next > '9') {
-        ADD_FAILURE() << "a link of program " << id << " is left: " << links.out;
-      }
+  for (const BpfLink& link : bpfLinks()) {
+    for (uint32_t id : ids) {
+      EXPECT_NE(link.prog_id, id) << "link " << link.id << " of program " << id << " is left";
     }
   }
 }

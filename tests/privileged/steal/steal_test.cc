@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "tests/fakes/echo_server.h"
+#include "tests/privileged/harness/bpf_links.h"
 #include "tests/privileged/harness/pod_harness.h"
 #include "tests/privileged/harness/traffic.h"
 
@@ -531,9 +532,11 @@ class StealTest : public ::testing::TestWithParam<Param> {
   // chains in either iptables.
   std::string leftovers() {
     std::string out;
-    Result links = run({"bpftool", "-j", "link", "show"});
-    const std::string needle = "\"netns_ino\":" + std::to_string(pod_->inode());
-    if (links.out.find(needle) != std::string::npos) out += "an sk_lookup link on the pod; ";
+    for (const harness::BpfLink& link : harness::bpfLinks()) {
+      if (link.type == BPF_LINK_TYPE_NETNS && link.netns_ino == pod_->inode()) {
+        out += "an sk_lookup link on the pod; ";
+      }
+    }
     for (const char* tool : {"iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save",
                              "ip6tables-legacy-save"}) {
       Result r = run({"ip", "netns", "exec", pod_->name(), tool});
