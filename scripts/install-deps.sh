@@ -24,6 +24,9 @@ PKGS=(
   iptables curl
   # Capture: libpcap in the agent, tshark to read the files back in the tests.
   libpcap-dev tshark
+  # Filtered steal: RE2 (filters) and nghttp2 (HTTP/2) in the agent; real
+  # HTTP/2 and WebSocket clients and servers, and wrk, in the tests.
+  libre2-dev libnghttp2-dev nghttp2-client nghttp2-server python3-websockets nginx-light wrk
 )
 
 # containerd's .proto files, for the agent's gRPC client generated at build

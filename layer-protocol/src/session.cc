@@ -230,6 +230,9 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
     case v1::Frame::kDraining:
       handler.onDraining(std::move(*f.mutable_draining()));
       return absl::OkStatus();
+    case v1::Frame::kNotice:
+      handler.onNotice(std::move(*f.mutable_notice()));
+      return absl::OkStatus();
     case v1::Frame::BODY_NOT_SET:
       break;
   }
@@ -631,6 +634,12 @@ void Session::maybeClose(uint64_t stream_id) {
 void Session::sendDraining(v1::Draining draining) {
   v1::Frame f;
   *f.mutable_draining() = std::move(draining);
+  queueSequenced(f);
+}
+
+void Session::sendNotice(v1::SubscriptionNotice notice) {
+  v1::Frame f;
+  *f.mutable_notice() = std::move(notice);
   queueSequenced(f);
 }
 

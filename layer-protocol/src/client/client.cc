@@ -83,6 +83,7 @@ struct Link : protocol::SessionHandler, std::enable_shared_from_this<Link> {
   void onDraining(v1::Draining draining) override {
     client.onDraining(*this, std::move(draining));
   }
+  void onNotice(v1::SubscriptionNotice notice) override { client.onNotice(*this, std::move(notice)); }
 
   void onStreamAccept(v1::StreamAccept accept) override {
     if (auto s = stream(accept.stream_id())) {
@@ -1014,15 +1015,26 @@ namespace {
 std::optional<uint64_t> subscriptionOf(const v1::StreamOpen& open) {
   if (open.has_stolen()) return open.stolen().subscription_id();
   if (open.has_mirrored()) return open.mirrored().subscription_id();
+  if (open.has_stolen_request()) return open.stolen_request().subscription_id();
   return std::nullopt;
 }
 
 void setSubscription(v1::StreamOpen& open, uint64_t id) {
   if (open.has_stolen()) open.mutable_stolen()->set_subscription_id(id);
   if (open.has_mirrored()) open.mutable_mirrored()->set_subscription_id(id);
+  if (open.has_stolen_request()) open.mutable_stolen_request()->set_subscription_id(id);
 }
 
 }  // namespace
+
+void Client::onNotice(Link& link, v1::SubscriptionNotice notice) {
+  if (&link != link_.get() || !on_notice_) return;
+  // In this client's ids, as everything else it hands out (taken_by stays
+  // the agent's: it is usually another client's).
+  auto it = link.subscription_ids.find(notice.subscription_id());
+  notice.set_subscription_id(it == link.subscription_ids.end() ? 0 : it->second);
+  on_notice_(notice);
+}
 
 void Client::onStreamOpen(Link& link, v1::StreamOpen open) {
   auto stream =

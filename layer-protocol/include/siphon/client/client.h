@@ -186,6 +186,13 @@ class Client : public std::enable_shared_from_this<Client> {
     on_draining_ = std::move(h);
   }
 
+  // Notices about this client's subscriptions (a filtered steal's requests
+  // that went to an earlier subscription), with this client's subscription
+  // id (FilterOverlap.taken_by is the agent's id of the other one).
+  void setNoticeHandler(std::function<void(const v1::SubscriptionNotice&)> h) {
+    on_notice_ = std::move(h);
+  }
+
   // The session is gone for good (the agent's Goaway, SESSION_EXPIRED, no
   // resume within the grace period) and no failover found another agent:
   // `h` gets the AGENT_LOST status once, even when no call or stream is
@@ -276,6 +283,7 @@ class Client : public std::enable_shared_from_this<Client> {
   // Maps the stream's subscription id and gives it to the acceptor.
   void handOver(Link& link, std::shared_ptr<ClientStream> stream, v1::StreamOpen open);
   void onDraining(Link& link, v1::Draining draining);
+  void onNotice(Link& link, v1::SubscriptionNotice notice);
 
   net::asio::any_io_executor ex_;
   ClientOptions options_;
@@ -293,6 +301,7 @@ class Client : public std::enable_shared_from_this<Client> {
   uint64_t next_handle_ = 0;
   StreamAcceptor acceptor_;
   std::function<void(const v1::Draining&)> on_draining_;
+  std::function<void(const v1::SubscriptionNotice&)> on_notice_;
   std::function<void(const absl::Status&)> on_lost_;
   std::function<void(const FailoverEvent&)> on_failover_;
   std::function<void(const absl::Status&)> on_resumed_;

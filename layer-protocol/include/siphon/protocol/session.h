@@ -109,6 +109,7 @@ class SessionHandler {
   // A stream that had no send credit (sendCredit() returned 0) has some now.
   virtual void onStreamWritable(uint64_t /*stream_id*/) {}
   virtual void onDraining(v1::Draining /*draining*/) {}
+  virtual void onNotice(v1::SubscriptionNotice /*notice*/) {}
   virtual void onGoaway(v1::Goaway /*goaway*/) {}
 };
 
@@ -192,6 +193,8 @@ class Session {
   std::vector<uint64_t> streamIds() const;
 
   void sendDraining(v1::Draining draining);
+  // About one of the peer's subscriptions (agent side).
+  void sendNotice(v1::SubscriptionNotice notice);
   // Control frames, never sequenced.
   void sendGoaway(v1::ErrorCode code, std::string_view message);
 
