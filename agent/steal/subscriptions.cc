@@ -1,32 +1,58 @@
 #include "agent/steal/subscriptions.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "siphon/status.h"
 
 namespace siphon::agent::steal {
 
-absl::StatusOr<Subscription> SubscriptionTable::reserve(uint16_t port,
-                                                        const std::string& session_id,
-                                                        const std::string& client_name) {
+namespace {
+
+std::string holderName(const Subscription& holder, const std::string& session_id) {
+  if (holder.session_id == session_id) return "this session";
+  return absl::StrCat("session ", holder.session_id,
+                      holder.client_name.empty()
+                          ? ""
+                          : absl::StrCat(" (client \"", holder.client_name, "\")"));
+}
+
+}  // namespace
+
+absl::StatusOr<Subscription> SubscriptionTable::reserve(
+    uint16_t port, const std::string& session_id, const std::string& client_name,
+    std::shared_ptr<const http::RequestFilter> filter) {
   if (port == 0) return protoError(v1::INVALID_ARGUMENT, "steal: port must be 1 to 65535");
   if (auto it = by_port_.find(port); it != by_port_.end()) {
-    const Subscription& holder = by_id_.at(it->second);
-    std::string who =
-        holder.session_id == session_id
-            ? "this session"
-            : absl::StrCat("session ", holder.session_id,
-                           holder.client_name.empty()
-                               ? ""
-                               : absl::StrCat(" (client \"", holder.client_name, "\")"));
-    return protoError(v1::PORT_BUSY, absl::StrCat("port ", port, " is already stolen by ", who,
-                                                  " (subscription ", holder.id, ")"));
+    for (uint64_t id : it->second) {
+      const Subscription& holder = by_id_.at(id);
+      const std::string who = holderName(holder, session_id);
+      if (holder.session_id == session_id) {
+        return protoError(v1::PORT_BUSY,
+                          absl::StrCat("port ", port, " is already stolen by this session ",
+                                       "(subscription ", holder.id, "; one steal per port)"));
+      }
+      if (!holder.filter) {
+        return protoError(v1::PORT_BUSY, absl::StrCat("port ", port, " is already stolen by ", who,
+                                                      " (subscription ", holder.id, ")"));
+      }
+      if (!filter) {
+        return protoError(
+            v1::PORT_BUSY,
+            absl::StrCat("port ", port, " has filtered steals (", who, ", subscription ", holder.id,
+                         ", filter ", holder.filter->description(),
+                         "); steal it whole only once they end, or steal with a filter too"));
+      }
+    }
   }
   Subscription s;
   s.id = ids_ ? ids_() : next_id_++;
   s.port = port;
   s.session_id = session_id;
   s.client_name = client_name;
-  by_port_[port] = s.id;
+  s.filter = std::move(filter);
+  std::vector<uint64_t>& ids = by_port_[port];
+  ids.insert(std::upper_bound(ids.begin(), ids.end(), s.id), s.id);
   by_id_[s.id] = s;
   return s;
 }
@@ -40,9 +66,31 @@ bool SubscriptionTable::activate(uint64_t id) {
 
 const Subscription* SubscriptionTable::activeForPort(uint16_t port) const {
   auto it = by_port_.find(port);
-  if (it == by_port_.end()) return nullptr;
-  const Subscription& s = by_id_.at(it->second);
-  return s.active ? &s : nullptr;
+  if (it == by_port_.end() || it->second.size() != 1) return nullptr;
+  const Subscription& s = by_id_.at(it->second.front());
+  return s.active && !s.filter ? &s : nullptr;
+}
+
+bool SubscriptionTable::hasActiveFiltered(uint16_t port) const {
+  auto it = by_port_.find(port);
+  if (it == by_port_.end()) return false;
+  for (uint64_t id : it->second) {
+    const Subscription& s = by_id_.at(id);
+    if (s.active && s.filter) return true;
+  }
+  return false;
+}
+
+std::vector<const Subscription*> SubscriptionTable::matching(uint16_t port,
+                                                             const http::RequestHead& head) const {
+  std::vector<const Subscription*> out;
+  auto it = by_port_.find(port);
+  if (it == by_port_.end()) return out;
+  for (uint64_t id : it->second) {
+    const Subscription& s = by_id_.at(id);
+    if (s.active && s.filter && s.filter->matches(head)) out.push_back(&s);
+  }
+  return out;
 }
 
 const Subscription* SubscriptionTable::find(uint64_t id) const {
@@ -58,7 +106,7 @@ absl::StatusOr<Subscription> SubscriptionTable::remove(uint64_t id, const std::s
   }
   Subscription s = std::move(it->second);
   by_id_.erase(it);
-  by_port_.erase(s.port);
+  unindex(s);
   return s;
 }
 
@@ -66,7 +114,7 @@ std::vector<Subscription> SubscriptionTable::removeSession(const std::string& se
   std::vector<Subscription> out;
   for (auto it = by_id_.begin(); it != by_id_.end();) {
     if (it->second.session_id == session_id) {
-      by_port_.erase(it->second.port);
+      unindex(it->second);
       out.push_back(std::move(it->second));
       it = by_id_.erase(it);
     } else {
@@ -74,6 +122,13 @@ std::vector<Subscription> SubscriptionTable::removeSession(const std::string& se
     }
   }
   return out;
+}
+
+void SubscriptionTable::unindex(const Subscription& s) {
+  auto it = by_port_.find(s.port);
+  if (it == by_port_.end()) return;
+  std::erase(it->second, s.id);
+  if (it->second.empty()) by_port_.erase(it);
 }
 
 std::vector<uint16_t> SubscriptionTable::portsOf(const std::string& session_id) const {

@@ -95,5 +95,100 @@ TEST(SubscriptionTable, IdsAreNeverReused) {
   EXPECT_NE(a->id, b->id);
 }
 
+// ---- filtered steals ----
+
+std::shared_ptr<const http::RequestFilter> userIs(const std::string& user) {
+  v1::HttpFilter f;
+  v1::HeaderFilter* h = f.add_headers();
+  h->set_name("X-User");
+  h->set_value_regex("^" + user + "$");
+  auto compiled = http::RequestFilter::compile(f);
+  EXPECT_TRUE(compiled.ok()) << compiled.status();
+  return compiled.ok() ? *compiled : nullptr;
+}
+
+http::RequestHead requestFrom(const std::string& user) {
+  http::RequestHead h;
+  h.method = "GET";
+  h.target = "/";
+  h.headers = {{"host", "app"}, {"x-user", user}};
+  return h;
+}
+
+TEST(SubscriptionTable, FilteredStealsShareAPortOnePerSession) {
+  SubscriptionTable t;
+  auto a = t.reserve(80, "aaaa", "alice", userIs("alice"));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = t.reserve(80, "bbbb", "bob", userIs("bob"));
+  ASSERT_TRUE(b.ok()) << b.status();
+  // One per session and port, filter or not: an unsubscribe is never ambiguous.
+  auto again = t.reserve(80, "aaaa", "alice", userIs("carol"));
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(errorCodeOf(again.status()), v1::PORT_BUSY);
+  EXPECT_NE(again.status().message().find("this session"), absl::string_view::npos);
+}
+
+TEST(SubscriptionTable, FilteredAndUnfilteredConflictEitherWay) {
+  SubscriptionTable t;
+  ASSERT_TRUE(t.reserve(80, "aaaa", "alice", userIs("alice")).ok());
+  auto whole = t.reserve(80, "bbbb", "bob");
+  ASSERT_FALSE(whole.ok());
+  EXPECT_EQ(errorCodeOf(whole.status()), v1::PORT_BUSY);
+  // It says why, and whose filter is in the way.
+  EXPECT_NE(whole.status().message().find("filtered steals"), absl::string_view::npos)
+      << whole.status();
+  EXPECT_NE(whole.status().message().find("alice"), absl::string_view::npos) << whole.status();
+
+  ASSERT_TRUE(t.reserve(81, "bbbb", "bob").ok());
+  auto filtered = t.reserve(81, "aaaa", "alice", userIs("alice"));
+  ASSERT_FALSE(filtered.ok());
+  EXPECT_EQ(errorCodeOf(filtered.status()), v1::PORT_BUSY);
+  EXPECT_NE(filtered.status().message().find("bob"), absl::string_view::npos)
+      << filtered.status();
+}
+
+TEST(SubscriptionTable, MatchingListsActiveFiltersEarliestFirst) {
+  SubscriptionTable t;
+  auto later_any = [] {
+    v1::HttpFilter f;
+    f.set_path_regex("^/");
+    return *http::RequestFilter::compile(f);
+  };
+  auto a = t.reserve(80, "aaaa", "alice", userIs("alice"));
+  auto any = t.reserve(80, "cccc", "carol", later_any());
+  auto b = t.reserve(80, "bbbb", "bob", userIs("bob"));
+  ASSERT_TRUE(a.ok() && any.ok() && b.ok());
+  // Reserved, not active: nothing is routed to them yet.
+  EXPECT_FALSE(t.hasActiveFiltered(80));
+  EXPECT_TRUE(t.matching(80, requestFrom("alice")).empty());
+  ASSERT_TRUE(t.activate(any->id));
+  ASSERT_TRUE(t.activate(b->id));
+  EXPECT_TRUE(t.hasActiveFiltered(80));
+  // No whole-port subscription while filters hold it.
+  EXPECT_EQ(t.activeForPort(80), nullptr);
+  ASSERT_TRUE(t.activate(a->id));
+
+  auto m = t.matching(80, requestFrom("alice"));
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0]->id, a->id);
+  EXPECT_EQ(m[1]->id, any->id);
+  m = t.matching(80, requestFrom("bob"));
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0]->id, any->id);  // carol subscribed before bob
+  EXPECT_EQ(m[1]->id, b->id);
+  EXPECT_TRUE(t.matching(81, requestFrom("alice")).empty());
+
+  // Removing the earliest hands its requests to the next match.
+  ASSERT_TRUE(t.remove(any->id, "cccc").ok());
+  m = t.matching(80, requestFrom("bob"));
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0]->id, b->id);
+  t.removeSession("aaaa");
+  t.removeSession("bbbb");
+  EXPECT_FALSE(t.hasActiveFiltered(80));
+  // The port is free for a whole steal again.
+  EXPECT_TRUE(t.reserve(80, "dddd", "dave").ok());
+}
+
 }  // namespace
 }  // namespace siphon::agent::steal
