@@ -6,8 +6,8 @@ Topology (all namespaces made here, removed on exit, even on failure):
 
   client ns ──veth── pod ns ──veth── node ns
   (iperf3 -c, wrk,   (the application:  (siphon-agent, siphon CLI,
-   idle clients)      nginx :80,          the developer's servers:
-                      iperf3 :5201,       nginx :8080, iperf3 :5202;
+   h2load,            nginx :80, :81 h2c, the developer's servers:
+   idle clients)      iperf3 :5201,       nginx :8080, :8081 h2c, iperf3 :5202;
                       dnsmasq, files)     the peer's second socat)
 
   direct  client -> pod app                        (the physical limit)
@@ -150,21 +150,31 @@ class Bench:
             sh("sysctl", "-q", "-w", "net.ipv4.tcp_tw_reuse=1", netns=ns)
 
         # The application in the pod and the developer's servers in the node.
-        self.pod_nginx = self.nginx(self.pod, 80, "pod")
-        self.node_nginx = self.nginx(self.node, 8080, "node")
+        # 81 and 8081: HTTP/2 with prior knowledge (h2c), for the filtered
+        # steal group.
+        self.pod_nginx = self.nginx(self.pod, 80, "pod", h2_port=81)
+        self.node_nginx = self.nginx(self.node, 8080, "node", h2_port=8081)
         self.procs.start(["iperf3", "-s", "-p", "5201"], netns=self.pod,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.procs.start(["iperf3", "-s", "-p", "5202"], netns=self.node,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.wait_port(self.pod, 80)
+        self.wait_port(self.pod, 81)
+        self.wait_port(self.node, 8081)
         self.wait_port(self.pod, 5201)
         self.wait_port(self.node, 8080)
         self.wait_port(self.node, 5202)
 
-    def nginx(self, ns, port, name):
+    def nginx(self, ns, port, name, h2_port=None):
         d = os.path.join(self.tmp, f"nginx-{name}")
         os.makedirs(d)
         conf = os.path.join(d, "nginx.conf")
+        # The same answer over HTTP/2 with prior knowledge (h2c), when asked.
+        h2 = "" if h2_port is None else f"""  server {{
+    listen {h2_port} http2 reuseport backlog=4096;
+    location / {{ return 200 "hello, world\\n"; }}
+  }}
+"""
         with open(conf, "w") as f:
             f.write(f"""
 worker_processes 2;
@@ -185,7 +195,7 @@ http {{
     listen {port} reuseport backlog=4096;
     location / {{ return 200 "hello, world\\n"; }}
   }}
-}}
+{h2}}}
 """)
         return self.procs.start(["nginx", "-c", conf], netns=ns, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
@@ -355,6 +365,101 @@ http {{
         measured, raw = self.modes(name, 80, 8080, lambda: self.wrk(close), "rps")
         p99 = {m: summary([v["p99_ms"] for v in vals]) for m, vals in raw.items()}
         self.record(name, "requests/s", measured, targets, {"p99_ms": p99})
+
+    # ------------------------------------------------------ filtered steal
+    def wrk_rps(self, port, headers=()):
+        """wrk keep-alive (2 threads, 32 connections) to the pod's `port`:
+        requests/s; any socket error or non-2xx answer is a failed run."""
+        argv = ["wrk", "-t", "2", "-c", "32", "-d", f"{self.secs}s"]
+        for h in headers:
+            argv += ["-H", h]
+        r = sh(*argv, f"http://{self.pod_ip}:{port}/", netns=self.client, timeout=self.secs + 60)
+        errors = re.search(r"Non-2xx or 3xx responses: (\d+)|Socket errors: (.*)", r.stdout)
+        if errors:
+            raise RuntimeError(f"wrk reported errors: {errors.group(0)}")
+        return float(re.search(r"Requests/sec:\s+([\d.]+)", r.stdout).group(1))
+
+    def h2load_rps(self, port, headers=()):
+        """h2load with prior knowledge (2 threads, 32 connections, 10 streams
+        in flight on each) to the pod's `port`: requests/s; a failed, errored
+        or non-2xx request is a failed run."""
+        argv = ["h2load", "-t", "2", "-c", "32", "-m", "10", "-D", self.secs]
+        for h in headers:
+            argv += ["-H", h]
+        r = sh(*argv, f"http://{self.pod_ip}:{port}/", netns=self.client, timeout=self.secs + 60)
+        rps = re.search(r"finished in [\d.]+m?s, ([\d.]+) req/s", r.stdout)
+        counts = re.search(r"requests: .* (\d+) failed, (\d+) errored, (\d+) timeout", r.stdout)
+        codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", r.stdout)
+        if not (rps and counts and codes):
+            raise RuntimeError(f"h2load: unexpected output: {r.stdout[-2000:]}")
+        if any(int(n) for n in counts.groups()) or any(int(n) for n in codes.groups()[1:]):
+            raise RuntimeError(f"h2load reported errors: {counts.group(0)}; {codes.group(0)}")
+        return float(rps.group(1))
+
+    def filtered(self):
+        """HTTP-filtered steal (docs/STEAL.md) against direct and against an
+        unfiltered steal of the same port, HTTP/1.1 (wrk, keep-alive, pod
+        port 80) and HTTP/2 (h2load, prior knowledge, pod port 81), all
+        interleaved per repetition:
+          direct       the client to the pod's nginx;
+          unfiltered   `siphon steal` of the port to the node's nginx (raw
+                       bytes: HTTP/1.1 to 8080, HTTP/2 to 8081);
+          matching     `siphon steal --filter-header 'x-bench: ^1$'` and
+                       requests with that header: each one a StolenRequest
+                       stream, answered by the node's nginx (HTTP/1.1, 8080);
+          passthrough  the same filtered steal, requests without the
+                       header: parsed by the agent and sent to the pod's
+                       nginx over its pooled connections."""
+        protos = (("HTTP/1.1 keep-alive, 32 connections (wrk)", 80, 8080, self.wrk_rps),
+                  ("HTTP/2, 32 connections x 10 streams (h2load)", 81, 8081, self.h2load_rps))
+        modes = ("direct", "unfiltered", "matching", "passthrough")
+        values = {(port, m): [] for _, port, _, _ in protos for m in modes}
+        header = "x-bench: 1"
+        agent, endpoint = self.start_agent()
+        try:
+            for rep in range(self.reps):
+                for _, port, _, load in protos:
+                    values[(port, "direct")].append(load(port))
+                steals = [self.start_steal(endpoint, port, f"127.0.0.1:{raw_port}")
+                          for _, port, raw_port, _ in protos]
+                try:
+                    for _, port, _, load in protos:
+                        values[(port, "unfiltered")].append(load(port))
+                finally:
+                    for p in steals:
+                        self.procs.stop(p, signal.SIGINT)
+                # One session per port, each answered by the node's HTTP/1.1
+                # server: the CLI speaks HTTP/1.1 to it whatever the client
+                # spoke to the agent.
+                steals = [self.start_cli(endpoint, "steal-filtered", "stealing port", "steal",
+                                         "--port", port, "--to", "127.0.0.1:8080",
+                                         "--filter-header", "x-bench: ^1$")[0]
+                          for _, port, _, _ in protos]
+                try:
+                    for _, port, _, load in protos:
+                        values[(port, "matching")].append(load(port, [header]))
+                        values[(port, "passthrough")].append(load(port))
+                finally:
+                    for p in steals:
+                        self.procs.stop(p, signal.SIGINT)
+                for name, port, _, _ in protos:
+                    log(f"filtered rep {rep + 1}/{self.reps} {name}: " + ", ".join(
+                        f"{m} {values[(port, m)][-1]:.0f}" for m in modes) + " req/s")
+        finally:
+            self.procs.stop(agent)
+        for name, port, _, _ in protos:
+            direct = summary(values[(port, "direct")])
+            unfiltered = summary(values[(port, "unfiltered")])
+            self.record(f"steal (unfiltered), {name}", "requests/s",
+                        {"siphon": unfiltered, "direct": direct}, {"direct": 0.3})
+            for mode, what, targets in (
+                    ("matching", "requests matching the filter (to the local server)",
+                     {"direct": 0.2, "unfiltered": 0.5}),
+                    ("passthrough", "requests not matching (to the application)",
+                     {"direct": 0.4, "unfiltered": 1.0})):
+                self.record(f"filtered steal, {name}, {what}", "requests/s",
+                            {"siphon": summary(values[(port, mode)]), "direct": direct,
+                             "unfiltered": unfiltered}, targets)
 
     def idle_connections(self, count=1000):
         agent, endpoint = self.start_agent()
@@ -601,8 +706,8 @@ def main():
         sys.exit("bench: needs root (network namespaces, BPF, iptables)")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     groups = [g for g in args.only.split(",") if g] or [
-        "bulk", "bulk8", "http", "short", "idle", "forward", "startup", "rss", "services",
-        "mirror"]
+        "bulk", "bulk8", "http", "short", "filtered", "idle", "forward", "startup", "rss",
+        "services", "mirror"]
     with ExitStack() as stack:
         procs = Procs()
         stack.callback(procs.close)
@@ -618,6 +723,8 @@ def main():
                    "steal, HTTP keep-alive, 32 connections, 13-byte body (wrk)")
         if "short" in groups:
             b.http(True, {"peer": 2.0}, "steal, new connection per request, 32 concurrent (wrk)")
+        if "filtered" in groups:
+            b.filtered()
         if "idle" in groups:
             b.idle_connections(1000)
         if "forward" in groups:
