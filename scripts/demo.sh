@@ -12,7 +12,10 @@
 #   4. `siphon steal`: the pod's port 8080 answered by a server on this
 #      machine while it runs, by the pod's own server again after; and a
 #      download through it that goes on, byte-exact, across a cut of the
-#      CLI's connection to the agent (the session resumes).
+#      CLI's connection to the agent (the session resumes);
+#   5. two HTTP-filtered steals sharing the pod's port 8080: requests with
+#      `x-user: alice` answered by alice's server, `x-user: bob` by bob's,
+#      the others by the pod's own application.
 # Everything it creates (namespace, processes, temporary files) is removed on
 # exit, on failure and on Ctrl-C too.
 #
@@ -61,8 +64,12 @@ pod_pid=""
 dns_pid=""
 agent_pid=""
 steal_pid=""
+steal_a_pid=""
+steal_b_pid=""
 mirror_pid=""
 local_pid=""
+local_a_pid=""
+local_b_pid=""
 curl_pid=""
 tmp="$(mktemp -d /tmp/siphon-demo.XXXXXX)"
 
@@ -84,8 +91,12 @@ cleanup() {
   trap - EXIT INT TERM
   [ -n "$curl_pid" ] && stop "$curl_pid"
   [ -n "$steal_pid" ] && stop "$steal_pid"
+  [ -n "$steal_a_pid" ] && stop "$steal_a_pid"
+  [ -n "$steal_b_pid" ] && stop "$steal_b_pid"
   [ -n "$mirror_pid" ] && stop "$mirror_pid"
   [ -n "$local_pid" ] && stop "$local_pid"
+  [ -n "$local_a_pid" ] && stop "$local_a_pid"
+  [ -n "$local_b_pid" ] && stop "$local_b_pid"
   [ -n "$agent_pid" ] && stop "$agent_pid"
   [ -n "$pod_pid" ] && stop "$pod_pid"
   [ -n "$dns_pid" ] && stop "$dns_pid"
@@ -253,6 +264,84 @@ cat "$tmp/steal.log"
 [ "$code" -eq 0 ]
 printf '\033[36m$ %s\033[0m\n' "curl http://127.0.0.1:8080/   # inside the pod, after"
 in_pod_curl
+
+step "Two developers share the pod's port 8080: each steals only the requests with their header"
+# Two local servers, one per developer, on free loopback ports.
+free_port() {
+  local p
+  for p in $(seq "$1" $(($1 + 100))); do
+    ss -Htln "sport = :$p" | grep -q . || { echo "$p"; return; }
+  done
+  return 1
+}
+mkdir -p "$tmp/alice-www" "$tmp/bob-www"
+printf "Hello from alice's machine\n" >"$tmp/alice-www/index.html"
+printf "Hello from bob's machine\n" >"$tmp/bob-www/index.html"
+alice_port="$(free_port 28200)"
+/bin/busybox httpd -f -p "127.0.0.1:$alice_port" -h "$tmp/alice-www" &
+local_a_pid=$!
+bob_port="$(free_port $((alice_port + 1)))"
+/bin/busybox httpd -f -p "127.0.0.1:$bob_port" -h "$tmp/bob-www" &
+local_b_pid=$!
+for port in "$alice_port" "$bob_port"; do
+  for _ in $(seq 50); do
+    ss -Htln "sport = :$port" | grep -q . && break
+    sleep 0.1
+  done
+done
+# Waits for "stealing port" in a steal's log; fails if the CLI exits first.
+wait_stealing() {
+  local pid="$1" log="$2"
+  for _ in $(seq 100); do
+    grep -q 'stealing port' "$log" && return 0
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "demo: siphon steal did not start:" >&2
+  cat "$log" >&2
+  return 1
+}
+printf '\033[36m$ %s\033[0m\n' "siphon steal --port 8080 --to 127.0.0.1:$alice_port --filter-header 'x-user: ^alice\$' &   # alice"
+"$cli_bin" --token-file "$token_file" --client-name alice steal --port 8080 \
+  --to "127.0.0.1:$alice_port" --filter-header 'x-user: ^alice$' 2>"$tmp/steal-alice.log" &
+steal_a_pid=$!
+wait_stealing "$steal_a_pid" "$tmp/steal-alice.log"
+cat "$tmp/steal-alice.log"
+printf '\033[36m$ %s\033[0m\n' "siphon steal --port 8080 --to 127.0.0.1:$bob_port --filter-header 'x-user: ^bob\$' &   # bob"
+"$cli_bin" --token-file "$token_file" --client-name bob steal --port 8080 \
+  --to "127.0.0.1:$bob_port" --filter-header 'x-user: ^bob$' 2>"$tmp/steal-bob.log" &
+steal_b_pid=$!
+wait_stealing "$steal_b_pid" "$tmp/steal-bob.log"
+cat "$tmp/steal-bob.log"
+for user in alice bob carol ""; do
+  if [ -n "$user" ]; then
+    printf '\033[36m$ %s\033[0m\n' "curl -H 'x-user: $user' http://127.0.0.1:8080/   # inside the pod"
+    got="$(ip netns exec "$netns" curl -sS --max-time 5 -H "x-user: $user" http://127.0.0.1:8080/)"
+  else
+    printf '\033[36m$ %s\033[0m\n' "curl http://127.0.0.1:8080/   # inside the pod, no header"
+    got="$(in_pod_curl)"
+  fi
+  echo "$got"
+  case "$user" in
+    alice) want="Hello from alice's machine" ;;
+    bob) want="Hello from bob's machine" ;;
+    *) want="Hello from the demo-shop pod" ;;
+  esac
+  [ "$got" = "$want" ]
+done
+printf '\033[36m$ %s\033[0m\n' "kill -INT %siphon-steal-alice %siphon-steal-bob"
+for pid in "$steal_a_pid" "$steal_b_pid"; do kill -INT "$pid"; done
+wait "$steal_a_pid" && code_a=0 || code_a=$?
+wait "$steal_b_pid" && code_b=0 || code_b=$?
+steal_a_pid=""
+steal_b_pid=""
+echo "alice's steal:"
+cat "$tmp/steal-alice.log"
+echo "bob's steal:"
+cat "$tmp/steal-bob.log"
+[ "$code_a" -eq 0 ] && [ "$code_b" -eq 0 ]
+printf '\033[36m$ %s\033[0m\n' "curl -H 'x-user: alice' http://127.0.0.1:8080/   # inside the pod, after"
+ip netns exec "$netns" curl -sS --max-time 5 -H "x-user: alice" http://127.0.0.1:8080/
 
 step "Mirror the pod's port 8080: a copy of each connection, the application keeps serving"
 printf '\033[36m$ %s\033[0m\n' "siphon mirror --port 8080 --both &"
