@@ -1,0 +1,652 @@
+// The client side of HTTP/2 filtered steals: an nghttp2 server session on
+// the stolen connection. Each stream's request is routed once its head is
+// complete; its body and response flow through an Http2Exchange.
+//
+// Flow control: NGHTTP2_OPT_NO_AUTO_WINDOW_UPDATE, so the client gets
+// WINDOW_UPDATE only for bytes the upstream took (Http2Exchange::takeRequest
+// -> nghttp2_session_consume). A stream's request buffer is thus bounded by
+// its window (kStreamWindow), and one stalled stream holds at most that much
+// of the connection window (kConnectionWindow): the others go on. Output is
+// produced (nghttp2_session_mem_send) only once the previous write is done,
+// and response data only from what the upstream gave (a deferred data
+// provider resumed when bytes arrive).
+#include "agent/steal/http/http2.h"
+
+#include <nghttp2/nghttp2.h>
+#include <sys/socket.h>
+
+#include <array>
+#include <charconv>
+
+#include "agent/common/log.h"
+#include "agent/outgoing/address.h"
+#include "agent/steal/http/http2_exchange.h"
+
+namespace siphon::agent::steal::http {
+
+namespace asio = net::asio;
+
+namespace {
+
+constexpr int32_t kStreamWindow = 64 * 1024;
+constexpr int32_t kConnectionWindow = 2 * 1024 * 1024;
+constexpr uint32_t kMaxConcurrentStreams = 128;
+constexpr size_t kWriteBatch = 64 * 1024;
+constexpr size_t kReadChunk = 16 * 1024;
+// After a GOAWAY and the last stream, how long the client has to close
+// before the agent does.
+constexpr auto kCloseLinger = std::chrono::seconds(2);
+
+constexpr std::string_view kAgentName = "siphon-agent";
+
+nghttp2_nv nv(std::string_view name, std::string_view value) {
+  return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
+                    reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), name.size(),
+                    value.size(), NGHTTP2_NV_FLAG_NONE};
+}
+
+std::string_view sv(const uint8_t* p, size_t n) {
+  return std::string_view(reinterpret_cast<const char*>(p), n);
+}
+
+// base64url (RFC 4648 §5), padding optional: HTTP2-Settings.
+std::optional<std::string> base64UrlDecode(std::string_view in) {
+  std::string out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char c : in) {
+    int v;
+    if (c >= 'A' && c <= 'Z') {
+      v = c - 'A';
+    } else if (c >= 'a' && c <= 'z') {
+      v = c - 'a' + 26;
+    } else if (c >= '0' && c <= '9') {
+      v = c - '0' + 52;
+    } else if (c == '-' || c == '+') {
+      v = 62;
+    } else if (c == '_' || c == '/') {
+      v = 63;
+    } else if (c == '=') {
+      break;
+    } else {
+      return std::nullopt;
+    }
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out.push_back(static_cast<char>((acc >> bits) & 0xff));
+    }
+  }
+  return out;
+}
+
+class ServerConnection : public LiveConnection,
+                         public Http2ClientSide,
+                         public std::enable_shared_from_this<ServerConnection> {
+ public:
+  ServerConnection(std::shared_ptr<EngineState> state, UniqueFd fd, ConnectionInfo info)
+      : state_(std::move(state)),
+        info_(std::move(info)),
+        sock_(state_->ex, fd.release()),
+        wake_(state_->ex),
+        idle_timer_(state_->ex),
+        linger_timer_(state_->ex) {}
+
+  ~ServerConnection() override {
+    if (session_ != nullptr) nghttp2_session_del(session_);
+  }
+
+  bool init(std::string received, std::optional<H2cUpgrade> upgrade) {
+    nghttp2_session_callbacks* cbs;
+    if (nghttp2_session_callbacks_new(&cbs) != 0) return false;
+    nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, &onBeginHeaders);
+    nghttp2_session_callbacks_set_on_header_callback(cbs, &onHeader);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, &onFrameRecv);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, &onDataChunk);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cbs, &onStreamClose);
+    nghttp2_session_callbacks_set_on_frame_send_callback(cbs, &onFrameSend);
+    nghttp2_option* opt;
+    nghttp2_option_new(&opt);
+    nghttp2_option_set_no_auto_window_update(opt, 1);
+    const int rv = nghttp2_session_server_new2(&session_, cbs, this, opt);
+    nghttp2_option_del(opt);
+    nghttp2_session_callbacks_del(cbs);
+    if (rv != 0) return false;
+
+    if (upgrade) {
+      auto settings = base64UrlDecode(upgrade->settings);
+      if (!settings) return false;
+      auto x = std::make_shared<Http2Exchange>(weak_from_this(), 1, state_->options);
+      const bool head = upgrade->head.method == "HEAD";
+      if (nghttp2_session_upgrade2(session_, reinterpret_cast<const uint8_t*>(settings->data()),
+                                   settings->size(), head ? 1 : 0, x.get()) != 0) {
+        return false;
+      }
+      // RFC 7540 3.2: the 101 goes first; the server preface follows it.
+      preamble_ = "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n";
+      x->method = upgrade->head.method;
+      x->scheme = "http";
+      x->path = upgrade->head.target;
+      for (const auto& [name, value] : upgrade->head.headers) {
+        std::string n = lowerCase(name);
+        if (n == "host") {
+          if (x->authority.empty()) x->authority = value;
+          continue;
+        }
+        if (isConnectionSpecific(n) || n == "http2-settings") continue;
+        x->headers.emplace_back(std::move(n), value);
+      }
+      x->request_ended = true;
+      streams_[1] = x;
+      upgrade_head_ = std::move(upgrade->head);
+      upgrade_stream_ = x;
+    }
+
+    std::array<nghttp2_settings_entry, 3> iv{{
+        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, kMaxConcurrentStreams},
+        {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, static_cast<uint32_t>(kStreamWindow)},
+        {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
+         static_cast<uint32_t>(std::min<size_t>(state_->options.max_head_bytes, UINT32_MAX))},
+    }};
+    if (nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, iv.data(), iv.size()) != 0) {
+      return false;
+    }
+    nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0, kConnectionWindow);
+    received_ = std::move(received);
+    return true;
+  }
+
+  void start() {
+    state_->connections.insert(this);
+    pool()->clientOpened();
+    pool_counted_ = true;
+    auto self = shared_from_this();
+    asio::co_spawn(
+        state_->ex, [self]() { return self->readLoop(); }, asio::detached);
+    asio::co_spawn(
+        state_->ex, [self]() { return self->writeLoop(); }, asio::detached);
+    asio::co_spawn(
+        state_->ex, [self]() { return self->idleLoop(); }, asio::detached);
+    if (upgrade_stream_) {
+      auto x = std::move(upgrade_stream_);
+      route(x, upgrade_head_);
+    }
+    if (state_->stopped) {
+      abort();
+    } else if (state_->draining) {
+      drain();
+    }
+    armIdle();
+  }
+
+  // LiveConnection.
+  void drain() override {
+    if (closed_ || draining_) return;
+    draining_ = true;
+    nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
+                          nghttp2_session_get_last_proc_stream_id(session_), NGHTTP2_NO_ERROR,
+                          nullptr, 0);
+    kick();
+  }
+  void abort() override { close(); }
+  bool busy() const override { return !streams_.empty(); }
+
+  // Http2ClientSide.
+  void requestTaken(Http2Exchange& x, size_t n) override {
+    if (closed_) return;
+    nghttp2_session_consume(session_, x.streamId(), n);
+    kick();
+  }
+
+  void responseUpdated(Http2Exchange& x) override {
+    if (closed_ || x.closed) return;
+    if (x.failed) {
+      if (!x.head_submitted) {
+        localResponse(x, 502,
+                      "the request's session or the application went away before answering");
+      } else {
+        nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, x.streamId(), x.fail_code);
+      }
+    } else if (x.status != 0 && !x.head_submitted) {
+      submitResponse(x);
+    } else if (x.head_submitted && x.data_deferred) {
+      x.data_deferred = false;
+      nghttp2_session_resume_data(session_, x.streamId());
+    }
+    kick();
+  }
+
+ private:
+  std::shared_ptr<Http2AppPool> pool() {
+    if (!state_->h2_pool) state_->h2_pool = std::make_shared<Http2AppPool>(state_);
+    return state_->h2_pool;
+  }
+
+  static ServerConnection* self(void* user_data) {
+    return static_cast<ServerConnection*>(user_data);
+  }
+  Http2Exchange* exchange(int32_t stream_id) {
+    return static_cast<Http2Exchange*>(nghttp2_session_get_stream_user_data(session_, stream_id));
+  }
+
+  // --- nghttp2 callbacks (inside mem_recv / mem_send).
+  static int onBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, void* ud) {
+    auto* c = self(ud);
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    auto x = std::make_shared<Http2Exchange>(c->weak_from_this(), frame->hd.stream_id,
+                                             c->state_->options);
+    nghttp2_session_set_stream_user_data(session, frame->hd.stream_id, x.get());
+    c->streams_[frame->hd.stream_id] = std::move(x);
+    c->armIdle();
+    return 0;
+  }
+
+  static int onHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
+                      size_t namelen, const uint8_t* value, size_t valuelen, uint8_t, void* ud) {
+    auto* c = self(ud);
+    if (frame->hd.type != NGHTTP2_HEADERS) return 0;
+    Http2Exchange* x = c->exchange(frame->hd.stream_id);
+    if (x == nullptr) return 0;
+    const std::string_view n = sv(name, namelen);
+    const std::string_view v = sv(value, valuelen);
+    if (frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
+      if (n == ":method") {
+        x->method = v;
+      } else if (n == ":scheme") {
+        x->scheme = v;
+      } else if (n == ":authority") {
+        x->authority = v;
+      } else if (n == ":path") {
+        x->path = v;
+      } else if (!n.starts_with(':')) {
+        x->headers.emplace_back(n, v);
+      }
+    } else {
+      x->request_trailers.emplace_back(n, v);
+    }
+    return 0;
+  }
+
+  static int onFrameRecv(nghttp2_session*, const nghttp2_frame* frame, void* ud) {
+    auto* c = self(ud);
+    const bool end = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+    if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
+    auto it = c->streams_.find(frame->hd.stream_id);
+    if (it == c->streams_.end()) return 0;
+    std::shared_ptr<Http2Exchange> x = it->second;
+    if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
+      x->body_follows = !end;
+      x->request_ended = end;
+      c->route(x, std::nullopt);
+      return 0;
+    }
+    if (end && !x->request_ended) {
+      x->request_ended = true;
+      if (x->upstream) x->upstream->requestUpdated();
+    }
+    return 0;
+  }
+
+  static int onDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, const uint8_t* data,
+                         size_t len, void* ud) {
+    auto* c = self(ud);
+    Http2Exchange* x = c->exchange(stream_id);
+    if (x == nullptr || x->discard_request || x->closed) {
+      nghttp2_session_consume(session, stream_id, len);
+      return 0;
+    }
+    x->request_bytes += len;
+    const uint64_t limit = c->state_->options.max_request_body;
+    if (limit != 0 && x->request_bytes > limit) {
+      nghttp2_session_consume(session, stream_id, len);
+      c->requestTooLarge(*x);
+      return 0;
+    }
+    x->request_body.append(sv(data, len));
+    if (x->upstream) x->upstream->requestUpdated();
+    return 0;
+  }
+
+  static int onStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t, void* ud) {
+    auto* c = self(ud);
+    auto it = c->streams_.find(stream_id);
+    if (it == c->streams_.end()) return 0;
+    std::shared_ptr<Http2Exchange> x = std::move(it->second);
+    c->streams_.erase(it);
+    x->closed = true;
+    // Bytes the upstream will never take still hold the connection window.
+    if (!x->request_body.empty()) {
+      nghttp2_session_consume(session, stream_id, x->request_body.size());
+      x->request_body.clear();
+    }
+    if (auto up = std::move(x->upstream)) up->cancel();
+    c->armIdle();
+    c->kick();
+    return 0;
+  }
+
+  static int onFrameSend(nghttp2_session* session, const nghttp2_frame* frame, void* ud) {
+    auto* c = self(ud);
+    if ((frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) ||
+        (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) == 0) {
+      return 0;
+    }
+    Http2Exchange* x = c->exchange(frame->hd.stream_id);
+    // RFC 9113 8.1: a complete response before the complete request; the
+    // rest of the request is not wanted.
+    if (x != nullptr && !x->request_ended) {
+      x->discard_request = true;
+      nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, frame->hd.stream_id, NGHTTP2_NO_ERROR);
+    }
+    return 0;
+  }
+
+  static ssize_t readResponse(nghttp2_session* session, int32_t stream_id, uint8_t* buf,
+                              size_t length, uint32_t* data_flags, nghttp2_data_source* source,
+                              void*) {
+    auto* x = static_cast<Http2Exchange*>(source->ptr);
+    if (x->failed) return NGHTTP2_ERR_DEFERRED;  // the RST_STREAM is queued
+    const size_t n = x->response_body.take(buf, length);
+    if (n > 0 && x->upstream) x->upstream->responseTaken(n);
+    if (x->response_body.empty() && x->response_ended) {
+      *data_flags |= NGHTTP2_DATA_FLAG_EOF;
+      if (!x->response_trailers.empty()) {
+        std::vector<nghttp2_nv> nva;
+        for (const auto& [name, value] : x->response_trailers) nva.push_back(nv(name, value));
+        if (nghttp2_submit_trailer(session, stream_id, nva.data(), nva.size()) == 0) {
+          *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+        }
+      }
+      return static_cast<ssize_t>(n);
+    }
+    if (n == 0) {
+      x->data_deferred = true;
+      return NGHTTP2_ERR_DEFERRED;
+    }
+    return static_cast<ssize_t>(n);
+  }
+
+  // --- Requests.
+  // The request head is complete: route it, or answer it here.
+  void route(std::shared_ptr<Http2Exchange> x, std::optional<RequestHead> given) {
+    if (x->method == "CONNECT" && x->path.empty()) x->path = x->authority;
+    RequestHead head;
+    if (given) {
+      head = std::move(*given);
+    } else {
+      head.method = x->method;
+      head.target = x->path;
+      head.version = 20;
+      if (!x->authority.empty()) head.headers.emplace_back("host", x->authority);
+      for (const auto& h : x->headers) {
+        if (h.first == "host" && !x->authority.empty()) continue;
+        head.headers.push_back(h);
+      }
+    }
+    const uint64_t limit = state_->options.max_request_body;
+    if (limit != 0) {
+      for (std::string_view v : head.values("content-length")) {
+        uint64_t cl = 0;
+        std::from_chars(v.data(), v.data() + v.size(), cl);
+        if (cl > limit) {
+          requestTooLarge(*x);
+          return;
+        }
+      }
+    }
+    const uint64_t n = ++requests_;
+    std::optional<Route> r = state_->router.route(info_.port, head);
+    if (!r) {
+      pool()->open(info_.destination, x);
+      return;
+    }
+    auto fd = state_->router.openStolenRequest(*r, info_, head, n);
+    if (!fd.ok()) {
+      log::warn("steal_http2_session_unavailable",
+                {{"subscription", r->subscription_id}, {"error", fd.status().ToString()}});
+      localResponse(*x, 502, "the session that stole this request is unavailable");
+      return;
+    }
+    x->upstream = startStolenUpstream(state_->ex, x, std::move(*fd));
+  }
+
+  void requestTooLarge(Http2Exchange& x) {
+    x.discard_request = true;
+    if (!x.request_body.empty()) {
+      nghttp2_session_consume(session_, x.streamId(), x.request_body.size());
+      x.request_body.clear();
+    }
+    if (auto up = std::move(x.upstream)) up->cancel();
+    if (!x.head_submitted) {
+      localResponse(x, 413, "request body too large");
+    } else {
+      nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, x.streamId(), NGHTTP2_INTERNAL_ERROR);
+      kick();
+    }
+  }
+
+  // A response made here (502, 413): the upstream is dropped.
+  void localResponse(Http2Exchange& x, int status, std::string_view why) {
+    if (auto up = std::move(x.upstream)) up->cancel();
+    x.failed = false;
+    x.status = status;
+    x.response_body.clear();
+    std::string body = std::string(kAgentName) + ": " + std::string(why) + "\n";
+    x.response_headers = {{"content-type", "text/plain; charset=utf-8"},
+                          {"content-length", std::to_string(body.size())}};
+    x.response_body.append(body);
+    x.response_trailers.clear();
+    x.response_ended = true;
+    submitResponse(x);
+    kick();
+  }
+
+  void submitResponse(Http2Exchange& x) {
+    x.head_submitted = true;
+    const std::string status = std::to_string(x.status);
+    std::vector<nghttp2_nv> nva;
+    nva.push_back(nv(":status", status));
+    for (const auto& [name, value] : x.response_headers) nva.push_back(nv(name, value));
+    const bool no_body = x.response_ended && x.response_body.empty() && x.response_trailers.empty();
+    nghttp2_data_provider prd;
+    prd.source.ptr = &x;
+    prd.read_callback = &readResponse;
+    const int rv = nghttp2_submit_response(session_, x.streamId(), nva.data(), nva.size(),
+                                           no_body ? nullptr : &prd);
+    if (rv != 0) {
+      nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, x.streamId(), NGHTTP2_INTERNAL_ERROR);
+    }
+  }
+
+  // --- I/O.
+  void kick() {
+    wake_pending_ = true;
+    wake_.notify();
+  }
+
+  net::awaitable<void> readLoop() {
+    try {
+      if (!received_.empty()) {
+        std::string in = std::move(received_);
+        if (!feed(in)) co_return;
+      }
+      std::vector<char> buf(kReadChunk);
+      while (!closed_) {
+        net::error_code ec;
+        const size_t n = co_await sock_.async_read_some(
+            asio::buffer(buf), asio::redirect_error(net::use_awaitable, ec));
+        if (ec) {
+          close();
+          co_return;
+        }
+        if (finishing_) continue;  // the client's last bytes after our GOAWAY
+        if (!feed(std::string_view(buf.data(), n))) co_return;
+      }
+    } catch (const std::exception& e) {
+      log::error("steal_http2_error", {{"error", e.what()}});
+      close();
+    }
+  }
+
+  bool feed(std::string_view in) {
+    const ssize_t rv =
+        nghttp2_session_mem_recv(session_, reinterpret_cast<const uint8_t*>(in.data()), in.size());
+    if (rv < 0) {
+      log::debug("steal_http2_client_error", {{"error", nghttp2_strerror(static_cast<int>(rv))}});
+      close();
+      return false;
+    }
+    kick();
+    return true;
+  }
+
+  net::awaitable<void> writeLoop() {
+    try {
+      std::string out;
+      while (!closed_) {
+        out.clear();
+        out.swap(preamble_);
+        wake_pending_ = false;
+        while (out.size() < kWriteBatch) {
+          const uint8_t* data;
+          const ssize_t n = nghttp2_session_mem_send(session_, &data);
+          if (n < 0) {
+            log::debug("steal_http2_send_error",
+                       {{"error", nghttp2_strerror(static_cast<int>(n))}});
+            close();
+            co_return;
+          }
+          if (n == 0) break;
+          out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+        }
+        if (closed_) co_return;
+        if (out.empty()) {
+          const bool done =
+              !nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_);
+          if (done || (draining_ && streams_.empty())) {
+            finish();
+            co_return;
+          }
+          if (!wake_pending_) co_await wake_.wait();
+          continue;
+        }
+        net::error_code ec;
+        co_await asio::async_write(sock_, asio::buffer(out),
+                                   asio::redirect_error(net::use_awaitable, ec));
+        if (ec) {
+          close();
+          co_return;
+        }
+      }
+    } catch (const std::exception& e) {
+      log::error("steal_http2_error", {{"error", e.what()}});
+      close();
+    }
+  }
+
+  // Everything is sent, nothing is under way: close writing, give the
+  // client kCloseLinger to close its end (so our GOAWAY is read, not lost to
+  // an RST for unread bytes), then close.
+  void finish() {
+    if (closed_ || finishing_) return;
+    finishing_ = true;
+    net::error_code ec;
+    sock_.native_non_blocking(true, ec);
+    ::shutdown(sock_.native_handle(), SHUT_WR);
+    linger_timer_.expires_after(kCloseLinger);
+    auto self = shared_from_this();
+    linger_timer_.async_wait([self](const net::error_code&) { self->close(); });
+  }
+
+  // The connection's idle timer: set while no stream is under way.
+  void armIdle() {
+    if (closed_) return;
+    if (streams_.empty()) {
+      idle_timer_.expires_after(state_->options.idle_timeout);
+    } else {
+      idle_timer_.expires_at(asio::steady_timer::time_point::max());
+    }
+  }
+
+  net::awaitable<void> idleLoop() {
+    while (!closed_) {
+      net::error_code ec;
+      co_await idle_timer_.async_wait(asio::redirect_error(net::use_awaitable, ec));
+      if (closed_) co_return;
+      if (!ec && streams_.empty() &&
+          idle_timer_.expiry() <= asio::steady_timer::clock_type::now()) {
+        drain();
+        co_return;
+      }
+    }
+  }
+
+  void close() {
+    if (closed_) return;
+    closed_ = true;
+    state_->connections.erase(this);
+    auto streams = std::move(streams_);
+    streams_.clear();
+    for (auto& [id, x] : streams) {
+      x->closed = true;
+      if (auto up = std::move(x->upstream)) up->cancel();
+    }
+    net::error_code ec;
+    sock_.close(ec);
+    idle_timer_.cancel();
+    linger_timer_.cancel();
+    kick();
+    if (pool_counted_) {
+      pool_counted_ = false;
+      pool()->clientClosed();
+    }
+  }
+
+  std::shared_ptr<EngineState> state_;
+  ConnectionInfo info_;
+  asio::posix::stream_descriptor sock_;
+  nghttp2_session* session_ = nullptr;
+  std::map<int32_t, std::shared_ptr<Http2Exchange>> streams_;
+  std::string received_;
+  std::string preamble_;
+  RequestHead upgrade_head_;
+  std::shared_ptr<Http2Exchange> upgrade_stream_;
+  net::Signal wake_;
+  bool wake_pending_ = false;
+  asio::steady_timer idle_timer_;
+  asio::steady_timer linger_timer_;
+  uint64_t requests_ = 0;
+  bool closed_ = false;
+  bool draining_ = false;
+  bool finishing_ = false;
+  bool pool_counted_ = false;
+};
+
+}  // namespace
+
+bool isConnectionSpecific(std::string_view name) {
+  return name == "connection" || name == "keep-alive" || name == "proxy-connection" ||
+         name == "transfer-encoding" || name == "upgrade" || name == "te";
+}
+
+std::string lowerCase(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
+}
+
+void serveHttp2(std::shared_ptr<EngineState> state, UniqueFd client, ConnectionInfo info,
+                std::string received, std::optional<H2cUpgrade> upgrade) {
+  const std::string source = outgoing::formatAddress(info.source);
+  auto conn = std::make_shared<ServerConnection>(state, std::move(client), std::move(info));
+  if (!conn->init(std::move(received), std::move(upgrade))) {
+    log::warn("steal_http2_setup_failed", {{"source", source}});
+    return;  // the socket closes with the connection
+  }
+  conn->start();
+}
+
+}  // namespace siphon::agent::steal::http
