@@ -264,7 +264,10 @@ TEST_F(MirrorEngineTest, LoopbackTrafficIsMirroredByteExact) {
   EXPECT_TRUE(s->up == request) << s->up.size() << " of " << request.size() << " bytes";
   EXPECT_TRUE(s->down == answer) << s->down.size() << " of " << answer.size() << " bytes";
   // Each packet was copied once: a second copy (egress and ingress of lo)
-  // would show as duplicate bytes, as many as the transfer.
+  // would show as duplicate bytes, as many as the transfer (both ways). A
+  // busy machine retransmits on lo too (a segment dropped at the socket's
+  // backlog was seen at ingress already): one CI run saw 1.8 % of the bytes
+  // twice. So the bound is half the transfer, far from both.
   MirrorEngineStats st;
   auto deadline = harness::Clock::now() + kDeadline;
   do {  // the stats are published every tick
@@ -274,7 +277,7 @@ TEST_F(MirrorEngineTest, LoopbackTrafficIsMirroredByteExact) {
   } while (harness::Clock::now() < deadline);
   EXPECT_EQ(st.table.connections_closed, 1u);
   EXPECT_EQ(st.kernel_lost, 0u);
-  EXPECT_LT(st.table.duplicate_bytes, request.size() / 100)
+  EXPECT_LT(st.table.duplicate_bytes, (request.size() + answer.size()) / 2)
       << "packets copied twice? (kernel: " << st.kernel_seen << " seen, " << st.kernel_lost
       << " lost)";
   EXPECT_EQ(collector_.connections(), 1u);
