@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "cli/json_writer.h"
 #include "siphon/status.h"
 #include "siphon/text.h"
@@ -35,6 +36,76 @@ JsonLine connectionJson(std::string_view event, const StolenEvent& e) {
 }
 
 }  // namespace
+
+bool isHttpToken(std::string_view s) {
+  if (s.empty()) return false;
+  for (unsigned char c : s) {
+    const bool alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+    if (!alnum &&
+        std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) == std::string_view::npos) {
+      return false;
+    }
+  }
+  return true;
+}
+
+namespace {
+
+std::string_view trimBlanks(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<std::optional<v1::HttpFilter>> parseHttpFilter(const FilterFlags& flags) {
+  auto bad = [](std::string what) { return protoError(v1::INVALID_ARGUMENT, std::move(what)); };
+  if (flags.headers.empty() && !flags.path && !flags.method) {
+    if (flags.any)
+      return bad(
+          "--filter-any needs filters to choose from (--filter-header, --filter-path, "
+          "--filter-method)");
+    return std::optional<v1::HttpFilter>();
+  }
+  v1::HttpFilter filter;
+  for (const std::string& h : flags.headers) {
+    const size_t colon = h.find(':');
+    if (colon == std::string::npos) {
+      return bad(absl::StrCat("bad --filter-header '", h, "': want 'Name: regex'"));
+    }
+    const std::string_view name = trimBlanks(std::string_view(h).substr(0, colon));
+    if (!isHttpToken(name)) {
+      return bad(absl::StrCat("bad --filter-header '", h, "': '", asv(name),
+                              "' is not a header name (letters, digits and !#$%&'*+-.^_`|~)"));
+    }
+    v1::HeaderFilter* f = filter.add_headers();
+    f->set_name(std::string(name));
+    f->set_value_regex(std::string(trimBlanks(std::string_view(h).substr(colon + 1))));
+  }
+  if (flags.path) {
+    if (flags.path->empty()) return bad("--filter-path is empty: give a regex (^/api/ say)");
+    filter.set_path_regex(*flags.path);
+  }
+  if (flags.method) {
+    if (!isHttpToken(*flags.method)) {
+      return bad(absl::StrCat("bad --filter-method '", *flags.method, "': not an HTTP method"));
+    }
+    filter.set_method(*flags.method);
+  }
+  filter.set_match_any(flags.any);
+  return std::optional<v1::HttpFilter>(std::move(filter));
+}
+
+std::string filterText(const v1::HttpFilter& filter) {
+  std::vector<std::string> parts;
+  for (const v1::HeaderFilter& h : filter.headers()) {
+    parts.push_back(absl::StrCat("header ", h.name(), ": ", h.value_regex()));
+  }
+  if (!filter.path_regex().empty()) parts.push_back(absl::StrCat("path ", filter.path_regex()));
+  if (!filter.method().empty()) parts.push_back(absl::StrCat("method ", filter.method()));
+  return absl::StrJoin(parts, filter.match_any() ? " or " : " and ");
+}
 
 std::string StealRoute::to() const { return hostPort(host, to_port); }
 
@@ -99,17 +170,60 @@ absl::StatusOr<std::vector<StealRoute>> pairStealRoutes(const std::vector<std::s
 }
 
 std::string stealingLine(const StealRoute& route, std::string_view backend,
-                         uint64_t subscription_id, bool json) {
+                         uint64_t subscription_id, bool json, const v1::HttpFilter* filter) {
   if (json) {
-    return JsonLine("stealing")
-        .add("port", uint64_t{route.port})
+    JsonLine j("stealing");
+    j.add("port", uint64_t{route.port})
         .add("to", route.to())
         .add("backend", backend)
-        .add("subscription_id", subscription_id)
-        .take();
+        .add("subscription_id", subscription_id);
+    if (filter) j.add("filter", filterText(*filter));
+    return j.take();
   }
   return absl::StrCat("stealing port ", route.port, " -> ", route.to(), " (backend ",
-                      backend.empty() ? "unknown" : asv(backend), ")\n");
+                      backend.empty() ? "unknown" : asv(backend),
+                      filter ? absl::StrCat(", filter ", filterText(*filter)) : "", ")\n");
+}
+
+std::string requestLine(const RequestEvent& e, bool json) {
+  if (json) {
+    JsonLine j("request");
+    j.add("source", e.source).add("destination", e.destination).add("port", uint64_t{e.port});
+    j.add("method", e.method).add("path", e.path).add("to", e.to);
+    j.add("status", static_cast<uint64_t>(e.status > 0 ? e.status : 0));
+    j.add("in", e.in).add("out", e.out);
+    if (!e.error.empty()) j.add("error", e.error);
+    return j.take();
+  }
+  std::string line = absl::StrCat(
+      "request ", e.source.empty() ? "?" : e.source, " ", e.method.empty() ? "?" : e.method, " ",
+      e.path.empty() ? "?" : e.path, " -> ", e.to, ": ",
+      e.status > 0 ? absl::StrCat(e.status) : "reset", " in=", e.in, " out=", e.out);
+  if (!e.error.empty()) absl::StrAppend(&line, " (", e.error, ")");
+  line.push_back('\n');
+  return line;
+}
+
+std::string overlapLine(const OverlapEvent& e, bool json) {
+  if (json) {
+    return JsonLine("overlap")
+        .add("port", uint64_t{e.port})
+        .add("requests", e.requests)
+        .add("taken_by", e.taken_by)
+        .add("taken_by_client", e.client)
+        .add("method", e.method)
+        .add("path", e.path)
+        .take();
+  }
+  std::string line =
+      absl::StrCat("overlap: ", e.requests, e.requests == 1 ? " request" : " requests", " to port ",
+                   e.port, " matching this filter went to subscription ", e.taken_by);
+  if (!e.client.empty()) absl::StrAppend(&line, " of client \"", e.client, "\"");
+  if (!e.method.empty() || !e.path.empty()) {
+    absl::StrAppend(&line, " (first: ", e.method, e.method.empty() ? "" : " ", e.path, ")");
+  }
+  line.push_back('\n');
+  return line;
 }
 
 std::string openLine(const StolenEvent& e, bool json) {
@@ -135,10 +249,20 @@ std::string closeLine(const StolenEvent& e, bool json) {
   return line;
 }
 
-std::string stoppingLine(uint64_t open_connections, bool json) {
-  if (json) return JsonLine("stopping").add("open_connections", open_connections).take();
-  return absl::StrCat("stopping: waiting for ", open_connections, " open connection",
-                      open_connections == 1 ? "" : "s", " (signal again to end them)\n");
+std::string stoppingLine(uint64_t open_connections, bool json, uint64_t open_requests) {
+  if (json) {
+    JsonLine j("stopping");
+    j.add("open_connections", open_connections);
+    if (open_requests > 0) j.add("open_requests", open_requests);
+    return j.take();
+  }
+  return absl::StrCat(
+      "stopping: waiting for ", open_connections, " open connection",
+      open_connections == 1 ? "" : "s",
+      open_requests == 0
+          ? ""
+          : absl::StrCat(" and ", open_requests, open_requests == 1 ? " request" : " requests"),
+      " (signal again to end them)\n");
 }
 
 std::string drainingLine(const std::string& reason, int64_t seconds_left, uint64_t open_connections,
@@ -150,9 +274,8 @@ std::string drainingLine(const std::string& reason, int64_t seconds_left, uint64
         .add("open_connections", open_connections)
         .take();
   }
-  return absl::StrCat("agent draining (", reason,
-                      "): new connections go to the application; ", open_connections,
-                      " open connection", open_connections == 1 ? "" : "s",
+  return absl::StrCat("agent draining (", reason, "): new connections go to the application; ",
+                      open_connections, " open connection", open_connections == 1 ? "" : "s",
                       " may go on for up to ", seconds_left, " s\n");
 }
 
@@ -203,17 +326,23 @@ std::string resumedLine(const std::string& agent, const std::string& cut, bool j
 }
 
 std::string summaryLine(const StealTotals& t, bool json) {
+  // Requests are counted when there can be some; an unfiltered steal's
+  // summary stays as it always was.
+  const bool requests = t.filtered || t.requests > 0;
   if (json) {
-    return JsonLine("summary")
-        .add("connections", t.connections)
-        .add("failed", t.failed)
-        .add("in", t.in)
-        .add("out", t.out)
-        .take();
+    JsonLine j("summary");
+    j.add("connections", t.connections).add("failed", t.failed);
+    if (requests) j.add("requests", t.requests).add("requests_failed", t.requests_failed);
+    return j.add("in", t.in).add("out", t.out).take();
   }
-  return absl::StrCat("summary: ", t.connections,
-                      t.connections == 1 ? " connection" : " connections", ", in=", t.in,
-                      " bytes, out=", t.out, " bytes\n");
+  std::string line =
+      absl::StrCat("summary: ", t.connections, t.connections == 1 ? " connection" : " connections");
+  if (requests) {
+    absl::StrAppend(&line, ", ", t.requests, t.requests == 1 ? " request" : " requests");
+    if (t.requests_failed > 0) absl::StrAppend(&line, " (", t.requests_failed, " failed)");
+  }
+  absl::StrAppend(&line, ", in=", t.in, " bytes, out=", t.out, " bytes\n");
+  return line;
 }
 
 }  // namespace siphon::cli

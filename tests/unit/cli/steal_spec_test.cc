@@ -186,5 +186,178 @@ TEST(StealLines, MovesAndResumes) {
             "{\"event\":\"resumed\",\"agent\":\"a:1\",\"cut\":\"x\"}\n");
 }
 
+// ------------------------------------------------------------ filters
+
+TEST(ParseHttpFilter, NoFilterFlagsIsTheWholePort) {
+  auto f = parseHttpFilter({});
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_FALSE(f->has_value());
+}
+
+TEST(ParseHttpFilter, HeaderSplitsAtTheFirstColonAndTrimsBlanks) {
+  FilterFlags flags;
+  flags.headers = {"X-User:  ^alice$ ", "x-trace:a:b", "X-Any:", "\tAccept : text/.*"};
+  auto f = parseHttpFilter(flags);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE(f->has_value());
+  const v1::HttpFilter& filter = **f;
+  ASSERT_EQ(filter.headers_size(), 4);
+  EXPECT_EQ(filter.headers(0).name(), "X-User");
+  EXPECT_EQ(filter.headers(0).value_regex(), "^alice$");
+  EXPECT_EQ(filter.headers(1).name(), "x-trace");
+  EXPECT_EQ(filter.headers(1).value_regex(), "a:b");
+  EXPECT_EQ(filter.headers(2).name(), "X-Any");
+  EXPECT_EQ(filter.headers(2).value_regex(), "");  // any value: the header is there
+  EXPECT_EQ(filter.headers(3).name(), "Accept");
+  EXPECT_EQ(filter.headers(3).value_regex(), "text/.*");
+  EXPECT_EQ(filter.path_regex(), "");
+  EXPECT_EQ(filter.method(), "");
+  EXPECT_FALSE(filter.match_any());
+}
+
+TEST(ParseHttpFilter, PathMethodAndAny) {
+  FilterFlags flags;
+  flags.path = "^/api/";
+  flags.method = "POST";
+  flags.any = true;
+  auto f = parseHttpFilter(flags);
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_TRUE(f->has_value());
+  EXPECT_EQ((*f)->headers_size(), 0);
+  EXPECT_EQ((*f)->path_regex(), "^/api/");
+  EXPECT_EQ((*f)->method(), "POST");
+  EXPECT_TRUE((*f)->match_any());
+}
+
+TEST(ParseHttpFilter, MistakesAreNamed) {
+  const std::vector<std::pair<FilterFlags, std::string>> cases = {
+      {{{"X-User alice"}, {}, {}, false}, "bad --filter-header 'X-User alice': want 'Name: regex'"},
+      {{{": alice"}, {}, {}, false}, "'' is not a header name"},
+      {{{"X User: alice"}, {}, {}, false}, "'X User' is not a header name"},
+      {{{"X-Us\xc3\xa9r: a"}, {}, {}, false}, "is not a header name"},
+      {{{"X-User: a", "(x): b"}, {}, {}, false}, "'(x)' is not a header name"},
+      {{{}, std::string(""), {}, false}, "--filter-path is empty"},
+      {{{}, {}, std::string("GE T"), false}, "bad --filter-method 'GE T'"},
+      {{{}, {}, std::string(""), false}, "bad --filter-method ''"},
+      {{{}, {}, {}, true}, "--filter-any needs filters"},
+  };
+  for (const auto& [flags, why] : cases) {
+    auto f = parseHttpFilter(flags);
+    ASSERT_FALSE(f.ok()) << why;
+    EXPECT_EQ(errorCodeOf(f.status()), v1::INVALID_ARGUMENT) << why;
+    EXPECT_THAT(messageOf(f.status()), HasSubstr(why));
+  }
+}
+
+TEST(IsHttpToken, TcharsOnly) {
+  EXPECT_TRUE(isHttpToken("X-User"));
+  EXPECT_TRUE(isHttpToken("!#$%&'*+-.^_`|~09azAZ"));
+  EXPECT_FALSE(isHttpToken(""));
+  EXPECT_FALSE(isHttpToken("a b"));
+  EXPECT_FALSE(isHttpToken("a:b"));
+  EXPECT_FALSE(isHttpToken("a\"b"));
+  EXPECT_FALSE(isHttpToken("a\x7f"));
+}
+
+TEST(FilterText, AllOfAndAnyOf) {
+  FilterFlags flags;
+  flags.headers = {"x-user: alice"};
+  auto one = parseHttpFilter(flags);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(filterText(**one), "header x-user: alice");
+  flags.path = "^/api";
+  flags.method = "GET";
+  auto all = parseHttpFilter(flags);
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(filterText(**all), "header x-user: alice and path ^/api and method GET");
+  flags.any = true;
+  auto any = parseHttpFilter(flags);
+  ASSERT_TRUE(any.ok());
+  EXPECT_EQ(filterText(**any), "header x-user: alice or path ^/api or method GET");
+}
+
+TEST(StealLines, StealingNamesTheFilter) {
+  StealRoute route{80, "127.0.0.1", 9000};
+  FilterFlags flags;
+  flags.headers = {"x-user: alice"};
+  auto f = parseHttpFilter(flags);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(stealingLine(route, "sk_lookup", 7, false, &**f),
+            "stealing port 80 -> 127.0.0.1:9000 (backend sk_lookup, filter header x-user: "
+            "alice)\n");
+  EXPECT_EQ(stealingLine(route, "sk_lookup", 7, true, &**f),
+            "{\"event\":\"stealing\",\"port\":80,\"to\":\"127.0.0.1:9000\",\"backend\":"
+            "\"sk_lookup\",\"subscription_id\":7,\"filter\":\"header x-user: alice\"}\n");
+}
+
+RequestEvent sampleRequest() {
+  RequestEvent e;
+  e.source = "10.1.2.3:40000";
+  e.destination = "10.0.0.5:80";
+  e.port = 80;
+  e.to = "127.0.0.1:9000";
+  e.method = "GET";
+  e.path = "/api/x?y=1";
+  e.status = 200;
+  e.in = 123;
+  e.out = 456;
+  return e;
+}
+
+TEST(StealLines, Requests) {
+  RequestEvent e = sampleRequest();
+  EXPECT_EQ(requestLine(e, false),
+            "request 10.1.2.3:40000 GET /api/x?y=1 -> 127.0.0.1:9000: 200 in=123 out=456\n");
+  EXPECT_EQ(requestLine(e, true),
+            "{\"event\":\"request\",\"source\":\"10.1.2.3:40000\",\"destination\":"
+            "\"10.0.0.5:80\",\"port\":80,\"method\":\"GET\",\"path\":\"/api/x?y=1\","
+            "\"to\":\"127.0.0.1:9000\",\"status\":200,\"in\":123,\"out\":456}\n");
+  e.status = 502;
+  e.error = "connect 127.0.0.1:9000: Connection refused";
+  EXPECT_EQ(requestLine(e, false),
+            "request 10.1.2.3:40000 GET /api/x?y=1 -> 127.0.0.1:9000: 502 in=123 out=456 "
+            "(connect 127.0.0.1:9000: Connection refused)\n");
+  EXPECT_THAT(requestLine(e, true),
+              HasSubstr("\"status\":502,\"in\":123,\"out\":456,\"error\":\"connect "));
+  e.status = 0;
+  e.error = "reset by the agent: CANCELLED: gone";
+  EXPECT_EQ(requestLine(e, false),
+            "request 10.1.2.3:40000 GET /api/x?y=1 -> 127.0.0.1:9000: reset in=123 out=456 "
+            "(reset by the agent: CANCELLED: gone)\n");
+}
+
+TEST(StealLines, Overlaps) {
+  OverlapEvent e{80, 7, "bob", 3, "GET", "/x"};
+  EXPECT_EQ(overlapLine(e, false),
+            "overlap: 3 requests to port 80 matching this filter went to subscription 7 of "
+            "client \"bob\" (first: GET /x)\n");
+  EXPECT_EQ(overlapLine(e, true),
+            "{\"event\":\"overlap\",\"port\":80,\"requests\":3,\"taken_by\":7,"
+            "\"taken_by_client\":\"bob\",\"method\":\"GET\",\"path\":\"/x\"}\n");
+  OverlapEvent one{443, 2, "", 1, "", ""};
+  EXPECT_EQ(overlapLine(one, false),
+            "overlap: 1 request to port 443 matching this filter went to subscription 2\n");
+}
+
+TEST(StealLines, SummaryCountsRequestsOfAFilteredSteal) {
+  StealTotals t{0, 0, 10, 20};
+  t.filtered = true;
+  t.requests = 5;
+  t.requests_failed = 1;
+  EXPECT_EQ(summaryLine(t, false),
+            "summary: 0 connections, 5 requests (1 failed), in=10 bytes, out=20 bytes\n");
+  EXPECT_EQ(summaryLine(t, true),
+            "{\"event\":\"summary\",\"connections\":0,\"failed\":0,\"requests\":5,"
+            "\"requests_failed\":1,\"in\":10,\"out\":20}\n");
+  t.requests = 1;
+  t.requests_failed = 0;
+  EXPECT_EQ(summaryLine(t, false),
+            "summary: 0 connections, 1 request, in=10 bytes, out=20 bytes\n");
+  EXPECT_EQ(stoppingLine(1, false, 2),
+            "stopping: waiting for 1 open connection and 2 requests (signal again to end them)\n");
+  EXPECT_EQ(stoppingLine(0, true, 1),
+            "{\"event\":\"stopping\",\"open_connections\":0,\"open_requests\":1}\n");
+}
+
 }  // namespace
 }  // namespace siphon::cli
