@@ -11,6 +11,7 @@
 
 #include <boost/beast/http/basic_parser.hpp>
 #include <boost/beast/http/error.hpp>
+#include <limits>
 
 #include "agent/common/log.h"
 #include "agent/steal/http/http2_exchange.h"
@@ -167,6 +168,7 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
  private:
   net::awaitable<void> writeLoop() {
     try {
+      if (!x_) co_return;  // cancelled before this coroutine ran
       bool chunked = false;
       std::string out = requestHead(*x_, &chunked);
       bool ended = false;
@@ -224,6 +226,7 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
 
   net::awaitable<void> readLoop() {
     try {
+      if (!x_) co_return;
       std::string in;
       std::vector<char> buf(kReadChunk);
       auto parser = std::make_unique<ResponseParser>();
@@ -272,6 +275,9 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
           boost::beast::error_code ec;
           if (parser->got_some()) parser->put_eof(ec);
           if (parser->got_some() && !ec && parser->is_done()) continue;  // ended by EOF
+          log::debug("steal_http2_session_eof", {{"stream", static_cast<int64_t>(x_->streamId())},
+                                                 {"response_begun", parser->got_some()},
+                                                 {"head", parser->head_done}});
           fail();
           co_return;
         }
@@ -300,7 +306,9 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
   void resetParser(ResponseParser& p) {
     p.header_limit(
         static_cast<std::uint32_t>(std::min<size_t>(x_->options().max_head_bytes, UINT32_MAX)));
-    p.body_limit(boost::none);
+    // Not boost::none: Beast 1.74 compares a content length against the
+    // optional itself, and any length is then "over" an unset limit.
+    p.body_limit(std::numeric_limits<std::uint64_t>::max());
     p.eager(true);
     if (head_request_) p.skip(true);
   }
