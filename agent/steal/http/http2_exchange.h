@@ -137,10 +137,13 @@ class Http2Exchange {
   // HTTP/2 error code for a failure after the head was sent.
   uint32_t fail_code = 2;  // INTERNAL_ERROR
 
-  void respondHead(int code, HeaderList h) {
+  // `ended`: the response has no body and no trailers (HEADERS ends the
+  // stream: no empty DATA frame after a 204 or a HEAD response).
+  void respondHead(int code, HeaderList h, bool ended = false) {
     if (failed || status != 0) return;
     status = code;
     response_headers = std::move(h);
+    response_ended = ended;
     notify();
   }
   // False (and the exchange failed) when max_response_body is exceeded.

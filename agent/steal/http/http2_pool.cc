@@ -328,7 +328,8 @@ int Http2AppConnection::onFrameRecv(nghttp2_session* session, const nghttp2_fram
   if (!x) return 0;
   if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_RESPONSE) {
     if (s->status_ >= 100 && s->status_ < 200) return 0;  // interim: not passed on
-    x->respondHead(s->status_, std::move(s->headers_));
+    x->respondHead(s->status_, std::move(s->headers_), end);
+    return 0;
   }
   if (end) x->respondEnd(std::move(s->trailers_));
   return 0;

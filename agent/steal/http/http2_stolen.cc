@@ -259,7 +259,8 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
             continue;
           }
           head_sent_ = true;
-          x_->respondHead(parser->status, responseHeaders(parser->headers));
+          x_->respondHead(parser->status, responseHeaders(parser->headers),
+                          parser->is_done() && parser->body.empty() && parser->trailers.empty());
           if (!x_) co_return;
         }
         if (!parser->body.empty()) {

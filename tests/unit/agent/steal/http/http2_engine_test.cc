@@ -95,6 +95,11 @@ void echoSession(int fd, RequestHead) {
   head += "X-Got-Trailer: " + std::string(m["x-req-trailer"]) + "\r\n";
   head += "X-Got-Cookie: " + std::string(m[bhttp::field::cookie]) + "\r\n";
   std::string out;
+  if (m.method() == bhttp::verb::head) {
+    // The length a GET would have; no body follows.
+    writeAll(fd, head + "Content-Length: 1234\r\n\r\n");
+    return;
+  }
   if (m.count("x-want-100") > 0) out += "HTTP/1.1 100 Continue\r\n\r\n";
   if (m.count("x-want-trailers") > 0) {
     out += head + "Transfer-Encoding: chunked\r\nTrailer: X-Session-Trailer\r\n\r\n";
@@ -413,6 +418,19 @@ TEST_F(Http2EngineTest, InterimResponsesAreSkippedAndCookiesJoined) {
   ASSERT_TRUE(client.run()) << client.error();
   EXPECT_EQ(client.response(id).status, 200);
   EXPECT_EQ(headerValue(client.response(id).headers, "x-got-cookie"), "a=1; b=2");
+}
+
+TEST_F(Http2EngineTest, HeadResponseHasNoBody) {
+  start();
+  H2Client client(port_);
+  TestRequest req = get("/h", true);
+  req.method = "HEAD";
+  const int32_t id = client.submit(req);
+  ASSERT_TRUE(client.run()) << client.error();
+  EXPECT_EQ(client.response(id).status, 200);
+  EXPECT_EQ(client.response(id).error_code, 0u);
+  EXPECT_EQ(headerValue(client.response(id).headers, "content-length"), "1234");
+  EXPECT_EQ(client.response(id).body, "");
 }
 
 TEST_F(Http2EngineTest, SessionGoneBeforeItsResponseIs502) {
