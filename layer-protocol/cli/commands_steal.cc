@@ -1,9 +1,14 @@
 // `siphon steal`: the agent steals ports of the target (StealSubscribe) and
 // hands every connection to them to this client as a stream
 // (StreamOpen{stolen}); each is joined to a fresh connection to a local
-// server.
+// server. With --filter-* flags the steal is HTTP-filtered: the agent takes
+// only the requests that match, and hands over each as a stream of its own
+// (StreamOpen{stolen_request}), served by the HTTP plumbing
+// (http_plumbing.h) on pooled connections to the local server.
 //
 //   siphon steal --port P --to HOST:PORT [--port P2 --to HOST2:PORT2 ...] [--flush-connections]
+//                [--filter-header 'Name: regex'...] [--filter-path RE] [--filter-method M]
+//                [--filter-any]
 //
 // Order of events:
 //  1. The stream acceptor is set before the first subscribe, so no
@@ -15,6 +20,10 @@
 //  3. "stealing port ..." lines, once all are up (scripts wait for them).
 //  4. Per connection: connect to its --to, accept the stream, bridge both
 //     ways with half-close kept (a FIN travels as a FIN, a reset as a reset).
+//     Per stolen request: accept the stream, then the plumbing writes the
+//     request to the --to and the response back; one "request" line at
+//     its end. Overlap notices (another subscription got requests this
+//     filter matched) are one line each.
 //  5. First SIGINT/SIGTERM: unsubscribe every port, let open connections
 //     run to their end; a second one ends them. Then the summary, exit 0.
 //     A session lost for good ends everything with exit 3.
@@ -41,6 +50,7 @@
 #include "cli/bridge.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
+#include "cli/http_plumbing.h"
 #include "cli/line_writer.h"
 #include "cli/steal_spec.h"
 #include "siphon/status.h"
@@ -54,7 +64,10 @@ struct StealFlags {
   std::vector<std::string> ports;
   std::vector<std::string> tos;
   bool flush = false;
-  std::vector<StealRoute> routes;  // set by the subcommand's callback
+  FilterFlags filter_flags;
+  // Set by the subcommand's callback.
+  std::vector<StealRoute> routes;
+  std::optional<v1::HttpFilter> filter;
 };
 
 // A route with its resolved local endpoints (all of them: "localhost" may
@@ -134,10 +147,12 @@ struct StealState {
   asio::signal_set signals;
 
   std::vector<Target> targets;
-  std::map<uint64_t, size_t> subscriptions;  // subscription id -> targets index
-  bool started = false;                      // every port subscribed
+  std::vector<std::shared_ptr<LocalPool>> pools;  // one per target, for stolen requests
+  std::map<uint64_t, size_t> subscriptions;       // subscription id -> targets index
+  bool started = false;                           // every port subscribed
   std::vector<std::pair<std::shared_ptr<client::ClientStream>, v1::StreamOpen>> waiting;
-  std::map<uint64_t, std::shared_ptr<Stolen>> live;  // by stream id, connecting or open
+  std::map<uint64_t, std::shared_ptr<Stolen>> live;        // by stream id, connecting or open
+  std::map<uint64_t, std::shared_ptr<Exchange>> requests;  // stolen requests, by stream id
   // Spawned serveStolen coroutines that have not run yet: co_spawn starts
   // them later, and until then they are in no map.
   size_t starting = 0;
@@ -172,14 +187,17 @@ struct StealState {
     std::vector<std::shared_ptr<Stolen>> all;
     for (auto& [id, c] : live) all.push_back(c);
     for (auto& c : all) c->end(why);
+    std::vector<std::shared_ptr<Exchange>> exchanges;
+    for (auto& [id, x] : requests) exchanges.push_back(x);
+    for (auto& x : exchanges) x->end(why);
   }
 
   void finished(const std::shared_ptr<Stolen>& c) {
     live.erase(c->stream->id());
     done.notify();
   }
-  // Connections not yet finished, started or not.
-  bool busy() const { return !live.empty() || starting > 0; }
+  // Connections and requests not yet finished, started or not.
+  bool busy() const { return !live.empty() || !requests.empty() || starting > 0; }
 };
 
 // ------------------------------------------------------------ bridging
@@ -314,10 +332,93 @@ net::awaitable<void> serveStolen(std::shared_ptr<StealState> state,
   c->start();
 }
 
-// Hands a stream to a new serveStolen coroutine.
+// ------------------------------------------------------------ requests
+
+// A stolen request that will not be served: its stream is reset and its
+// line printed.
+void failRequest(const std::shared_ptr<StealState>& st,
+                 const std::shared_ptr<client::ClientStream>& stream, RequestEvent event,
+                 v1::ErrorCode code, std::string why) {
+  stream->reset(code, why);
+  event.error = std::move(why);
+  ++st->totals.requests;
+  ++st->totals.requests_failed;
+  st->print(requestLine(event, st->json));
+  st->done.notify();
+}
+
+// One stolen HTTP request: accepted at once (the plumbing answers even a
+// local server that is down, with a 502), then served by an Exchange.
+net::awaitable<void> serveRequest(std::shared_ptr<StealState> state,
+                                  std::shared_ptr<client::ClientStream> stream_in,
+                                  v1::StreamOpen open_in) {
+  const std::shared_ptr<StealState> st = std::move(state);
+  const std::shared_ptr<client::ClientStream> stream = std::move(stream_in);
+  const v1::StreamOpen open = std::move(open_in);
+  auto ex = co_await asio::this_coro::executor;
+  const v1::StolenRequest& stolen = open.stolen_request();
+  --st->starting;
+
+  RequestEvent event;
+  if (!stolen.source().ip().empty()) {
+    event.source = hostPort(stolen.source().ip(), stolen.source().port());
+  }
+  if (!stolen.destination().ip().empty()) {
+    event.destination = hostPort(stolen.destination().ip(), stolen.destination().port());
+  }
+  event.port = stolen.destination().port();
+  event.to = "?";
+  event.method = stolen.method();
+  event.path = stolen.path();
+  auto sub = st->subscriptions.find(stolen.subscription_id());
+  if (sub == st->subscriptions.end()) {
+    failRequest(st, stream, std::move(event), v1::NOT_FOUND,
+                absl::StrCat("no subscription ", stolen.subscription_id(), " in this client"));
+    co_return;
+  }
+  const size_t index = sub->second;
+  event.port = st->targets[index].route.port;
+  event.to = st->targets[index].route.to();
+  if (st->ending || !st->lost.ok()) {
+    failRequest(st, stream, std::move(event), v1::CANCELLED, "siphon steal is ending");
+    co_return;
+  }
+  absl::Status accepted = st->client->acceptStream(*stream);
+  if (!accepted.ok()) {
+    st->checkLost(accepted);
+    failRequest(st, stream, std::move(event), v1::CANCELLED,
+                absl::StrCat("the request ended before it was accepted: ", statusText(accepted)));
+    co_return;
+  }
+  auto x = std::make_shared<Exchange>(ex, stream, st->pools[index], std::move(event),
+                                      stolen.method() == "HEAD",
+                                      [weak = std::weak_ptr<StealState>(st)](Exchange& done) {
+                                        auto state = weak.lock();
+                                        if (!state) return;
+                                        ++state->totals.requests;
+                                        if (done.failed()) ++state->totals.requests_failed;
+                                        state->totals.in += done.event().in;
+                                        state->totals.out += done.event().out;
+                                        state->print(requestLine(done.event(), state->json));
+                                        state->requests.erase(done.streamId());
+                                        state->done.notify();
+                                      });
+  x->on_stream_error = [weak = std::weak_ptr<StealState>(st)](const absl::Status& s) {
+    if (auto state = weak.lock()) state->checkLost(s);
+  };
+  st->requests[stream->id()] = x;
+  x->start();
+}
+
+// Hands a stream to a new serveStolen (or serveRequest) coroutine.
 void spawnServe(const std::shared_ptr<StealState>& st, std::shared_ptr<client::ClientStream> stream,
                 v1::StreamOpen open) {
   ++st->starting;
+  if (open.has_stolen_request()) {
+    asio::co_spawn(st->signals.get_executor(), serveRequest(st, std::move(stream), std::move(open)),
+                   asio::detached);
+    return;
+  }
   asio::co_spawn(st->signals.get_executor(), serveStolen(st, std::move(stream), std::move(open)),
                  asio::detached);
 }
@@ -326,8 +427,9 @@ void spawnServe(const std::shared_ptr<StealState>& st, std::shared_ptr<client::C
 // so it only starts (or parks) the work.
 void onStreamOpen(const std::shared_ptr<StealState>& st,
                   std::shared_ptr<client::ClientStream> stream, v1::StreamOpen open) {
-  if (!open.has_stolen()) {
-    stream->reset(v1::UNIMPLEMENTED, "siphon steal accepts stolen connections only");
+  if (!open.has_stolen() && !open.has_stolen_request()) {
+    stream->reset(v1::UNIMPLEMENTED,
+                  "siphon steal accepts stolen connections and stolen requests only");
     return;
   }
   if (!st->started) {
@@ -394,8 +496,10 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
     }
     Target t{route, {}};
     for (const auto& r : results) t.endpoints.push_back(r.endpoint());
+    st->pools.push_back(std::make_shared<LocalPool>(ex, route.to(), t.endpoints, env.timeout));
     st->targets.push_back(std::move(t));
   }
+  st->totals.filtered = flags.filter.has_value();
 
   // A closed stdout (--json | head) is a write error, not a signal to die of.
   ::signal(SIGPIPE, SIG_IGN);
@@ -420,8 +524,9 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
     const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                std::chrono::system_clock::now().time_since_epoch())
                                .count();
-    state->print(drainingLine(d.reason(), std::max<int64_t>(0, (d.deadline_unix_ms() - now_ms) / 1000),
-                              state->live.size() + state->starting, state->json));
+    state->print(
+        drainingLine(d.reason(), std::max<int64_t>(0, (d.deadline_unix_ms() - now_ms) / 1000),
+                     state->live.size() + state->requests.size() + state->starting, state->json));
   });
   // Failover (several --agent): the client moved to another agent and made
   // the subscriptions again there, under the same ids.
@@ -438,17 +543,34 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
       }
       ++move.ports_lost;
       auto sub = state->subscriptions.find(id);
-      uint16_t port = sub == state->subscriptions.end() ? 0 : state->targets[sub->second].route.port;
+      uint16_t port =
+          sub == state->subscriptions.end() ? 0 : state->targets[sub->second].route.port;
       lines.push_back(restealFailedLine(port, e.to, statusText(status), state->json));
     }
     state->print(movedLine(move, state->json));
     for (const auto& line : lines) state->print(line);
     if (move.ports_back == 0 && move.ports_lost > 0) {
-      state->sessionLost(protoError(
-          v1::FAILED_PRECONDITION,
-          absl::StrCat("no port could be stolen again on agent ", e.to)));
+      state->sessionLost(protoError(v1::FAILED_PRECONDITION,
+                                    absl::StrCat("no port could be stolen again on agent ", e.to)));
     }
   });
+  // A request this filter matched went to an earlier subscription of the
+  // port (another session's, usually).
+  env.client->setNoticeHandler(
+      [weak = std::weak_ptr<StealState>(st)](const v1::SubscriptionNotice& notice) {
+        auto state = weak.lock();
+        if (!state || !notice.has_overlap()) return;
+        const v1::FilterOverlap& o = notice.overlap();
+        OverlapEvent e;
+        auto sub = state->subscriptions.find(notice.subscription_id());
+        if (sub != state->subscriptions.end()) e.port = state->targets[sub->second].route.port;
+        e.taken_by = o.taken_by();
+        e.client = o.taken_by_client();
+        e.requests = o.requests();
+        e.method = o.method();
+        e.path = o.path();
+        state->print(overlapLine(e, state->json));
+      });
   env.client->setResumedHandler([weak = std::weak_ptr<StealState>(st)](const absl::Status& cut) {
     if (auto state = weak.lock()) {
       state->print(resumedLine(state->client->endpoint(), std::string(cut.message()), state->json));
@@ -466,6 +588,9 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
     v1::Request request;
     request.mutable_steal()->set_port(route.port);
     request.mutable_steal()->set_flush_connections(flags.flush);
+    // The client keeps the request as it is to steal the port again on
+    // another agent (failover): the filter goes with it.
+    if (flags.filter) *request.mutable_steal()->mutable_http_filter() = *flags.filter;
     auto response = co_await callOrReport(env, std::move(request),
                                           absl::StrCat("steal port ", route.port), &exit_code);
     if (!response.ok()) {
@@ -480,7 +605,8 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
     }
     const v1::Subscribed& sub = response->subscribed();
     st->subscriptions[sub.subscription_id()] = i;
-    lines.push_back(stealingLine(route, sub.backend(), sub.subscription_id(), st->json));
+    lines.push_back(stealingLine(route, sub.backend(), sub.subscription_id(), st->json,
+                                 flags.filter ? &*flags.filter : nullptr));
   }
 
   net::error_code ignored;
@@ -488,6 +614,7 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
     // Nothing was served yet: the parked streams are reset, not half-served,
     // and later ones find no acceptor.
     env.client->setStreamAcceptor(nullptr);
+    env.client->setNoticeHandler(nullptr);
     for (auto& [stream, open] : st->waiting) stream->reset(v1::CANCELLED, "siphon steal failed");
     st->waiting.clear();
     (void)co_await unsubscribeAll(env, st);
@@ -503,7 +630,7 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
   while (!st->stop_requested && st->lost.ok()) co_await st->done.wait();
   exit_code = co_await unsubscribeAll(env, st);
   if (st->busy() && !st->ending && st->lost.ok()) {
-    st->print(stoppingLine(st->live.size() + st->starting, st->json));
+    st->print(stoppingLine(st->live.size() + st->starting, st->json, st->requests.size()));
   }
   while (st->busy() && st->lost.ok()) co_await st->done.wait();
   if (!st->lost.ok()) {
@@ -521,6 +648,8 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
   env.client->setDrainingHandler(nullptr);
   env.client->setFailoverHandler(nullptr);
   env.client->setResumedHandler(nullptr);
+  env.client->setNoticeHandler(nullptr);
+  for (auto& pool : st->pools) pool->closeAll();
   st->signals.cancel(ignored);
   st->print(summaryLine(st->totals, st->json));
   co_return exit_code;
@@ -549,6 +678,26 @@ void addStealCommands(CLI::App& app, std::vector<Command>& out) {
   steal->add_flag("--flush-connections", flags->flush,
                   "Also destroy connections to the port(s) established before the steal, so "
                   "their clients reconnect and get stolen");
+  steal
+      ->add_option("--filter-header", flags->filter_flags.headers,
+                   "Steal only HTTP requests with this header (name case-insensitive) and a "
+                   "value the RE2 regex matches (unanchored); repeatable")
+      ->type_name("'NAME: REGEX'")
+      ->allow_extra_args(false);
+  steal
+      ->add_option("--filter-path", flags->filter_flags.path,
+                   "Steal only HTTP requests whose path, or path?query, the RE2 regex matches "
+                   "(unanchored: ^/api/ for a prefix)")
+      ->type_name("REGEX")
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
+  steal
+      ->add_option("--filter-method", flags->filter_flags.method,
+                   "Steal only HTTP requests with this method (exactly: GET, POST...)")
+      ->type_name("METHOD")
+      ->multi_option_policy(CLI::MultiOptionPolicy::Throw);
+  steal->add_flag("--filter-any", flags->filter_flags.any,
+                  "A request matching any one filter is stolen (default: all of them must "
+                  "match)");
   steal->footer(
       "Each stolen connection is connected to its --to and bridged both ways until either side "
       "closes. On stderr: 'stealing port P -> HOST:PORT (backend B)' once every port is taken, "
@@ -556,11 +705,21 @@ void addStealCommands(CLI::App& app, std::vector<Command>& out) {
       "connection (in: from the remote client, out: to it). With --json: one JSON object per "
       "line on stdout instead. The first SIGINT/SIGTERM gives the ports back and waits for open "
       "connections to end, a second one ends them; then a summary.\n\n"
-      "Example: siphon steal --port 80 --to 127.0.0.1:8080 --port 443 --to 127.0.0.1:8443");
+      "With --filter-* the steal takes HTTP requests, not connections: only the requests that "
+      "match (the filter applies to every --port); the others, and anything that is not HTTP, "
+      "reach the application. Several sessions may steal one port with different filters. Each "
+      "request is sent to its --to (connections kept alive and reused) and the response "
+      "returned; a --to that cannot be reached is answered with a 502. One line per request: "
+      "'request SRC METHOD PATH -> HOST:PORT: STATUS in=BYTES out=BYTES'.\n\n"
+      "Example: siphon steal --port 80 --to 127.0.0.1:8080 --port 443 --to 127.0.0.1:8443\n"
+      "Example: siphon steal --port 80 --to 127.0.0.1:8080 --filter-header 'x-user: ^alice$'");
   steal->callback([flags] {
     auto routes = pairStealRoutes(flags->ports, flags->tos);
     if (!routes.ok()) throw CLI::ValidationError("steal", std::string(routes.status().message()));
     flags->routes = *std::move(routes);
+    auto filter = parseHttpFilter(flags->filter_flags);
+    if (!filter.ok()) throw CLI::ValidationError("steal", std::string(filter.status().message()));
+    flags->filter = *std::move(filter);
   });
   out.push_back({steal, [flags](const CommandEnv& env) -> net::awaitable<int> {
                    co_return co_await runSteal(env, *flags);
