@@ -1068,9 +1068,12 @@ TEST_P(HttpStealTest, Http2PriorKnowledgeAndUpgradeAreRoutedPerStream) {
   r = inClient({"nghttp", "-u", "-t", "10", url(81, "/up-app")});
   EXPECT_EQ(r.exit_code, 0) << r;
   EXPECT_EQ(r.out, "app-h2 /up-app \n");
-  // curl's upgrade too.
-  EXPECT_EQ(curl({"--http2", "-H", "x-user: alice", url(81, "/curl-up")}),
-            "local-A GET /curl-up alice\n");
+  // curl's upgrade too (HTTP/2 once upgraded, not an HTTP/1.1 answer).
+  EXPECT_EQ(
+      curl({"--http2", "-H", "x-user: alice", "-w", "HTTP/%{http_version}\n", url(81, "/curl-up")}),
+      "local-A GET /curl-up alice\nHTTP/2\n");
+  EXPECT_EQ(curl({"--http2", "-w", "HTTP/%{http_version}\n", url(81, "/curl-up")}),
+            "app-h2 /curl-up \nHTTP/2\n");
 
   // Several streams of one connection, concurrent: nghttp sends its URIs
   // on one connection; one header set, so the path tells them apart here.
@@ -1381,6 +1384,8 @@ TEST_P(HttpStealTest, SessionKilledMidRequestGetsTheClientA502) {
   Result got2 = h2.get();
   const auto took = Clock::now() - t0;
   local.release();
+  std::cerr << "502 after " << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+            << " ms; HTTP/1 answer: " << got1 << "\n";
   EXPECT_THAT(got1, HasSubstr("siphon")) << got1;
   EXPECT_THAT(got1, testing::EndsWith("\n502")) << got1;
   EXPECT_THAT(got2.out, HasSubstr(":status: 502")) << got2;
