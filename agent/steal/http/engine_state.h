@@ -30,6 +30,7 @@ class LiveConnection {
 };
 
 class Http2AppPool;  // http2.h
+class Http1AppPool;  // pool.h
 
 struct EngineState {
   EngineState(net::asio::any_io_executor executor, HttpRouter& r, HttpOptions o)
@@ -45,6 +46,9 @@ struct EngineState {
   // HTTP/2 connections to the application, shared by the HTTP/2 client
   // connections (created by http2.cc on first use).
   std::shared_ptr<Http2AppPool> h2_pool;
+  // Keep-alive HTTP/1.1 connections to the application, shared by the
+  // HTTP/1 client connections (pool.h, made on first use).
+  std::shared_ptr<Http1AppPool> h1_pool;
 };
 
 }  // namespace siphon::agent::steal::http

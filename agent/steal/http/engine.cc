@@ -1,0 +1,219 @@
+#include "agent/steal/http/engine.h"
+
+#include <vector>
+
+#include "agent/common/log.h"
+#include "agent/steal/http/detect.h"
+#include "agent/steal/http/http1.h"
+#include "agent/steal/http/http2.h"
+#include "agent/steal/http/pool.h"
+#include "agent/steal/http/tunnel.h"
+
+namespace siphon::agent::steal::http {
+namespace {
+
+namespace asio = net::asio;
+
+// A connection from accept() until its protocol is known, and then, when
+// it is no HTTP the engine speaks, its passthrough to the application. An
+// HTTP connection is handed to its protocol's engine (which registers
+// itself) and this object goes.
+//
+// Drain while detecting: the connection passes through at once with what
+// it sent so far (its requests reach the application, which the steal
+// gives the port back to), rather than being closed under a client that
+// has not even spoken.
+class PendingConnection final : public LiveConnection,
+                                public std::enable_shared_from_this<PendingConnection> {
+ public:
+  PendingConnection(std::shared_ptr<EngineState> state, UniqueFd client, ConnectionInfo info)
+      : state_(std::move(state)),
+        info_(std::move(info)),
+        client_(adoptSocket(state_->ex, client.release())),
+        timer_(state_->ex) {}
+  ~PendingConnection() override { unregister(); }
+
+  void start() {
+    state_->connections.insert(this);
+    registered_ = true;
+    asio::co_spawn(
+        state_->ex,
+        [self = shared_from_this()]() -> net::awaitable<void> {
+          try {
+            co_await self->run();
+          } catch (const std::exception& e) {
+            log::warn("http_detect_failed", {{"error", e.what()}});
+            self->abort();
+          }
+        },
+        asio::detached);
+  }
+
+  void drain() override {
+    drain_ = true;
+    if (detecting_) {
+      net::error_code ignored;
+      client_.cancel(ignored);
+    }
+  }
+  void abort() override {
+    if (aborted_) return;
+    aborted_ = true;
+    timer_.cancel();
+    abortDescriptor(client_);
+    if (tunnel_) tunnel_->abort();
+  }
+  // Detecting, or passing through: either way under way.
+  bool busy() const override { return true; }
+
+ private:
+  void unregister() {
+    if (registered_) state_->connections.erase(this);
+    registered_ = false;
+  }
+
+  net::awaitable<void> run() {
+    const HttpOptions& o = state_->options;
+    std::string received;
+    Protocol protocol = Protocol::kNeedMore;
+    bool timed_out = false;
+    detecting_ = true;
+    while (protocol == Protocol::kNeedMore && !drain_ && !state_->draining) {
+      // Each read gets detect_timeout: a client that has begun a request
+      // line gets as long for the next piece as for the first byte.
+      timer_.expires_after(o.detect_timeout);
+      timer_.async_wait([weak = weak_from_this()](net::error_code ec) {
+        auto self = weak.lock();
+        if (ec || !self || !self->detecting_) return;
+        self->timed_out_ = true;
+        net::error_code ignored;
+        self->client_.cancel(ignored);
+      });
+      const size_t old = received.size();
+      received.resize(old + 4096);
+      net::error_code ec;
+      const size_t n = co_await client_.async_read_some(
+          asio::buffer(received.data() + old, 4096), asio::redirect_error(net::use_awaitable, ec));
+      received.resize(old + n);
+      timer_.cancel();
+      if (aborted_) co_return;
+      if (timed_out_) {
+        timed_out = true;
+        break;
+      }
+      if (ec == asio::error::operation_aborted) break;  // drain
+      if (ec == asio::error::eof) {
+        // A client that sends and half-closes (or connects and closes):
+        // whatever it sent goes to the application, FIN after it.
+        if (received.empty()) {
+          detecting_ = false;
+          co_return;  // closes
+        }
+        eof_ = true;
+        break;
+      }
+      if (ec) {
+        detecting_ = false;
+        abort();
+        co_return;
+      }
+      protocol = detectProtocol(received, o.max_head_bytes);
+    }
+    detecting_ = false;
+
+    if (!drain_ && !state_->draining && !state_->stopped) {
+      if (protocol == Protocol::kHttp1) {
+        unregister();
+        serveHttp1(state_, UniqueFd(client_.release()), info_, std::move(received));
+        co_return;
+      }
+      if (protocol == Protocol::kHttp2) {
+        unregister();
+        serveHttp2(state_, UniqueFd(client_.release()), info_, std::move(received), std::nullopt);
+        co_return;
+      }
+    }
+    log::debug("http_passthrough", {{"client", formatAddress(info_.source)},
+                                    {"destination", formatAddress(info_.destination)},
+                                    {"reason", timed_out ? "no client bytes in time"
+                                               : protocol == Protocol::kOther ? "not http"
+                                               : eof_ ? "closed before a request line"
+                                                      : "draining"}});
+    co_await passthrough(std::move(received));
+  }
+
+  net::awaitable<void> passthrough(std::string received) {
+    if (state_->stopped) {
+      abort();
+      co_return;
+    }
+    absl::StatusOr<UniqueFd> app = co_await state_->router.connectApplication(info_.destination);
+    if (aborted_) co_return;
+    if (!app.ok()) {
+      log::info("http_passthrough_failed", {{"destination", formatAddress(info_.destination)},
+                                            {"error", std::string(app.status().message())}});
+      abort();  // as the application's own refusal would: an RST
+      co_return;
+    }
+    Descriptor app_socket = adoptSocket(state_->ex, app->release());
+    tunnel_ = std::make_shared<Tunnel>(std::move(client_), std::move(received),
+                                       std::move(app_socket), std::string());
+    co_await tunnel_->run();
+  }
+
+  std::shared_ptr<EngineState> state_;
+  ConnectionInfo info_;
+  Descriptor client_;
+  asio::steady_timer timer_;
+  std::shared_ptr<Tunnel> tunnel_;
+  bool registered_ = false;
+  bool detecting_ = false;
+  bool timed_out_ = false;
+  bool drain_ = false;
+  bool aborted_ = false;
+  bool eof_ = false;
+};
+
+}  // namespace
+
+HttpEngine::HttpEngine(net::asio::any_io_executor ex, HttpRouter& router, HttpOptions options)
+    : state_(std::make_shared<EngineState>(std::move(ex), router, options)) {}
+
+HttpEngine::~HttpEngine() { stop(); }
+
+void HttpEngine::serve(UniqueFd client, ConnectionInfo info) {
+  if (state_->stopped) return;  // closes it
+  auto c = std::make_shared<PendingConnection>(state_, std::move(client), std::move(info));
+  c->start();
+  if (state_->draining) c->drain();
+}
+
+void HttpEngine::drain() {
+  state_->draining = true;
+  // drain() may close a connection, which may then leave the set.
+  const std::vector<LiveConnection*> all(state_->connections.begin(), state_->connections.end());
+  for (LiveConnection* c : all) {
+    if (state_->connections.count(c)) c->drain();
+  }
+  if (state_->h1_pool) state_->h1_pool->close();
+}
+
+void HttpEngine::stop() {
+  state_->draining = true;
+  state_->stopped = true;
+  const std::vector<LiveConnection*> all(state_->connections.begin(), state_->connections.end());
+  for (LiveConnection* c : all) {
+    if (state_->connections.count(c)) c->abort();
+  }
+  if (state_->h1_pool) state_->h1_pool->close();
+}
+
+size_t HttpEngine::inFlight() const {
+  size_t n = 0;
+  for (const LiveConnection* c : state_->connections) n += c->busy() ? 1 : 0;
+  return n;
+}
+
+size_t HttpEngine::connections() const { return state_->connections.size(); }
+
+}  // namespace siphon::agent::steal::http
