@@ -98,8 +98,15 @@ void Http1AppPool::sweep() {
 
 void Http1AppPool::armSweeper() {
   if (sweeper_armed_ || closed_) return;
+  // Wakes when the oldest idle connection expires (each list is in
+  // release order, so the oldest is some list's front).
+  auto oldest = std::chrono::steady_clock::time_point::max();
+  for (const auto& [key, list] : idle_) {
+    if (!list.empty() && list.front().since < oldest) oldest = list.front().since;
+  }
+  if (oldest == std::chrono::steady_clock::time_point::max()) return;
   sweeper_armed_ = true;
-  sweeper_.expires_after(idle_timeout_);
+  sweeper_.expires_at(oldest + idle_timeout_);
   sweeper_.async_wait([weak = weak_from_this()](net::error_code) {
     auto self = weak.lock();
     if (!self) return;

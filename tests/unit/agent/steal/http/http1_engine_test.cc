@@ -563,6 +563,95 @@ TEST(Http1Engine, PoolDropsConnectionsTheApplicationClosed) {
   EXPECT_EQ(app.accepts(), 3);
 }
 
+TEST(Http1Engine, RequestOnAPooledConnectionClosedUnderItIsRetriedOnce) {
+  // Each application connection answers its first request; a second one
+  // finds it closing (the race of a keep-alive timeout with a request):
+  // read, then closed without an answer.
+  AppServer app([](int fd) {
+    Peer peer(fd);
+    auto req = peer.readRequest();
+    if (!req) return;
+    peer.send(answer(200, "first " + std::string(req->target())));
+    peer.readRequest();
+  });
+  EngineHarness h(app.port());
+  const int c = h.connect();
+  Peer client(c);
+  ASSERT_TRUE(client.send(get("/1")));
+  auto one = client.readResponse();
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->body(), "first /1");
+  ASSERT_TRUE(client.send(get("/2")));
+  auto two = client.readResponse();
+  ASSERT_TRUE(two);
+  EXPECT_EQ(two->result_int(), 200u);
+  EXPECT_EQ(two->body(), "first /2");  // on a second connection
+  EXPECT_EQ(app.accepts(), 2);
+  ::close(c);
+}
+
+TEST(Http1Engine, PoolClosesConnectionsIdleForPoolIdleTimeout) {
+  std::atomic<int> closed{0};
+  AppServer app([&closed](int fd) {
+    appAnswering(nullptr)(fd);  // until the engine closes it
+    ++closed;
+  });
+  HttpOptions o;
+  o.pool_idle_timeout = std::chrono::milliseconds(50);
+  EngineHarness h(app.port(), o);
+  const int c = h.connect();
+  Peer client(c);
+  ASSERT_TRUE(client.send(get("/1")));
+  ASSERT_TRUE(client.readResponse());
+  // The client stays; its pooled application connection goes.
+  EXPECT_TRUE(eventually([&] { return closed.load() == 1; }));
+  ASSERT_TRUE(client.send(get("/2")));
+  auto res = client.readResponse();
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->body(), "app GET /2 ");
+  EXPECT_EQ(app.accepts(), 2);
+  ::close(c);
+}
+
+TEST(Http1Engine, IdleConnectionsCloseAfterTheIdleTimeout) {
+  AppServer app(appAnswering(nullptr));
+  HttpOptions o;
+  o.idle_timeout = std::chrono::milliseconds(100);
+  EngineHarness h(app.port(), o);
+  const int c = h.connect();
+  Peer client(c);
+  ASSERT_TRUE(client.send(get("/1")));
+  ASSERT_TRUE(client.readResponse());
+  // Then nothing: the engine closes it (EOF here, before the 20 s
+  // receive timeout of the test's socket).
+  int err = -1;
+  EXPECT_EQ(readToEof(c, &err), "");
+  EXPECT_EQ(err, 0);
+  ::close(c);
+}
+
+TEST(Http1Engine, StopAbortsRequestsUnderWay) {
+  AppServer app(appAnswering(nullptr));
+  EngineHarness h(app.port());
+  std::atomic<bool> has_request{false};
+  std::atomic<bool> checked{false};
+  h.router.session = [&](int fd, RequestHead) {
+    Peer peer(fd);
+    peer.readRequest();
+    has_request = true;
+    eventually([&] { return checked.load(); });  // never answers
+  };
+  const int c = h.connect();
+  ASSERT_TRUE(sendAll(c, get("/slow", "x-steal: 1\r\n")));
+  ASSERT_TRUE(eventually([&] { return has_request.load(); }));
+  h.stopForTest();
+  int err = 0;
+  EXPECT_EQ(readToEof(c, &err), "");
+  EXPECT_EQ(err, ECONNRESET);
+  checked = true;
+  ::close(c);
+}
+
 TEST(Http1Engine, NonHttpPassesThroughByteExact) {
   AppServer app([](int fd) {
     char buf[4096];

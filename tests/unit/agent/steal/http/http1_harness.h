@@ -414,6 +414,12 @@ class EngineHarness {
   size_t connections() {
     return onLoop([this] { return engine_->connections(); });
   }
+  void stopForTest() {
+    onLoop([this] {
+      engine_->stop();
+      return 0;
+    });
+  }
   void drain() {
     onLoop([this] {
       engine_->drain();
