@@ -760,6 +760,7 @@ http {
     listen )" + std::to_string(kHttp2Port) +
                                        R"( http2 backlog=4096;
     location / { return 200 "app-h2 $request_uri $http_x_user\n"; }
+    location /files/ { root )" + d + R"(; }
   }
 }
 )");
@@ -1392,6 +1393,77 @@ TEST_P(HttpStealTest, SessionKilledMidRequestGetsTheClientA502) {
   EXPECT_THAT(got2.out, HasSubstr("siphon")) << got2;
   EXPECT_LT(took, std::chrono::seconds(10));
   EXPECT_EQ(curl({"-H", "x-user: alice", url(80, "/after")}), "app /after alice\n");
+}
+
+// Clients that go away in the middle of a large answer (curl reading
+// slowly, then giving up; h2load ending its run with streams in flight):
+// the agent's writes to them fail, and it goes on serving. Each way, with
+// HTTP/1.1 and HTTP/2: stolen (the local server's answer) and passed
+// through (the application's).
+TEST_P(HttpStealTest, ClientsGoingAwayMidAnswerLeaveTheAgentServing) {
+  HttpServer local("local-A");
+  StealCli* s1 = steal({"--port", "84", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
+  ASSERT_TRUE(s1->waitFor("stealing port 84")) << s1->log();
+  StealCli* s2 = steal({"--port", "81", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
+  ASSERT_TRUE(s2->waitFor("stealing port 81")) << s2->log();
+  // 256 MiB for nginx to serve over HTTP/2.
+  const std::string files = dir_->path() + "/nginx/files";
+  std::filesystem::create_directories(files);
+  {
+    std::ofstream big(files + "/big.bin", std::ios::binary);
+    big.seekp((256 << 20) - 1);
+    big.put('x');
+  }
+  const std::string big = std::to_string(256 << 20);
+  auto agentAlive = [&] { return !agent_->child().waitUntil(Clock::now()).has_value(); };
+  // curl reads 1 MB/s and gives up after half a second, with the answer's bytes
+  // unread: its close resets the connection while the agent still writes.
+  auto giveUp = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv = {"curl", "-sS", "--limit-rate", "1M", "--max-time",
+                                     "1",    "-o",  "/dev/null",    "-w", "%{http_code}"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return inClient(argv);
+  };
+  struct Case {
+    std::string what;
+    std::vector<std::string> args;
+  };
+  const std::vector<Case> cases = {
+      {"HTTP/1.1 stolen",
+       {"-H", "x-user: alice", "-H", "x-reply-bytes: " + big, "-H", "x-reply-seed: 1",
+        url(84, "/big")}},
+      {"HTTP/1.1 passed through",
+       {"-H", "x-reply-bytes: " + big, "-H", "x-reply-seed: 1", url(84, "/big")}},
+      {"HTTP/2 stolen",
+       {"--http2-prior-knowledge", "-H", "x-user: alice", "-H", "x-reply-bytes: " + big, "-H",
+        "x-reply-seed: 1", url(81, "/big")}},
+      {"HTTP/2 passed through", {"--http2-prior-knowledge", url(81, "/files/big.bin")}},
+  };
+  for (const Case& c : cases) {
+    Result r = giveUp(c.args);
+    EXPECT_EQ(r.exit_code, 28) << c.what << ": curl should have timed out reading: " << r;
+    EXPECT_EQ(r.out, "200") << c.what;
+    // The agent noticed the reset (or will at its next write) and lives on.
+    EXPECT_EQ(curl({"--http2-prior-knowledge", url(81, "/after")}), "app-h2 /after \n") << c.what;
+    ASSERT_TRUE(agentAlive()) << "the agent died after the client went away (" << c.what
+                              << "); exit " << agent_->child().waitUntil(Clock::now()).value_or(-1);
+  }
+  // h2load ends its connections at the end of a timed run, with streams in
+  // flight, stolen and passed through.
+  for (int i = 0; i < 4; ++i) {
+    for (const std::vector<std::string>& extra :
+         {std::vector<std::string>{"-H", "x-user: alice"}, std::vector<std::string>{}}) {
+      std::vector<std::string> argv = {"h2load", "-t", "2", "-c", "16", "-m", "32", "-D", "1"};
+      argv.insert(argv.end(), extra.begin(), extra.end());
+      argv.push_back(url(81, "/h2load"));
+      Result r = inClient(argv);
+      EXPECT_EQ(r.exit_code, 0) << r;
+      ASSERT_TRUE(agentAlive()) << "the agent died after h2load run " << i;
+    }
+  }
+  EXPECT_EQ(curl({"--http2-prior-knowledge", "-H", "x-user: alice", url(81, "/end")}),
+            "local-A GET /end alice\n");
+  EXPECT_EQ(curl({url(84, "/end")}), "app GET /end \n");
 }
 
 INSTANTIATE_TEST_SUITE_P(SkLookup, HttpStealTest, ::testing::Values("sk_lookup"),
