@@ -1466,6 +1466,39 @@ TEST_P(HttpStealTest, ClientsGoingAwayMidAnswerLeaveTheAgentServing) {
   EXPECT_EQ(curl({url(84, "/end")}), "app GET /end \n");
 }
 
+// The agent drains (SIGTERM) with a keep-alive connection of a filtered
+// port idle between requests: the HTTP engine closes it cleanly at once
+// (EOF, not the reset at --drain-timeout an unfiltered steal must use), and
+// the agent exits long before its 25 s drain timeout. The client's next
+// connection reaches the application.
+TEST_P(HttpStealTest, DrainClosesIdleKeepAliveConnectionsCleanly) {
+  HttpServer local("local-A");
+  StealCli* s = steal({"--port", "80", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
+  ASSERT_TRUE(s->waitFor("stealing port 80")) << s->log();
+  Fd c = connectToPod(80);
+  ASSERT_GE(c.get(), 0);
+  Reader in(c.get());
+  for (const std::string user : {"alice", ""}) {
+    ASSERT_TRUE(writeAll(c.get(), "GET /before HTTP/1.1\r\nHost: pod\r\n" +
+                                      (user.empty() ? "" : "X-User: " + user + "\r\n") + "\r\n"));
+    auto head = in.head();
+    ASSERT_TRUE(head);
+    std::string status, body;
+    auto headers = parseHeaders(*head, &status);
+    ASSERT_TRUE(in.body(headers, false, [&](const char* d, size_t n) { body.append(d, n); }));
+    EXPECT_EQ(body, user.empty() ? "app /before \n" : "local-A GET /before alice\n");
+  }
+  const auto t0 = Clock::now();
+  ::kill(agent_->child().pid(), SIGTERM);
+  // The idle connection ends with a clean EOF.
+  char b;
+  errno = 0;
+  EXPECT_EQ(::read(c.get(), &b, 1), 0) << "not a clean close: " << strerror(errno);
+  EXPECT_EQ(agent_->child().waitUntil(Clock::now() + kProcessDeadline), 0) << agent_->log();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(curl({"-H", "x-user: alice", url(80, "/after")}), "app /after alice\n");
+}
+
 INSTANTIATE_TEST_SUITE_P(SkLookup, HttpStealTest, ::testing::Values("sk_lookup"),
                          [](const auto& info) { return info.param; });
 
