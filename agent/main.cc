@@ -1,5 +1,6 @@
 // siphon-agent: the privileged node-local agent. See README.md for the modes,
 // flags and exit codes.
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -131,6 +132,32 @@ int realMain(int argc, char** argv) {
       ->check(CLI::Range(size_t{64}, size_t{1} << 22))
       ->capture_default_str();
 
+  std::string http_detect_timeout = "500ms";
+  size_t http_max_head_kib = config.http_max_head_bytes / 1024;
+  uint64_t http_max_request_mib = 0, http_max_response_mib = 0;
+  std::string http_idle_timeout = "60s";
+  app.add_option("--http-detect-timeout", http_detect_timeout,
+                 "how long a connection to a port with filtered steals may stay silent before "
+                 "it is taken for a server-first protocol (SMTP, MySQL...) and passed through "
+                 "untouched")
+      ->capture_default_str();
+  app.add_option("--http-max-head", http_max_head_kib,
+                 "KiB of a request's or response's head (request line and headers) in a filtered "
+                 "steal; a larger request is answered 431, a larger response 502")
+      ->check(CLI::Range(size_t{1}, size_t{16384}))
+      ->capture_default_str();
+  app.add_option("--http-max-request-body", http_max_request_mib,
+                 "MiB of a request body in a filtered steal, 0 for no limit; a larger one is "
+                 "answered 413 (bodies are streamed, never held whole)")
+      ->capture_default_str();
+  app.add_option("--http-max-response-body", http_max_response_mib,
+                 "MiB of a response body in a filtered steal, 0 for no limit; a larger one ends "
+                 "in 502, or the connection aborted once the response has begun")
+      ->capture_default_str();
+  app.add_option("--http-idle-timeout", http_idle_timeout,
+                 "how long a client connection of a filtered steal may stay idle between requests")
+      ->capture_default_str();
+
   int pid = 0;
   std::string container_id;
   std::string runtime_name = "auto";
@@ -180,10 +207,15 @@ int realMain(int argc, char** argv) {
                            std::pair{&session_grace, &config.limits.session_grace},
                            std::pair{&drain_timeout, &config.drain_timeout},
                            std::pair{&keepalive_interval, &config.limits.keepalive_interval},
-                           std::pair{&keepalive_timeout, &config.limits.keepalive_timeout}}) {
+                           std::pair{&keepalive_timeout, &config.limits.keepalive_timeout},
+                           std::pair{&http_detect_timeout, &config.http_detect_timeout},
+                           std::pair{&http_idle_timeout, &config.http_idle_timeout}}) {
     auto d = parseDuration(*text);
     if (!d.ok()) return fail(kExitUsage, sv(d.status().message()));
     *out = *d;
+  }
+  if (config.http_detect_timeout.count() <= 0 || config.http_idle_timeout.count() <= 0) {
+    return fail(kExitUsage, "--http-detect-timeout and --http-idle-timeout must be positive");
   }
   if (config.limits.keepalive_timeout.count() <= 0 ||
       config.limits.keepalive_interval.count() <= 0 ||
@@ -201,6 +233,9 @@ int realMain(int argc, char** argv) {
   }
   config.mirror_ring_bytes = mirror_ring_kib * 1024;
   config.mirror_buffer_bytes = mirror_buffer_kib * 1024;
+  config.http_max_head_bytes = http_max_head_kib * 1024;
+  config.http_max_request_body = http_max_request_mib << 20;
+  config.http_max_response_body = http_max_response_mib << 20;
 
   config.fs_mode = fs_mode == "rw"    ? FsMode::kReadWrite
                    : fs_mode == "off" ? FsMode::kOff
@@ -287,6 +322,10 @@ int realMain(int argc, char** argv) {
 int main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == siphon::agent::steal::kIptablesGuardCommand)
     return siphon::agent::steal::iptablesGuardMain(argc, argv);
+  // A write to a socket its peer has reset must fail with EPIPE, not kill
+  // the agent: Asio's descriptor writes (the passthrough splice, tunnels)
+  // use write(), which raises SIGPIPE where send(MSG_NOSIGNAL) would not.
+  ::signal(SIGPIPE, SIG_IGN);
   try {
     return siphon::agent::realMain(argc, argv);
   } catch (const std::exception& e) {

@@ -29,6 +29,15 @@ struct AgentConfig {
   uint32_t mirror_ring_bytes = 32u << 20;
   // --mirror-buffer: bytes a mirror subscription may hold for a slow client.
   size_t mirror_buffer_bytes = 32u << 20;
+  // Filtered steal (--http-*; docs/STEAL.md): how long a connection may stay
+  // silent before it is taken for a server-first protocol and passed
+  // through, the head and body limits (0: none) and the idle timeout of
+  // client connections.
+  std::chrono::milliseconds http_detect_timeout{500};
+  size_t http_max_head_bytes = 64u << 10;
+  uint64_t http_max_request_body = 0;
+  uint64_t http_max_response_body = 0;
+  std::chrono::milliseconds http_idle_timeout{60000};
   protocol::SessionLimits limits;  // limits.session_grace is --session-grace
 };
 

@@ -5,6 +5,8 @@
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include <sys/un.h>
+
 #include <cstring>
 #include <map>
 #include <optional>
@@ -16,6 +18,7 @@
 #include "agent/outgoing/session_host.h"
 #include "agent/outgoing/socket_pump.h"
 #include "agent/server/server.h"
+#include "agent/steal/http/engine.h"
 #include "agent/steal/passthrough.h"
 #include "agent/steal/subscriptions.h"
 #include "siphon/status.h"
@@ -27,9 +30,28 @@ namespace asio = net::asio;
 using outgoing::portOf;
 using outgoing::SockAddr;
 
+using Clock = std::chrono::steady_clock;
+
 constexpr auto kPassthroughConnectTimeout = std::chrono::seconds(10);
 // How long the listeners stay open once a drain removed the steering.
 constexpr auto kDrainListenerLinger = std::chrono::milliseconds(200);
+// FilterOverlap notices: at most one per subscription this often.
+constexpr auto kOverlapNoticeInterval = std::chrono::seconds(1);
+
+http::HttpOptions httpOptions(const AgentConfig& c) {
+  http::HttpOptions o;
+  o.detect_timeout = c.http_detect_timeout;
+  o.max_head_bytes = c.http_max_head_bytes;
+  o.max_request_body = c.http_max_request_body;
+  o.max_response_body = c.http_max_response_body;
+  o.idle_timeout = c.http_idle_timeout;
+  return o;
+}
+
+void noDelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
 
 void abortiveClose(UniqueFd fd) {
   if (!fd) return;
@@ -69,6 +91,7 @@ absl::StatusOr<UniqueFd> makeListener(NetnsWorker& netns, int family, uint16_t* 
 }
 
 class StealServiceImpl final : public StealService,
+                               public http::HttpRouter,
                                public std::enable_shared_from_this<StealServiceImpl> {
  public:
   StealServiceImpl(ServiceContext& ctx, SteeringFactory factory, FlushFunction flush)
@@ -79,6 +102,7 @@ class StealServiceImpl final : public StealService,
         table_([&ctx] { return ctx.subscription_ids.next(); }) {}
 
   ~StealServiceImpl() override {
+    if (engine_) engine_->stop();
     // The blocking pool has been joined by now (Server::~Server): nothing
     // else touches the steering.
     if (steering_) steering_->stop();
@@ -103,6 +127,7 @@ class StealServiceImpl final : public StealService,
   void sessionEnded(const std::string& session_id) override {
     sessions_.erase(session_id);
     for (const Subscription& s : table_.removeSession(session_id)) {
+      overlaps_.erase(s.id);
       log::info("steal_unsubscribed", {{"session", session_id},
                                        {"port", static_cast<int>(s.port)},
                                        {"reason", "session ended"}});
@@ -161,6 +186,7 @@ class StealServiceImpl final : public StealService,
 
   void stopSteering() override {
     stopped_ = true;
+    if (engine_) engine_->stop();
     // The accept loops end; connections still queued on the listeners are
     // reset when the listeners close.
     for (auto& a : acceptors_) {
@@ -183,6 +209,9 @@ class StealServiceImpl final : public StealService,
   void agentDraining() override {
     if (draining_ || stopped_) return;
     draining_ = true;
+    // HTTP connections of filtered steals: each finishes the request under
+    // way (its response says Connection: close), idle ones close now.
+    if (engine_) engine_->drain();
     auto self = shared_from_this();
     asio::post(strand_, [self] {
       // Each port's steering goes; the rest of it (sk_lookup's program,
@@ -212,7 +241,89 @@ class StealServiceImpl final : public StealService,
 
   // Passthroughs running, and the listeners while a drain keeps them open.
   size_t inFlight() const override {
-    return passthroughs_ + (draining_ && !acceptors_.empty() ? 1 : 0);
+    return passthroughs_ + (draining_ && !acceptors_.empty() ? 1 : 0) +
+           (engine_ ? engine_->inFlight() : 0);
+  }
+
+  // ---- http::HttpRouter (event loop) ----
+
+  std::optional<http::Route> route(uint16_t port, const http::RequestHead& head) override {
+    std::optional<http::Route> out;
+    const Subscription* winner = nullptr;
+    for (const Subscription* s : table_.matching(port, head)) {
+      if (!liveSession(s->session_id)) continue;
+      if (!out) {
+        out.emplace();
+        out->subscription_id = s->id;
+        winner = s;
+        continue;
+      }
+      out->also_matched.push_back(s->id);
+      noteOverlap(*s, *winner, head);
+    }
+    return out;
+  }
+
+  absl::StatusOr<UniqueFd> openStolenRequest(const http::Route& route,
+                                             const http::ConnectionInfo& conn,
+                                             const http::RequestHead& head,
+                                             uint64_t connection_request) override {
+    const Subscription* sub = table_.find(route.subscription_id);
+    std::shared_ptr<AgentSession> session = sub ? liveSession(sub->session_id) : nullptr;
+    if (!sub || !session) {
+      return protoError(v1::UNAVAILABLE, "the session that stole this request is gone");
+    }
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
+      return lastErrnoStatus("stolen request: socketpair");
+    }
+    UniqueFd pump_end(pair[0]), engine_end(pair[1]);
+    v1::StreamOpen open;
+    v1::StolenRequest& r = *open.mutable_stolen_request();
+    r.set_subscription_id(sub->id);
+    *r.mutable_source() = outgoing::toProto(conn.source);
+    *r.mutable_destination() = outgoing::toProto(conn.destination);
+    r.set_protocol(head.protocol());
+    r.set_method(head.method);
+    r.set_path(head.target);
+    r.set_connection_request(connection_request);
+    for (uint64_t id : route.also_matched) r.add_also_matched(id);
+    auto id = session->session().openStream(std::move(open));
+    if (!id.ok()) {
+      log::warn("steal_request_refused", {{"session", session->id()},
+                                          {"source", outgoing::formatAddress(conn.source)},
+                                          {"error", sv(id.status().message())}});
+      return id.status();
+    }
+    outgoing::SocketPump::Options opt;
+    opt.kind = outgoing::SocketPump::Kind::kStream;
+    opt.label = absl::StrCat(outgoing::formatAddress(conn.source), " ", head.method, " ",
+                             head.target.substr(0, 200));
+    auto pump = std::make_shared<outgoing::SocketPump>(
+        ctx_.io.get_executor(), *id, std::make_shared<outgoing::SessionHost>(session), opt);
+    absl::Status attached = pump->attach(std::move(pump_end));
+    if (!attached.ok()) {
+      session->session().resetStream(*id, toProtoError(attached));
+      session->wake();
+      return attached;
+    }
+    session->registerStream(*id, pump);
+    session->wake();
+    log::debug("steal_request", {{"session", session->id()},
+                                 {"stream", *id},
+                                 {"subscription", sub->id},
+                                 {"source", outgoing::formatAddress(conn.source)},
+                                 {"method", head.method},
+                                 {"target", head.target.substr(0, 200)}});
+    return engine_end;
+  }
+
+  net::awaitable<absl::StatusOr<UniqueFd>> connectApplication(SockAddr destination) override {
+    auto fd = co_await connectPassthrough(destination);
+    // Requests go out as head, then body pieces, on kept-alive connections:
+    // no Nagle delay between them (see onAccepted).
+    if (fd.ok()) noDelay(fd->get());
+    co_return fd;
   }
 
   // Starts the accept loops (event loop) once the steering exists.
@@ -238,12 +349,15 @@ class StealServiceImpl final : public StealService,
                                  absl::StrCat("steal: port ", req.port(), " is not 1 to 65535")));
       return;
     }
+    std::shared_ptr<const http::RequestFilter> filter;
     if (req.has_http_filter()) {
-      session->respondError(
-          request_id, protoError(v1::UNIMPLEMENTED,
-                                 "steal: HTTP filters are not supported by this agent yet; steal "
-                                 "the whole port (no filter)"));
-      return;
+      auto compiled = http::RequestFilter::compile(req.http_filter());
+      if (!compiled.ok()) {
+        session->respondError(request_id, compiled.status(),
+                              absl::StrCat("steal port ", req.port()));
+        return;
+      }
+      filter = std::move(*compiled);
     }
     if (stopped_ || draining_) {
       session->respondError(
@@ -252,7 +366,7 @@ class StealServiceImpl final : public StealService,
       return;
     }
     const auto port = static_cast<uint16_t>(req.port());
-    auto sub = table_.reserve(port, session->id(), session->clientName());
+    auto sub = table_.reserve(port, session->id(), session->clientName(), filter);
     if (!sub.ok()) {
       session->respondError(request_id, sub.status());
       return;
@@ -301,11 +415,17 @@ class StealServiceImpl final : public StealService,
       releasePort(port);
       return;
     }
-    log::info("steal_subscribed", {{"session", session->id()},
-                                   {"port", static_cast<int>(port)},
-                                   {"subscription", id},
-                                   {"backend", backend},
-                                   {"flushed", static_cast<int64_t>(flushed)}});
+    if (sub->filter && !engine_) {
+      engine_ = std::make_unique<http::HttpEngine>(ctx_.io.get_executor(), *this,
+                                                   httpOptions(ctx_.config));
+    }
+    log::info("steal_subscribed",
+              {{"session", session->id()},
+               {"port", static_cast<int>(port)},
+               {"subscription", id},
+               {"backend", backend},
+               {"filter", sub->filter ? sub->filter->description() : std::string()},
+               {"flushed", static_cast<int64_t>(flushed)}});
     v1::Response r;
     r.set_request_id(request_id);
     r.mutable_subscribed()->set_subscription_id(id);
@@ -320,6 +440,7 @@ class StealServiceImpl final : public StealService,
       session->respondError(request_id, removed.status());
       return;
     }
+    overlaps_.erase(removed->id);
     log::info("steal_unsubscribed", {{"session", session->id()},
                                      {"port", static_cast<int>(removed->port)},
                                      {"reason", "unsubscribe"}});
@@ -343,6 +464,68 @@ class StealServiceImpl final : public StealService,
         session->respond(std::move(r));
       });
     });
+  }
+
+  std::shared_ptr<AgentSession> liveSession(const std::string& session_id) const {
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) return nullptr;
+    auto session = it->second.lock();
+    return session && !session->ended() ? session : nullptr;
+  }
+
+  // `loser`'s filter matched a request `winner` (earlier) took: tell its
+  // session, at most once per kOverlapNoticeInterval, counting the rest.
+  void noteOverlap(const Subscription& loser, const Subscription& winner,
+                   const http::RequestHead& head) {
+    Overlap& o = overlaps_[loser.id];
+    if (o.pending.requests() == 0) {
+      o.pending.set_taken_by(winner.id);
+      o.pending.set_taken_by_client(winner.client_name);
+      o.pending.set_method(head.method);
+      o.pending.set_path(head.target.substr(0, 512));
+    }
+    o.pending.set_requests(o.pending.requests() + 1);
+    const auto now = Clock::now();
+    if (now - o.last_sent >= kOverlapNoticeInterval) {
+      sendOverlap(loser.id);
+      return;
+    }
+    if (o.timer_set) return;
+    o.timer_set = true;
+    auto t = std::make_shared<asio::steady_timer>(ctx_.io);
+    t->expires_at(o.last_sent + kOverlapNoticeInterval);
+    std::weak_ptr<StealServiceImpl> weak = shared_from_this();
+    const uint64_t id = loser.id;
+    t->async_wait([weak, t, id](net::error_code) {
+      if (auto self = weak.lock()) {
+        auto it = self->overlaps_.find(id);
+        if (it == self->overlaps_.end()) return;
+        it->second.timer_set = false;
+        self->sendOverlap(id);
+      }
+    });
+  }
+
+  void sendOverlap(uint64_t id) {
+    auto it = overlaps_.find(id);
+    if (it == overlaps_.end() || it->second.pending.requests() == 0) return;
+    const Subscription* sub = table_.find(id);
+    std::shared_ptr<AgentSession> session = sub ? liveSession(sub->session_id) : nullptr;
+    if (!session) {
+      overlaps_.erase(it);
+      return;
+    }
+    v1::SubscriptionNotice n;
+    n.set_subscription_id(id);
+    *n.mutable_overlap() = std::move(it->second.pending);
+    it->second.pending.Clear();
+    it->second.last_sent = Clock::now();
+    log::info("steal_filter_overlap", {{"session", session->id()},
+                                       {"subscription", id},
+                                       {"taken_by", n.overlap().taken_by()},
+                                       {"requests", n.overlap().requests()}});
+    session->session().sendNotice(std::move(n));
+    session->wake();
   }
 
   // ---- strand side ----
@@ -454,6 +637,15 @@ class StealServiceImpl final : public StealService,
       return;
     }
     const Subscription* sub = table_.activeForPort(port);
+    if (!sub && engine_ && !draining_ && table_.hasActiveFiltered(port)) {
+      // Filtered steals: the HTTP engine routes each request on its own. It
+      // writes a response as head, then body pieces: with Nagle the second
+      // small write of a keep-alive connection would wait for the client's
+      // delayed ACK (40 ms a request).
+      noDelay(fd.get());
+      engine_->serve(std::move(fd), http::ConnectionInfo{peer, *original, port});
+      return;
+    }
     std::shared_ptr<AgentSession> session;
     if (sub) {
       auto it = sessions_.find(sub->session_id);
@@ -483,8 +675,7 @@ class StealServiceImpl final : public StealService,
     }
     // Bytes leave as the session delivers them; batching already happened
     // in the frames. Nagle would hold a small answer for the client's ACK.
-    int one = 1;
-    ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    noDelay(fd.get());
     outgoing::SocketPump::Options opt;
     opt.kind = outgoing::SocketPump::Kind::kStream;
     opt.tcp = true;
@@ -566,6 +757,15 @@ class StealServiceImpl final : public StealService,
   std::atomic<bool> stopped_{false};
   bool draining_ = false;    // event loop
   size_t passthroughs_ = 0;  // splices running (event loop)
+  // Created with the first filtered subscription (event loop).
+  std::unique_ptr<http::HttpEngine> engine_;
+  // FilterOverlap notices waiting for their interval, per subscription.
+  struct Overlap {
+    v1::FilterOverlap pending;  // requests == 0: nothing waiting
+    Clock::time_point last_sent{};
+    bool timer_set = false;
+  };
+  std::map<uint64_t, Overlap> overlaps_;
 
   // Strand.
   std::unique_ptr<Steering> steering_;

@@ -328,6 +328,7 @@ std::vector<std::string> seeds() {
       }) +
       frame([](v1::Frame& f) { f.mutable_pong()->set_nonce(1); }) +
       frame([](v1::Frame& f) { f.mutable_draining()->set_deadline_unix_ms(1); }) +
+      frame([](v1::Frame& f) { f.mutable_notice()->mutable_overlap()->set_requests(2); }) +
       frame([](v1::Frame& f) { f.mutable_goaway()->set_code(v1::AGENT_DRAINING); });
   std::string reject = encodeFrame(makeReject(v1::UNAUTHENTICATED, "no"));
   return {hello + to_agent,

@@ -142,6 +142,13 @@ std::vector<v1::Frame> oneOfEveryKind() {
     f.mutable_draining()->set_deadline_unix_ms(1700000000000);
     f.mutable_draining()->set_reason("SIGTERM");
   });
+  add([](v1::Frame& f) {
+    f.mutable_notice()->set_subscription_id(3);
+    f.mutable_notice()->mutable_overlap()->set_taken_by(1);
+    f.mutable_notice()->mutable_overlap()->set_taken_by_client("alice");
+    f.mutable_notice()->mutable_overlap()->set_requests(7);
+    f.mutable_notice()->mutable_overlap()->set_path("/api?x=1");
+  });
   return out;
 }
 

@@ -461,6 +461,205 @@ TEST_F(StealServiceTest, UnclaimedConnectionPassesThroughToTheApplication) {
   EXPECT_TRUE(echoed == data) << "echo differs: " << echoed.size() << " bytes";
 }
 
+// ------------------------------------------------------------ filtered
+
+net::awaitable<absl::StatusOr<uint64_t>> subscribeFiltered(const std::shared_ptr<client::Client>& c,
+                                                           uint32_t port, std::string header,
+                                                           std::string regex) {
+  v1::Request r;
+  r.mutable_steal()->set_port(port);
+  v1::HeaderFilter* h = r.mutable_steal()->mutable_http_filter()->add_headers();
+  h->set_name(std::move(header));
+  h->set_value_regex(std::move(regex));
+  auto resp = co_await c->call(r);
+  if (!resp.ok()) co_return resp.status();
+  co_return resp->subscribed().subscription_id();
+}
+
+// A loopback HTTP/1.1 "application": answers every request on a
+// keep-alive connection with "app <target>", counting connections.
+class AppServer {
+ public:
+  AppServer() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(::listen(fd_, 16), 0);
+    port_ = localPort(fd_);
+    thread_ = std::thread([this] {
+      while (true) {
+        int c = ::accept(fd_, nullptr, nullptr);
+        if (c < 0) return;
+        ++connections;
+        std::thread([c] {
+          std::string buf;
+          char chunk[4096];
+          while (true) {
+            size_t end;
+            while ((end = buf.find("\r\n\r\n")) == std::string::npos) {
+              ssize_t n = ::read(c, chunk, sizeof chunk);
+              if (n <= 0) {
+                ::close(c);
+                return;
+              }
+              buf.append(chunk, static_cast<size_t>(n));
+            }
+            const size_t sp1 = buf.find(' ');
+            const std::string target = buf.substr(sp1 + 1, buf.find(' ', sp1 + 1) - sp1 - 1);
+            buf.erase(0, end + 4);
+            const std::string body = "app " + target;
+            const std::string resp = "HTTP/1.1 200 OK\r\nContent-Length: " +
+                                     std::to_string(body.size()) + "\r\n\r\n" + body;
+            if (::write(c, resp.data(), resp.size()) != static_cast<ssize_t>(resp.size())) break;
+          }
+          ::close(c);
+        }).detach();
+      }
+    });
+  }
+  ~AppServer() {
+    ::shutdown(fd_, SHUT_RDWR);
+    ::close(fd_);
+    thread_.join();
+  }
+  uint16_t port() const { return port_; }
+  std::atomic<int> connections{0};
+
+ private:
+  int fd_ = -1;
+  uint16_t port_ = 0;
+  std::thread thread_;
+};
+
+// Reads one HTTP/1.1 response with a Content-Length body from a blocking
+// socket; "" on EOF or error.
+std::string readResponse(int fd) {
+  std::string buf;
+  char c;
+  while (buf.find("\r\n\r\n") == std::string::npos) {
+    if (::read(fd, &c, 1) != 1) return "";
+    buf += c;
+  }
+  const size_t at = buf.find("Content-Length: ");
+  if (at == std::string::npos) return buf;
+  size_t left = std::stoul(buf.substr(at + 16));
+  while (left > 0) {
+    if (::read(fd, &c, 1) != 1) return "";
+    buf += c;
+    --left;
+  }
+  return buf;
+}
+
+// Two sessions hold filters on one port; on one keep-alive connection each
+// request goes to the session whose filter matches (the earliest when both
+// do, the other told) or to the application.
+TEST_F(StealServiceTest, FilteredStealsRouteEachRequestOfOneConnection) {
+  AppServer app;
+  kernel_->original_port = app.port();
+  std::vector<std::string> responses;
+  std::atomic<bool> remote_done{false};
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto alice = newClient(ex, "alice");
+    auto bob = newClient(ex, "bob");
+    EXPECT_TRUE((co_await alice->connect()).ok());
+    EXPECT_TRUE((co_await bob->connect()).ok());
+    // Each session answers its streams with its name and the target.
+    std::vector<v1::SubscriptionNotice> notices;
+    bob->setNoticeHandler([&](const v1::SubscriptionNotice& n) { notices.push_back(n); });
+    std::vector<std::string> requests_seen;
+    for (auto [c, name] : {std::pair{alice, std::string("alice")}, {bob, std::string("bob")}}) {
+      c->setStreamAcceptor([&, c = c, name = name](std::shared_ptr<client::ClientStream> s,
+                                                   v1::StreamOpen open) {
+        EXPECT_TRUE(open.has_stolen_request());
+        EXPECT_TRUE(c->acceptStream(*s).ok());
+        asio::co_spawn(
+            ex,
+            [&, s, open, name]() -> net::awaitable<void> {
+              std::string request;
+              while (true) {
+                auto chunk = co_await s->read();
+                if (!chunk.ok() || !*chunk) break;
+                request += **chunk;
+              }
+              requests_seen.push_back(name + ": " + request);
+              const std::string body = name + " " + open.stolen_request().path();
+              (void)co_await s->write("HTTP/1.1 200 OK\r\nContent-Length: " +
+                                      std::to_string(body.size()) + "\r\n\r\n" + body);
+              (void)s->halfClose();
+            },
+            asio::detached);
+      });
+    }
+    auto a = co_await subscribeFiltered(alice, app.port(), "X-User", "^alice$");
+    EXPECT_TRUE(a.ok()) << a.status();
+    auto b = co_await subscribeFiltered(bob, app.port(), "x-user", ".");
+    EXPECT_TRUE(b.ok()) << b.status();
+    // A whole-port steal of it is refused while filters hold it.
+    auto whole = co_await subscribe(newClient(ex, "carol"), app.port());
+    EXPECT_FALSE(whole.ok());
+
+    const uint16_t listener = kernel_->listenerPort();
+    std::thread remote([&] {
+      int fd = connectTo(listener);
+      for (const char* user : {"alice", "bob", "", "alice"}) {
+        std::string req = std::string("GET /") + (*user ? user : "none") +
+                          " HTTP/1.1\r\nHost: app\r\n";
+        if (*user) req += std::string("X-User: ") + user + "\r\n";
+        req += "\r\n";
+        writeAll(fd, req);
+        responses.push_back(readResponse(fd));
+      }
+      ::close(fd);
+      remote_done = true;
+    });
+    EXPECT_TRUE(co_await eventually([&] { return remote_done.load(); }));
+    remote.join();
+    // Bob's filter matched alice's two requests too: he is told, coalesced.
+    EXPECT_TRUE(co_await eventually([&] {
+      uint64_t n = 0;
+      for (const auto& x : notices) n += x.overlap().requests();
+      return n == 2;
+    }));
+    if (!notices.empty()) {
+      EXPECT_EQ(notices[0].subscription_id(), *b);
+      EXPECT_EQ(notices[0].overlap().taken_by_client(), "alice");
+      EXPECT_EQ(notices[0].overlap().path(), "/alice");
+    }
+    EXPECT_EQ(requests_seen.size(), 3u);
+    // The session gets the request as HTTP/1.1.
+    if (!requests_seen.empty()) {
+      EXPECT_EQ(requests_seen[0].rfind("alice: GET /alice HTTP/1.1\r\n", 0), 0u)
+          << requests_seen[0];
+    }
+    alice->close();
+    bob->close();
+  });
+  ASSERT_EQ(responses.size(), 4u);
+  EXPECT_NE(responses[0].find("\r\n\r\nalice /alice"), std::string::npos) << responses[0];
+  EXPECT_NE(responses[1].find("\r\n\r\nbob /bob"), std::string::npos) << responses[1];
+  EXPECT_NE(responses[2].find("\r\n\r\napp /none"), std::string::npos) << responses[2];
+  EXPECT_NE(responses[3].find("\r\n\r\nalice /alice"), std::string::npos) << responses[3];
+  EXPECT_EQ(app.connections.load(), 1);
+}
+
+TEST_F(StealServiceTest, BadFiltersAreRefusedWithTheReason) {
+  fakes::runClient([&](const asio::any_io_executor& io) -> net::awaitable<void> {
+    auto c = newClient(io);
+    EXPECT_TRUE((co_await c->connect()).ok());
+    auto bad = co_await subscribeFiltered(c, 8080, "x-user", "(unclosed");
+    EXPECT_EQ(errorCodeOf(bad.status()), v1::INVALID_ARGUMENT) << bad.status();
+    EXPECT_NE(bad.status().message().find("(unclosed"), absl::string_view::npos) << bad.status();
+    // Nothing was reserved or steered.
+    EXPECT_FALSE(kernel_->saw("add 8080"));
+    auto ok = co_await subscribe(c, 8080);
+    EXPECT_TRUE(ok.ok()) << ok.status();
+    c->close();
+  });
+}
+
 // ------------------------------------------------------------ failover
 
 // Two agents for one target (replicas); the client knows both.
