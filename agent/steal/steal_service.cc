@@ -299,16 +299,7 @@ class StealServiceImpl final : public StealService,
     opt.kind = outgoing::SocketPump::Kind::kStream;
     opt.label = absl::StrCat(outgoing::formatAddress(conn.source), " ", head.method, " ",
                              head.target.substr(0, 200));
-    auto pump = std::make_shared<outgoing::SocketPump>(
-        ctx_.io.get_executor(), *id, std::make_shared<outgoing::SessionHost>(session), opt);
-    absl::Status attached = pump->attach(std::move(pump_end));
-    if (!attached.ok()) {
-      session->session().resetStream(*id, toProtoError(attached));
-      session->wake();
-      return attached;
-    }
-    session->registerStream(*id, pump);
-    session->wake();
+    RETURN_IF_ERROR(pumpStream(*session, *id, std::move(pump_end), opt));
     log::debug("steal_request", {{"session", session->id()},
                                  {"stream", *id},
                                  {"subscription", sub->id},
@@ -464,6 +455,23 @@ class StealServiceImpl final : public StealService,
         session->respond(std::move(r));
       });
     });
+  }
+
+  // Joins `fd` to the agent-opened stream `id` of `session` with a
+  // SocketPump. A socket the pump cannot take resets the stream.
+  absl::Status pumpStream(AgentSession& session, uint64_t id, UniqueFd fd,
+                          const outgoing::SocketPump::Options& opt) {
+    auto pump = std::make_shared<outgoing::SocketPump>(
+        ctx_.io.get_executor(), id,
+        std::make_shared<outgoing::SessionHost>(session.shared_from_this()), opt);
+    absl::Status attached = pump->attach(std::move(fd));
+    if (!attached.ok()) {
+      session.session().resetStream(id, toProtoError(attached));
+    } else {
+      session.registerStream(id, pump);
+    }
+    session.wake();
+    return attached;
   }
 
   std::shared_ptr<AgentSession> liveSession(const std::string& session_id) const {
@@ -680,16 +688,7 @@ class StealServiceImpl final : public StealService,
     opt.kind = outgoing::SocketPump::Kind::kStream;
     opt.tcp = true;
     opt.label = outgoing::formatAddress(peer);
-    auto pump = std::make_shared<outgoing::SocketPump>(
-        ctx_.io.get_executor(), *id, std::make_shared<outgoing::SessionHost>(session), opt);
-    absl::Status attached = pump->attach(std::move(fd));
-    if (!attached.ok()) {
-      session->session().resetStream(*id, toProtoError(attached));
-      session->wake();
-      return;
-    }
-    session->registerStream(*id, pump);
-    session->wake();
+    if (!pumpStream(*session, *id, std::move(fd), opt).ok()) return;
     log::debug("steal_connection", {{"session", session->id()},
                                     {"stream", *id},
                                     {"source", outgoing::formatAddress(peer)},
