@@ -47,6 +47,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/privileged/harness/acceptor.h"
 #include "tests/privileged/harness/pod_harness.h"
 #include "tests/privileged/harness/traffic.h"
 
@@ -228,47 +229,21 @@ struct SeenRequest {
 // starts with /slow is answered only after release().
 class HttpServer {
  public:
-  explicit HttpServer(std::string name) : name_(std::move(name)) {
-    fd_ = Fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    EXPECT_EQ(::listen(fd_.get(), 1024), 0);
-    socklen_t len = sizeof(a);
-    ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    start();
-  }
+  explicit HttpServer(std::string name)
+      : name_(std::move(name)),
+        acceptor_(listenOnLoopback(&port_, 1024), kIoTimeoutSeconds,
+                  [this](int fd) { serve(fd); }) {}
   HttpServer(std::string name, const std::string& netns, uint16_t port)
-      : name_(std::move(name)), port_(port) {
-    fd_ = Fd(socketInNetns(netns, AF_INET, SOCK_STREAM));
-    int one = 1;
-    ::setsockopt(fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    EXPECT_EQ(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << strerror(errno);
-    EXPECT_EQ(::listen(fd_.get(), 1024), 0);
-    start();
-  }
-  ~HttpServer() {
-    release();
-    (void)!::write(stop_w_.get(), "x", 1);
-    acceptor_.join();
-    // Wakes the workers still reading (a keep-alive connection of the CLI
-    // or of the agent's pool), then joins them without the lock they take.
-    std::vector<Worker> workers;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      for (int fd : open_) ::shutdown(fd, SHUT_RDWR);
-      workers = std::move(workers_);
-    }
-    for (auto& w : workers) w.thread.join();
-  }
+      : name_(std::move(name)),
+        port_(port),
+        acceptor_(listenInNetns(netns, port, 1024), kIoTimeoutSeconds,
+                  [this](int fd) { serve(fd); }) {}
+  // Held /slow requests are let go before the Acceptor shuts down and
+  // joins the workers.
+  ~HttpServer() { release(); }
 
   std::string to() const { return "127.0.0.1:" + std::to_string(port_); }
-  int connections() const { return connections_; }
+  int connections() const { return acceptor_.accepted(); }
 
   std::vector<SeenRequest> requests() const {
     std::lock_guard<std::mutex> l(mu_);
@@ -293,52 +268,7 @@ class HttpServer {
   }
 
  private:
-  void start() {
-    auto [r, w] = makePipe();
-    stop_r_ = std::move(r);
-    stop_w_ = std::move(w);
-    acceptor_ = std::thread([this] { loop(); });
-  }
-
-  void loop() {
-    while (true) {
-      pollfd p[2] = {{fd_.get(), POLLIN, 0}, {stop_r_.get(), POLLIN, 0}};
-      if (::poll(p, 2, -1) < 0) continue;
-      if (p[1].revents) return;
-      int c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      ++connections_;
-      setTimeouts(c, 30);  // a peer that stops talking cannot park a worker for ever
-      std::lock_guard<std::mutex> l(mu_);
-      reap();
-      auto done = std::make_shared<std::atomic<bool>>(false);
-      open_.insert(c);
-      workers_.push_back({std::thread([this, c, done] {
-                            serve(c);
-                            {
-                              std::lock_guard<std::mutex> l(mu_);
-                              open_.erase(c);
-                            }
-                            ::close(c);
-                            *done = true;
-                          }),
-                          done});
-    }
-  }
-
-  // Joins the workers that are over: a load makes thousands of
-  // connections, and an unjoined thread keeps its stack.
-  void reap() {
-    std::vector<Worker> running;
-    for (auto& w : workers_) {
-      if (*w.done) {
-        w.thread.join();
-      } else {
-        running.push_back(std::move(w));
-      }
-    }
-    workers_ = std::move(running);
-  }
+  static constexpr int kIoTimeoutSeconds = 30;
 
   void serve(int fd) {
     Reader in(fd);
@@ -423,21 +353,13 @@ class HttpServer {
   }
 
   std::string name_;
-  Fd fd_, stop_r_, stop_w_;
   uint16_t port_ = 0;
-  std::thread acceptor_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  struct Worker {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  std::vector<Worker> workers_;
-  std::set<int> open_;  // connections being served
   std::vector<SeenRequest> seen_;
   int held_ = 0;
   bool released_ = false;
-  std::atomic<int> connections_{0};
+  Acceptor acceptor_;  // last: its workers use the members above
 };
 
 // A server-first application (SMTP-like): a greeting as soon as a client
@@ -449,64 +371,6 @@ void greetingServe(int fd) {
     if (!writeAll(fd, "250 " + *l + "\r\n")) return;
   }
 }
-
-// A plain TCP server in a namespace running `serve(fd)` per connection.
-class TcpServer {
- public:
-  TcpServer(std::function<void(int)> serve, const std::string& netns, uint16_t port)
-      : serve_(std::move(serve)) {
-    fd_ = Fd(socketInNetns(netns, AF_INET, SOCK_STREAM));
-    int one = 1;
-    ::setsockopt(fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    EXPECT_EQ(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << strerror(errno);
-    EXPECT_EQ(::listen(fd_.get(), 128), 0);
-    auto [r, w] = makePipe();
-    stop_r_ = std::move(r);
-    stop_w_ = std::move(w);
-    acceptor_ = std::thread([this] {
-      while (true) {
-        pollfd p[2] = {{fd_.get(), POLLIN, 0}, {stop_r_.get(), POLLIN, 0}};
-        if (::poll(p, 2, -1) < 0) continue;
-        if (p[1].revents) return;
-        int c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-        if (c < 0) continue;
-        setTimeouts(c, 10);
-        std::lock_guard<std::mutex> l(mu_);
-        open_.insert(c);
-        workers_.emplace_back([this, c] {
-          serve_(c);
-          {
-            std::lock_guard<std::mutex> l(mu_);
-            open_.erase(c);
-          }
-          ::close(c);
-        });
-      }
-    });
-  }
-  ~TcpServer() {
-    (void)!::write(stop_w_.get(), "x", 1);
-    acceptor_.join();
-    std::vector<std::thread> workers;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      for (int fd : open_) ::shutdown(fd, SHUT_RDWR);
-      workers = std::move(workers_);
-    }
-    for (auto& t : workers) t.join();
-  }
-
- private:
-  std::function<void(int)> serve_;
-  Fd fd_, stop_r_, stop_w_;
-  std::thread acceptor_;
-  std::mutex mu_;
-  std::vector<std::thread> workers_;
-  std::set<int> open_;
-};
 
 // ------------------------------------------------------------ HTTP/2 client
 
@@ -715,7 +579,7 @@ class HttpStealTest : public ::testing::TestWithParam<std::string> {
     ASSERT_NO_FATAL_FAILURE(writeScripts());
     ASSERT_NO_FATAL_FAILURE(startWebSocketEcho("app", pod_->name(), kWebSocketPort, &ws_app_));
     body_app_.emplace("app", pod_->name(), kBodyPort);
-    greeting_app_.emplace(greetingServe, pod_->name(), kGreetingPort);
+    greeting_app_.emplace(listenInNetns(pod_->name(), kGreetingPort, 128), 10, greetingServe);
     ASSERT_NO_FATAL_FAILURE(startAgent());
   }
 
@@ -935,7 +799,7 @@ asyncio.run(main())
   std::string ws_server_, ws_client_;
   std::unique_ptr<Proc> ws_app_;
   std::optional<HttpServer> body_app_;
-  std::optional<TcpServer> greeting_app_;
+  std::optional<Acceptor> greeting_app_;  // greetingServe on kGreetingPort
   std::optional<Agent> agent_;
   std::string endpoint_;
   std::vector<std::unique_ptr<StealCli>> steals_;

@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/privileged/harness/acceptor.h"
 #include "tests/privileged/harness/pod_harness.h"
 #include "tests/privileged/harness/tcx.h"
 #include "tests/privileged/harness/traffic.h"
@@ -51,7 +52,6 @@ constexpr const char* kSkipReason =
 constexpr const char* kPodIp = "10.252.0.1";
 constexpr const char* kClientIp = "10.252.0.2";
 constexpr uint16_t kSinkPort = 9000;
-
 
 // A blocking TCP connection from the named namespace to the pod; -1 on
 // failure.
@@ -77,35 +77,16 @@ int connectToPod(const std::string& netns, uint16_t port) {
 class ByteSink {
  public:
   // On the host's loopback, port 0.
-  explicit ByteSink(std::optional<uint64_t> seed) : seed_(seed) {
-    fd_ = Fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
-    socklen_t len = sizeof a;
-    ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    start();
-  }
+  explicit ByteSink(std::optional<uint64_t> seed)
+      : seed_(seed),
+        acceptor_(listenOnLoopback(&port_, kBacklog), kIoTimeoutSeconds,
+                  [this](int fd) { serve(fd); }) {}
   // Inside the named namespace, on `port` of every address.
   ByteSink(std::optional<uint64_t> seed, const std::string& netns, uint16_t port)
-      : seed_(seed), port_(port) {
-    fd_ = Fd(socketInNetns(netns, AF_INET, SOCK_STREAM));
-    int one = 1;
-    ::setsockopt(fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    EXPECT_EQ(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << strerror(errno);
-    start();
-  }
-  ~ByteSink() {
-    (void)!::write(stop_w_.get(), "x", 1);
-    acceptor_.join();
-    std::lock_guard<std::mutex> l(mu_);
-    for (auto& t : workers_) t.join();
-  }
+      : seed_(seed),
+        port_(port),
+        acceptor_(listenInNetns(netns, port, kBacklog), kIoTimeoutSeconds,
+                  [this](int fd) { serve(fd); }) {}
 
   uint16_t port() const { return port_; }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
@@ -133,24 +114,8 @@ class ByteSink {
   }
 
  private:
-  void start() {
-    EXPECT_EQ(::listen(fd_.get(), 64), 0);
-    auto [r, w] = makePipe();
-    stop_r_ = std::move(r);
-    stop_w_ = std::move(w);
-    acceptor_ = std::thread([this] {
-      while (true) {
-        pollfd p[2] = {{fd_.get(), POLLIN, 0}, {stop_r_.get(), POLLIN, 0}};
-        if (::poll(p, 2, -1) < 0) continue;
-        if (p[1].revents) return;
-        int c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-        if (c < 0) continue;
-        setTimeouts(c, 60);
-        std::lock_guard<std::mutex> l(mu_);
-        workers_.emplace_back([this, c] { serve(c); });
-      }
-    });
-  }
+  static constexpr int kBacklog = 64;
+  static constexpr int kIoTimeoutSeconds = 60;
 
   void serve(int fd) {
     Connection conn;
@@ -178,19 +143,16 @@ class ByteSink {
       conn.bytes += got;
       received_ += got;
     }
-    ::close(fd);
     std::lock_guard<std::mutex> l(mu_);
     ended_.push_back(conn);
   }
 
   std::optional<uint64_t> seed_;
-  Fd fd_, stop_r_, stop_w_;
   uint16_t port_ = 0;
-  std::thread acceptor_;
   std::mutex mu_;
-  std::vector<std::thread> workers_;
   std::vector<Connection> ended_;
   std::atomic<uint64_t> received_{0};
+  Acceptor acceptor_;  // last: its workers use the members above
 };
 
 // Writes of sendPaced().

@@ -45,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/privileged/harness/acceptor.h"
 #include "tests/privileged/harness/pod_harness.h"
 #include "tests/privileged/harness/traffic.h"
 
@@ -164,49 +165,15 @@ std::ostream& operator<<(std::ostream& os, const Received& r) {
 // running `serve(fd)` (the socket has the test's timeouts).
 class NsServer {
  public:
-  NsServer(const std::string& netns, std::function<void(int)> serve) : serve_(std::move(serve)) {
-    fd_ = listenIn(netns, &port_);
-    int p[2];
-    EXPECT_EQ(::pipe2(p, O_CLOEXEC), 0);
-    stop_r_ = Fd(p[0]);
-    stop_w_ = Fd(p[1]);
-    acceptor_ = std::thread([this] { loop(); });
-  }
-  ~NsServer() {
-    (void)!::write(stop_w_.get(), "x", 1);
-    acceptor_.join();
-    std::lock_guard<std::mutex> l(mu_);
-    for (auto& t : workers_) t.join();
-  }
+  NsServer(const std::string& netns, std::function<void(int)> serve)
+      : acceptor_(listenIn(netns, &port_), kIoTimeoutSeconds, std::move(serve)) {}
   uint16_t port() const { return port_; }
   std::string to() const { return "127.0.0.1:" + std::to_string(port_); }
-  int accepted() const { return accepted_; }
+  int accepted() const { return acceptor_.accepted(); }
 
  private:
-  void loop() {
-    while (true) {
-      pollfd p[2] = {{fd_.get(), POLLIN, 0}, {stop_r_.get(), POLLIN, 0}};
-      if (::poll(p, 2, -1) < 0) continue;
-      if (p[1].revents) return;
-      int c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      setTimeouts(c, kIoTimeoutSeconds);
-      ++accepted_;
-      std::lock_guard<std::mutex> l(mu_);
-      workers_.emplace_back([this, c] {
-        serve_(c);
-        ::close(c);
-      });
-    }
-  }
-
-  std::function<void(int)> serve_;
-  Fd fd_, stop_r_, stop_w_;
   uint16_t port_ = 0;
-  std::thread acceptor_;
-  std::mutex mu_;
-  std::vector<std::thread> workers_;
-  std::atomic<int> accepted_{0};
+  Acceptor acceptor_;
 };
 
 void echoServe(int fd) {

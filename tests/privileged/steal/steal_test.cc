@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "tests/fakes/echo_server.h"
+#include "tests/privileged/harness/acceptor.h"
 #include "tests/privileged/harness/bpf_links.h"
 #include "tests/privileged/harness/pod_harness.h"
 #include "tests/privileged/harness/traffic.h"
@@ -122,102 +123,35 @@ uint64_t receivePattern(int fd, uint64_t seed, uint64_t total, bool* clean_eof) 
 // one thread per connection running `serve(fd)`.
 class LocalServer {
  public:
-  explicit LocalServer(std::function<void(int)> serve) : serve_(std::move(serve)) {
-    fd_ = Fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    EXPECT_EQ(::listen(fd_.get(), 1024), 0);
-    socklen_t len = sizeof(a);
-    ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&a), &len);
-    port_ = ntohs(a.sin_port);
-    start();
-  }
+  explicit LocalServer(std::function<void(int)> serve)
+      : acceptor_(listenOnLoopback(&port_, 1024), kIoTimeoutSeconds, std::move(serve)) {}
   // The same serving `port` on every address (IPv4 and IPv6) inside the
   // named network namespace: an application of the pod.
   LocalServer(std::function<void(int)> serve, const std::string& netns, uint16_t port)
-      : serve_(std::move(serve)), port_(port) {
-    fd_ = Fd(socketInNetns(netns, AF_INET6, SOCK_STREAM));
+      : port_(port), acceptor_(listenDualStack(netns, port), kIoTimeoutSeconds, std::move(serve)) {}
+  uint16_t port() const { return port_; }
+  std::string to() const { return "127.0.0.1:" + std::to_string(port_); }
+  int accepted() const { return acceptor_.accepted(); }
+
+ private:
+  static constexpr int kIoTimeoutSeconds = 10;
+
+  static Fd listenDualStack(const std::string& netns, uint16_t port) {
+    Fd fd(socketInNetns(netns, AF_INET6, SOCK_STREAM));
     int zero = 0, one = 1;
-    ::setsockopt(fd_.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-    ::setsockopt(fd_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    ::setsockopt(fd.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+    ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     sockaddr_in6 a{};
     a.sin6_family = AF_INET6;
     a.sin6_addr = in6addr_any;
     a.sin6_port = htons(port);
-    EXPECT_EQ(::bind(fd_.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << strerror(errno);
-    EXPECT_EQ(::listen(fd_.get(), 4096), 0);
-    start();
-  }
-  void start() {
-    int p[2];
-    EXPECT_EQ(::pipe2(p, O_CLOEXEC), 0);
-    stop_r_ = Fd(p[0]);
-    stop_w_ = Fd(p[1]);
-    acceptor_ = std::thread([this] { loop(); });
-  }
-  ~LocalServer() {
-    (void)!::write(stop_w_.get(), "x", 1);
-    acceptor_.join();
-    std::lock_guard<std::mutex> l(mu_);
-    for (auto& w : workers_) w.thread.join();
-  }
-  uint16_t port() const { return port_; }
-  std::string to() const { return "127.0.0.1:" + std::to_string(port_); }
-  int accepted() const { return accepted_; }
-
- private:
-  void loop() {
-    while (true) {
-      pollfd p[2] = {{fd_.get(), POLLIN, 0}, {stop_r_.get(), POLLIN, 0}};
-      if (::poll(p, 2, -1) < 0) continue;
-      if (p[1].revents) return;
-      int c = ::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-      if (c < 0) continue;
-      ++accepted_;
-      // A peer that stops talking cannot park a worker for ever.
-      timeval tv{10, 0};
-      ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-      ::setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-      std::lock_guard<std::mutex> l(mu_);
-      reap();
-      auto done = std::make_shared<std::atomic<bool>>(false);
-      workers_.push_back({std::thread([this, c, done] {
-                            serve_(c);
-                            ::close(c);
-                            *done = true;
-                          }),
-                          done});
-    }
+    EXPECT_EQ(::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << strerror(errno);
+    EXPECT_EQ(::listen(fd.get(), 4096), 0);
+    return fd;
   }
 
-  // Joins the workers that are over: a load test makes thousands of
-  // connections, and an unjoined thread keeps its stack.
-  void reap() {
-    std::vector<Worker> running;
-    for (auto& w : workers_) {
-      if (*w.done) {
-        w.thread.join();
-      } else {
-        running.push_back(std::move(w));
-      }
-    }
-    workers_ = std::move(running);
-  }
-
-  struct Worker {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-
-  std::function<void(int)> serve_;
-  Fd fd_, stop_r_, stop_w_;
   uint16_t port_ = 0;
-  std::thread acceptor_;
-  std::mutex mu_;
-  std::vector<Worker> workers_;
-  std::atomic<int> accepted_{0};
+  Acceptor acceptor_;
 };
 
 // Answers one HTTP request with `body`.
@@ -453,9 +387,18 @@ class StealTest : public ::testing::TestWithParam<Param> {
   }
 
   void startAgent(const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> argv = {"--listen", "127.0.0.1:0", "--token-file", token_file_,
-                                     "--first-client-timeout", "120s", "--session-grace", "3s",
-                                     "--log-level", "debug", "--steal-backend", GetParam().backend};
+    std::vector<std::string> argv = {"--listen",
+                                     "127.0.0.1:0",
+                                     "--token-file",
+                                     token_file_,
+                                     "--first-client-timeout",
+                                     "120s",
+                                     "--session-grace",
+                                     "3s",
+                                     "--log-level",
+                                     "debug",
+                                     "--steal-backend",
+                                     GetParam().backend};
     argv.insert(argv.end(), extra.begin(), extra.end());
     for (const char* a : {"targeted", "--pid"}) argv.push_back(a);
     argv.push_back(std::to_string(httpd80_.pid()));
