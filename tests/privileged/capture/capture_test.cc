@@ -330,14 +330,11 @@ class CaptureTest : public ::testing::Test {
     client_.emplace();
     ASSERT_TRUE(pod_->created() && client_->created());
 
-    const std::string tag = randomHex(6);
-    const int subnet =
-        1 + static_cast<int>(std::strtoul(tag.substr(0, 2).c_str(), nullptr, 16) % 254);
-    pod_ip_ = "10.252." + std::to_string(subnet) + ".1";
-    client_ip_ = "10.252." + std::to_string(subnet) + ".2";
-    client_if_ = "cp" + tag + "c";
-    ASSERT_TRUE(linkVeth({pod_->name(), "cp" + tag + "p", {pod_ip_ + "/24"}},
-                         {client_->name(), client_if_, {client_ip_ + "/24"}}));
+    PodLink link;
+    ASSERT_TRUE(linkPodToClient(*pod_, *client_, "cp", &link));
+    pod_ip_ = link.pod_ip;
+    client_ip_ = link.client_ip;
+    client_if_ = link.client_if;
 
     // The target: any process of the pod; its netns is what the agent captures in.
     target_ = spawn({"ip", "netns", "exec", pod_->name(), "sleep", "3600"}, std::nullopt, -1, -1);

@@ -284,13 +284,12 @@ struct VethEnd {
 // addressed (IPv6 with nodad: usable at once, not "tentative" for a second
 // or two) and up.
 inline ::testing::AssertionResult linkVeth(const VethEnd& a, const VethEnd& b) {
-  std::vector<std::vector<std::string>> cmds = {{"ip", "-n", a.netns, "link", "add", a.name,
-                                                 "type", "veth", "peer", "name", b.name, "netns",
-                                                 b.netns}};
+  std::vector<std::vector<std::string>> cmds = {{"ip", "-n", a.netns, "link", "add", a.name, "type",
+                                                 "veth", "peer", "name", b.name, "netns", b.netns}};
   for (const VethEnd* end : {&a, &b}) {
     for (const std::string& addr : end->addresses) {
-      std::vector<std::string> cmd = {"ip", "-n", end->netns, "addr", "add", addr, "dev",
-                                      end->name};
+      std::vector<std::string> cmd = {"ip",  "-n", end->netns, "addr",
+                                      "add", addr, "dev",      end->name};
       if (addr.find(':') != std::string::npos) cmd.push_back("nodad");
       cmds.push_back(std::move(cmd));
     }
@@ -307,6 +306,30 @@ inline ::testing::AssertionResult linkVeth(const VethEnd& a, const VethEnd& b) {
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+// A pod and a client namespace joined by a veth pair on 10.252.N.0/24, the
+// pod .1 and the client .2.
+struct PodLink {
+  std::string pod_if, client_if;
+  std::string pod_ip, client_ip;  // without the prefix
+};
+
+// Links `pod` and `client` (linkVeth). The interfaces are named
+// "<prefix><tag>p" and "<prefix><tag>c" with a random tag (unique; 15
+// characters at most with a two-letter prefix); N comes from the same tag,
+// which keeps the addresses of tests running at once apart too.
+inline ::testing::AssertionResult linkPodToClient(const NetNs& pod, const NetNs& client,
+                                                  const std::string& prefix, PodLink* link) {
+  const std::string tag = randomHex(6);
+  const int subnet =
+      1 + static_cast<int>(std::strtoul(tag.substr(0, 2).c_str(), nullptr, 16) % 254);
+  link->pod_if = prefix + tag + "p";
+  link->client_if = prefix + tag + "c";
+  link->pod_ip = "10.252." + std::to_string(subnet) + ".1";
+  link->client_ip = "10.252." + std::to_string(subnet) + ".2";
+  return linkVeth({pod.name(), link->pod_if, {link->pod_ip + "/24"}},
+                  {client.name(), link->client_if, {link->client_ip + "/24"}});
 }
 
 inline uint64_t netnsInodeOf(pid_t pid) {

@@ -567,13 +567,9 @@ class HttpStealTest : public ::testing::TestWithParam<std::string> {
     pod_.emplace();
     client_.emplace();
     ASSERT_TRUE(pod_->created() && client_->created());
-    const std::string tag = randomHex(6);
-    const int subnet =
-        1 + static_cast<int>(std::strtoul(tag.substr(0, 2).c_str(), nullptr, 16) % 254);
-    pod_ip_ = "10.252." + std::to_string(subnet) + ".1";
-    ASSERT_TRUE(linkVeth(
-        {pod_->name(), "hs" + tag + "p", {pod_ip_ + "/24"}},
-        {client_->name(), "hs" + tag + "c", {"10.252." + std::to_string(subnet) + ".2/24"}}));
+    PodLink link;
+    ASSERT_TRUE(linkPodToClient(*pod_, *client_, "hs", &link));
+    pod_ip_ = link.pod_ip;
 
     ASSERT_NO_FATAL_FAILURE(startNginx());
     ASSERT_NO_FATAL_FAILURE(writeScripts());

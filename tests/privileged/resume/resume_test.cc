@@ -319,23 +319,9 @@ class ContinuityTest : public ::testing::Test {
     node_.emplace();
     ASSERT_TRUE(pod_->created() && client_->created() && node_->created());
 
-    const std::string tag = randomHex(6);
-    const std::string pod_if = "sr" + tag + "p", client_if = "sr" + tag + "c";
-    const std::string subnet =
-        std::to_string(1 + std::strtoul(tag.substr(0, 2).c_str(), nullptr, 16) % 254);
-    pod_ip_ = "10.252." + subnet + ".1";
-    for (const auto& argv : std::vector<std::vector<std::string>>{
-             {"ip", "link", "add", pod_if, "netns", pod_->name(), "type", "veth", "peer", "name",
-              client_if, "netns", client_->name()},
-             {"ip", "-n", pod_->name(), "addr", "add", pod_ip_ + "/24", "dev", pod_if},
-             {"ip", "-n", client_->name(), "addr", "add", "10.252." + subnet + ".2/24", "dev",
-              client_if},
-             {"ip", "-n", pod_->name(), "link", "set", pod_if, "up"},
-             {"ip", "-n", client_->name(), "link", "set", client_if, "up"},
-         }) {
-      Result r = run(argv);
-      ASSERT_EQ(r.exit_code, 0) << r;
-    }
+    PodLink link;
+    ASSERT_TRUE(linkPodToClient(*pod_, *client_, "sr", &link));
+    pod_ip_ = link.pod_ip;
 
     // The application: busybox httpd on port 80, the agent's target.
     const std::string www = dir_->path() + "/www";
