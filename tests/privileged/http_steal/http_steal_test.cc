@@ -725,6 +725,17 @@ asyncio.run(main())
     return s;
   }
 
+  // `siphon steal` of `port` to `to` for the requests `filter_header`
+  // matches, in *s; a failure, with its log, unless it is stealing the
+  // port.
+  ::testing::AssertionResult stealFiltered(uint16_t port, const std::string& to,
+                                           const std::string& filter_header, StealCli** s) {
+    const std::string p = std::to_string(port);
+    *s = steal({"--port", p, "--to", to, "--filter-header", filter_header});
+    if ((*s)->waitFor("stealing port " + p)) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "not stealing port " << p << ":\n" << (*s)->log();
+  }
+
   std::string url(uint16_t port, const std::string& path) const {
     return "http://" + pod_ip_ + ":" + std::to_string(port) + path;
   }
@@ -816,8 +827,8 @@ std::vector<std::string> splitLines(const std::string& s) {
 // order, and the connection was never reopened.
 TEST_P(HttpStealTest, KeepAliveRequestsAreRoutedOneByOneOnOneConnection) {
   HttpServer local("local-A");
-  StealCli* s = steal({"--port", "80", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(s->waitFor("stealing port 80")) << s->log();
+  StealCli* s;
+  ASSERT_TRUE(stealFiltered(80, local.to(), "x-user: ^alice$", &s));
 
   std::vector<std::string> argv = {"curl", "-sS", "--max-time", "10"};
   const std::vector<std::string> users = {"alice", "", "alice", "bob", "", "alice"};
@@ -859,8 +870,8 @@ TEST_P(HttpStealTest, KeepAliveRequestsAreRoutedOneByOneOnOneConnection) {
 // them stolen; the answers come back complete and in the order asked.
 TEST_P(HttpStealTest, PipelinedRequestsAreAnsweredInOrder) {
   HttpServer local("local-A");
-  StealCli* s = steal({"--port", "80", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(s->waitFor("stealing port 80")) << s->log();
+  StealCli* s;
+  ASSERT_TRUE(stealFiltered(80, local.to(), "x-user: ^alice$", &s));
   Fd c = connectToPod(80);
   ASSERT_GE(c.get(), 0);
   std::string requests, want;
@@ -912,8 +923,8 @@ TEST_P(HttpStealTest, PathAndMethodFiltersCombineAllOfOrAnyOf) {
 // with the header to the local server, the others to the application.
 TEST_P(HttpStealTest, Http2PriorKnowledgeAndUpgradeAreRoutedPerStream) {
   HttpServer local("local-A");
-  StealCli* s = steal({"--port", "81", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(s->waitFor("stealing port 81")) << s->log();
+  StealCli* s;
+  ASSERT_TRUE(stealFiltered(81, local.to(), "x-user: ^alice$", &s));
 
   Result r = inClient({"nghttp", "-t", "10", "-H", "x-user: alice", url(81, "/pk")});
   EXPECT_EQ(r.exit_code, 0) << r;
@@ -979,9 +990,8 @@ TEST_P(HttpStealTest, WebSocketFollowsTheUpgradeRequest) {
   std::unique_ptr<Proc> local_ws;
   const uint16_t local_port = startWebSocketEcho("local-A", "", 0, &local_ws);
   ASSERT_GT(local_port, 0);
-  StealCli* s = steal({"--port", "82", "--to", "127.0.0.1:" + std::to_string(local_port),
-                       "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(s->waitFor("stealing port 82")) << s->log();
+  StealCli* s;
+  ASSERT_TRUE(stealFiltered(82, "127.0.0.1:" + std::to_string(local_port), "x-user: ^alice$", &s));
   const std::string ws_url = "ws://" + pod_ip_ + ":82/chat";
   Result r = inClient({kPython, ws_client_, ws_url, "x-user: alice"});
   EXPECT_EQ(r.exit_code, 0) << r;
@@ -1003,10 +1013,10 @@ TEST_P(HttpStealTest, WebSocketFollowsTheUpgradeRequest) {
 // errors, and every request reached exactly its own side.
 TEST_P(HttpStealTest, TwoSessionsEachGetExactlyTheirRequestsUnderLoad) {
   HttpServer alice("local-A"), bob("local-B");
-  StealCli* a = steal({"--port", "81", "--to", alice.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(a->waitFor("stealing port 81")) << a->log();
-  StealCli* b = steal({"--port", "81", "--to", bob.to(), "--filter-header", "X-User: ^bob$"});
-  ASSERT_TRUE(b->waitFor("stealing port 81")) << b->log();
+  StealCli* a;
+  ASSERT_TRUE(stealFiltered(81, alice.to(), "x-user: ^alice$", &a));
+  StealCli* b;
+  ASSERT_TRUE(stealFiltered(81, bob.to(), "X-User: ^bob$", &b));
 
   // 3 x 3,000 by h2load, 1,000 mixed (4 connections x 250 streams).
   auto h2load = [&](const std::string& user) {
@@ -1065,8 +1075,8 @@ TEST_P(HttpStealTest, TwoSessionsEachGetExactlyTheirRequestsUnderLoad) {
 // through, byte-exact; and 100 MiB uploads the same way.
 TEST_P(HttpStealTest, ChunkedBodiesAndAHundredMebibyteUploadArriveByteExact) {
   HttpServer local("local-A");
-  StealCli* s = steal({"--port", "84", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(s->waitFor("stealing port 84")) << s->log();
+  StealCli* s;
+  ASSERT_TRUE(stealFiltered(84, local.to(), "x-user: ^alice$", &s));
 
   // A file of Pattern(seed) bytes for curl to send.
   auto patternFile = [&](const std::string& name, uint64_t seed, uint64_t size) {
@@ -1129,8 +1139,8 @@ TEST_P(HttpStealTest, ChunkedBodiesAndAHundredMebibyteUploadArriveByteExact) {
 // client-first protocol that is not HTTP passes through at once.
 TEST_P(HttpStealTest, ServerFirstAndNonHttpProtocolsPassThroughUntouched) {
   HttpServer local("local-A");
-  StealCli* s = steal({"--port", "85", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(s->waitFor("stealing port 85")) << s->log();
+  StealCli* s;
+  ASSERT_TRUE(stealFiltered(85, local.to(), "x-user: ^alice$", &s));
 
   Fd c = connectToPod(85);
   ASSERT_GE(c.get(), 0);
@@ -1172,10 +1182,10 @@ TEST_P(HttpStealTest, UnfilteredAndFilteredStealsOfOnePortArePortBusy) {
   whole->signal(SIGINT);
   EXPECT_EQ(whole->wait(), 0) << whole->log();
 
-  StealCli* f1 = steal({"--port", "80", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(f1->waitFor("stealing port 80")) << f1->log();
-  StealCli* f2 = steal({"--port", "80", "--to", other.to(), "--filter-header", "x-user: ^bob$"});
-  ASSERT_TRUE(f2->waitFor("stealing port 80")) << f2->log();
+  StealCli* f1;
+  ASSERT_TRUE(stealFiltered(80, local.to(), "x-user: ^alice$", &f1));
+  StealCli* f2;
+  ASSERT_TRUE(stealFiltered(80, other.to(), "x-user: ^bob$", &f2));
   StealCli* whole2 = steal({"--port", "80", "--to", local.to()});
   EXPECT_EQ(whole2->wait(), 1) << whole2->log();
   EXPECT_THAT(whole2->log(), HasSubstr("PORT_BUSY")) << whole2->log();
@@ -1200,10 +1210,10 @@ TEST_P(HttpStealTest, UnfilteredAndFilteredStealsOfOnePortArePortBusy) {
 // matches are its own; when the earlier one ends the later one gets them.
 TEST_P(HttpStealTest, EarliestSubscriptionWinsAndTheLaterOneIsTold) {
   HttpServer first("local-A"), second("local-B");
-  StealCli* a = steal({"--port", "80", "--to", first.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(a->waitFor("stealing port 80")) << a->log();
-  StealCli* b = steal({"--port", "80", "--to", second.to(), "--filter-header", "x-user: ^ali"});
-  ASSERT_TRUE(b->waitFor("stealing port 80")) << b->log();
+  StealCli* a;
+  ASSERT_TRUE(stealFiltered(80, first.to(), "x-user: ^alice$", &a));
+  StealCli* b;
+  ASSERT_TRUE(stealFiltered(80, second.to(), "x-user: ^ali", &b));
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(curl({"-H", "x-user: alice", url(80, "/both")}), "local-A GET /both alice\n");
   }
@@ -1226,10 +1236,10 @@ TEST_P(HttpStealTest, EarliestSubscriptionWinsAndTheLaterOneIsTold) {
 // HTTP/2 alike.
 TEST_P(HttpStealTest, SessionKilledMidRequestGetsTheClientA502) {
   HttpServer local("local-A");
-  StealCli* s1 = steal({"--port", "80", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(s1->waitFor("stealing port 80")) << s1->log();
-  StealCli* s2 = steal({"--port", "81", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(s2->waitFor("stealing port 81")) << s2->log();
+  StealCli* s1;
+  ASSERT_TRUE(stealFiltered(80, local.to(), "x-user: ^alice$", &s1));
+  StealCli* s2;
+  ASSERT_TRUE(stealFiltered(81, local.to(), "x-user: ^alice$", &s2));
   auto h1 = std::async(std::launch::async, [this] {
     return curl(
         {"--max-time", "20", "-H", "x-user: alice", "-w", "\n%{http_code}", url(80, "/slow1")});
@@ -1262,10 +1272,10 @@ TEST_P(HttpStealTest, SessionKilledMidRequestGetsTheClientA502) {
 // through (the application's).
 TEST_P(HttpStealTest, ClientsGoingAwayMidAnswerLeaveTheAgentServing) {
   HttpServer local("local-A");
-  StealCli* s1 = steal({"--port", "84", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(s1->waitFor("stealing port 84")) << s1->log();
-  StealCli* s2 = steal({"--port", "81", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(s2->waitFor("stealing port 81")) << s2->log();
+  StealCli* s1;
+  ASSERT_TRUE(stealFiltered(84, local.to(), "x-user: ^alice$", &s1));
+  StealCli* s2;
+  ASSERT_TRUE(stealFiltered(81, local.to(), "x-user: ^alice$", &s2));
   // 256 MiB for nginx to serve over HTTP/2.
   const std::string files = dir_->path() + "/nginx/files";
   std::filesystem::create_directories(files);
@@ -1333,8 +1343,8 @@ TEST_P(HttpStealTest, ClientsGoingAwayMidAnswerLeaveTheAgentServing) {
 // connection reaches the application.
 TEST_P(HttpStealTest, DrainClosesIdleKeepAliveConnectionsCleanly) {
   HttpServer local("local-A");
-  StealCli* s = steal({"--port", "80", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(s->waitFor("stealing port 80")) << s->log();
+  StealCli* s;
+  ASSERT_TRUE(stealFiltered(80, local.to(), "x-user: ^alice$", &s));
   Fd c = connectToPod(80);
   ASSERT_GE(c.get(), 0);
   Reader in(c.get());
@@ -1368,10 +1378,10 @@ class HttpStealIptablesTest : public HttpStealTest {};
 
 TEST_P(HttpStealIptablesTest, KeepAliveAndHttp2AreRoutedPerRequest) {
   HttpServer local("local-A");
-  StealCli* s1 = steal({"--port", "80", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(s1->waitFor("stealing port 80")) << s1->log();
-  StealCli* s2 = steal({"--port", "81", "--to", local.to(), "--filter-header", "x-user: ^alice$"});
-  ASSERT_TRUE(s2->waitFor("stealing port 81")) << s2->log();
+  StealCli* s1;
+  ASSERT_TRUE(stealFiltered(80, local.to(), "x-user: ^alice$", &s1));
+  StealCli* s2;
+  ASSERT_TRUE(stealFiltered(81, local.to(), "x-user: ^alice$", &s2));
   Result r = inClient({"curl", "-sS", "--max-time", "10", "-H", "x-user: alice", url(80, "/a"),
                        "--next", url(80, "/b")});
   EXPECT_EQ(r.exit_code, 0) << r;
