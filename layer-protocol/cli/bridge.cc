@@ -27,8 +27,8 @@ void Bridge::start() {
 
 size_t Bridge::sendDirect(std::string_view payload) {
   if (to_local_busy_ || !local.is_open()) return 0;
-  ssize_t n = ::send(local.native_handle(), payload.data(), payload.size(),
-                     MSG_NOSIGNAL | MSG_DONTWAIT);
+  ssize_t n =
+      ::send(local.native_handle(), payload.data(), payload.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
   // Any failure leaves the bytes queued: streamToLocal() waits for room or
   // meets the same error and handles it.
   if (n <= 0) return 0;
@@ -36,11 +36,11 @@ size_t Bridge::sendDirect(std::string_view payload) {
   return static_cast<size_t>(n);
 }
 
-void Bridge::abortLocal() {
-  if (!local.is_open()) return;
+void abortSocket(net::tcp::socket& s) {
+  if (!s.is_open()) return;
   net::error_code ignored;
-  local.set_option(asio::socket_base::linger(true, 0), ignored);
-  local.close(ignored);
+  s.set_option(asio::socket_base::linger(true, 0), ignored);
+  s.close(ignored);
 }
 
 void Bridge::localFailed(const net::error_code& ec) {

@@ -18,6 +18,10 @@
 
 namespace siphon::cli {
 
+// Closes `s` with RST (SO_LINGER 0): the peer sees an abort, never a clean
+// end that could pass for a complete transfer. A closed socket is left as is.
+void abortSocket(net::tcp::socket& s);
+
 class Bridge : public std::enable_shared_from_this<Bridge> {
  public:
   Bridge(net::tcp::socket local_socket, std::shared_ptr<client::ClientStream> s)
@@ -29,7 +33,7 @@ class Bridge : public std::enable_shared_from_this<Bridge> {
   void start();
 
   // Closes the local socket with RST (SO_LINGER 0).
-  void abortLocal();
+  void abortLocal() { abortSocket(local); }
 
   net::tcp::socket local;
   std::shared_ptr<client::ClientStream> stream;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cli/bridge.h"
 #include "siphon/status.h"
 
 namespace siphon::cli {
@@ -138,12 +139,7 @@ void Exchange::noteError(std::string why) {
   if (event_.error.empty()) event_.error = std::move(why);
 }
 
-void Exchange::abortLocal() {
-  if (!local_.is_open()) return;
-  net::error_code ignored;
-  local_.set_option(asio::socket_base::linger(true, 0), ignored);
-  local_.close(ignored);
-}
+void Exchange::abortLocal() { abortSocket(local_); }
 
 void Exchange::streamFailed(const absl::Status& s) {
   if (stream_failed_) return;
