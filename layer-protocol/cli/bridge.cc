@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "siphon/status.h"
 
 namespace siphon::cli {
 
@@ -34,6 +35,39 @@ size_t Bridge::sendDirect(std::string_view payload) {
   if (n <= 0) return 0;
   to_local += static_cast<uint64_t>(n);
   return static_cast<size_t>(n);
+}
+
+net::awaitable<absl::Status> connectLocal(net::tcp::socket& socket,
+                                          std::vector<net::tcp::endpoint> endpoints,
+                                          std::chrono::milliseconds timeout, std::string to) {
+  // The watchdog's handler may run after this frame is gone (it fired as
+  // the connect completed): it holds the watch weakly, and the watch dies
+  // with the frame, so a late handler never closes a socket now in use.
+  struct Watch {
+    Watch(asio::any_io_executor ex, net::tcp::socket* s) : timer(std::move(ex)), socket(s) {}
+    asio::steady_timer timer;
+    net::tcp::socket* socket;
+    bool timed_out = false;
+  };
+  auto watch = std::make_shared<Watch>(socket.get_executor(), &socket);
+  watch->timer.expires_after(timeout);
+  watch->timer.async_wait([weak = std::weak_ptr<Watch>(watch)](net::error_code ec) {
+    auto self = weak.lock();
+    if (ec || !self) return;
+    self->timed_out = true;
+    net::error_code ignored;
+    self->socket->close(ignored);
+  });
+  net::error_code ec;
+  co_await asio::async_connect(socket, endpoints, asio::redirect_error(net::use_awaitable, ec));
+  watch->timer.cancel();
+  if (watch->timed_out) {
+    co_return protoError(v1::UNAVAILABLE, absl::StrCat("connect ", to, ": no answer within ",
+                                                       timeout.count(), " ms"));
+  }
+  if (ec) co_return protoError(v1::UNAVAILABLE, absl::StrCat("connect ", to, ": ", ec.message()));
+  socket.set_option(net::tcp::no_delay(true), ec);
+  co_return absl::OkStatus();
 }
 
 void abortSocket(net::tcp::socket& s) {

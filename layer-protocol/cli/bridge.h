@@ -9,8 +9,11 @@
 // Everything runs on the client's event loop.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "siphon/client/client.h"
@@ -21,6 +24,15 @@ namespace siphon::cli {
 // Closes `s` with RST (SO_LINGER 0): the peer sees an abort, never a clean
 // end that could pass for a complete transfer. A closed socket is left as is.
 void abortSocket(net::tcp::socket& s);
+
+// Connects `socket` to the first of `endpoints` that answers within
+// `timeout`, with TCP_NODELAY (requests and answers are often small).
+// UNAVAILABLE "connect 127.0.0.1:9000: Connection refused" or "connect
+// 127.0.0.1:9000: no answer within 5000 ms" (`to` names the server).
+// Closing `socket` meanwhile ends the attempt. Runs on the socket's executor.
+net::awaitable<absl::Status> connectLocal(net::tcp::socket& socket,
+                                          std::vector<net::tcp::endpoint> endpoints,
+                                          std::chrono::milliseconds timeout, std::string to);
 
 class Bridge : public std::enable_shared_from_this<Bridge> {
  public:

@@ -98,16 +98,11 @@ struct StealState;
 struct Stolen : Bridge {
   Stolen(asio::any_io_executor ex, std::shared_ptr<client::ClientStream> s, StolenEvent e,
          std::weak_ptr<StealState> st)
-      : Bridge(net::tcp::socket(ex), std::move(s)),
-        watchdog(ex),
-        event(std::move(e)),
-        state(std::move(st)) {}
+      : Bridge(net::tcp::socket(ex), std::move(s)), event(std::move(e)), state(std::move(st)) {}
 
-  asio::steady_timer watchdog;  // bounds the local connect
-  StolenEvent event;            // bytes and the first failure accumulate here
+  StolenEvent event;  // bytes and the first failure accumulate here
   std::weak_ptr<StealState> state;
   bool ended = false;  // ended by us (second signal, lost session)
-  bool timed_out = false;
 
   void noteError(std::string why) {
     if (event.error.empty()) event.error = std::move(why);
@@ -288,32 +283,15 @@ net::awaitable<void> serveStolen(std::shared_ptr<StealState> state,
     co_return;
   }
 
-  c->watchdog.expires_after(st->connect_timeout);
-  c->watchdog.async_wait([weak = std::weak_ptr<Stolen>(c)](net::error_code ec) {
-    auto self = weak.lock();
-    if (ec || !self) return;
-    self->timed_out = true;
-    net::error_code ignored;
-    self->local.close(ignored);
-  });
-  net::error_code ec;
-  co_await asio::async_connect(c->local, target->endpoints,
-                               asio::redirect_error(net::use_awaitable, ec));
-  c->watchdog.cancel();
-
+  absl::Status connected =
+      co_await connectLocal(c->local, target->endpoints, st->connect_timeout, c->event.to);
   if (c->ended) {
     // end() reset the stream and noted why.
     failStolen(st, c, v1::CANCELLED, c->event.error);
     co_return;
   }
-  if (c->timed_out) {
-    failStolen(st, c, v1::UNAVAILABLE,
-               absl::StrCat("connect ", c->event.to, ": no answer within ",
-                            st->connect_timeout.count(), " ms"));
-    co_return;
-  }
-  if (ec) {
-    failStolen(st, c, v1::UNAVAILABLE, absl::StrCat("connect ", c->event.to, ": ", ec.message()));
+  if (!connected.ok()) {
+    failStolen(st, c, v1::UNAVAILABLE, std::string(connected.message()));
     co_return;
   }
   absl::Status accepted = st->client->acceptStream(*stream);
@@ -325,8 +303,6 @@ net::awaitable<void> serveStolen(std::shared_ptr<StealState> state,
     co_return;
   }
 
-  // Requests and answers are often small: do not hold them back.
-  c->local.set_option(net::tcp::no_delay(true), ec);
   ++st->totals.connections;
   st->print(openLine(c->event, st->json));
   c->start();

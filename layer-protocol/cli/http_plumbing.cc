@@ -63,34 +63,10 @@ std::optional<net::tcp::socket> LocalPool::takeIdle() {
 }
 
 net::awaitable<absl::StatusOr<net::tcp::socket>> LocalPool::connect() {
-  // Shared with the watchdog's handler, which may run after this frame is
-  // gone (it fired as the connect completed).
-  struct Attempt {
-    explicit Attempt(asio::any_io_executor ex) : socket(ex), watchdog(ex) {}
-    net::tcp::socket socket;
-    asio::steady_timer watchdog;
-    bool timed_out = false;
-  };
-  auto a = std::make_shared<Attempt>(ex_);
-  a->watchdog.expires_after(connect_timeout_);
-  a->watchdog.async_wait([weak = std::weak_ptr<Attempt>(a)](net::error_code ec) {
-    auto self = weak.lock();
-    if (ec || !self) return;
-    self->timed_out = true;
-    net::error_code ignored;
-    self->socket.close(ignored);
-  });
-  net::error_code ec;
-  co_await asio::async_connect(a->socket, endpoints_, asio::redirect_error(net::use_awaitable, ec));
-  a->watchdog.cancel();
-  if (a->timed_out) {
-    co_return protoError(v1::UNAVAILABLE, absl::StrCat("connect ", to_, ": no answer within ",
-                                                       connect_timeout_.count(), " ms"));
-  }
-  if (ec) co_return protoError(v1::UNAVAILABLE, absl::StrCat("connect ", to_, ": ", ec.message()));
-  // Requests and answers are often small: do not hold them back.
-  a->socket.set_option(net::tcp::no_delay(true), ec);
-  co_return std::move(a->socket);
+  net::tcp::socket s(ex_);
+  absl::Status connected = co_await connectLocal(s, endpoints_, connect_timeout_, to_);
+  if (!connected.ok()) co_return connected;
+  co_return std::move(s);
 }
 
 void LocalPool::giveBack(net::tcp::socket s) {
