@@ -230,6 +230,32 @@ void Stolen::finished() {
   st->finished(std::static_pointer_cast<Stolen>(shared_from_this()));
 }
 
+// Who and where a stolen connection or request (StolenConnection,
+// StolenRequest) comes from, into `event` for its lines; the port and the
+// local server are its subscription's. Returns that subscription's targets
+// index, or nullopt for one whose Subscribed never reached us (a timed-out
+// request): its port is then the destination's, its server "?".
+template <typename Event, typename Open>
+std::optional<size_t> describeStolen(const StealState& st, const Open& stolen, Event* event) {
+  if (!stolen.source().ip().empty()) {
+    event->source = hostPort(stolen.source().ip(), stolen.source().port());
+  }
+  if (!stolen.destination().ip().empty()) {
+    event->destination = hostPort(stolen.destination().ip(), stolen.destination().port());
+  }
+  event->port = stolen.destination().port();
+  event->to = "?";
+  auto sub = st.subscriptions.find(stolen.subscription_id());
+  if (sub == st.subscriptions.end()) return std::nullopt;
+  event->port = st.targets[sub->second].route.port;
+  event->to = st.targets[sub->second].route.to();
+  return sub->second;
+}
+
+std::string noSubscription(uint64_t subscription_id) {
+  return absl::StrCat("no subscription ", subscription_id, " in this client");
+}
+
 // A connection that never reached the bridging: the agent resets the remote
 // client's connection.
 void failStolen(const std::shared_ptr<StealState>& st, const std::shared_ptr<Stolen>& c,
@@ -253,20 +279,8 @@ net::awaitable<void> serveStolen(std::shared_ptr<StealState> state,
   const v1::StolenConnection& stolen = open.stolen();
 
   StolenEvent event;
-  if (!stolen.source().ip().empty()) {
-    event.source = hostPort(stolen.source().ip(), stolen.source().port());
-  }
-  if (!stolen.destination().ip().empty()) {
-    event.destination = hostPort(stolen.destination().ip(), stolen.destination().port());
-  }
-  event.port = stolen.destination().port();
-  event.to = "?";
-  auto sub = st->subscriptions.find(stolen.subscription_id());
-  const Target* target = sub == st->subscriptions.end() ? nullptr : &st->targets[sub->second];
-  if (target) {
-    event.port = target->route.port;
-    event.to = target->route.to();
-  }
+  const std::optional<size_t> index = describeStolen(*st, stolen, &event);
+  const Target* target = index ? &st->targets[*index] : nullptr;
   auto c = std::make_shared<Stolen>(ex, stream, std::move(event), st);
   st->live[stream->id()] = c;
   --st->starting;
@@ -274,8 +288,7 @@ net::awaitable<void> serveStolen(std::shared_ptr<StealState> state,
   if (!target) {
     // A subscription whose Subscribed never reached us (a timed-out
     // request): there is nowhere to send its connections.
-    failStolen(st, c, v1::NOT_FOUND,
-               absl::StrCat("no subscription ", stolen.subscription_id(), " in this client"));
+    failStolen(st, c, v1::NOT_FOUND, noSubscription(stolen.subscription_id()));
     co_return;
   }
   if (st->ending || !st->lost.ok()) {
@@ -336,25 +349,15 @@ net::awaitable<void> serveRequest(std::shared_ptr<StealState> state,
   --st->starting;
 
   RequestEvent event;
-  if (!stolen.source().ip().empty()) {
-    event.source = hostPort(stolen.source().ip(), stolen.source().port());
-  }
-  if (!stolen.destination().ip().empty()) {
-    event.destination = hostPort(stolen.destination().ip(), stolen.destination().port());
-  }
-  event.port = stolen.destination().port();
-  event.to = "?";
   event.method = stolen.method();
   event.path = stolen.path();
-  auto sub = st->subscriptions.find(stolen.subscription_id());
-  if (sub == st->subscriptions.end()) {
+  const std::optional<size_t> found = describeStolen(*st, stolen, &event);
+  if (!found) {
     failRequest(st, stream, std::move(event), v1::NOT_FOUND,
-                absl::StrCat("no subscription ", stolen.subscription_id(), " in this client"));
+                noSubscription(stolen.subscription_id()));
     co_return;
   }
-  const size_t index = sub->second;
-  event.port = st->targets[index].route.port;
-  event.to = st->targets[index].route.to();
+  const size_t index = *found;
   if (st->ending || !st->lost.ok()) {
     failRequest(st, stream, std::move(event), v1::CANCELLED, "siphon steal is ending");
     co_return;
