@@ -21,6 +21,7 @@
 #include "agent/common/log.h"
 #include "agent/outgoing/address.h"
 #include "agent/steal/http/http2_exchange.h"
+#include "agent/steal/http/http2_wire.h"
 
 namespace siphon::agent::steal::http {
 
@@ -31,23 +32,12 @@ namespace {
 constexpr int32_t kStreamWindow = 64 * 1024;
 constexpr int32_t kConnectionWindow = 2 * 1024 * 1024;
 constexpr uint32_t kMaxConcurrentStreams = 128;
-constexpr size_t kWriteBatch = 64 * 1024;
 constexpr size_t kReadChunk = 16 * 1024;
 // After a GOAWAY and the last stream, how long the client has to close
 // before the agent does.
 constexpr auto kCloseLinger = std::chrono::seconds(2);
 
 constexpr std::string_view kAgentName = "siphon-agent";
-
-nghttp2_nv nv(std::string_view name, std::string_view value) {
-  return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
-                    reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), name.size(),
-                    value.size(), NGHTTP2_NV_FLAG_NONE};
-}
-
-std::string_view sv(const uint8_t* p, size_t n) {
-  return std::string_view(reinterpret_cast<const char*>(p), n);
-}
 
 // base64url (RFC 4648 §5), padding optional: HTTP2-Settings.
 std::optional<std::string> base64UrlDecode(std::string_view in) {
@@ -83,36 +73,28 @@ std::optional<std::string> base64UrlDecode(std::string_view in) {
 
 class ServerConnection : public LiveConnection,
                          public Http2ClientSide,
+                         public Http2Wire,
                          public std::enable_shared_from_this<ServerConnection> {
  public:
   ServerConnection(std::shared_ptr<EngineState> state, UniqueFd fd, ConnectionInfo info)
-      : state_(std::move(state)),
+      : Http2Wire(state->ex, "steal_http2_error", "steal_http2_send_error"),
+        state_(std::move(state)),
         info_(std::move(info)),
-        sock_(state_->ex, fd.release()),
-        wake_(state_->ex),
         idle_timer_(state_->ex),
-        linger_timer_(state_->ex) {}
-
-  ~ServerConnection() override {
-    if (session_ != nullptr) nghttp2_session_del(session_);
+        linger_timer_(state_->ex) {
+    sock_.assign(fd.release());
   }
 
   bool init(std::string received, std::optional<H2cUpgrade> upgrade) {
-    nghttp2_session_callbacks* cbs;
-    if (nghttp2_session_callbacks_new(&cbs) != 0) return false;
-    nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, &onBeginHeaders);
-    nghttp2_session_callbacks_set_on_header_callback(cbs, &onHeader);
-    nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, &onFrameRecv);
-    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, &onDataChunk);
-    nghttp2_session_callbacks_set_on_stream_close_callback(cbs, &onStreamClose);
-    nghttp2_session_callbacks_set_on_frame_send_callback(cbs, &onFrameSend);
-    nghttp2_option* opt;
-    nghttp2_option_new(&opt);
-    nghttp2_option_set_no_auto_window_update(opt, 1);
-    const int rv = nghttp2_session_server_new2(&session_, cbs, this, opt);
-    nghttp2_option_del(opt);
-    nghttp2_session_callbacks_del(cbs);
-    if (rv != 0) return false;
+    const auto callbacks = [](nghttp2_session_callbacks* cbs) {
+      nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, &onBeginHeaders);
+      nghttp2_session_callbacks_set_on_header_callback(cbs, &onHeader);
+      nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, &onFrameRecv);
+      nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, &onDataChunk);
+      nghttp2_session_callbacks_set_on_stream_close_callback(cbs, &onStreamClose);
+      nghttp2_session_callbacks_set_on_frame_send_callback(cbs, &onFrameSend);
+    };
+    if (!newHttp2Session(&session_, /*server=*/true, callbacks, this)) return false;
 
     if (upgrade) {
       auto settings = base64UrlDecode(upgrade->settings);
@@ -149,10 +131,7 @@ class ServerConnection : public LiveConnection,
         {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
          static_cast<uint32_t>(std::min<size_t>(state_->options.max_head_bytes, UINT32_MAX))},
     }};
-    if (nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, iv.data(), iv.size()) != 0) {
-      return false;
-    }
-    nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0, kConnectionWindow);
+    if (!submitHttp2Settings(session_, iv, kConnectionWindow)) return false;
     received_ = std::move(received);
     return true;
   }
@@ -350,14 +329,7 @@ class ServerConnection : public LiveConnection,
     const size_t n = x->response_body.take(buf, length);
     if (n > 0 && x->upstream) x->upstream->responseTaken(n);
     if (x->response_body.empty() && x->response_ended) {
-      *data_flags |= NGHTTP2_DATA_FLAG_EOF;
-      if (!x->response_trailers.empty()) {
-        std::vector<nghttp2_nv> nva;
-        for (const auto& [name, value] : x->response_trailers) nva.push_back(nv(name, value));
-        if (nghttp2_submit_trailer(session, stream_id, nva.data(), nva.size()) == 0) {
-          *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
-        }
-      }
+      endHttp2Data(session, stream_id, x->response_trailers, data_flags);
       return static_cast<ssize_t>(n);
     }
     if (n == 0) {
@@ -460,11 +432,6 @@ class ServerConnection : public LiveConnection,
   }
 
   // --- I/O.
-  void kick() {
-    wake_pending_ = true;
-    wake_.notify();
-  }
-
   net::awaitable<void> readLoop() {
     try {
       if (!received_.empty()) {
@@ -501,48 +468,15 @@ class ServerConnection : public LiveConnection,
     return true;
   }
 
-  net::awaitable<void> writeLoop() {
-    try {
-      std::string out;
-      while (!closed_) {
-        out.clear();
-        out.swap(preamble_);
-        wake_pending_ = false;
-        while (out.size() < kWriteBatch) {
-          const uint8_t* data;
-          const ssize_t n = nghttp2_session_mem_send(session_, &data);
-          if (n < 0) {
-            log::debug("steal_http2_send_error",
-                       {{"error", nghttp2_strerror(static_cast<int>(n))}});
-            close();
-            co_return;
-          }
-          if (n == 0) break;
-          out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
-        }
-        if (closed_) co_return;
-        if (out.empty()) {
-          const bool done =
-              !nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_);
-          if (done || (draining_ && streams_.empty())) {
-            finish();
-            co_return;
-          }
-          if (!wake_pending_) co_await wake_.wait();
-          continue;
-        }
-        net::error_code ec;
-        co_await asio::async_write(sock_, asio::buffer(out),
-                                   asio::redirect_error(net::use_awaitable, ec));
-        if (ec) {
-          close();
-          co_return;
-        }
-      }
-    } catch (const std::exception& e) {
-      log::error("steal_http2_error", {{"error", e.what()}});
-      close();
+  // Http2Wire.
+  bool wireClosed() const override { return closed_; }
+  void wireClose() override { close(); }
+  bool wireIdle(bool session_done) override {
+    if (session_done || (draining_ && streams_.empty())) {
+      finish();
+      return true;
     }
+    return false;
   }
 
   // Everything is sent, nothing is under way: close writing, give the
@@ -605,15 +539,10 @@ class ServerConnection : public LiveConnection,
 
   std::shared_ptr<EngineState> state_;
   ConnectionInfo info_;
-  asio::posix::stream_descriptor sock_;
-  nghttp2_session* session_ = nullptr;
   std::map<int32_t, std::shared_ptr<Http2Exchange>> streams_;
   std::string received_;
-  std::string preamble_;
   RequestHead upgrade_head_;
   std::shared_ptr<Http2Exchange> upgrade_stream_;
-  net::Signal wake_;
-  bool wake_pending_ = false;
   asio::steady_timer idle_timer_;
   asio::steady_timer linger_timer_;
   uint64_t requests_ = 0;

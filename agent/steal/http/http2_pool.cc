@@ -19,6 +19,7 @@
 #include "agent/outgoing/address.h"
 #include "agent/steal/http/http2.h"
 #include "agent/steal/http/http2_exchange.h"
+#include "agent/steal/http/http2_wire.h"
 
 namespace siphon::agent::steal::http {
 
@@ -28,31 +29,21 @@ namespace {
 
 constexpr int32_t kStreamWindow = 64 * 1024;
 constexpr int32_t kConnectionWindow = 16 * 1024 * 1024;
-constexpr size_t kWriteBatch = 64 * 1024;
 constexpr size_t kReadChunk = 16 * 1024;
-
-nghttp2_nv nv(std::string_view name, std::string_view value) {
-  return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
-                    reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), name.size(),
-                    value.size(), NGHTTP2_NV_FLAG_NONE};
-}
-
-std::string_view sv(const uint8_t* p, size_t n) {
-  return std::string_view(reinterpret_cast<const char*>(p), n);
-}
 
 }  // namespace
 
 class AppStream;
 
-class Http2AppConnection : public std::enable_shared_from_this<Http2AppConnection> {
+class Http2AppConnection : public Http2Wire,
+                           public std::enable_shared_from_this<Http2AppConnection> {
  public:
   Http2AppConnection(asio::any_io_executor ex, std::weak_ptr<Http2AppPool> pool,
                      SockAddr destination)
-      : ex_(ex), pool_(std::move(pool)), destination_(destination), sock_(ex), wake_(ex) {}
-  ~Http2AppConnection() {
-    if (session_ != nullptr) nghttp2_session_del(session_);
-  }
+      : Http2Wire(ex, "steal_http2_app_error", ""),
+        ex_(ex),
+        pool_(std::move(pool)),
+        destination_(destination) {}
 
   void start(HttpRouter& router) {
     auto self = shared_from_this();
@@ -68,10 +59,6 @@ class Http2AppConnection : public std::enable_shared_from_this<Http2AppConnectio
   void close();
 
   // For AppStream.
-  void kick() {
-    wake_pending_ = true;
-    wake_.notify();
-  }
   nghttp2_session* session() const { return session_; }
   void streamDone(AppStream* s);
 
@@ -83,6 +70,14 @@ class Http2AppConnection : public std::enable_shared_from_this<Http2AppConnectio
   net::awaitable<void> readLoop();
   net::awaitable<void> writeLoop();
   void maybeRetire();
+
+  // Http2Wire.
+  bool wireClosed() const override { return dead_; }
+  void wireClose() override { close(); }
+  bool wireIdle(bool session_done) override {
+    if (session_done) close();
+    return session_done;
+  }
 
   static Http2AppConnection* self(void* ud) { return static_cast<Http2AppConnection*>(ud); }
   static AppStream* stream(nghttp2_session* session, int32_t id) {
@@ -99,10 +94,6 @@ class Http2AppConnection : public std::enable_shared_from_this<Http2AppConnectio
   asio::any_io_executor ex_;
   std::weak_ptr<Http2AppPool> pool_;
   SockAddr destination_;
-  asio::posix::stream_descriptor sock_;
-  nghttp2_session* session_ = nullptr;
-  net::Signal wake_;
-  bool wake_pending_ = false;
   bool connected_ = false;
   bool dead_ = false;
   bool goaway_ = false;
@@ -267,26 +258,18 @@ net::awaitable<void> Http2AppConnection::connect(HttpRouter& router) {
 }
 
 bool Http2AppConnection::initSession() {
-  nghttp2_session_callbacks* cbs;
-  if (nghttp2_session_callbacks_new(&cbs) != 0) return false;
-  nghttp2_session_callbacks_set_on_header_callback(cbs, &onHeader);
-  nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, &onFrameRecv);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, &onDataChunk);
-  nghttp2_session_callbacks_set_on_stream_close_callback(cbs, &onStreamClose);
-  nghttp2_option* opt;
-  nghttp2_option_new(&opt);
-  nghttp2_option_set_no_auto_window_update(opt, 1);
-  const int rv = nghttp2_session_client_new2(&session_, cbs, this, opt);
-  nghttp2_option_del(opt);
-  nghttp2_session_callbacks_del(cbs);
-  if (rv != 0) return false;
+  const auto callbacks = [](nghttp2_session_callbacks* cbs) {
+    nghttp2_session_callbacks_set_on_header_callback(cbs, &onHeader);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, &onFrameRecv);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, &onDataChunk);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cbs, &onStreamClose);
+  };
+  if (!newHttp2Session(&session_, /*server=*/false, callbacks, this)) return false;
   std::array<nghttp2_settings_entry, 2> iv{{
       {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
       {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, static_cast<uint32_t>(kStreamWindow)},
   }};
-  if (nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, iv.data(), iv.size()) != 0) return false;
-  nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0, kConnectionWindow);
-  return true;
+  return submitHttp2Settings(session_, iv, kConnectionWindow);
 }
 
 int Http2AppConnection::onHeader(nghttp2_session* session, const nghttp2_frame* frame,
@@ -368,14 +351,7 @@ ssize_t Http2AppConnection::readRequest(nghttp2_session* session, int32_t stream
     x->creditRequest(n);
   }
   if (x->request_body.empty() && x->request_ended) {
-    *data_flags |= NGHTTP2_DATA_FLAG_EOF;
-    if (!x->request_trailers.empty()) {
-      std::vector<nghttp2_nv> nva;
-      for (const auto& [name, value] : x->request_trailers) nva.push_back(nv(name, value));
-      if (nghttp2_submit_trailer(session, stream_id, nva.data(), nva.size()) == 0) {
-        *data_flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
-      }
-    }
+    endHttp2Data(session, stream_id, x->request_trailers, data_flags);
     return static_cast<ssize_t>(n);
   }
   if (n == 0) {
@@ -419,42 +395,7 @@ net::awaitable<void> Http2AppConnection::readLoop() {
 
 net::awaitable<void> Http2AppConnection::writeLoop() {
   auto self = shared_from_this();
-  try {
-    std::string out;
-    while (!dead_) {
-      out.clear();
-      wake_pending_ = false;
-      while (out.size() < kWriteBatch) {
-        const uint8_t* data;
-        const ssize_t n = nghttp2_session_mem_send(session_, &data);
-        if (n < 0) {
-          close();
-          co_return;
-        }
-        if (n == 0) break;
-        out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
-      }
-      if (dead_) co_return;
-      if (out.empty()) {
-        if (!nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_)) {
-          close();
-          co_return;
-        }
-        if (!wake_pending_) co_await wake_.wait();
-        continue;
-      }
-      net::error_code ec;
-      co_await asio::async_write(sock_, asio::buffer(out),
-                                 asio::redirect_error(net::use_awaitable, ec));
-      if (ec) {
-        close();
-        co_return;
-      }
-    }
-  } catch (const std::exception& e) {
-    log::error("steal_http2_app_error", {{"error", e.what()}});
-    close();
-  }
+  co_await Http2Wire::writeLoop();
 }
 
 void Http2AppConnection::close() {
