@@ -217,6 +217,13 @@ class Http1Connection final : public LiveConnection,
   net::awaitable<void> run();
   net::awaitable<void> serveRequests();
   net::awaitable<bool> exchange(std::unique_ptr<RequestParser> parser);
+  // Gives `x` an application connection from `pool` (`fresh`: a new one,
+  // never an idle one). nullopt when it did; else what exchange() returns:
+  // false when aborted, or the 502's answer when the application cannot be
+  // reached.
+  net::awaitable<std::optional<bool>> connectApplication(std::shared_ptr<Exchange> x,
+                                                         std::shared_ptr<Http1AppPool> pool,
+                                                         bool fresh);
   net::awaitable<Outcome> forwardResponse(std::shared_ptr<Exchange> x, net::error_code head_ec);
   net::awaitable<Outcome> upstreamFailed(std::shared_ptr<Exchange> x, net::error_code ec,
                                          bool got_some);
@@ -396,16 +403,9 @@ net::awaitable<bool> Http1Connection::exchange(std::unique_ptr<RequestParser> pa
     x->upstream = adoptSocket(state_->ex, fd->release());
   } else {
     pool = Http1AppPool::of(*state_);
-    absl::StatusOr<AppConnection> conn = co_await pool->acquire(state_->router, info_.destination);
-    if (aborted_) co_return false;
-    if (!conn.ok()) {
-      co_return co_await answer(
-          x, 502,
-          "siphon-agent: the application at " + destination() +
-              " could not be reached: " + std::string(conn.status().message()) + "\n");
+    if (std::optional<bool> keep = co_await connectApplication(x, pool, /*fresh=*/false)) {
+      co_return *keep;
     }
-    x->upstream = std::move(conn->socket);
-    x->reused = conn->reused;
   }
 
   // The request as canonical HTTP/1.1.
@@ -447,19 +447,28 @@ net::awaitable<bool> Http1Connection::exchange(std::unique_ptr<RequestParser> pa
     // A pooled connection the application had closed meanwhile; the
     // request (no body) went nowhere: once more on a new connection.
     log::debug("http_pool_retry", {{"destination", destination()}});
-    absl::StatusOr<AppConnection> conn =
-        co_await pool->acquire(state_->router, info_.destination, /*fresh=*/true);
-    if (aborted_) co_return false;
-    if (!conn.ok()) {
-      co_return co_await answer(
-          x, 502,
-          "siphon-agent: the application at " + destination() +
-              " could not be reached: " + std::string(conn.status().message()) + "\n");
+    if (std::optional<bool> keep = co_await connectApplication(x, pool, /*fresh=*/true)) {
+      co_return *keep;
     }
-    x->upstream = std::move(conn->socket);
-    x->reused = false;
     x->upstream_in.consume(x->upstream_in.size());
   }
+}
+
+net::awaitable<std::optional<bool>> Http1Connection::connectApplication(
+    std::shared_ptr<Exchange> exchange, std::shared_ptr<Http1AppPool> pool, bool fresh) {
+  const std::shared_ptr<Exchange> x = exchange;
+  absl::StatusOr<AppConnection> conn =
+      co_await pool->acquire(state_->router, info_.destination, fresh);
+  if (aborted_) co_return false;
+  if (!conn.ok()) {
+    co_return co_await answer(x, 502,
+                              "siphon-agent: the application at " + destination() +
+                                  " could not be reached: " + std::string(conn.status().message()) +
+                                  "\n");
+  }
+  x->upstream = std::move(conn->socket);
+  x->reused = conn->reused;  // never for a fresh one
+  co_return std::nullopt;
 }
 
 net::awaitable<Outcome> Http1Connection::forwardResponse(std::shared_ptr<Exchange> exchange,
