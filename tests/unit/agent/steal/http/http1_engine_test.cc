@@ -31,6 +31,21 @@ struct Log {
   }
 };
 
+// One request on a new client connection: its response (nullopt when none
+// came), the connection closed after it.
+std::optional<Response> oneRequest(EngineHarness& h, std::string_view request) {
+  const int c = h.connect();
+  Peer client(c);
+  std::optional<Response> res;
+  if (client.send(request)) {
+    res = client.readResponse();
+  } else {
+    ADD_FAILURE() << "the request could not be sent";
+  }
+  ::close(c);
+  return res;
+}
+
 std::string answer(int status, const std::string& body, const std::string& extra = "") {
   return "HTTP/1.1 " + std::to_string(status) +
          " X\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" + extra + "\r\n" + body;
@@ -364,14 +379,10 @@ TEST(Http1Engine, OpenStolenRequestFailingIs502) {
   AppServer app(appAnswering(nullptr));
   EngineHarness h(app.port());
   h.router.fail_open = true;
-  const int c = h.connect();
-  Peer client(c);
-  ASSERT_TRUE(client.send(get("/s", "x-steal: 1\r\n")));
-  auto res = client.readResponse();
+  auto res = oneRequest(h, get("/s", "x-steal: 1\r\n"));
   ASSERT_TRUE(res);
   EXPECT_EQ(res->result_int(), 502u);
   EXPECT_NE(res->body().find("too many streams"), std::string::npos) << res->body();
-  ::close(c);
 }
 
 TEST(Http1Engine, SessionGoneMidResponseResetsTheClient) {
@@ -398,14 +409,10 @@ TEST(Http1Engine, ApplicationUnreachableIs502) {
   const int l = tcpListener(&port);
   ::close(l);  // nothing listens there now
   EngineHarness h(port);
-  const int c = h.connect();
-  Peer client(c);
-  ASSERT_TRUE(client.send(get("/x")));
-  auto res = client.readResponse();
+  auto res = oneRequest(h, get("/x"));
   ASSERT_TRUE(res);
   EXPECT_EQ(res->result_int(), 502u);
   EXPECT_NE(res->body().find("could not be reached"), std::string::npos) << res->body();
-  ::close(c);
 }
 
 TEST(Http1Engine, HeadOverTheLimitIs431) {
@@ -413,15 +420,11 @@ TEST(Http1Engine, HeadOverTheLimitIs431) {
   HttpOptions o;
   o.max_head_bytes = 4096;
   EngineHarness h(app.port(), o);
-  const int c = h.connect();
-  Peer client(c);
-  ASSERT_TRUE(client.send(get("/x", "x-big: " + std::string(8000, 'b') + "\r\n")));
-  auto res = client.readResponse();
+  auto res = oneRequest(h, get("/x", "x-big: " + std::string(8000, 'b') + "\r\n"));
   ASSERT_TRUE(res);
   EXPECT_EQ(res->result_int(), 431u);
   EXPECT_FALSE(res->keep_alive());
   EXPECT_EQ(app.accepts(), 0);
-  ::close(c);
 }
 
 TEST(Http1Engine, BodyOverTheLimitIs413) {
@@ -431,13 +434,9 @@ TEST(Http1Engine, BodyOverTheLimitIs413) {
   EngineHarness h(app.port(), o);
   {
     // Declared too long: refused before the application hears of it.
-    const int c = h.connect();
-    Peer client(c);
-    ASSERT_TRUE(client.send("POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\n\r\n"));
-    auto res = client.readResponse();
+    auto res = oneRequest(h, "POST /x HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\n\r\n");
     ASSERT_TRUE(res);
     EXPECT_EQ(res->result_int(), 413u);
-    ::close(c);
     EXPECT_EQ(app.accepts(), 0);
   }
   {
@@ -446,16 +445,12 @@ TEST(Http1Engine, BodyOverTheLimitIs413) {
       Peer peer(fd);
       peer.readRequest();  // never complete: the engine gives up first
     };
-    const int c = h.connect();
-    Peer client(c);
-    ASSERT_TRUE(
-        client.send("POST /x HTTP/1.1\r\nHost: t\r\nx-steal: 1\r\n"
-                    "Transfer-Encoding: chunked\r\n\r\n800\r\n" +
-                    std::string(0x800, 'z') + "\r\n"));
-    auto res = client.readResponse();
+    auto res = oneRequest(h,
+                          "POST /x HTTP/1.1\r\nHost: t\r\nx-steal: 1\r\n"
+                          "Transfer-Encoding: chunked\r\n\r\n800\r\n" +
+                              std::string(0x800, 'z') + "\r\n");
     ASSERT_TRUE(res);
     EXPECT_EQ(res->result_int(), 413u);
-    ::close(c);
   }
 }
 
@@ -528,13 +523,9 @@ TEST(Http1Engine, PoolKeepsApplicationConnectionsAcrossClientConnections) {
   AppServer app(appAnswering(nullptr));
   EngineHarness h(app.port());
   for (int i = 0; i < 3; ++i) {
-    const int c = h.connect();
-    Peer client(c);
-    ASSERT_TRUE(client.send(get("/" + std::to_string(i))));
-    auto res = client.readResponse();
+    auto res = oneRequest(h, get("/" + std::to_string(i)));
     ASSERT_TRUE(res);
     EXPECT_EQ(res->body(), "app GET /" + std::to_string(i) + " ");
-    ::close(c);
   }
   EXPECT_EQ(app.accepts(), 1);
 }
@@ -549,14 +540,10 @@ TEST(Http1Engine, PoolDropsConnectionsTheApplicationClosed) {
   });
   EngineHarness h(app.port());
   for (int i = 0; i < 3; ++i) {
-    const int c = h.connect();
-    Peer client(c);
-    ASSERT_TRUE(client.send(get("/" + std::to_string(i))));
-    auto res = client.readResponse();
+    auto res = oneRequest(h, get("/" + std::to_string(i)));
     ASSERT_TRUE(res) << i;
     EXPECT_EQ(res->result_int(), 200u);
     EXPECT_EQ(res->body(), "once /" + std::to_string(i));
-    ::close(c);
     // Wait for the application's close to reach the pooled socket.
     ASSERT_TRUE(eventually([&] { return app.accepts() == i + 1; }));
   }
