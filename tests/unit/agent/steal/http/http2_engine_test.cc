@@ -276,6 +276,27 @@ class Http2EngineTest : public ::testing::Test {
     }
   }
 
+  // After start(): a new listener (port_) instead, whose next connection
+  // alone is served, as one to the application at `app_port` rather than
+  // app_.
+  void serveOneFor(uint16_t app_port) {
+    onLoop([&] {
+      acceptor_->close();
+      acceptor_.emplace(io_, net::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+      port_ = acceptor_->local_endpoint().port();
+      asio::co_spawn(
+          io_,
+          [this, app_port]() -> net::awaitable<void> {
+            net::tcp::socket s = co_await acceptor_->async_accept(net::use_awaitable);
+            ConnectionInfo info;
+            info.destination = *outgoing::ipAddress("127.0.0.1", app_port);
+            info.port = app_port;
+            serveHttp2(state_, UniqueFd(s.release()), info, "", std::nullopt);
+          },
+          asio::detached);
+    });
+  }
+
   size_t connectionsNow() {
     return onLoop([this] { return state_->connections.size(); });
   }
@@ -475,21 +496,7 @@ TEST_F(Http2EngineTest, ApplicationUnreachableIs502) {
   H2AppServer* gone = new H2AppServer();
   const uint16_t dead_port = gone->port();
   delete gone;
-  onLoop([&] {
-    acceptor_->close();
-    acceptor_.emplace(io_, net::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-    port_ = acceptor_->local_endpoint().port();
-    asio::co_spawn(
-        io_,
-        [this, dead_port]() -> net::awaitable<void> {
-          net::tcp::socket s = co_await acceptor_->async_accept(net::use_awaitable);
-          ConnectionInfo info;
-          info.destination = *outgoing::ipAddress("127.0.0.1", dead_port);
-          info.port = dead_port;
-          serveHttp2(state_, UniqueFd(s.release()), info, "", std::nullopt);
-        },
-        asio::detached);
-  });
+  serveOneFor(dead_port);
   H2Client client(port_);
   const int32_t id = client.submit(get("/x", false));
   ASSERT_TRUE(client.run()) << client.error();
@@ -614,21 +621,7 @@ TEST_F(Http2EngineTest, ApplicationGoawayOpensANewConnection) {
   start();
   // The first app connection answers one stream then sends GOAWAY.
   H2AppServer once(1);
-  onLoop([&] {
-    acceptor_->close();
-    acceptor_.emplace(io_, net::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-    port_ = acceptor_->local_endpoint().port();
-    asio::co_spawn(
-        io_,
-        [this, app = once.port()]() -> net::awaitable<void> {
-          net::tcp::socket s = co_await acceptor_->async_accept(net::use_awaitable);
-          ConnectionInfo info;
-          info.destination = *outgoing::ipAddress("127.0.0.1", app);
-          info.port = app;
-          serveHttp2(state_, UniqueFd(s.release()), info, "", std::nullopt);
-        },
-        asio::detached);
-  });
+  serveOneFor(once.port());
   H2Client client(port_);
   for (int round = 0; round < 3; ++round) {
     const int32_t id = client.submit(get("/r" + std::to_string(round), false));
