@@ -56,10 +56,7 @@ struct FdStream {
   }
   template <class Buffers>
   size_t read_some(const Buffers& b) {
-    boost::system::error_code ec;
-    const size_t n = read_some(b, ec);
-    if (ec) throw boost::system::system_error(ec);
-    return n;
+    return orThrow([&](boost::system::error_code& ec) { return read_some(b, ec); });
   }
   template <class Buffers>
   size_t write_some(const Buffers& b, boost::system::error_code& ec) {
@@ -83,8 +80,16 @@ struct FdStream {
   }
   template <class Buffers>
   size_t write_some(const Buffers& b) {
+    return orThrow([&](boost::system::error_code& ec) { return write_some(b, ec); });
+  }
+
+ private:
+  // The throwing overloads the stream concepts also ask for: `op` with an
+  // error code, thrown.
+  template <class Op>
+  static size_t orThrow(Op op) {
     boost::system::error_code ec;
-    const size_t n = write_some(b, ec);
+    const size_t n = op(ec);
     if (ec) throw boost::system::system_error(ec);
     return n;
   }
