@@ -112,6 +112,22 @@ class H2Peer {
     fd_ = fd;
     ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
   }
+  // The session (nghttp2's defaults: automatic WINDOW_UPDATE), its empty
+  // SETTINGS queued; `setCallbacks` installs the callbacks, which get
+  // `user_data`.
+  void startSession(bool server, void (*setCallbacks)(nghttp2_session_callbacks*),
+                    void* user_data) {
+    nghttp2_session_callbacks* cbs;
+    nghttp2_session_callbacks_new(&cbs);
+    setCallbacks(cbs);
+    if (server) {
+      nghttp2_session_server_new(&session_, cbs, user_data);
+    } else {
+      nghttp2_session_client_new(&session_, cbs, user_data);
+    }
+    nghttp2_session_callbacks_del(cbs);
+    nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, nullptr, 0);
+  }
 
   int fd_ = -1;
   nghttp2_session* session_ = nullptr;
@@ -149,15 +165,15 @@ class H2Client : public H2Peer {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) error_ = "connect";
     setFd(fd);
-    nghttp2_session_callbacks* cbs;
-    nghttp2_session_callbacks_new(&cbs);
-    nghttp2_session_callbacks_set_on_header_callback(cbs, &onHeader);
-    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, &onData);
-    nghttp2_session_callbacks_set_on_stream_close_callback(cbs, &onClose);
-    nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, &onFrame);
-    nghttp2_session_client_new(&session_, cbs, this);
-    nghttp2_session_callbacks_del(cbs);
-    nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, nullptr, 0);
+    startSession(
+        /*server=*/false,
+        [](nghttp2_session_callbacks* cbs) {
+          nghttp2_session_callbacks_set_on_header_callback(cbs, &onHeader);
+          nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, &onData);
+          nghttp2_session_callbacks_set_on_stream_close_callback(cbs, &onClose);
+          nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, &onFrame);
+        },
+        this);
   }
 
   int32_t submit(TestRequest r) {
@@ -324,16 +340,16 @@ class H2AppServer {
    public:
     Conn(H2AppServer* server, int fd) : server_(server) {
       setFd(fd);
-      nghttp2_session_callbacks* cbs;
-      nghttp2_session_callbacks_new(&cbs);
-      nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, &onBegin);
-      nghttp2_session_callbacks_set_on_header_callback(cbs, &onHeader);
-      nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, &onData);
-      nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, &onFrame);
-      nghttp2_session_callbacks_set_on_stream_close_callback(cbs, &onClose);
-      nghttp2_session_server_new(&session_, cbs, this);
-      nghttp2_session_callbacks_del(cbs);
-      nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, nullptr, 0);
+      startSession(
+          /*server=*/true,
+          [](nghttp2_session_callbacks* cbs) {
+            nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, &onBegin);
+            nghttp2_session_callbacks_set_on_header_callback(cbs, &onHeader);
+            nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cbs, &onData);
+            nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, &onFrame);
+            nghttp2_session_callbacks_set_on_stream_close_callback(cbs, &onClose);
+          },
+          this);
     }
     void run(const std::atomic<bool>& stop) {
       while (!stop && step(50)) {
