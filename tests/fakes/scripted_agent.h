@@ -8,9 +8,11 @@
 #pragma once
 
 #include <functional>
+#include <future>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "siphon/protocol/handshake.h"
@@ -130,5 +132,21 @@ class ScriptedAgent : public protocol::SessionHandler {
   std::unique_ptr<protocol::Session> session_;
   std::shared_ptr<net::SessionTransport> transport_;
 };
+
+// Runs f() on `io`'s thread (one that runs io.run()) and returns its
+// result: how a test thread reads or drives a ScriptedAgent.
+template <typename F>
+auto callOn(net::asio::io_context& io, F f) -> decltype(f()) {
+  std::promise<decltype(f())> p;
+  net::asio::post(io, [&] {
+    if constexpr (std::is_void_v<decltype(f())>) {
+      f();
+      p.set_value();
+    } else {
+      p.set_value(f());
+    }
+  });
+  return p.get_future().get();
+}
 
 }  // namespace siphon::fakes

@@ -24,6 +24,7 @@
 // The harness's process helpers are all this test takes from it; its Agent
 // class (unused here) wants the agent binary's path.
 #define SIPHON_AGENT_BIN "siphon-agent"
+#include "tests/fakes/cli_process.h"
 #include "tests/privileged/harness/pod_harness.h"
 #include "tests/privileged/harness/traffic.h"
 
@@ -31,6 +32,8 @@ namespace siphon {
 namespace {
 
 namespace asio = net::asio;
+using fakes::closedAddress;
+using fakes::pattern;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -77,16 +80,7 @@ class AgentThread {
   // Runs f() on the agent's thread and returns its result.
   template <typename F>
   auto call(F f) -> decltype(f()) {
-    std::promise<decltype(f())> p;
-    asio::post(io_, [&] {
-      if constexpr (std::is_void_v<decltype(f())>) {
-        f();
-        p.set_value();
-      } else {
-        p.set_value(f());
-      }
-    });
-    return p.get_future().get();
+    return fakes::callOn(io_, std::move(f));
   }
 
   // Opens a mirrored stream and plays `steps` on it, records as the
@@ -160,70 +154,22 @@ class AgentThread {
 };
 
 // `siphon --agent ADDR mirror ...`, its stdout and stderr read as it runs.
-class Mirror {
+class Mirror : public fakes::CliProcess {
  public:
   Mirror(const std::string& agent, std::vector<std::string> args, bool read_stdout = true)
-      : read_stdout_(read_stdout) {
-    std::vector<std::string> argv = {kCli, "--agent", agent, "mirror"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    auto [out_r, out_w] = harness::makePipe();
-    auto [err_r, err_w] = harness::makePipe();
-    child_ = harness::spawn(argv, harness::cleanEnv(), out_w.get(), err_w.get());
-    out_ = std::move(out_r);
-    err_ = std::move(err_r);
-  }
+      : CliProcess(argv(agent, std::move(args)), read_stdout) {}
 
-  // Reads stderr (and stdout, unless told not to) until `done(err)` holds
-  // or 20 s pass.
-  template <typename Pred>
-  bool readUntil(Pred done) {
-    const auto deadline = harness::Clock::now() + std::chrono::seconds(20);
-    while (!done(err) && harness::Clock::now() < deadline) {
-      if (!poll(100)) break;
-    }
-    return done(err);
-  }
+  // Reads until `text` is in stderr or 20 s pass.
   bool waitFor(const std::string& text) {
-    return readUntil([&](const std::string& e) { return e.find(text) != std::string::npos; });
+    return readUntil([&] { return err.find(text) != std::string::npos; });
   }
-  void readStdout() { read_stdout_ = true; }
-  void signal(int sig) { ::kill(child_.pid(), sig); }
-  // Reads both to EOF; the exit code (-1: still running after 20 s).
-  int finish() {
-    read_stdout_ = true;
-    const auto deadline = harness::Clock::now() + std::chrono::seconds(20);
-    while ((out_.get() >= 0 || err_.get() >= 0) && harness::Clock::now() < deadline) {
-      if (!poll(100)) break;
-    }
-    return child_.waitUntil(deadline).value_or(-1);
-  }
-
-  std::string out, err;
 
  private:
-  bool poll(int ms) {
-    pollfd fds[2] = {{read_stdout_ ? out_.get() : -1, POLLIN, 0}, {err_.get(), POLLIN, 0}};
-    if (fds[0].fd < 0 && fds[1].fd < 0) return false;
-    int n = ::poll(fds, 2, ms);
-    if (n < 0 && errno != EINTR) return false;
-    std::string* sinks[2] = {&out, &err};
-    harness::Fd* owners[2] = {&out_, &err_};
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
-      char buf[65536];
-      ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
-      if (got > 0) {
-        sinks[i]->append(buf, static_cast<size_t>(got));
-      } else if (got == 0 || errno != EINTR) {
-        owners[i]->reset();
-      }
-    }
-    return true;
+  static std::vector<std::string> argv(const std::string& agent, std::vector<std::string> args) {
+    std::vector<std::string> argv = {kCli, "--agent", agent, "mirror"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
   }
-
-  bool read_stdout_;
-  harness::Child child_;
-  harness::Fd out_, err_;
 };
 
 // A TCP server on 127.0.0.1:0 that takes one connection and reads it to EOF.
@@ -260,24 +206,6 @@ class SinkServer {
   uint16_t port_ = 0;
   std::future<Got> got_;
 };
-
-// A port nothing listens on.
-std::string closedAddress() {
-  harness::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len);
-  return "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
-}
-
-std::string pattern(uint64_t seed, size_t n) {
-  std::string s(n, '\0');
-  harness::Pattern(seed).fill(s.data(), n);
-  return s;
-}
 
 const auto kC2S = v1::CLIENT_TO_SERVER;
 const auto kS2C = v1::SERVER_TO_CLIENT;

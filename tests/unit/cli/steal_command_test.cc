@@ -28,6 +28,7 @@
 // The harness's process helpers are all this test takes from it; its Agent
 // class (unused here) wants the agent binary's path.
 #define SIPHON_AGENT_BIN "siphon-agent"
+#include "tests/fakes/cli_process.h"
 #include "tests/privileged/harness/pod_harness.h"
 #include "tests/privileged/harness/traffic.h"
 
@@ -35,6 +36,8 @@ namespace siphon {
 namespace {
 
 namespace asio = net::asio;
+using fakes::closedAddress;
+using fakes::pattern;
 using ::testing::HasSubstr;
 using ::testing::Not;
 using ::testing::StartsWith;
@@ -119,16 +122,7 @@ class AgentThread {
 
   template <typename F>
   auto call(F f) -> decltype(f()) {
-    std::promise<decltype(f())> p;
-    asio::post(io_, [&] {
-      if constexpr (std::is_void_v<decltype(f())>) {
-        f();
-        p.set_value();
-      } else {
-        p.set_value(f());
-      }
-    });
-    return p.get_future().get();
+    return fakes::callOn(io_, std::move(f));
   }
 
   // Opens a StolenRequest stream of `subscription` and sends `bytes` as the
@@ -410,11 +404,21 @@ class LocalHttpServer {
 };
 
 // `siphon --agent ADDR steal ...`, its stderr (and stdout) read as it runs.
-class Steal {
+class Steal : public fakes::CliProcess {
  public:
   Steal(const std::string& agent, std::vector<std::string> args)
       : Steal(std::vector<std::string>{agent}, std::move(args)) {}
-  Steal(const std::vector<std::string>& agents, std::vector<std::string> args) {
+  Steal(const std::vector<std::string>& agents, std::vector<std::string> args)
+      : CliProcess(argv(agents, std::move(args))) {}
+
+  // Reads stderr and stdout until `text` is in stderr (stdout with
+  // waitForOut) or kWait passed.
+  bool waitFor(const std::string& text) { return waitIn(err, text); }
+  bool waitForOut(const std::string& text) { return waitIn(out, text); }
+
+ private:
+  static std::vector<std::string> argv(const std::vector<std::string>& agents,
+                                       std::vector<std::string> args) {
     std::vector<std::string> argv = {kCli};
     for (const auto& a : agents) {
       argv.push_back("--agent");
@@ -422,78 +426,12 @@ class Steal {
     }
     argv.push_back("steal");
     argv.insert(argv.end(), args.begin(), args.end());
-    auto [out_r, out_w] = harness::makePipe();
-    auto [err_r, err_w] = harness::makePipe();
-    child_ = harness::spawn(argv, harness::cleanEnv(), out_w.get(), err_w.get());
-    out_ = std::move(out_r);
-    err_ = std::move(err_r);
+    return argv;
   }
-
-  // Reads stderr and stdout until `text` is in stderr (stdout with
-  // waitForOut) or kWait passed.
-  bool waitFor(const std::string& text) { return waitIn(err, text); }
-  bool waitForOut(const std::string& text) { return waitIn(out, text); }
-  void signal(int sig) { ::kill(child_.pid(), sig); }
-  int finish() {
-    const auto deadline = harness::Clock::now() + kWait;
-    while ((out_.get() >= 0 || err_.get() >= 0) && harness::Clock::now() < deadline) {
-      if (!poll(100)) break;
-    }
-    return child_.waitUntil(deadline).value_or(-1);
-  }
-
-  std::string out, err;
-
- private:
   bool waitIn(const std::string& where, const std::string& text) {
-    const auto deadline = harness::Clock::now() + kWait;
-    while (where.find(text) == std::string::npos && harness::Clock::now() < deadline) {
-      if (!poll(100)) break;
-    }
-    return where.find(text) != std::string::npos;
+    return readUntil([&] { return where.find(text) != std::string::npos; });
   }
-
-  bool poll(int ms) {
-    pollfd fds[2] = {{out_.get(), POLLIN, 0}, {err_.get(), POLLIN, 0}};
-    if (fds[0].fd < 0 && fds[1].fd < 0) return false;
-    int n = ::poll(fds, 2, ms);
-    if (n < 0 && errno != EINTR) return false;
-    std::string* sinks[2] = {&out, &err};
-    harness::Fd* owners[2] = {&out_, &err_};
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || fds[i].revents == 0) continue;
-      char buf[65536];
-      ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
-      if (got > 0) {
-        sinks[i]->append(buf, static_cast<size_t>(got));
-      } else if (got == 0 || errno != EINTR) {
-        owners[i]->reset();
-      }
-    }
-    return true;
-  }
-
-  harness::Child child_;
-  harness::Fd out_, err_;
 };
-
-// A port nothing listens on.
-std::string closedAddress() {
-  harness::Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len);
-  return "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
-}
-
-std::string pattern(uint64_t seed, size_t n) {
-  std::string s(n, '\0');
-  harness::Pattern(seed).fill(s.data(), n);
-  return s;
-}
 
 std::string get(const std::string& path) {
   return "GET " + path + " HTTP/1.1\r\nHost: app\r\nX-User: alice\r\n\r\n";
