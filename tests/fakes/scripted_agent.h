@@ -14,6 +14,7 @@
 #include <string>
 #include <type_traits>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "siphon/protocol/handshake.h"
 #include "siphon/protocol/limits.h"
@@ -81,14 +82,27 @@ class ScriptedAgent : public protocol::SessionHandler {
     v1::StreamOpen open;
     auto* m = open.mutable_mirrored();
     m->set_subscription_id(subscription_id);
-    m->mutable_source()->set_ip("10.0.0.2");
-    m->mutable_source()->set_port(51234);
-    m->mutable_destination()->set_ip("10.0.0.1");
-    m->mutable_destination()->set_port(80);
+    setPeers(m);
     m->set_started_mid_stream(mid_stream);
     auto id = session_->openStream(std::move(open));
     wake();
     return id.ok() ? *id : 0;
+  }
+  // Opens a stream to the client as the agent would for one stolen HTTP/1.1
+  // request of subscription `subscription_id`; its id.
+  absl::StatusOr<uint64_t> openStolenRequest(uint64_t subscription_id, std::string method,
+                                             std::string path) {
+    v1::StreamOpen open;
+    auto* r = open.mutable_stolen_request();
+    r->set_subscription_id(subscription_id);
+    setPeers(r);
+    r->set_protocol("HTTP/1.1");
+    r->set_method(std::move(method));
+    r->set_path(std::move(path));
+    r->set_connection_request(1);
+    auto id = session_->openStream(std::move(open));
+    wake();
+    return id;
   }
   // One record of a mirrored stream: the direction byte, then the bytes.
   absl::Status sendRecord(uint64_t stream_id, v1::Direction d, std::string_view bytes) {
@@ -127,6 +141,16 @@ class ScriptedAgent : public protocol::SessionHandler {
   }
 
  private:
+  // Every stream the fake opens is of one remote client's connection:
+  // 10.0.0.2:51234 -> 10.0.0.1:80 (the tests' lines name these).
+  template <typename Open>
+  static void setPeers(Open* o) {
+    o->mutable_source()->set_ip("10.0.0.2");
+    o->mutable_source()->set_port(51234);
+    o->mutable_destination()->set_ip("10.0.0.1");
+    o->mutable_destination()->set_port(80);
+  }
+
   net::tcp::acceptor acceptor_;
   net::Signal ready_;
   std::unique_ptr<protocol::Session> session_;

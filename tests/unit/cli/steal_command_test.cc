@@ -131,20 +131,8 @@ class AgentThread {
   uint64_t request(std::string method, std::string path, std::string bytes, bool half_close = true,
                    uint64_t subscription = kSubscription) {
     uint64_t id = call([&] {
-      v1::StreamOpen open;
-      auto* r = open.mutable_stolen_request();
-      r->set_subscription_id(subscription);
-      r->mutable_source()->set_ip("10.0.0.2");
-      r->mutable_source()->set_port(51234);
-      r->mutable_destination()->set_ip("10.0.0.1");
-      r->mutable_destination()->set_port(80);
-      r->set_protocol("HTTP/1.1");
-      r->set_method(method);
-      r->set_path(path);
-      r->set_connection_request(1);
-      auto opened = agent_.session().openStream(std::move(open));
+      auto opened = agent_.openStolenRequest(subscription, method, path);
       EXPECT_TRUE(opened.ok()) << opened.status();
-      agent_.wake();
       return opened.ok() ? *opened : 0;
     });
     send(id, std::move(bytes), half_close);
