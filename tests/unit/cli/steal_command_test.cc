@@ -424,6 +424,12 @@ class Steal : public fakes::CliProcess {
 std::string get(const std::string& path) {
   return "GET " + path + " HTTP/1.1\r\nHost: app\r\nX-User: alice\r\n\r\n";
 }
+// A request with a Content-Length body.
+std::string withBody(const std::string& method, const std::string& path, const std::string& body) {
+  return method + " " + path +
+         " HTTP/1.1\r\nHost: app\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+         body;
+}
 std::string ok(const std::string& body, const std::string& extra = "") {
   return "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) + "\r\n" + extra +
          "\r\n" + body;
@@ -567,9 +573,7 @@ TEST(StealCommand, BodiesOfSeveralMebibytesArriveWhole) {
   ASSERT_TRUE(s.waitFor("stealing port 80")) << s.err;
 
   const std::string body = pattern(3, 5 << 20);
-  const std::string request =
-      "PUT /blob HTTP/1.1\r\nHost: app\r\nContent-Length: " + std::to_string(body.size()) +
-      "\r\n\r\n" + body;
+  const std::string request = withBody("PUT", "/blob", body);
   const uint64_t id = agent.request("PUT", "/blob", request);
   StreamState got = agent.waitEnd(id);
   EXPECT_TRUE(got.half_closed);
@@ -664,9 +668,7 @@ TEST(StealCommand, AnUnreachableLocalServerIsAnswered502) {
 
   // A body the CLI reads and drops: the agent is not left waiting on credit.
   const std::string body(300000, 'b');
-  const std::string request =
-      "POST /x HTTP/1.1\r\nHost: app\r\nContent-Length: " + std::to_string(body.size()) +
-      "\r\n\r\n" + body;
+  const std::string request = withBody("POST", "/x", body);
   const uint64_t id = agent.request("POST", "/x", request);
   StreamState got = agent.waitEnd(id);
   EXPECT_TRUE(got.half_closed);
