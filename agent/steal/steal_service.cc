@@ -312,7 +312,7 @@ class StealServiceImpl final : public StealService,
   net::awaitable<absl::StatusOr<UniqueFd>> connectApplication(SockAddr destination) override {
     auto fd = co_await connectPassthrough(destination);
     // Requests go out as head, then body pieces, on kept-alive connections:
-    // no Nagle delay between them (see onAccepted).
+    // no Nagle delay between them (router.h asks for it).
     if (fd.ok()) noDelay(fd->get());
     co_return fd;
   }
@@ -646,11 +646,7 @@ class StealServiceImpl final : public StealService,
     }
     const Subscription* sub = table_.activeForPort(port);
     if (!sub && engine_ && !draining_ && table_.hasActiveFiltered(port)) {
-      // Filtered steals: the HTTP engine routes each request on its own. It
-      // writes a response as head, then body pieces: with Nagle the second
-      // small write of a keep-alive connection would wait for the client's
-      // delayed ACK (40 ms a request).
-      noDelay(fd.get());
+      // Filtered steals: the HTTP engine routes each request on its own.
       engine_->serve(std::move(fd), http::ConnectionInfo{peer, *original, port});
       return;
     }

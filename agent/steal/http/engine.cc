@@ -1,5 +1,9 @@
 #include "agent/steal/http/engine.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include <vector>
 
 #include "agent/common/log.h"
@@ -183,6 +187,11 @@ HttpEngine::~HttpEngine() { stop(); }
 
 void HttpEngine::serve(UniqueFd client, ConnectionInfo info) {
   if (state_->stopped) return;  // closes it
+  // Responses go out as a head, then body pieces: with Nagle the second
+  // small write of a keep-alive connection waits for the client's delayed
+  // ACK (40 ms a request).
+  int one = 1;
+  ::setsockopt(client.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   auto c = std::make_shared<PendingConnection>(state_, std::move(client), std::move(info));
   c->start();
   if (state_->draining) c->drain();

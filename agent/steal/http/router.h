@@ -78,7 +78,9 @@ class HttpRouter {
 
   // A connected non-blocking TCP socket to `destination`, made from inside
   // the target around the steering (the application gets it even while its
-  // port is stolen).
+  // port is stolen), with TCP_NODELAY: the engine writes a request as head,
+  // then body pieces, and a kept-alive connection must not hold the second
+  // write for the application's delayed ACK.
   virtual net::awaitable<absl::StatusOr<UniqueFd>> connectApplication(SockAddr destination) = 0;
 };
 
