@@ -220,7 +220,8 @@ class MirrorEngineTest : public testing::Test {
 // known, no gap; removing the veth detaches it.
 TEST_F(MirrorEngineTest, InterfaceThatAppearsLaterIsMirrored) {
   startEngine();
-  ASSERT_TRUE(attachedTo("lo"));
+  // The stats that list interfaces are published every tick: wait for it.
+  ASSERT_TRUE(waitAttached("lo"));
   NetNs peer;
   ASSERT_TRUE(peer.created());
   Fd listener = listenIn(pod_->name(), "0.0.0.0");  // the address comes later
