@@ -27,6 +27,10 @@ PKGS=(
   # Filtered steal: RE2 (filters) and nghttp2 (HTTP/2) in the agent; real
   # HTTP/2 and WebSocket clients and servers, and wrk, in the tests.
   libre2-dev libnghttp2-dev nghttp2-client nghttp2-server python3-websockets nginx-light wrk
+  # Operations and security: TLS (OpenSSL through Asio; the openssl tool makes
+  # the tests' throwaway certificates), capability tools for the least-privilege
+  # tests, PyYAML for the manifest checker.
+  libssl-dev openssl libcap2-bin python3-yaml
 )
 
 # containerd's .proto files, for the agent's gRPC client generated at build
