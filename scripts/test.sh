@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds Siphon and runs its tests: unit tests, and privileged tests (which
-# skip themselves with a reason when not run as root).
+# skip themselves with a reason when not run as root); then a short fuzzing
+# pass and the tests again under ASan/UBSan and TSan.
 #
 # Usage: scripts/test.sh [ctest args...]   e.g. scripts/test.sh -L unit
 # Runnable from any directory.
@@ -21,3 +22,10 @@ if [ "${SIPHON_SKIP_FUZZ:-0}" != 1 ]; then
 fi
 
 ctest --test-dir build --output-on-failure -j2 "$@"
+
+# The same tests again under sanitizers (scripts/sanitize.sh): ASan+UBSan over
+# every test in build-asan/, TSan over the unit tests in build-tsan/. The ctest
+# args above apply there too. Skip it with SIPHON_SKIP_SANITIZE=1.
+if [ "${SIPHON_SKIP_SANITIZE:-0}" != 1 ]; then
+  bash scripts/sanitize.sh all "$@"
+fi

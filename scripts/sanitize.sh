@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Runs the test suite under sanitizers (GCC, -O1 -g1):
+#
+#   scripts/sanitize.sh [asan|tsan|all] [ctest args...]     (default: all)
+#
+# asan: AddressSanitizer + LeakSanitizer + UBSan over every test (unit and
+#       privileged; the privileged ones skip without root), in build-asan/.
+#       The agent and CLI binaries the tests start are instrumented too.
+# tsan: ThreadSanitizer over the unit tests (ctest -L unit), in build-tsan/.
+#
+# Exits non-zero when a test fails or any instrumented process (a test, or an
+# agent or CLI a test started) reports anything. Every report is written to a
+# file under <build>/sanitizer-reports/ (log_path), because a test may not look
+# at the exit status of a child it kills; the files are printed at the end.
+# Suppressions (each with its reason) are in tests/sanitizers/.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+mode="${1:-all}"
+case "$mode" in
+  asan | tsan | all) shift || true ;;
+  -h | --help)
+    sed -n '2,15p' "${BASH_SOURCE[0]}"
+    exit 0
+    ;;
+  -*) mode=all ;;
+  *)
+    echo "usage: $0 [asan|tsan|all] [ctest args...]" >&2
+    exit 2
+    ;;
+esac
+supp="$root/tests/sanitizers"
+
+# configure DIR SANITIZERS: -O1 -g1 keep the instrumented build fast; NDEBUG
+# as in the normal build, so the same code is checked.
+configure() {
+  cmake -S "$root" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DSIPHON_SANITIZE="$2" \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
+    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" >/dev/null
+}
+
+# run_ctest NAME BUILD_DIR [ctest args...]: runs ctest with a fresh report
+# directory; fails if ctest fails or any report was written.
+run_ctest() {
+  local name="$1" dir="$2"
+  shift 2
+  local reports="$dir/sanitizer-reports"
+  rm -rf "$reports"
+  mkdir -p "$reports"
+  chmod 1777 "$reports" # processes a test runs as another user report too
+  local rc=0
+  # Instrumented code is 2-5x slower: a longer per-test limit than ctest's.
+  ctest --test-dir "$dir" --output-on-failure -j2 --timeout 900 "$@" || rc=$?
+  if compgen -G "$reports/*" >/dev/null; then
+    echo "sanitize.sh: $name: sanitizer reports:" >&2
+    local f
+    for f in "$reports"/*; do
+      echo "----- $f" >&2
+      cat "$f" >&2
+    done
+    rc=1
+  fi
+  if [ "$rc" != 0 ]; then
+    echo "sanitize.sh: $name FAILED" >&2
+  else
+    echo "sanitize.sh: $name passed with no sanitizer report"
+  fi
+  return "$rc"
+}
+
+run_asan() {
+  local dir="$root/build-asan"
+  configure "$dir" address,undefined
+  ninja -C "$dir" -j2 siphon_tests
+  local log="log_path=$dir/sanitizer-reports/report:log_exe_name=1"
+  # abort_on_error: a reporting child dies by SIGABRT, so a test that waits
+  # for it sees an unexpected exit even without reading the report.
+  ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=1:disable_coredump=1:$log" \
+  UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1:$log" \
+  LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0" \
+    run_ctest asan "$dir" "$@"
+}
+
+run_tsan() {
+  local dir="$root/build-tsan"
+  configure "$dir" thread
+  ninja -C "$dir" -j2 siphon_unit_tests
+  # halt_on_error=0: a test run lists all its races, then exits with
+  # exitcode (66) and the report files fail the run.
+  TSAN_OPTIONS="halt_on_error=0:exitcode=66:second_deadlock_stack=1:suppressions=$supp/tsan.supp:print_suppressions=0:log_path=$dir/sanitizer-reports/report:log_exe_name=1" \
+    run_ctest tsan "$dir" -L unit "$@"
+}
+
+rc=0
+case "$mode" in
+  asan) run_asan "$@" || rc=$? ;;
+  tsan) run_tsan "$@" || rc=$? ;;
+  all)
+    run_asan "$@" || rc=$?
+    run_tsan "$@" || rc=$?
+    ;;
+esac
+exit "$rc"
