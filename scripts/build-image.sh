@@ -161,22 +161,22 @@ put_file() {
   chmod "$mode" "$dst"
 }
 
-# Every library `ldd` names for a file, and its loader.
+# Every library `ldd` names for the given files, and their loader (one ldd
+# run for all of them: the xtables modules are over a hundred).
 put_libs_of() {
-  local f="$1" out line path
-  out="$(LC_ALL=C ldd "$f" 2>&1)" || die "ldd $f: $out"
+  local out line path
+  out="$(LC_ALL=C ldd "$@" 2>&1)" || die "ldd $*: $out"
   if grep -q 'not found' <<<"$out"; then
-    die "ldd $f: a library is missing on this host:"$'\n'"$(grep 'not found' <<<"$out")"
+    die "ldd: a library is missing on this host:"$'\n'"$(grep -e 'not found' -e '^/.*:$' <<<"$out")"
   fi
-  while IFS= read -r line; do
-    path=""
-    case "$line" in
-      *"=> /"*) path="${line#*=> }"; path="${path%% (*}" ;;
-      [[:space:]]/*) path="$(sed -E 's/^[[:space:]]+([^ ]+).*/\1/' <<<"$line")" ;;
-    esac
-    [ -n "$path" ] || continue
-    put_file "$path" 0755
-  done <<<"$out"
+  while IFS= read -r path; do
+    [ -n "$path" ] && put_file "$path" 0755
+  done < <(while IFS= read -r line; do
+             case "$line" in
+               *"=> /"*) path="${line#*=> }"; echo "${path%% (*}" ;;
+               [[:space:]]/*) path="${line#"${line%%[![:space:]]*}"}"; echo "${path%% (*}" ;;
+             esac
+           done <<<"$out" | sort -u)
 }
 
 # The agent, without debug sections (a RelWithDebInfo build is ~90 MB of
@@ -189,14 +189,11 @@ else
   cp "$agent" "$rootfs/usr/local/bin/siphon-agent"
 fi
 chmod 0755 "$rootfs/usr/local/bin/siphon-agent"
-put_libs_of "$agent"
 
 mkdir -p "$rootfs/usr/sbin"
 cp -L "$nft_multi" "$rootfs/usr/sbin/xtables-nft-multi"
 cp -L "$legacy_multi" "$rootfs/usr/sbin/xtables-legacy-multi"
 chmod 0755 "$rootfs/usr/sbin/xtables-nft-multi" "$rootfs/usr/sbin/xtables-legacy-multi"
-put_libs_of "$nft_multi"
-put_libs_of "$legacy_multi"
 for fam in iptables ip6tables; do
   for verb in "" -save -restore; do
     ln -s xtables-nft-multi "$rootfs/usr/sbin/$fam-nft$verb"
@@ -209,8 +206,8 @@ for m in "$xtables_dir"/*.so; do
   [ -e "$m" ] || continue
   cp -L "$m" "$rootfs$xtables_dir/"
   chmod 0644 "$rootfs$xtables_dir/$(basename "$m")"
-  put_libs_of "$m"
 done
+put_libs_of "$agent" "$nft_multi" "$legacy_multi" "$xtables_dir"/*.so
 # Library content is mode 0644 except the loader, which must be executable.
 find "$rootfs" -type f -name '*.so*' -exec chmod 0644 {} +
 while IFS= read -r interp; do
