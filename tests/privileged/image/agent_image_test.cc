@@ -78,16 +78,47 @@ constexpr char kAgentInImage[] = "/usr/local/bin/siphon-agent";
 // (include/uapi/linux/capability.h: CHOWN is 0, CHECKPOINT_RESTORE 40), so
 // that all but the manifests' set can be dropped whatever ctr's default set
 // is, and /proc/PID/status masks can be read.
-constexpr const char* kAllCapabilities[] = {
-    "CHOWN",         "DAC_OVERRIDE",     "DAC_READ_SEARCH", "FOWNER",       "FSETID",
-    "KILL",          "SETGID",           "SETUID",          "SETPCAP",      "LINUX_IMMUTABLE",
-    "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN",       "NET_RAW",      "IPC_LOCK",
-    "IPC_OWNER",     "SYS_MODULE",       "SYS_RAWIO",       "SYS_CHROOT",   "SYS_PTRACE",
-    "SYS_PACCT",     "SYS_ADMIN",        "SYS_BOOT",        "SYS_NICE",     "SYS_RESOURCE",
-    "SYS_TIME",      "SYS_TTY_CONFIG",   "MKNOD",           "LEASE",        "AUDIT_WRITE",
-    "AUDIT_CONTROL", "SETFCAP",          "MAC_OVERRIDE",    "MAC_ADMIN",    "SYSLOG",
-    "WAKE_ALARM",    "BLOCK_SUSPEND",    "AUDIT_READ",      "PERFMON",      "BPF",
-    "CHECKPOINT_RESTORE"};
+constexpr const char* kAllCapabilities[] = {"CHOWN",
+                                            "DAC_OVERRIDE",
+                                            "DAC_READ_SEARCH",
+                                            "FOWNER",
+                                            "FSETID",
+                                            "KILL",
+                                            "SETGID",
+                                            "SETUID",
+                                            "SETPCAP",
+                                            "LINUX_IMMUTABLE",
+                                            "NET_BIND_SERVICE",
+                                            "NET_BROADCAST",
+                                            "NET_ADMIN",
+                                            "NET_RAW",
+                                            "IPC_LOCK",
+                                            "IPC_OWNER",
+                                            "SYS_MODULE",
+                                            "SYS_RAWIO",
+                                            "SYS_CHROOT",
+                                            "SYS_PTRACE",
+                                            "SYS_PACCT",
+                                            "SYS_ADMIN",
+                                            "SYS_BOOT",
+                                            "SYS_NICE",
+                                            "SYS_RESOURCE",
+                                            "SYS_TIME",
+                                            "SYS_TTY_CONFIG",
+                                            "MKNOD",
+                                            "LEASE",
+                                            "AUDIT_WRITE",
+                                            "AUDIT_CONTROL",
+                                            "SETFCAP",
+                                            "MAC_OVERRIDE",
+                                            "MAC_ADMIN",
+                                            "SYSLOG",
+                                            "WAKE_ALARM",
+                                            "BLOCK_SUSPEND",
+                                            "AUDIT_READ",
+                                            "PERFMON",
+                                            "BPF",
+                                            "CHECKPOINT_RESTORE"};
 
 // The capability's number, or -1 for an unknown name.
 int capabilityNumber(const std::string& name) {
@@ -110,7 +141,9 @@ std::vector<std::string> manifestCapabilities() {
   return caps;
 }
 
-bool onPath(const std::string& tool) { return run({"sh", "-c", "command -v " + tool}).exit_code == 0; }
+bool onPath(const std::string& tool) {
+  return run({"sh", "-c", "command -v " + tool}).exit_code == 0;
+}
 
 bool canConnect(const std::string& socket_path) {
   Fd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -247,10 +280,10 @@ class Node {
     }
 
     // The application: busybox httpd serving the container's root on 8080.
-    Result started = ctr({"run", "-d", "--null-io", "--fifo-dir", dir_ + "/fifo", "--runc-root",
-                          dir_ + "/runc", "--cgroup", "/" + tag_ + "/" + target_, kTargetImage,
-                          target_, "/bin/busybox", "httpd", "-f", "-p",
-                          std::to_string(kAppPort), "-h", "/"});
+    Result started =
+        ctr({"run", "-d", "--null-io", "--fifo-dir", dir_ + "/fifo", "--runc-root", dir_ + "/runc",
+             "--cgroup", "/" + tag_ + "/" + target_, kTargetImage, target_, "/bin/busybox", "httpd",
+             "-f", "-p", std::to_string(kAppPort), "-h", "/"});
     containers_.push_back(target_);
     if (started.exit_code != 0) return "ctr run (target): " + started.err + daemonLog();
     target_pid_ = taskPid(target_);
@@ -274,15 +307,14 @@ class Node {
   std::string startAgent(const std::string& id, const std::vector<std::string>& args,
                          const std::string& log_path) {
     std::vector<std::string> argv = {
-        "run", "-d", "--log-uri", "file://" + log_path, "--fifo-dir", dir_ + "/fifo",
-        "--runc-root", dir_ + "/runc", "--cgroup", "/" + tag_ + "/" + id,
+        "run", "-d", "--log-uri", "file://" + log_path, "--fifo-dir", dir_ + "/fifo", "--runc-root",
+        dir_ + "/runc", "--cgroup", "/" + tag_ + "/" + id,
         // hostPID: true. The test's own PID namespace is the "host" one
         // containerd and the target live in (PID 1 may be outside it).
-        "--with-ns", "pid:/proc/" + std::to_string(getpid()) + "/ns/pid",
-        "--net-host", "--read-only", "--seccomp",
-        "--mount", "type=bind,src=" + socket_ + ",dst=" + kSocketInContainer + ",options=rbind:ro",
-        "--mount", "type=bind,src=" + dir_ + "/token,dst=" + kTokenDirInContainer +
-                       ",options=rbind:ro"};
+        "--with-ns", "pid:/proc/" + std::to_string(getpid()) + "/ns/pid", "--net-host",
+        "--read-only", "--seccomp", "--mount",
+        "type=bind,src=" + socket_ + ",dst=" + kSocketInContainer + ",options=rbind:ro", "--mount",
+        "type=bind,src=" + dir_ + "/token,dst=" + kTokenDirInContainer + ",options=rbind:ro"};
     const std::vector<std::string> caps = manifestCapabilities();
     for (const std::string& c : caps) {
       argv.insert(argv.end(), {"--cap-add", "CAP_" + c});
@@ -475,11 +507,10 @@ class AgentImageTest : public ::testing::Test {
     agent_id_ = node_->tag() + "-agent-" + randomHex(4);
     agent_log_ = node_->dir() + "/" + agent_id_ + ".log";
     std::vector<std::string> args = extra_global;
-    args.insert(args.end(),
-                {"targeted", "--container-id", "containerd://" + node_->target(),
-                 "--runtime-endpoint", kSocketInContainer, "--listen", "127.0.0.1:0",
-                 "--token-file", std::string(kTokenDirInContainer) + "/token",
-                 "--first-client-timeout", "60s"});
+    args.insert(args.end(), {"targeted", "--container-id", "containerd://" + node_->target(),
+                             "--runtime-endpoint", kSocketInContainer, "--listen", "127.0.0.1:0",
+                             "--token-file", std::string(kTokenDirInContainer) + "/token",
+                             "--first-client-timeout", "60s"});
     std::string err = node_->startAgent(agent_id_, args, agent_log_);
     if (!err.empty()) return ::testing::AssertionFailure() << err;
     const auto deadline = Clock::now() + kProcessDeadline;
@@ -522,7 +553,8 @@ class AgentImageTest : public ::testing::Test {
     EXPECT_THAT(steal.err, HasSubstr("stealing port 8080 -> 127.0.0.1:" +
                                      std::to_string(server.port()) + " (backend " + backend));
 
-    const std::string stolen = httpGetInNetnsOf(node_->targetPid(), kAppPort, "/only-in-container.txt");
+    const std::string stolen =
+        httpGetInNetnsOf(node_->targetPid(), kAppPort, "/only-in-container.txt");
     EXPECT_THAT(stolen, HasSubstr(kStolenBody)) << "a connection inside the target's netns";
     EXPECT_THAT(stolen, ::testing::Not(HasSubstr(kFileContent)));
     EXPECT_EQ(server.accepted(), 1);
@@ -530,7 +562,8 @@ class AgentImageTest : public ::testing::Test {
     steal.signal(SIGINT);
     EXPECT_EQ(steal.finish(), 0) << steal.err;
     EXPECT_THAT(steal.err, HasSubstr("summary:"));
-    const std::string after = httpGetInNetnsOf(node_->targetPid(), kAppPort, "/only-in-container.txt");
+    const std::string after =
+        httpGetInNetnsOf(node_->targetPid(), kAppPort, "/only-in-container.txt");
     EXPECT_THAT(after, HasSubstr(kFileContent)) << "the port is the application's again";
     EXPECT_EQ(server.accepted(), 1);
   }
