@@ -2,7 +2,15 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+#include "siphon/status.h"
+
 namespace siphon::protocol {
+
+std::string limitReached(std::string_view what, uint64_t value, std::string_view flag) {
+  return absl::StrCat(asv(what), " limit of ", value, " reached (siphon-agent ", asv(flag),
+                      " raises it)");
+}
 
 v1::Limits toProto(const SessionLimits& l) {
   v1::Limits p;
@@ -39,7 +47,8 @@ SessionLimits negotiateLimits(const v1::Limits& asked, const SessionLimits& agen
   auto pick = [](auto ask, auto own) { return ask ? std::min<decltype(own)>(ask, own) : own; };
   // A frame must hold at least a small data frame; below that the session
   // could not move a byte.
-  l.max_frame_size = std::max<uint32_t>(pick(asked.max_frame_size(), agent.max_frame_size), 4096);
+  l.max_frame_size =
+      std::max<uint32_t>(pick(asked.max_frame_size(), agent.max_frame_size), kMinFrameSize);
   l.initial_stream_window =
       std::max<uint32_t>(pick(asked.initial_stream_window(), agent.initial_stream_window), 1024);
   l.max_streams = pick(asked.max_streams(), agent.max_streams);
@@ -65,6 +74,43 @@ SessionLimits negotiateLimits(const v1::Limits& asked, const SessionLimits& agen
   // timeout.
   l.keepalive_interval = std::min(l.keepalive_interval, l.keepalive_timeout / 2);
   return l;
+}
+
+}  // namespace siphon::protocol
+
+namespace siphon::protocol {
+
+absl::Status validateAgentLimits(const SessionLimits& l) {
+  auto bad = [](std::string_view flag, uint64_t value, std::string_view rule) {
+    return protoError(v1::INVALID_ARGUMENT, absl::StrCat(asv(flag), " ", value, ": ", asv(rule)));
+  };
+  if (l.max_frame_size < kMinFrameSize || l.max_frame_size > kMaxFrameSizeCeiling) {
+    return bad("--max-frame-size", l.max_frame_size / 1024,
+               absl::StrCat("must be between ", kMinFrameSize / 1024, " and ",
+                            kMaxFrameSizeCeiling / 1024, " KiB"));
+  }
+  if (l.max_streams == 0 || l.max_streams > kMaxStreamsCeiling) {
+    return bad("--max-streams", l.max_streams,
+               absl::StrCat("must be between 1 and ", kMaxStreamsCeiling));
+  }
+  if (l.max_pending_requests == 0 || l.max_pending_requests > kMaxPendingRequestsCeiling) {
+    return bad("--max-pending-requests", l.max_pending_requests,
+               absl::StrCat("must be between 1 and ", kMaxPendingRequestsCeiling));
+  }
+  if (l.max_read_size == 0 || l.max_read_size > l.max_frame_size - kReadSizeHeadroom) {
+    return bad("--max-read-size", l.max_read_size / 1024,
+               absl::StrCat("must be at least 1 KiB and at most --max-frame-size less 1 KiB (",
+                            (l.max_frame_size - kReadSizeHeadroom) / 1024,
+                            " KiB): a read's answer travels in one frame"));
+  }
+  if (l.replay_buffer_bytes < 2ull * l.max_frame_size ||
+      l.replay_buffer_bytes > kMaxSessionBufferCeiling) {
+    return bad(
+        "--max-session-buffer", l.replay_buffer_bytes / 1024,
+        absl::StrCat("must be between two frames (", 2ull * l.max_frame_size / 1024,
+                     " KiB, see --max-frame-size) and ", kMaxSessionBufferCeiling / 1024, " KiB"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace siphon::protocol

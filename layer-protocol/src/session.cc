@@ -36,6 +36,16 @@ uint64_t Session::replayFree() const {
                                                      : 0;
 }
 
+std::string Session::bufferLimitText() const {
+  return absl::StrCat("twice the session buffer limit of ", limits_.replay_buffer_bytes,
+                      " bytes (siphon-agent --max-session-buffer raises it)");
+}
+
+absl::Status Session::limitHit(absl::Status status) {
+  if (limit_observer_) limit_observer_(status);
+  return status;
+}
+
 // ---------------------------------------------------------------- receiving
 
 absl::Status Session::onBytes(std::string_view bytes, SessionHandler& handler, TimePoint now) {
@@ -61,11 +71,30 @@ absl::Status Session::processDecoded(SessionHandler& handler, TimePoint now) {
   }
   while (true) {
     auto next = decoder_.next();
-    if (!next.ok()) return next.status();
+    if (!next.ok()) {
+      if (errorCodeOf(next.status()) != v1::FRAME_TOO_LARGE) return next.status();
+      return limitHit(protoError(v1::FRAME_TOO_LARGE,
+                                 absl::StrCat(next.status().message(),
+                                              " (the session's frame size limit; siphon-agent "
+                                              "--max-frame-size raises it)")));
+    }
     if (!next->has_value()) break;
     const uint64_t before = received_;
     RETURN_IF_ERROR(dispatch(**next, handler, now));
     if (received_ > before) unacked_in_bytes_ += (*next)->wire_size;
+    // What the peer's frames made us queue stays bounded even when it
+    // reads nothing: data stops at the buffer limit (credit) and large
+    // answers at twice it (sendResponse), but each small answer, reset or
+    // window update still adds a little. Past twice the limit the peer is
+    // not reading what it asks for: it is cut off. No backpressure is
+    // possible here: its acks come in the same byte stream.
+    if (role_ == Role::kAgent && bufferedBytes() > answerCap()) {
+      return limitHit(protoError(
+          v1::SESSION_BUFFER_FULL,
+          absl::StrCat("the agent holds ", bufferedBytes(),
+                       " bytes the client has not acknowledged, above ", bufferLimitText(),
+                       ": the client sends requests but reads no answers")));
+    }
   }
   // The ack waits for other frames to ride with (takeWrites), within
   // kAckDelay, unless the peer's replay buffer is filling up.
@@ -104,7 +133,15 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
     case v1::Frame::kPing: {
       v1::Frame pong;
       pong.mutable_pong()->set_nonce(f.ping().nonce());
+      if (queued_pong_) {
+        // A peer that pings and reads nothing gets one pong, the latest,
+        // not a queue of them.
+        queued_pong_->head.clear();
+        encodeFrame(pong, &queued_pong_->head);
+        return absl::OkStatus();
+      }
       queueControl(pong);
+      if (attached_) queued_pong_ = control_.back();
       return absl::OkStatus();
     }
     case v1::Frame::kPong:
@@ -121,11 +158,13 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
       if (incoming_requests_.size() > limits_.max_pending_requests) {
         // The limit binds both ways: a peer that ignores it gets a typed
         // answer, and the work we hold for it stays bounded.
+        absl::Status refused =
+            limitHit(protoError(v1::TOO_MANY_PENDING_REQUESTS,
+                                limitReached("pending request", limits_.max_pending_requests,
+                                             "--max-pending-requests")));
         v1::Response r;
         r.set_request_id(id);
-        r.mutable_error()->set_code(v1::RESOURCE_EXHAUSTED);
-        r.mutable_error()->set_message(
-            absl::StrCat("pending request limit of ", limits_.max_pending_requests, " reached"));
+        *r.mutable_error() = toProtoError(refused);
         sendResponse(std::move(r));
         return absl::OkStatus();
       }
@@ -146,11 +185,11 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
         return protoError(v1::PROTOCOL_ERROR, absl::StrCat("stream ", id, " opened twice"));
       }
       if (streams_.size() >= limits_.max_streams) {
+        absl::Status refused = limitHit(protoError(
+            v1::TOO_MANY_STREAMS, limitReached("stream", limits_.max_streams, "--max-streams")));
         v1::Frame reset;
         reset.mutable_reset()->set_stream_id(id);
-        reset.mutable_reset()->mutable_error()->set_code(v1::RESOURCE_EXHAUSTED);
-        reset.mutable_reset()->mutable_error()->set_message(
-            absl::StrCat("stream limit of ", limits_.max_streams, " reached"));
+        *reset.mutable_reset()->mutable_error() = toProtoError(refused);
         queueSequenced(reset);
         return absl::OkStatus();
       }
@@ -337,6 +376,7 @@ WriteBatch Session::takeWrites(size_t max_bytes) {
     batch.frames.push_back(std::move(control_.front()));
     control_.pop_front();
   }
+  queued_pong_.reset();
   while (write_next_ < replay_.size() && (batch.frames.empty() || batch.bytes < max_bytes)) {
     const auto& f = replay_[write_next_++];
     batch.bytes += f->size();
@@ -373,6 +413,7 @@ TimePoint Session::nextTick() const {
 void Session::onTransportLost() {
   attached_ = false;
   control_.clear();
+  queued_pong_.reset();
   decoder_.reset();
   write_next_ = 0;
 }
@@ -402,9 +443,9 @@ absl::Status Session::resume(uint64_t peer_last_received, TimePoint now) {
 
 absl::StatusOr<uint64_t> Session::sendRequest(v1::Request request) {
   if (pending_requests_.size() >= limits_.max_pending_requests) {
-    return protoError(
-        v1::RESOURCE_EXHAUSTED,
-        absl::StrCat("pending request limit of ", limits_.max_pending_requests, " reached"));
+    return limitHit(protoError(v1::TOO_MANY_PENDING_REQUESTS,
+                               limitReached("pending request", limits_.max_pending_requests,
+                                            "--max-pending-requests")));
   }
   uint64_t id = next_request_id_++;
   request.set_request_id(id);
@@ -415,8 +456,44 @@ absl::StatusOr<uint64_t> Session::sendRequest(v1::Request request) {
   return id;
 }
 
+absl::StatusOr<size_t> Session::reserveResponse(uint64_t request_id, size_t wanted) {
+  if (!incoming_requests_.contains(request_id)) return wanted;
+  const uint64_t used = bufferedBytes();
+  const uint64_t room = answerCap() > used ? answerCap() - used : 0;
+  if (room == 0) {
+    return limitHit(protoError(
+        v1::SESSION_BUFFER_FULL,
+        absl::StrCat("no room for the answer: the agent holds ", used,
+                     " bytes the client has not acknowledged, ", bufferLimitText(),
+                     "; retry once the client has read what is on its way")));
+  }
+  const size_t granted = static_cast<size_t>(std::min<uint64_t>(wanted, room));
+  reserved_[request_id] += granted;
+  reserved_total_ += granted;
+  return granted;
+}
+
 void Session::sendResponse(v1::Response response) {
   incoming_requests_.erase(response.request_id());
+  uint64_t reserved = 0;
+  if (auto it = reserved_.find(response.request_id()); it != reserved_.end()) {
+    reserved = it->second;
+    reserved_total_ -= reserved;
+    reserved_.erase(it);
+  }
+  if (const size_t size = response.ByteSizeLong();
+      size > kSmallResponse && size > reserved + kSmallResponse &&
+      bufferedBytes() + size > answerCap()) {
+    absl::Status full = limitHit(protoError(
+        v1::SESSION_BUFFER_FULL,
+        absl::StrCat("answer of ", size, " bytes dropped: the agent holds ", bufferedBytes(),
+                     " bytes the client has not acknowledged and answers may take ",
+                     bufferLimitText())));
+    v1::Response error;
+    error.set_request_id(response.request_id());
+    *error.mutable_error() = toProtoError(full);
+    response = std::move(error);
+  }
   if (response.has_file() && response.file().has_data() &&
       response.file().data().data().size() >= kDetachedDataMin) {
     // A file read's bytes go to the socket from where they were read into,
@@ -442,8 +519,8 @@ std::vector<uint64_t> Session::pendingRequestIds() const {
 
 absl::StatusOr<uint64_t> Session::openStream(v1::StreamOpen open) {
   if (streams_.size() >= limits_.max_streams) {
-    return protoError(v1::RESOURCE_EXHAUSTED,
-                      absl::StrCat("stream limit of ", limits_.max_streams, " reached"));
+    return limitHit(protoError(v1::TOO_MANY_STREAMS,
+                               limitReached("stream", limits_.max_streams, "--max-streams")));
   }
   uint64_t id = next_stream_id_;
   next_stream_id_ += 2;

@@ -65,6 +65,10 @@ absl::StatusCode canonicalForCode(v1::ErrorCode code) {
       return absl::StatusCode::kUnauthenticated;
     case v1::RESOURCE_EXHAUSTED:
     case v1::FRAME_TOO_LARGE:
+    case v1::TOO_MANY_SESSIONS:
+    case v1::TOO_MANY_STREAMS:
+    case v1::TOO_MANY_PENDING_REQUESTS:
+    case v1::SESSION_BUFFER_FULL:
       return absl::StatusCode::kResourceExhausted;
     case v1::UNIMPLEMENTED:
       return absl::StatusCode::kUnimplemented;

@@ -261,7 +261,7 @@ TEST(SessionTest, PendingRequestLimit) {
   ASSERT_TRUE(p.client.sendRequest(envRequest("2")).ok());
   auto third = p.client.sendRequest(envRequest("3"));
   ASSERT_FALSE(third.ok());
-  EXPECT_EQ(errorCodeOf(third.status()), v1::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(errorCodeOf(third.status()), v1::TOO_MANY_PENDING_REQUESTS);
   EXPECT_EQ(p.client.pendingRequestIds(), (std::vector<uint64_t>{1, 2}));
 
   ASSERT_TRUE(p.pump().ok());
@@ -273,7 +273,7 @@ TEST(SessionTest, PendingRequestLimit) {
   EXPECT_EQ(*again, 3u);
 }
 
-TEST(SessionTest, PeerPastThePendingRequestLimitIsAnsweredResourceExhausted) {
+TEST(SessionTest, PeerPastThePendingRequestLimitIsAnsweredTooManyPendingRequests) {
   SessionLimits lax = smallLimits();
   lax.max_pending_requests = 10;
   SessionLimits strict = smallLimits();
@@ -287,7 +287,7 @@ TEST(SessionTest, PeerPastThePendingRequestLimitIsAnsweredResourceExhausted) {
   EXPECT_EQ(p.ah.requests[0].request_id(), 1u);
   ASSERT_EQ(p.ch.responses.size(), 1u);
   EXPECT_EQ(p.ch.responses[0].request_id(), 2u);
-  EXPECT_EQ(p.ch.responses[0].error().code(), v1::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(p.ch.responses[0].error().code(), v1::TOO_MANY_PENDING_REQUESTS);
   EXPECT_EQ(p.client.pendingRequestIds(), std::vector<uint64_t>{1});
   // Once the first is answered there is room again.
   p.agent.sendResponse(envResponse(1, "one"));
@@ -569,7 +569,7 @@ TEST(SessionTest, StreamLimitLocally) {
   ASSERT_TRUE(p.client.openStream(v1::StreamOpen()).ok());
   auto c = p.client.openStream(v1::StreamOpen());
   ASSERT_FALSE(c.ok());
-  EXPECT_EQ(errorCodeOf(c.status()), v1::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(errorCodeOf(c.status()), v1::TOO_MANY_STREAMS);
   p.client.resetStream(*a, errorWith(v1::CANCELLED));
   EXPECT_TRUE(p.client.openStream(v1::StreamOpen()).ok());
 }
@@ -589,7 +589,7 @@ TEST(SessionTest, StreamOpenPastThePeersLimitIsReset) {
   EXPECT_EQ(p.ah.opens[0].stream_id(), *first);
   ASSERT_EQ(p.ch.resets.size(), 1u);
   EXPECT_EQ(p.ch.resets[0].first, *second);
-  EXPECT_EQ(p.ch.resets[0].second.code(), v1::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(p.ch.resets[0].second.code(), v1::TOO_MANY_STREAMS);
   EXPECT_FALSE(p.client.streamOpen(*second));
   EXPECT_TRUE(p.client.streamOpen(*first));
   EXPECT_GT(p.client.sendCredit(*first), 0u);

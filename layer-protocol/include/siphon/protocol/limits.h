@@ -4,7 +4,10 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
+#include "absl/status/status.h"
 #include "siphon/protocol/codec.h"
 #include "siphon/v1/handshake.pb.h"
 
@@ -15,13 +18,28 @@ namespace siphon::protocol {
 // so the largest read still fits in one frame.
 inline constexpr uint32_t kReadSizeHeadroom = 1024;
 
+// Bounds of the agent's limit flags (validateAgentLimits): below the floor a
+// session could not work, above the ceiling a value is a typo, not a plan.
+inline constexpr uint32_t kMinFrameSize = 4096;
+inline constexpr uint32_t kMaxFrameSizeCeiling = 16u << 20;
+inline constexpr uint32_t kMaxStreamsCeiling = 1u << 20;
+inline constexpr uint32_t kMaxPendingRequestsCeiling = 1u << 20;
+inline constexpr uint64_t kMaxSessionBufferCeiling = 4ull << 30;
+
+// The message of a limit error: the limit, its value and the agent flag
+// that raises it ("stream limit of 8 reached (siphon-agent --max-streams raises
+// it)").
+std::string limitReached(std::string_view what, uint64_t value, std::string_view flag);
+
 struct SessionLimits {
   uint32_t max_frame_size = kDefaultMaxFrameSize;
   uint32_t initial_stream_window = 256 * 1024;
   uint32_t max_streams = 1024;
   uint32_t max_pending_requests = 1024;
-  // Unacked bytes a side keeps for replay; when full, streams get no credit
-  // (their sockets stop being read: TCP backpressure), nothing is dropped.
+  // Unacked bytes a side keeps for replay (sent or not: the agent's
+  // --max-session-buffer); when full, streams get no credit (their sockets
+  // stop being read: TCP backpressure), nothing is dropped. Answers may take
+  // up to twice it (Session::reserveResponse, sendResponse).
   uint64_t replay_buffer_bytes = 16 * 1024 * 1024;
   std::chrono::milliseconds keepalive_interval{5000};
   std::chrono::milliseconds keepalive_timeout{20000};
@@ -46,5 +64,11 @@ SessionLimits fromProto(const v1::Limits& limits);
 // frames), max_read_size <= max_frame_size - kReadSizeHeadroom, and
 // keepalive_interval <= keepalive_timeout / 2.
 SessionLimits negotiateLimits(const v1::Limits& asked, const SessionLimits& agent);
+
+// The agent's own limits as its flags set them: INVALID_ARGUMENT naming the
+// flag for a value out of its bounds (zero, above the ceilings above), a read
+// size above the frame size less kReadSizeHeadroom, or a session buffer
+// smaller than two frames.
+absl::Status validateAgentLimits(const SessionLimits& limits);
 
 }  // namespace siphon::protocol

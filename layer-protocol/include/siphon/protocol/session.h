@@ -35,11 +35,31 @@
 //    goawayFrame(status) if the transport still works, then close it. Protocol
 //    errors (PROTOCOL_ERROR, FRAME_TOO_LARGE, FLOW_CONTROL_ERROR) also end the
 //    session; a silent peer (UNAVAILABLE from onTick) only the transport.
+//
+// Limits (SessionLimits; docs/SECURITY.md#limits), each hit reported to the
+// limit observer and, where the peer caused it, to the peer with a typed
+// code whose message names the limit, its value and the agent flag:
+//  - streams: one more open is refused (TOO_MANY_STREAMS: a StreamReset to
+//    the peer, a status to a local caller); the session goes on;
+//  - pending requests: one more is answered TOO_MANY_PENDING_REQUESTS (or
+//    refused to a local caller); the session goes on;
+//  - frame size: FRAME_TOO_LARGE from onBytes()/onRead(), which ends the
+//    session (a protocol error);
+//  - buffered bytes (replay_buffer_bytes, "B"): stream data stops at B (no
+//    credit: backpressure). Answers may take the buffer up to 2B: a caller
+//    reserves room for a large one first (reserveResponse: the read is
+//    shortened, or refused with SESSION_BUFFER_FULL), and a large answer
+//    with no room is replaced by a SESSION_BUFFER_FULL error. On the agent
+//    side a peer whose frames take the buffer above 2B anyway (it sends
+//    requests and reads nothing) gets SESSION_BUFFER_FULL from onBytes(),
+//    which ends the session. Pongs to a peer that pings without reading
+//    replace each other instead of piling up.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -62,6 +82,10 @@ enum class Role { kClient, kAgent };
 // File read answers at least this large carry their bytes as a separate
 // buffer (codec.h, encodeFileDataResponseHead).
 inline constexpr size_t kDetachedDataMin = 16 * 1024;
+
+// Answers up to this size need no room in the session buffer: errors and
+// small answers always go (the 2B cut-off above bounds what they add up to).
+inline constexpr size_t kSmallResponse = 4096;
 
 // How long a lone ack may wait for other frames to ride with.
 inline constexpr std::chrono::milliseconds kAckDelay{10};
@@ -93,7 +117,7 @@ class SessionHandler {
  public:
   virtual ~SessionHandler() = default;
   // Answer each with sendResponse(). Past max_pending_requests unanswered
-  // requests the session answers RESOURCE_EXHAUSTED itself, without a call.
+  // requests the session answers TOO_MANY_PENDING_REQUESTS itself, without a call.
   virtual void onRequest(v1::Request /*request*/) {}
   virtual void onResponse(v1::Response /*response*/) {}
   // The peer opened a stream: answer with acceptStream() or resetStream().
@@ -119,6 +143,11 @@ class Session {
 
   Role role() const { return role_; }
   const SessionLimits& limits() const { return limits_; }
+
+  // Called with the typed status of every limit hit (see the top), from
+  // whichever call hit it; for the owner's log line. Optional.
+  using LimitObserver = std::function<void(const absl::Status&)>;
+  void setLimitObserver(LimitObserver observer) { limit_observer_ = std::move(observer); }
 
   // ---- transport side ----
 
@@ -154,19 +183,31 @@ class Session {
   uint64_t sentCount() const { return sent_; }
   // Bytes of sequenced frames the peer has not acked yet.
   uint64_t unackedBytes() const { return replay_bytes_; }
+  // What this session holds for the peer: unacked frames (sent or not) and
+  // room reserved for answers being prepared.
+  uint64_t bufferedBytes() const { return replay_bytes_ + reserved_total_; }
 
   // ---- application side ----
 
-  // Assigns and returns the request id. RESOURCE_EXHAUSTED past the pending
+  // Assigns and returns the request id. TOO_MANY_PENDING_REQUESTS past the pending
   // request limit.
   absl::StatusOr<uint64_t> sendRequest(v1::Request request);
+  // A response larger than kSmallResponse that fits neither the room
+  // reserved for it nor the buffer (up to 2 x replay_buffer_bytes) is
+  // replaced by a SESSION_BUFFER_FULL error.
   void sendResponse(v1::Response response);
+  // Room for up to `wanted` bytes of the answer to incoming request
+  // `request_id` (a file read), held until sendResponse() for it: the
+  // lesser of `wanted` and what the buffer has left below 2 x
+  // replay_buffer_bytes; SESSION_BUFFER_FULL when nothing is left. A
+  // request already answered (or unknown) reserves nothing: `wanted`.
+  absl::StatusOr<size_t> reserveResponse(uint64_t request_id, size_t wanted);
   size_t pendingRequests() const { return pending_requests_.size(); }
   // Requests still waiting for a response (to fail them when the session dies).
   std::vector<uint64_t> pendingRequestIds() const;
 
   // Opens a stream; assigns and returns its id and sets the credit the peer
-  // gets. RESOURCE_EXHAUSTED past the stream limit.
+  // gets. TOO_MANY_STREAMS past the stream limit.
   absl::StatusOr<uint64_t> openStream(v1::StreamOpen open);
   // Accepts a stream the peer opened. STREAM_CLOSED for an unknown stream.
   absl::Status acceptStream(v1::StreamAccept accept);
@@ -227,6 +268,12 @@ class Session {
   bool forget(uint64_t stream_id);
   bool isLocalStream(uint64_t stream_id) const;
   uint64_t replayFree() const;
+  // What answers may take the buffer up to (2 x replay_buffer_bytes).
+  uint64_t answerCap() const { return 2 * limits_.replay_buffer_bytes; }
+  // "twice the session buffer limit of N bytes (siphon-agent ... raises it)".
+  std::string bufferLimitText() const;
+  // Reports a limit hit to the observer; returns `status`.
+  absl::Status limitHit(absl::Status status);
 
   Role role_;
   SessionLimits limits_;
@@ -242,6 +289,8 @@ class Session {
   uint64_t sent_ = 0;   // seqs assigned
   size_t write_next_ = 0;
   std::deque<std::shared_ptr<OutFrame>> control_;
+  // The pong in control_, not yet taken: a later ping updates it.
+  std::shared_ptr<OutFrame> queued_pong_;
   uint64_t received_ = 0;
   uint64_t ack_sent_ = 0;
   uint64_t unacked_in_bytes_ = 0;               // wire bytes received_ - ack_sent_ took
@@ -262,6 +311,11 @@ class Session {
   uint64_t window_growth_ = 0;  // sum of the open streams' `grown`
   bool any_wants_write_ = false;
   bool recheck_writable_ = false;  // resume() freed replay space
+
+  // Limits.
+  std::unordered_map<uint64_t, uint64_t> reserved_;  // request id -> bytes
+  uint64_t reserved_total_ = 0;
+  LimitObserver limit_observer_;
 };
 
 }  // namespace siphon::protocol
