@@ -101,7 +101,45 @@ int realMain(int argc, char** argv) {
                  "a client silent this long is cut off; its session waits --session-grace for "
                  "a resume (a client may ask for less)")
       ->capture_default_str();
-  app.add_option("--max-sessions", config.max_sessions, "concurrent sessions")
+  // Limits (docs/SECURITY.md#limits): each one hit is a typed error naming
+  // its flag, and a log line.
+  app.add_option("--max-sessions", config.max_sessions,
+                 "concurrent sessions; one more client is rejected with TOO_MANY_SESSIONS")
+      ->check(CLI::Range(1u, 65536u))
+      ->capture_default_str();
+  app.add_option("--max-streams", config.limits.max_streams,
+                 "streams open at once in one session (a client may ask for fewer); one more is "
+                 "refused with TOO_MANY_STREAMS, the session goes on")
+      ->check(CLI::Range(1u, protocol::kMaxStreamsCeiling))
+      ->capture_default_str();
+  app.add_option("--max-pending-requests", config.limits.max_pending_requests,
+                 "requests one session may have unanswered; one more is answered "
+                 "TOO_MANY_PENDING_REQUESTS")
+      ->check(CLI::Range(1u, protocol::kMaxPendingRequestsCeiling))
+      ->capture_default_str();
+  uint32_t max_frame_kib = config.limits.max_frame_size / 1024;
+  uint64_t max_session_buffer_kib = config.limits.replay_buffer_bytes / 1024;
+  uint32_t max_read_kib = 0;
+  app.add_option("--max-frame-size", max_frame_kib,
+                 "KiB of one protocol frame; a larger frame is a protocol error (Goaway "
+                 "FRAME_TOO_LARGE) that ends the session")
+      ->check(CLI::Range(protocol::kMinFrameSize / 1024, protocol::kMaxFrameSizeCeiling / 1024))
+      ->capture_default_str();
+  app.add_option("--max-session-buffer", max_session_buffer_kib,
+                 "KiB the agent holds for one session's client until it acknowledges them (at "
+                 "least two frames): streams stop at it (backpressure), answers may take twice "
+                 "it (a file read is shortened, or refused with SESSION_BUFFER_FULL); a client "
+                 "that reads nothing is cut off past twice it")
+      ->check(CLI::Range(uint64_t{8}, protocol::kMaxSessionBufferCeiling / 1024))
+      ->capture_default_str();
+  auto* max_read_opt =
+      app.add_option("--max-read-size", max_read_kib,
+                     "KiB of one file read or readdir answer (default: --max-frame-size less 1 "
+                     "KiB); a larger read is clamped to it, a short read as read(2) may give");
+  app.add_option("--max-open-files", config.max_open_files,
+                 "file and directory handles one session may hold open; one more open is "
+                 "answered EMFILE naming this limit, a close frees a slot")
+      ->check(CLI::Range(1u, 1u << 20))
       ->capture_default_str();
   std::string fs_mode = "ro";
   app.add_option("--fs-mode", fs_mode,
@@ -225,6 +263,18 @@ int realMain(int argc, char** argv) {
                                          " ms) must be positive and at most half of "
                                          "--keepalive-timeout (",
                                          config.limits.keepalive_timeout.count(), " ms)"));
+  }
+
+  config.limits.max_frame_size = max_frame_kib * 1024;
+  config.limits.replay_buffer_bytes = max_session_buffer_kib * 1024;
+  config.limits.max_read_size = max_read_opt->count() > 0
+                                    ? max_read_kib * 1024
+                                    : config.limits.max_frame_size - protocol::kReadSizeHeadroom;
+  if (max_read_kib > protocol::kMaxFrameSizeCeiling / 1024) {
+    config.limits.max_read_size = protocol::kMaxFrameSizeCeiling;  // refused just below
+  }
+  if (auto s = protocol::validateAgentLimits(config.limits); !s.ok()) {
+    return fail(kExitUsage, sv(s.message()));
   }
 
   if ((mirror_ring_kib & (mirror_ring_kib - 1)) != 0) {

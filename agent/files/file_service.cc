@@ -186,7 +186,10 @@ Result closeHandle(Handle h) {
 class FileService : public RequestService, public std::enable_shared_from_this<FileService> {
  public:
   FileService(ServiceContext& ctx, FileServiceOptions options)
-      : ctx_(ctx), root_(ctx.target.rootFd()), table_(options.max_handles_per_session) {}
+      : ctx_(ctx),
+        root_(ctx.target.rootFd()),
+        table_(options.max_handles_per_session != 0 ? options.max_handles_per_session
+                                                    : ctx.config.max_open_files) {}
 
   void handle(std::shared_ptr<AgentSession> session, v1::Request request) override {
     const uint64_t id = request.request_id();
@@ -218,9 +221,23 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
           reply(*session, id, file.status());
           return;
         }
+        uint32_t read_size = max_read;
+        if (req.op_case() == R::kRead || req.op_case() == R::kPread) {
+          // Room for the answer before the read: a read the buffer has no
+          // room for is refused before it moves the file offset.
+          auto room = reserveRead(*session, id,
+                                  req.op_case() == R::kRead ? req.read().size()
+                                                            : req.pread().size(),
+                                  max_read);
+          if (!room.ok()) {
+            reply(*session, id, room.status());
+            return;
+          }
+          read_size = *room;
+        }
         runBlocking(std::move(session), id,
-                    [file = *std::move(file), req = std::move(req), max_read] {
-                      return onFile(*file, req, max_read);
+                    [file = *std::move(file), req = std::move(req), read_size] {
+                      return onFile(*file, req, read_size);
                     });
         return;
       }
@@ -232,9 +249,14 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
         }
         uint32_t max_entries = req.readdir().max_entries();
         max_entries = max_entries == 0 ? kDefaultDirEntries : std::min(max_entries, kMaxDirEntries);
+        auto room = reserveRead(*session, id, max_read, max_read);
+        if (!room.ok()) {
+          reply(*session, id, room.status());
+          return;
+        }
         runBlocking(std::move(session), id,
-                    [dir = *std::move(dir), max_entries, max_read]() -> Result {
-                      auto entries = dir->read(max_entries, max_read);
+                    [dir = *std::move(dir), max_entries, bytes = *room]() -> Result {
+                      auto entries = dir->read(max_entries, bytes);
                       if (!entries.ok()) return entries.status();
                       v1::FileResponse r;
                       *r.mutable_entries() = *std::move(entries);
@@ -285,11 +307,23 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
     });
   }
 
+  // The bytes a read of `wanted` may answer with: at most max_read, and
+  // room held for them in the session's buffer (SESSION_BUFFER_FULL when
+  // it has none).
+  static absl::StatusOr<uint32_t> reserveRead(AgentSession& session, uint64_t id,
+                                              uint32_t wanted, uint32_t max_read) {
+    auto room = session.session().reserveResponse(id, std::min(wanted, max_read));
+    if (!room.ok()) return room.status();
+    return static_cast<uint32_t>(*room);
+  }
+
   void startOpen(std::shared_ptr<AgentSession> session, uint64_t id, R req) {
     if (table_.full(session->id())) {
-      reply(*session, id,
-            errnoStatus(EMFILE, absl::StrCat(asv(fileOpName(req)), " ", fileRequestTarget(req),
-                                             ": too many open handles in this session")));
+      absl::Status full =
+          errnoStatus(EMFILE, absl::StrCat(asv(fileOpName(req)), " ", fileRequestTarget(req), ": ",
+                                           table_.limitText()));
+      session->logLimitHit(full);
+      reply(*session, id, full);
       return;
     }
     net::asio::post(ctx_.blocking, [self = shared_from_this(), session = std::move(session), id,
@@ -315,6 +349,8 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
     }
     auto handle = table_.add(session.id(), *h);
     if (!handle.ok()) {
+      // Opens that raced past the check in startOpen.
+      session.logLimitHit(handle.status());
       dropOnPool(*std::move(h));
       reply(session, id, handle.status());
       return;

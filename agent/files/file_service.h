@@ -10,12 +10,18 @@
 //
 // Answers, besides the errno of the call itself:
 //   read/pread    at most the session's negotiated max_read_size bytes per
-//                 request (a larger size is clamped, not refused); data+eof.
+//                 request (--max-read-size: a larger size is clamped, not
+//                 refused: a short read, as read(2) may give); data+eof.
+//                 Also clamped to the room the session's buffer has left
+//                 (Session::reserveResponse), SESSION_BUFFER_FULL when none.
 //   readdir       at most max_entries entries (0: kDefaultDirEntries; above
-//                 kMaxDirEntries clamped) and max_read_size bytes of them.
+//                 kMaxDirEntries clamped) and max_read_size bytes of them
+//                 (within the buffer's room, as reads).
 //   handles       EBADF for a handle this session does not hold (closed,
 //                 another session's, or a file handle given to readdir and
-//                 the other way round); EMFILE past max_handles_per_session.
+//                 the other way round); ERRNO EMFILE past
+//                 max_handles_per_session (--max-open-files), its message
+//                 naming the limit; a close frees a slot at once.
 //   close         the handle is gone at once; its fd closes when no request
 //                 still uses it, and a close(2) error is reported only when
 //                 this request did the last close.
@@ -33,7 +39,8 @@ inline constexpr uint32_t kDefaultDirEntries = 1024;
 inline constexpr uint32_t kMaxDirEntries = 4096;
 
 struct FileServiceOptions {
-  size_t max_handles_per_session = 1024;
+  // 0: the agent's --max-open-files (AgentConfig::max_open_files).
+  size_t max_handles_per_session = 0;
 };
 
 }  // namespace siphon::agent::files

@@ -3,6 +3,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "siphon/protocol/limits.h"
 #include "siphon/status.h"
 #include "siphon/text.h"
 
@@ -69,6 +70,10 @@ bool HandleTable::full(const std::string& session) const {
   return count(session) >= max_per_session_;
 }
 
+std::string HandleTable::limitText() const {
+  return protocol::limitReached("open file and directory", max_per_session_, "--max-open-files");
+}
+
 size_t HandleTable::count(const std::string& session) const {
   auto it = sessions_.find(session);
   return it == sessions_.end() ? 0 : it->second.handles.size();
@@ -76,8 +81,7 @@ size_t HandleTable::count(const std::string& session) const {
 
 absl::StatusOr<uint64_t> HandleTable::add(const std::string& session, Handle h) {
   if (full(session)) {
-    return errnoStatus(
-        EMFILE, absl::StrCat("open: the session holds ", max_per_session_, " handles already"));
+    return errnoStatus(EMFILE, absl::StrCat("open: ", limitText()));
   }
   Session& s = sessions_[session];
   const uint64_t id = s.next++;

@@ -69,7 +69,8 @@ class HandleTable {
 
   // Whether the session holds max_per_session handles already.
   bool full(const std::string& session) const;
-  // A new handle for `h`. EMFILE when the session is full.
+  // A new handle for `h`. EMFILE when the session is full, the message
+  // naming the limit and its flag (limitText()).
   absl::StatusOr<uint64_t> add(const std::string& session, Handle h);
   // The object behind a handle. EBADF when the session has no such handle,
   // or it is a directory (file()) / a file (dir()). `op` names the call in
@@ -84,6 +85,9 @@ class HandleTable {
   // Every handle of the session, taken out (the session ended).
   std::vector<Handle> removeSession(const std::string& session);
   size_t count(const std::string& session) const;
+  // "open file and directory limit of N reached (siphon-agent
+  // --max-open-files raises it)".
+  std::string limitText() const;
 
  private:
   struct Session {

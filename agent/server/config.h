@@ -20,6 +20,8 @@ struct AgentConfig {
   std::chrono::milliseconds handshake_timeout{10000};
   std::chrono::milliseconds drain_timeout{25000};
   uint32_t max_sessions = 64;
+  // --max-open-files: file and directory handles one session may hold.
+  uint32_t max_open_files = 1024;
   FsMode fs_mode = FsMode::kReadOnly;
   // --steal-backend: auto (sk_lookup, else iptables), sk_lookup, iptables.
   std::string steal_backend = "auto";
@@ -38,7 +40,11 @@ struct AgentConfig {
   uint64_t http_max_request_body = 0;
   uint64_t http_max_response_body = 0;
   std::chrono::milliseconds http_idle_timeout{60000};
-  protocol::SessionLimits limits;  // limits.session_grace is --session-grace
+  // limits.session_grace is --session-grace; max_streams --max-streams,
+  // max_pending_requests --max-pending-requests, max_frame_size
+  // --max-frame-size, replay_buffer_bytes --max-session-buffer,
+  // max_read_size --max-read-size (docs/SECURITY.md#limits).
+  protocol::SessionLimits limits;
 };
 
 // Exit codes of siphon-agent (documented in README.md).

@@ -39,6 +39,7 @@ bool endsSession(const absl::Status& why) {
     case v1::FLOW_CONTROL_ERROR:
     case v1::STREAM_CLOSED:
     case v1::INTERNAL:
+    case v1::SESSION_BUFFER_FULL:  // it reads nothing: a resume would not help
       return true;
     default:
       return false;
@@ -63,7 +64,22 @@ AgentSession::AgentSession(Server& server, std::string id, std::string resume_to
       client_name_(std::move(client_name)),
       session_(protocol::Role::kAgent, limits),
       grace_timer_(server.executor()),
-      created_(std::chrono::steady_clock::now()) {}
+      created_(std::chrono::steady_clock::now()) {
+  session_.setLimitObserver([this](const absl::Status& hit) { logLimitHit(hit); });
+}
+
+void AgentSession::logLimitHit(const absl::Status& hit) {
+  // One line per hit would let a client that keeps hitting a limit flood
+  // the log: the 1st, 2nd, 4th, 8th... hit of each kind are logged, with
+  // the count so far.
+  const uint64_t n = ++limit_hits_[errorCodeOf(hit)];
+  if ((n & (n - 1)) != 0) return;
+  log::warn("limit_hit", {{"session", id_},
+                          {"client", client_name_},
+                          {"code", errorCodeName(errorCodeOf(hit))},
+                          {"count", n},
+                          {"error", sv(hit.message())}});
+}
 
 static awaitable<void> runTransport(std::shared_ptr<AgentSession> self,
                                     std::shared_ptr<net::SessionTransport> transport,
@@ -488,8 +504,10 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
     welcome.set_last_seq_received(session->session().receivedCount());
   } else {
     if (sessions_.size() >= config_.max_sessions && !evictEmptyDetachedSession()) {
-      co_await reject(v1::RESOURCE_EXHAUSTED,
-                      absl::StrCat("session limit of ", config_.max_sessions, " reached"));
+      co_await reject(v1::TOO_MANY_SESSIONS,
+                      absl::StrCat(protocol::limitReached("session", config_.max_sessions,
+                                                          "--max-sessions"),
+                                   "; a session that ends makes room"));
       co_return;
     }
     auto limits = protocol::negotiateLimits(hello.requested_limits(), config_.limits);

@@ -82,6 +82,11 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   void resetStreams(const v1::Error& error);
   // Call after queueing frames on session() from outside a callback.
   void wake();
+  // The log line of a limit this session hit ("limit_hit": the 1st, 2nd,
+  // 4th... hit of each code, so a client cannot flood the log with them).
+  // The protocol session's limits come here by themselves; services call it
+  // for theirs (--max-open-files).
+  void logLimitHit(const absl::Status& hit);
 
   // SessionHandler
   void onRequest(v1::Request request) override;
@@ -114,6 +119,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   bool ended_ = false;
   bool client_closed_ = false;
   std::map<uint64_t, std::shared_ptr<StreamEndpoint>> streams_;
+  std::map<v1::ErrorCode, uint64_t> limit_hits_;  // per code, for logLimitHit
 };
 
 class Server {

@@ -340,7 +340,7 @@ TEST_F(RawHandshakeTest, SessionLimitEvictsOnlyDetachedSessionsThatSentNothing) 
   auto refused = exchange(protocol::encodeFrame(protocol::makeHello("new", kToken, {}, nullptr)));
   ASSERT_TRUE(refused.ok()) << refused.status();
   ASSERT_TRUE(refused->has_reject());
-  EXPECT_EQ(refused->reject().code(), v1::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(refused->reject().code(), v1::TOO_MANY_SESSIONS);
 }
 
 TEST_F(RawHandshakeTest, SessionLimitMakesRoomFromSessionsCutAfterTheHandshake) {
