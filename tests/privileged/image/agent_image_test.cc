@@ -339,17 +339,21 @@ class Node {
     containers_.erase(std::remove(containers_.begin(), containers_.end(), id), containers_.end());
   }
 
-  pid_t taskPid(const std::string& id) const {
+  pid_t taskPid(const std::string& id) const { return task(id).first; }
+
+  // The task's pid and status (RUNNING, STOPPED...) as `ctr task ls` shows
+  // them; {0, ""} when there is no such task.
+  std::pair<pid_t, std::string> task(const std::string& id) const {
     Result tasks = ctr({"task", "ls"});
     std::istringstream lines(tasks.out);
     std::string line;
     while (std::getline(lines, line)) {
       std::istringstream words(line);
-      std::string name, pid;
-      words >> name >> pid;
-      if (name == id) return std::atoi(pid.c_str());
+      std::string name, pid, status;
+      words >> name >> pid >> status;
+      if (name == id) return {std::atoi(pid.c_str()), status};
     }
-    return 0;
+    return {0, ""};
   }
 
   Result ctr(const std::vector<std::string>& args) const {
@@ -524,7 +528,7 @@ class AgentImageTest : public ::testing::Test {
         ready_ = *ready;
         return ::testing::AssertionSuccess();
       }
-      if (node_->taskPid(agent_id_) <= 0) break;  // exited
+      if (node_->task(agent_id_).second != "RUNNING") break;  // exited
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     return ::testing::AssertionFailure() << "no ready line from the agent container; its log:\n"
