@@ -31,6 +31,18 @@ bool Session::isLocalStream(uint64_t stream_id) const {
   return role_ == Role::kClient ? odd : !odd;
 }
 
+absl::Status Session::unknownStream(uint64_t stream_id, std::string_view frame) const {
+  // Ids only grow (each side counts up): an id at or above our next one, or
+  // above the peer's highest Open, was never opened. A peer that names one
+  // is out of step or probing; ignoring it would hide the bug.
+  const bool never =
+      stream_id == 0 ||
+      (isLocalStream(stream_id) ? stream_id >= next_stream_id_ : stream_id > highest_peer_stream_);
+  if (!never) return absl::OkStatus();
+  return protoError(v1::PROTOCOL_ERROR, absl::StrCat(asv(frame), " for stream ", stream_id,
+                                                     ", which was never opened"));
+}
+
 uint64_t Session::replayFree() const {
   return limits_.replay_buffer_bytes > replay_bytes_ ? limits_.replay_buffer_bytes - replay_bytes_
                                                      : 0;
@@ -184,6 +196,7 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
       if (streams_.contains(id)) {
         return protoError(v1::PROTOCOL_ERROR, absl::StrCat("stream ", id, " opened twice"));
       }
+      highest_peer_stream_ = std::max(highest_peer_stream_, id);
       if (streams_.size() >= limits_.max_streams) {
         absl::Status refused = limitHit(protoError(
             v1::TOO_MANY_STREAMS, limitReached("stream", limits_.max_streams, "--max-streams")));
@@ -204,7 +217,7 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
     case v1::Frame::kAccept: {
       uint64_t id = f.accept().stream_id();
       auto it = streams_.find(id);
-      if (it == streams_.end()) return absl::OkStatus();  // we reset it meanwhile
+      if (it == streams_.end()) return unknownStream(id, "accept");  // we reset it meanwhile
       if (!isLocalStream(id) || it->second.accepted) {
         return protoError(v1::PROTOCOL_ERROR, absl::StrCat("unexpected accept of stream ", id));
       }
@@ -219,7 +232,7 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
       return protoError(v1::INTERNAL, "data frame not decoded as data");
     case v1::Frame::kDatagram: {
       auto it = streams_.find(f.datagram().stream_id());
-      if (it == streams_.end()) return absl::OkStatus();
+      if (it == streams_.end()) return unknownStream(f.datagram().stream_id(), "datagram");
       size_t n = f.datagram().payload().size();
       if (n > it->second.recv_credit) {
         return protoError(
@@ -234,7 +247,8 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
     case v1::Frame::kHalfClose: {
       uint64_t id = f.half_close().stream_id();
       auto it = streams_.find(id);
-      if (it == streams_.end() || it->second.remote_closed) return absl::OkStatus();
+      if (it == streams_.end()) return unknownStream(id, "half-close");
+      if (it->second.remote_closed) return absl::OkStatus();
       it->second.remote_closed = true;
       handler.onStreamHalfClose(id);
       maybeClose(id);
@@ -242,13 +256,21 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
     }
     case v1::Frame::kReset: {
       uint64_t id = f.reset().stream_id();
-      if (!forget(id)) return absl::OkStatus();
+      if (!forget(id)) return unknownStream(id, "reset");
       handler.onStreamReset(id, std::move(*f.mutable_reset()->mutable_error()));
       return absl::OkStatus();
     }
     case v1::Frame::kWindowUpdate: {
-      auto it = streams_.find(f.window_update().stream_id());
-      if (it == streams_.end()) return absl::OkStatus();
+      const uint64_t id = f.window_update().stream_id();
+      auto it = streams_.find(id);
+      if (it == streams_.end()) return unknownStream(id, "window update");
+      // Windows are uint32 on the wire and a receiver's window never grows
+      // past one (max_stream_window): credit beyond it is a peer's bug.
+      if (it->second.send_credit + f.window_update().increment() > UINT32_MAX) {
+        return protoError(v1::FLOW_CONTROL_ERROR,
+                          absl::StrCat("window update of ", f.window_update().increment(),
+                                       " on stream ", id, " takes its credit past 2^32-1"));
+      }
       it->second.send_credit += f.window_update().increment();
       if (it->second.wants_write) notifyWritable(handler);
       return absl::OkStatus();
@@ -258,7 +280,7 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
       // reset, refused after the half-close that ended the stream's bytes).
       uint64_t id = f.gap().stream_id();
       auto it = streams_.find(id);
-      if (it == streams_.end()) return absl::OkStatus();
+      if (it == streams_.end()) return unknownStream(id, "gap");
       if (it->second.remote_closed) {
         return protoError(v1::STREAM_CLOSED,
                           absl::StrCat("gap on stream ", id, " after its half-close"));
@@ -282,7 +304,7 @@ absl::Status Session::onData(uint64_t stream_id, std::string_view payload,
                              SessionHandler& handler) {
   auto it = streams_.find(stream_id);
   // Data for a stream we reset may still be in flight: drop it quietly.
-  if (it == streams_.end()) return absl::OkStatus();
+  if (it == streams_.end()) return unknownStream(stream_id, "data");
   Stream& s = it->second;
   if (s.remote_closed) {
     return protoError(v1::STREAM_CLOSED,

@@ -984,22 +984,70 @@ TEST(SessionTest, DataAfterHalfCloseIsStreamClosed) {
   EXPECT_EQ(errorCodeOf(st), v1::STREAM_CLOSED) << st;
 }
 
-TEST(SessionTest, FramesForUnknownStreamsAreIgnored) {
+TEST(SessionTest, FramesForStreamsThatWereResetAreIgnored) {
   // A stream we reset may still receive frames the peer sent before it
   // learned; they must not end the session.
   Pipe p;
-  std::string bytes = encodeDataFrame(41, "x") +
-                      frameBytes([](v1::Frame& f) { f.mutable_half_close()->set_stream_id(41); }) +
-                      frameBytes([](v1::Frame& f) {
-                        f.mutable_window_update()->set_stream_id(41);
-                        f.mutable_window_update()->set_increment(5);
-                      }) +
-                      frameBytes([](v1::Frame& f) { f.mutable_reset()->set_stream_id(41); }) +
-                      frameBytes([](v1::Frame& f) { f.mutable_accept()->set_stream_id(42); });
+  const uint64_t peer = p.openAccepted();                    // the client's
+  const uint64_t own = p.openAccepted(/*by_client=*/false);  // the agent's
+  p.agent.resetStream(peer, v1::Error());
+  p.agent.resetStream(own, v1::Error());
+  p.ah.log.clear();
+  const uint64_t before = p.agent.receivedCount();
+  std::string bytes;
+  for (uint64_t id : {peer, own}) {
+    v1::Frame half, update, reset;
+    half.mutable_half_close()->set_stream_id(id);
+    update.mutable_window_update()->set_stream_id(id);
+    update.mutable_window_update()->set_increment(5);
+    reset.mutable_reset()->set_stream_id(id);
+    bytes +=
+        encodeDataFrame(id, "x") + encodeFrame(half) + encodeFrame(update) + encodeFrame(reset);
+  }
+  v1::Frame accept;
+  accept.mutable_accept()->set_stream_id(own);
+  bytes += encodeFrame(accept);
   auto st = p.agent.onBytes(bytes, p.ah, p.now);
   EXPECT_TRUE(st.ok()) << st;
   EXPECT_TRUE(p.ah.log.empty());
-  EXPECT_EQ(p.agent.receivedCount(), 5u);
+  EXPECT_EQ(p.agent.receivedCount(), before + 9);
+}
+
+TEST(SessionTest, FramesForStreamsNeverOpenedAreProtocolErrors) {
+  // No frame was ever in flight for these ids: a peer naming one is out of
+  // step (or probing) and the session ends.
+  const std::vector<std::string> frames = {
+      encodeDataFrame(41, "x"),
+      encodeDataFrame(0, "x"),
+      frameBytes([](v1::Frame& f) { f.mutable_half_close()->set_stream_id(41); }),
+      frameBytes([](v1::Frame& f) {
+        f.mutable_window_update()->set_stream_id(41);
+        f.mutable_window_update()->set_increment(5);
+      }),
+      frameBytes([](v1::Frame& f) { f.mutable_reset()->set_stream_id(41); }),
+      frameBytes([](v1::Frame& f) { f.mutable_datagram()->set_stream_id(41); }),
+      frameBytes([](v1::Frame& f) { f.mutable_gap()->set_stream_id(41); }),
+      frameBytes(
+          [](v1::Frame& f) { f.mutable_accept()->set_stream_id(42); }),  // the agent's parity
+  };
+  for (const std::string& bytes : frames) {
+    Pipe p;
+    p.openAccepted();  // stream 1: a lower id of the peer's is no excuse
+    auto st = p.agent.onBytes(bytes, p.ah, p.now);
+    EXPECT_EQ(errorCodeOf(st), v1::PROTOCOL_ERROR) << st;
+  }
+}
+
+TEST(SessionTest, WindowUpdatePastTheLargestWindowIsAFlowControlError) {
+  Pipe p;
+  const uint64_t id = p.openAccepted(/*by_client=*/true, /*window=*/0xfffffff0u);
+  v1::Frame update;
+  update.mutable_window_update()->set_stream_id(id);
+  update.mutable_window_update()->set_increment(0x0f);  // exactly 2^32-1: fine
+  EXPECT_TRUE(p.agent.onBytes(encodeFrame(update), p.ah, p.now).ok());
+  update.mutable_window_update()->set_increment(1);
+  auto st = p.agent.onBytes(encodeFrame(update), p.ah, p.now);
+  EXPECT_EQ(errorCodeOf(st), v1::FLOW_CONTROL_ERROR) << st;
 }
 
 // A gap stands for bytes of the stream: it keeps its place among the data,
@@ -1031,14 +1079,16 @@ TEST(SessionTest, GapsKeepTheirPlaceAndEndWithTheHalfClose) {
   EXPECT_EQ(p.ch.gaps.size(), 1u);
 }
 
-TEST(SessionTest, GapsOfUnknownStreamsAreIgnored) {
+TEST(SessionTest, GapsOfResetStreamsAreIgnored) {
   // A stream we reset may still get the gaps the peer sent before it learned.
   Pipe p;
-  auto bytes = frameBytes([](v1::Frame& f) {
-    f.mutable_gap()->set_stream_id(42);
-    f.mutable_gap()->set_bytes(9);
-  });
-  auto st = p.client.onBytes(bytes, p.ch, p.now);
+  const uint64_t id = p.openAccepted(/*by_client=*/false);
+  p.client.resetStream(id, v1::Error());
+  p.ch.log.clear();
+  v1::Frame f;
+  f.mutable_gap()->set_stream_id(id);
+  f.mutable_gap()->set_bytes(9);
+  auto st = p.client.onBytes(encodeFrame(f), p.ch, p.now);
   EXPECT_TRUE(st.ok()) << st;
   EXPECT_TRUE(p.ch.log.empty());
   EXPECT_TRUE(p.ch.gaps.empty());

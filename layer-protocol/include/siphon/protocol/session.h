@@ -267,6 +267,10 @@ class Session {
   void forget(std::unordered_map<uint64_t, Stream>::iterator it);
   bool forget(uint64_t stream_id);
   bool isLocalStream(uint64_t stream_id) const;
+  // A frame naming a stream we do not hold: OK (dropped) for one that was
+  // open and is gone (its frames may still be in flight), PROTOCOL_ERROR
+  // for an id never opened by either side.
+  absl::Status unknownStream(uint64_t stream_id, std::string_view frame) const;
   uint64_t replayFree() const;
   // What answers may take the buffer up to (2 x replay_buffer_bytes).
   uint64_t answerCap() const { return 2 * limits_.replay_buffer_bytes; }
@@ -307,6 +311,7 @@ class Session {
   std::unordered_set<uint64_t> pending_requests_;   // sent, awaiting a response
   std::unordered_set<uint64_t> incoming_requests_;  // received, not yet answered
   uint64_t next_stream_id_;
+  uint64_t highest_peer_stream_ = 0;  // the highest id the peer opened
   std::unordered_map<uint64_t, Stream> streams_;
   uint64_t window_growth_ = 0;  // sum of the open streams' `grown`
   bool any_wants_write_ = false;
