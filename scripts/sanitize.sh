@@ -9,9 +9,12 @@
 # tsan: ThreadSanitizer over the unit tests (ctest -L unit), in build-tsan/.
 #
 # Exits non-zero when a test fails or any instrumented process (a test, or an
-# agent or CLI a test started) reports anything. Every report is written to a
-# file under <build>/sanitizer-reports/ (log_path), because a test may not look
-# at the exit status of a child it kills; the files are printed at the end.
+# agent or CLI a test started) reports anything. ASan, LSan and TSan reports
+# are written to files under <build>/sanitizer-reports/ (log_path), because a
+# test may not look at the exit status of a child it kills; the files are
+# printed at the end. UBSan (GCC 12) prints to stderr whatever log_path says,
+# and aborts (-fno-sanitize-recover): the test sees the crash of its process
+# or of the agent/CLI it waits for.
 # Suppressions (each with its reason) are in tests/sanitizers/.
 set -euo pipefail
 
@@ -20,7 +23,7 @@ mode="${1:-all}"
 case "$mode" in
   asan | tsan | all) shift || true ;;
   -h | --help)
-    sed -n '2,15p' "${BASH_SOURCE[0]}"
+    sed -n '2,18p' "${BASH_SOURCE[0]}"
     exit 0
     ;;
   -*) mode=all ;;
