@@ -1,6 +1,7 @@
 #include "agent/steal/iptables/guard.h"
 
 #include <fcntl.h>
+#include <linux/capability.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/capabilities.h"
 #include "agent/common/log.h"
 #include "agent/common/unique_fd.h"
 #include "agent/steal/iptables/iptables_steering.h"
@@ -92,6 +94,9 @@ absl::StatusOr<Spawned> spawnGuard(const GuardConfig& config) {
     dup2(ns, kGuardNetnsFd);
     dup2(sock, kGuardSockFd);
     close_range(kGuardSockFd + 1, ~0U, 0);
+    // Under SECBIT_NOROOT the re-executed agent gets only its ambient set:
+    // setns, and what iptables needs (agent/common/capabilities.h).
+    caps::raiseAmbient(caps::kGuardAmbient);
     execv(args[0], args.data());
     char msg[1 + sizeof(int)];
     msg[0] = kExecFailed;
@@ -240,6 +245,11 @@ int iptablesGuardMain(int argc, char** argv) {
     return 2;
   }
   close(netns_fd);
+  // In the netns for good: iptables, all that is left to run, needs only
+  // CAP_NET_ADMIN and CAP_NET_RAW.
+  if (auto s = caps::dropFromAll(caps::bit(CAP_SYS_ADMIN)); !s.ok()) {
+    log::warn("steal_iptables_guard_caps", {{"error", sv(s.message())}});
+  }
   // Out of the agent's session and process group: `kill -- -PGID` or a
   // terminal's SIGINT/SIGHUP aimed at the agent must leave the guard to
   // clean up after it.

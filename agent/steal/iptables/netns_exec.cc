@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/capabilities.h"
 #include "agent/common/unique_fd.h"
 #include "siphon/status.h"
 
@@ -80,6 +81,9 @@ absl::StatusOr<ExecResult> execCapture(const std::vector<std::string>& argv, std
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) childFail(fail_w.get(), 1);
+    // The agent runs with SECBIT_NOROOT: exec'ing root-owned iptables gives
+    // it only the ambient set (agent/common/capabilities.h).
+    caps::raiseAmbient(caps::kIptablesAmbient);
     // dup2 clears FD_CLOEXEC on 0-2; every other descriptor of the agent
     // (listeners included) must not reach the program.
     dup2(in_r.get(), 0);
