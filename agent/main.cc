@@ -22,6 +22,7 @@
 #include "siphon/status.h"
 #include "siphon/text.h"
 
+#include "siphon/transport/tls.h"
 namespace siphon::agent {
 namespace {
 
@@ -108,6 +109,13 @@ int realMain(int argc, char** argv) {
       ->check(CLI::Range(1u, 65536u))
       ->capture_default_str();
   app.add_option("--max-streams", config.limits.max_streams,
+  app.add_option("--tls-cert", config.tls_cert,
+                 "PEM certificate chain (leaf first): the listener speaks TLS (1.2 or later); "
+                 "needs --tls-key");
+  app.add_option("--tls-key", config.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", config.tls_client_ca,
+                 "PEM CA certificates: require a client certificate they signed (mutual TLS, "
+                 "in addition to the token)");
                  "streams open at once in one session (a client may ask for fewer); one more is "
                  "refused with TOO_MANY_STREAMS, the session goes on")
       ->check(CLI::Range(1u, protocol::kMaxStreamsCeiling))
@@ -337,6 +345,11 @@ int realMain(int argc, char** argv) {
   if (const TargetSpec& spec = (*target)->spec(); !spec.container_id.empty()) {
     log::info("container_resolved",
               {{"container_id", spec.container_id},
+  // Bad TLS files are a usage error, told before anything is opened.
+  if (!config.tls_cert.empty() || !config.tls_key.empty() || !config.tls_client_ca.empty()) {
+    auto tls = net::tls::serverContext({config.tls_cert, config.tls_key, config.tls_client_ca});
+    if (!tls.ok()) return fail(kExitUsage, sv(tls.status().message()));
+  }
                {"runtime", spec.runtime},
                {"pid", static_cast<int64_t>((*target)->pid())},
                {"runtime_env_vars", static_cast<int64_t>(spec.runtime_env.size())}});

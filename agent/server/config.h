@@ -15,6 +15,12 @@ struct AgentConfig {
   std::string listen = "0.0.0.0:7140";
   std::string token;  // empty only with insecure_no_auth
   bool insecure_no_auth = false;
+  // --tls-cert/--tls-key (PEM): the listener speaks TLS; --tls-client-ca:
+  // and asks every client for a certificate signed by it (mutual TLS). In
+  // addition to the token. Empty: plain TCP.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_client_ca;
   std::chrono::milliseconds first_client_timeout{30000};
   std::chrono::milliseconds idle_timeout{0};  // 0: never
   std::chrono::milliseconds handshake_timeout{10000};

@@ -11,6 +11,7 @@
 #include "siphon/protocol/handshake.h"
 #include "siphon/status.h"
 #include "siphon/transport/frame_io.h"
+#include "siphon/transport/tls.h"
 
 #ifndef SIPHON_VERSION
 #define SIPHON_VERSION "0.0.0"
@@ -91,11 +92,11 @@ static awaitable<void> runTransport(std::shared_ptr<AgentSession> self,
   done(why);
 }
 
-void AgentSession::attach(net::tcp::socket socket, std::string leftover) {
+void AgentSession::attach(net::Stream stream, std::string leftover) {
   uint64_t generation = ++generation_;
   if (transport_) transport_->close();
   grace_timer_.cancel();
-  transport_ = std::make_shared<net::SessionTransport>(std::move(socket), session_, *this,
+  transport_ = std::make_shared<net::SessionTransport>(std::move(stream), session_, *this,
                                                        std::move(leftover));
   auto self = shared_from_this();
   asio::co_spawn(server_.executor(),
@@ -388,6 +389,10 @@ int Server::run() {
 
 awaitable<void> Server::acceptLoop() {
   while (!stopping_) {
+  if (!config_.tls_cert.empty() || !config_.tls_key.empty() || !config_.tls_client_ca.empty()) {
+    ASSIGN_OR_RETURN(tls_, net::tls::serverContext(
+                               {config_.tls_cert, config_.tls_key, config_.tls_client_ca}));
+  }
     net::error_code ec;
     net::tcp::socket socket =
         co_await acceptor_.async_accept(asio::redirect_error(use_awaitable, ec));
@@ -422,9 +427,9 @@ std::string Server::newId(size_t bytes) const {
   return absl::BytesToHexString(raw);
 }
 
-awaitable<void> Server::handshake(net::tcp::socket socket) {
+awaitable<void> Server::handshake(net::tcp::socket tcp_socket) {
   net::error_code ec;
-  auto remote = socket.remote_endpoint(ec);
+  auto remote = tcp_socket.remote_endpoint(ec);
   std::string peer = ec ? "?" : absl::StrCat(remote.address().to_string(), ":", remote.port());
   // Parameters by reference: GCC 12 destroys by-value parameters of lambda
   // coroutines twice.
@@ -518,6 +523,29 @@ awaitable<void> Server::handshake(net::tcp::socket socket) {
   welcome.set_session_id(session->id());
   welcome.set_resume_token(session->resumeToken());
   *welcome.mutable_limits() = protocol::toProto(session->session().limits());
+  net::Stream socket =
+      tls_ ? net::Stream(std::move(tcp_socket), *tls_) : net::Stream(std::move(tcp_socket));
+  if (socket.tls()) {
+    // Under the same deadline as the Hello: a client that never completes
+    // the TLS handshake holds a connection no longer than one that never
+    // says Hello.
+    absl::Status tls = co_await net::tls::accept(socket, config_.handshake_timeout);
+    if (!tls.ok()) {
+      log::warn("tls_handshake_failed", {{"peer", peer}, {"error", sv(tls.message())}});
+      if (errorCodeOf(tls) == v1::FAILED_PRECONDITION) {
+        // A plain client: take its Hello (closing on unread bytes would
+        // reset the connection before it reads the answer), then tell it
+        // why in plain.
+        (void)co_await net::readFirstFrame(socket.socket(), config_.handshake_timeout,
+                                           kMaxHelloSize);
+        (void)co_await net::writeFrame(
+            socket.socket(), protocol::makeReject(v1::UNAUTHENTICATED,
+                                                  std::string(net::tls::kPlainClientMessage)));
+      }
+      socket.close();
+      co_return;
+    }
+  }
 
   // The Welcome goes out before the session's own frames: write it here,
   // then hand the socket to the session's transport.

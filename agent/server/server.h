@@ -24,6 +24,7 @@
 #include "siphon/transport/session_transport.h"
 
 namespace siphon::agent {
+#include "siphon/transport/stream.h"
 
 class Server;
 
@@ -45,7 +46,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   std::chrono::steady_clock::time_point created() const { return created_; }
 
   // Runs a new transport for this session (after the handshake).
-  void attach(net::tcp::socket socket, std::string leftover);
+  void attach(net::Stream stream, std::string leftover);
   // A resume is taking the session over: call before Session::resume(). A
   // transport still attached (half-open: the client gave it up, the agent
   // has not noticed yet) is closed first, so it neither handles frames nor
@@ -131,7 +132,9 @@ class Server {
   // Enters the target's network namespace on a worker thread and builds the
   // services. PERMISSION_DENIED when setns is not allowed.
   absl::Status init();
-  // Binds the listener. UNAVAILABLE with the address and the reason.
+  // Binds the listener (TLS when config().tls_cert is set).
+  // INVALID_ARGUMENT for TLS files that do not load (net::tls::
+  // serverContext), UNAVAILABLE with the address and the reason.
   absl::Status listen();
   // "127.0.0.1:7140" as bound (port 0 resolved).
   std::string listenAddress() const;
@@ -198,3 +201,4 @@ class Server {
 };
 
 }  // namespace siphon::agent
+  std::shared_ptr<net::ssl::context> tls_;  // set: the listener speaks TLS

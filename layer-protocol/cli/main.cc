@@ -25,6 +25,7 @@
 #include "siphon/client/client.h"
 #include "siphon/status.h"
 #include "siphon/transport/asio.h"
+#include "siphon/transport/tls.h"
 
 namespace siphon::cli {
 namespace {
@@ -37,6 +38,7 @@ struct Flags {
   std::string timeout = "10s";
   std::string keepalive_interval;  // empty: the agent's
   std::string keepalive_timeout;
+  std::string tls_ca, tls_cert, tls_key, tls_server_name;  // empty: env, else plain TCP
 };
 
 net::awaitable<int> run(client::ClientOptions options, CommandRun command, bool json,
@@ -101,6 +103,16 @@ int realMain(int argc, char** argv) {
   app.add_option("--token-file", flags.token_file,
                  "File holding the agent's token; trailing whitespace is ignored "
                  "(else env SIPHON_TOKEN)");
+  app.add_option("--tls-ca", flags.tls_ca,
+                 "Connect with TLS; PEM CA certificates the agent's certificate must chain to, "
+                 "issued for the address dialled (env SIPHON_TLS_CA)");
+  app.add_option("--tls-cert", flags.tls_cert,
+                 "PEM client certificate, for an agent run with --tls-client-ca; needs "
+                 "--tls-key (env SIPHON_TLS_CERT)");
+  app.add_option("--tls-key", flags.tls_key, "PEM key of --tls-cert (env SIPHON_TLS_KEY)");
+  app.add_option("--tls-server-name", flags.tls_server_name,
+                 "Name (or IP) the agent's certificate must be issued for, instead of the "
+                 "address dialled (env SIPHON_TLS_SERVER_NAME)");
   app.add_flag("--json", flags.json, "Machine-readable JSON output");
   app.add_option("--client-name", flags.client_name, "Name the agent shows for this session")
       ->capture_default_str();
@@ -179,6 +191,23 @@ int realMain(int argc, char** argv) {
     options.token = trimTrailingWhitespace(t);
   }
   options.client_name = flags.client_name;
+  for (auto [flag, out, env] :
+       {std::tuple{&flags.tls_ca, &options.tls_ca, "SIPHON_TLS_CA"},
+        std::tuple{&flags.tls_cert, &options.tls_cert, "SIPHON_TLS_CERT"},
+        std::tuple{&flags.tls_key, &options.tls_key, "SIPHON_TLS_KEY"},
+        std::tuple{&flags.tls_server_name, &options.tls_server_name, "SIPHON_TLS_SERVER_NAME"}}) {
+    const char* value = std::getenv(env);
+    *out = !flag->empty() ? *flag : value != nullptr ? std::string(value) : std::string();
+  }
+  if (!options.tls_ca.empty() || !options.tls_cert.empty() || !options.tls_key.empty() ||
+      !options.tls_server_name.empty()) {
+    // Unreadable or malformed files are a usage error, found before dialling.
+    auto tls = net::tls::clientContext({options.tls_ca, options.tls_cert, options.tls_key});
+    if (!tls.ok()) {
+      printError(sv(tls.status().message()));
+      return kExitUsage;
+    }
+  }
   options.connect_timeout = *timeout;
   options.handshake_timeout = *timeout;
 

@@ -9,6 +9,7 @@
 #include "siphon/protocol/handshake.h"
 #include "siphon/status.h"
 #include "siphon/transport/frame_io.h"
+#include "siphon/transport/tls.h"
 
 namespace siphon::client {
 
@@ -378,13 +379,20 @@ std::string Client::endpoint() const { return link_ ? link_->endpoint : std::str
 
 uint64_t Client::resumeCountForTest() const { return link_ ? link_->resumes : 0; }
 
-net::awaitable<absl::StatusOr<net::tcp::socket>> Client::dial(const std::string& endpoint,
+net::awaitable<absl::StatusOr<net::Stream>> Client::dial(const std::string& endpoint,
                                                               bool* refused,
                                                               std::chrono::milliseconds limit) {
   const auto connect_timeout = limit.count() > 0 ? std::min(limit, options_.connect_timeout)
                                                  : options_.connect_timeout;
   std::string host, port;
   CO_RETURN_IF_ERROR(net::splitHostPort(endpoint, &host, &port));
+  const bool want_tls = !options_.tls_ca.empty() || !options_.tls_cert.empty() ||
+                        !options_.tls_key.empty() || !options_.tls_server_name.empty();
+  if (want_tls && !tls_) {
+    // Bad files are the caller's to fix: INVALID_ARGUMENT, never retried.
+    CO_ASSIGN_OR_RETURN(
+        tls_, net::tls::clientContext({options_.tls_ca, options_.tls_cert, options_.tls_key}));
+  }
   net::tcp::resolver resolver(ex_);
   net::error_code ec;
   auto results =
@@ -411,10 +419,23 @@ net::awaitable<absl::StatusOr<net::tcp::socket>> Client::dial(const std::string&
   }
   if (ec == asio::error::connection_refused && refused) *refused = true;
   if (ec) co_return protoError(v1::UNAVAILABLE, absl::StrCat(endpoint, ": ", ec.message()));
-  co_return std::move(socket);
+  if (!tls_) co_return net::Stream(std::move(socket));
+  net::Stream stream(std::move(socket), *tls_);
+  const auto handshake_timeout = limit.count() > 0 ? std::min(limit, options_.handshake_timeout)
+                                                   : options_.handshake_timeout;
+  absl::Status s = co_await net::tls::connect(
+      stream, options_.tls_server_name.empty() ? host : options_.tls_server_name,
+      handshake_timeout);
+  if (!s.ok()) {
+    // A failed verification or an alert is final (UNAUTHENTICATED: the
+    // same agent would answer the same); a cut is retried.
+    co_return protoError(errorCodeOf(s),
+                         absl::StrCat("the agent at ", endpoint, ": ", s.message()));
+  }
+  co_return std::move(stream);
 }
 
-net::awaitable<absl::Status> Client::handshake(Link& link, net::tcp::socket& socket, bool resume,
+net::awaitable<absl::Status> Client::handshake(Link& link, net::Stream& socket, bool resume,
                                                std::string* leftover,
                                                std::chrono::milliseconds limit) {
   v1::ResumeRequest r;
@@ -429,9 +450,30 @@ net::awaitable<absl::Status> Client::handshake(Link& link, net::tcp::socket& soc
   const auto timeout = limit.count() > 0 ? std::min(limit, options_.handshake_timeout)
                                          : options_.handshake_timeout;
   auto first = co_await net::readFirstFrame(socket, timeout, protocol::kDefaultMaxFrameSize);
-  if (!first.ok()) co_return first.status();
+  if (!first.ok()) {
+    if (socket.tls() && errorCodeOf(first.status()) == v1::UNAUTHENTICATED) {
+      // TLS 1.3: the agent checks the client's certificate after the
+      // client's side of the handshake is done, and says no with an alert.
+      co_return protoError(
+          v1::UNAUTHENTICATED,
+          absl::StrCat("the agent at ", link.endpoint, " refused the TLS connection (",
+                       first.status().message(),
+                       "): does it need a client certificate (--tls-cert/--tls-key) signed by "
+                       "its --tls-client-ca?"));
+    }
+    co_return first.status();
+  }
   auto welcome = protocol::welcomeFrom(first->frame);
-  if (!welcome.ok()) co_return welcome.status();
+  if (!welcome.ok()) {
+    if (!socket.tls() && errorCodeOf(welcome.status()) == v1::UNAUTHENTICATED &&
+        sv(welcome.status().message()).find(net::tls::kPlainClientMessage) != std::string::npos) {
+      co_return protoError(v1::UNAUTHENTICATED,
+                           absl::StrCat("the agent at ", link.endpoint,
+                                        " speaks TLS: give --tls-ca FILE (and --tls-cert/"
+                                        "--tls-key if it asks for a client certificate)"));
+    }
+    co_return welcome.status();
+  }
   auto version = protocol::negotiateVersion(protocol::currentVersion(), welcome->version());
   if (!version.ok()) co_return version.status();
   if (resume) {
@@ -449,7 +491,7 @@ net::awaitable<absl::Status> Client::handshake(Link& link, net::tcp::socket& soc
 }
 
 net::awaitable<absl::StatusOr<std::shared_ptr<Link>>> Client::open(const std::string& endpoint,
-                                                                   net::tcp::socket* socket,
+                                                                   net::Stream* socket,
                                                                    std::string* leftover) {
   auto dialled = co_await dial(endpoint);
   if (!dialled.ok()) co_return dialled.status();
@@ -465,7 +507,7 @@ net::awaitable<absl::StatusOr<std::shared_ptr<Link>>> Client::open(const std::st
   co_return link;
 }
 
-void Client::start(std::shared_ptr<Link> link, net::tcp::socket socket, std::string leftover) {
+void Client::start(std::shared_ptr<Link> link, net::Stream socket, std::string leftover) {
   asio::co_spawn(ex_,
                  runTransports(shared_from_this(), std::move(link), std::move(socket),
                                std::move(leftover)),
@@ -478,7 +520,7 @@ net::awaitable<absl::Status> Client::connect() {
   }
   std::vector<std::string> failures;
   for (const auto& endpoint : options_.endpoints) {
-    net::tcp::socket socket(ex_);
+    net::Stream socket(net::tcp::socket{ex_});
     std::string leftover;
     auto link = co_await open(endpoint, &socket, &leftover);
     if (!link.ok()) {
@@ -498,7 +540,7 @@ net::awaitable<absl::Status> Client::connect() {
 }
 
 net::awaitable<void> Client::runTransports(std::shared_ptr<Client> self,
-                                           std::shared_ptr<Link> link_in, net::tcp::socket socket,
+                                           std::shared_ptr<Link> link_in, net::Stream socket,
                                            std::string leftover) {
   // GCC 12 drops coroutine parameters the body never names: hold the owner
   // in a frame variable so it outlives every suspension.
@@ -538,7 +580,7 @@ net::awaitable<void> Client::runTransports(std::shared_ptr<Client> self,
   }
 }
 
-net::awaitable<absl::StatusOr<std::pair<net::tcp::socket, std::string>>> Client::reconnect(
+net::awaitable<absl::StatusOr<std::pair<net::Stream, std::string>>> Client::reconnect(
     Link& link) {
   // With another agent to go to, a session that cannot be resumed within
   // the keepalive timeout is given up for a new one there; else the
@@ -654,7 +696,7 @@ net::awaitable<void> Client::failover(std::shared_ptr<Client> self, std::shared_
   while (!closing_ && !next && !order.empty() && steady_timer::clock_type::now() < deadline) {
     failures.clear();
     for (const auto& ep : order) {
-      net::tcp::socket socket(ex_);
+      net::Stream socket(net::tcp::socket{ex_});
       std::string leftover;
       auto link = co_await open(ep, &socket, &leftover);
       if (closing_) break;

@@ -3,10 +3,12 @@
 #include "absl/strings/str_cat.h"
 #include "siphon/protocol/codec.h"
 #include "siphon/status.h"
+#include "siphon/transport/tls.h"
 
 namespace siphon::net {
 
-awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(tcp::socket& socket,
+template <typename S>
+awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(S& socket,
                                                      std::chrono::milliseconds timeout,
                                                      uint32_t max_frame_size) {
   protocol::FrameDecoder decoder(max_frame_size);
@@ -57,8 +59,11 @@ awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(tcp::socket& socket,
     }
     if (ec) {
       disarm();
+      if (tls::isTlsError(ec)) {
+        co_return protoError(v1::UNAUTHENTICATED, absl::StrCat("TLS: ", ec.message()));
+      }
       co_return protoError(v1::UNAVAILABLE,
-                           ec == asio::error::eof
+                           ec == asio::error::eof || ec == ssl::error::stream_truncated
                                ? std::string("connection closed during the handshake")
                                : absl::StrCat("read during the handshake: ", ec.message()));
     }
@@ -66,12 +71,21 @@ awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(tcp::socket& socket,
   }
 }
 
-awaitable<absl::Status> writeFrame(tcp::socket& socket, const v1::Frame& frame) {
+template <typename S>
+awaitable<absl::Status> writeFrame(S& socket, const v1::Frame& frame) {
   std::string bytes = protocol::encodeFrame(frame);
   error_code ec;
   co_await asio::async_write(socket, asio::buffer(bytes), asio::redirect_error(use_awaitable, ec));
   if (ec) co_return protoError(v1::UNAVAILABLE, absl::StrCat("write: ", ec.message()));
   co_return absl::OkStatus();
 }
+
+template awaitable<absl::StatusOr<FirstFrame>> readFirstFrame<tcp::socket>(
+    tcp::socket&, std::chrono::milliseconds, uint32_t);
+template awaitable<absl::StatusOr<FirstFrame>> readFirstFrame<Stream>(Stream&,
+                                                                      std::chrono::milliseconds,
+                                                                      uint32_t);
+template awaitable<absl::Status> writeFrame<tcp::socket>(tcp::socket&, const v1::Frame&);
+template awaitable<absl::Status> writeFrame<Stream>(Stream&, const v1::Frame&);
 
 }  // namespace siphon::net

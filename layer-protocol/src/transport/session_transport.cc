@@ -5,19 +5,19 @@
 
 namespace siphon::net {
 
-SessionTransport::SessionTransport(tcp::socket socket, protocol::Session& session,
+SessionTransport::SessionTransport(Stream stream, protocol::Session& session,
                                    protocol::SessionHandler& handler, std::string initial)
-    : socket_(std::move(socket)),
+    : stream_(std::move(stream)),
       session_(session),
       handler_(handler),
       initial_(std::move(initial)),
-      writer_signal_(socket_.get_executor()),
-      done_signal_(socket_.get_executor()),
-      tick_timer_(socket_.get_executor()) {
+      writer_signal_(stream_.get_executor()),
+      done_signal_(stream_.get_executor()),
+      tick_timer_(stream_.get_executor()) {
   error_code ec;
-  auto ep = socket_.remote_endpoint(ec);
+  auto ep = stream_.remote_endpoint(ec);
   if (!ec) peer_ = absl::StrCat(ep.address().to_string(), ":", ep.port());
-  socket_.set_option(tcp::no_delay(true), ec);
+  stream_.socket().set_option(tcp::no_delay(true), ec);
 }
 
 void SessionTransport::fail(absl::Status status) {
@@ -28,9 +28,7 @@ void SessionTransport::fail(absl::Status status) {
 void SessionTransport::close() {
   if (closed_) return;
   closed_ = true;
-  error_code ec;
-  socket_.shutdown(tcp::socket::shutdown_both, ec);
-  socket_.close(ec);
+  stream_.close();
   tick_timer_.cancel();
   writer_signal_.notify();
 }
@@ -42,7 +40,7 @@ void SessionTransport::closeAfterFlush() {
 
 awaitable<absl::Status> SessionTransport::run() {
   auto self = shared_from_this();
-  auto ex = socket_.get_executor();
+  auto ex = stream_.get_executor();
   asio::co_spawn(ex, writer(self), asio::detached);
   asio::co_spawn(ex, ticker(self), asio::detached);
 
@@ -60,12 +58,12 @@ awaitable<absl::Status> SessionTransport::run() {
   while (!closed_ && !close_after_flush_) {
     auto buf = session_.readBuffer(64 * 1024);
     error_code ec;
-    size_t n = co_await socket_.async_read_some(asio::buffer(buf.data(), buf.size()),
+    size_t n = co_await stream_.async_read_some(asio::buffer(buf.data(), buf.size()),
                                                 asio::redirect_error(use_awaitable, ec));
     if (closed_) break;
     if (ec) {
       fail(
-          ec == asio::error::eof
+          ec == asio::error::eof || ec == ssl::error::stream_truncated
               ? protoError(v1::UNAVAILABLE, absl::StrCat("connection closed by ", peer_))
               : protoError(v1::UNAVAILABLE, absl::StrCat("read from ", peer_, ": ", ec.message())));
       break;
@@ -110,9 +108,19 @@ awaitable<void> SessionTransport::writer(std::shared_ptr<SessionTransport> self)
     // Gathered write of many frames; data payloads go as their own buffers.
     protocol::WriteBatch batch = session_.takeWrites(1 << 20);
     buffers.clear();
-    for (std::string_view b : batch.buffers()) buffers.emplace_back(b.data(), b.size());
     error_code ec;
-    co_await asio::async_write(socket_, buffers, asio::redirect_error(use_awaitable, ec));
+    if (stream_.tls()) {
+      // asio::ssl writes one buffer per call, each its own record: small
+      // frames would cost a record and a system call each. Encryption
+      // copies the bytes anyway; gather them first.
+      gathered_.clear();
+      for (std::string_view b : batch.buffers()) gathered_.append(b);
+      co_await asio::async_write(stream_, asio::buffer(gathered_),
+                                 asio::redirect_error(use_awaitable, ec));
+    } else {
+      for (std::string_view b : batch.buffers()) buffers.emplace_back(b.data(), b.size());
+      co_await asio::async_write(stream_, buffers, asio::redirect_error(use_awaitable, ec));
+    }
     if (closed_) break;
     if (ec) {
       fail(protoError(v1::UNAVAILABLE, absl::StrCat("write to ", peer_, ": ", ec.message())));

@@ -30,6 +30,7 @@
 #include "siphon/protocol/session.h"
 #include "siphon/transport/asio.h"
 #include "siphon/transport/session_transport.h"
+#include "siphon/transport/stream.h"
 #include "siphon/v1/frame.pb.h"
 
 namespace siphon::client {
@@ -55,6 +56,16 @@ struct ClientOptions {
   bool failover = true;
   // How long to look for another agent before the session counts as lost.
   std::chrono::milliseconds failover_timeout{30000};
+  // TLS (an agent run with --tls-cert): set tls_ca, the PEM CA certificates
+  // the agent's certificate must chain to; it must also be issued for the
+  // address dialled (an IP SAN for an IP, a DNS SAN for a name), or for
+  // tls_server_name when set. tls_cert and tls_key (PEM, both or neither)
+  // are this client's certificate, for an agent that asks for one
+  // (--tls-client-ca). Empty tls_ca and tls_cert: plain TCP.
+  std::string tls_ca;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_server_name;
 };
 
 // What a move to another agent did (Client::setFailoverHandler).
@@ -241,21 +252,22 @@ class Client : public std::enable_shared_from_this<Client> {
     std::string endpoint;
   };
 
-  // `limit` (when non-zero) shortens the connect or handshake timeout.
-  net::awaitable<absl::StatusOr<net::tcp::socket>> dial(
+  // TCP connect, then the TLS handshake when options ask for TLS. `limit`
+  // (when non-zero) shortens the connect or handshake timeout.
+  net::awaitable<absl::StatusOr<net::Stream>> dial(
       const std::string& endpoint, bool* refused = nullptr,
       std::chrono::milliseconds limit = std::chrono::milliseconds(0));
   net::awaitable<absl::Status> handshake(
-      Link& link, net::tcp::socket& socket, bool resume, std::string* leftover,
+      Link& link, net::Stream& socket, bool resume, std::string* leftover,
       std::chrono::milliseconds limit = std::chrono::milliseconds(0));
   // Dial and handshake: a new Link on `endpoint`.
   net::awaitable<absl::StatusOr<std::shared_ptr<Link>>> open(const std::string& endpoint,
-                                                             net::tcp::socket* socket,
+                                                             net::Stream* socket,
                                                              std::string* leftover);
-  void start(std::shared_ptr<Link> link, net::tcp::socket socket, std::string leftover);
+  void start(std::shared_ptr<Link> link, net::Stream socket, std::string leftover);
   net::awaitable<void> runTransports(std::shared_ptr<Client> self, std::shared_ptr<Link> link,
-                                     net::tcp::socket socket, std::string leftover);
-  net::awaitable<absl::StatusOr<std::pair<net::tcp::socket, std::string>>> reconnect(Link& link);
+                                     net::Stream socket, std::string leftover);
+  net::awaitable<absl::StatusOr<std::pair<net::Stream, std::string>>> reconnect(Link& link);
   bool canFailover() const;
   std::shared_ptr<Link> linkOf(uint64_t generation) const;
   net::awaitable<void> failover(std::shared_ptr<Client> self, std::shared_ptr<Link> from,
@@ -287,6 +299,7 @@ class Client : public std::enable_shared_from_this<Client> {
 
   net::asio::any_io_executor ex_;
   ClientOptions options_;
+  std::shared_ptr<net::ssl::context> tls_;  // built from options_ on the first dial
   std::shared_ptr<Link> link_;  // the current session
   std::vector<std::weak_ptr<Link>> retiring_;  // draining agents' sessions
   uint64_t generations_ = 0;

@@ -1,5 +1,6 @@
-// Reading and writing single frames on a socket, for the handshake (before a
-// Session exists).
+// Reading and writing single frames on a socket or a Stream (plain or TLS),
+// for the handshake (before a Session exists). Instantiated for tcp::socket
+// and Stream.
 #pragma once
 
 #include <chrono>
@@ -7,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "siphon/transport/asio.h"
+#include "siphon/transport/stream.h"
 #include "siphon/v1/frame.pb.h"
 
 namespace siphon::net {
@@ -17,12 +19,16 @@ struct FirstFrame {
 };
 
 // Reads exactly one frame, with a deadline. UNAVAILABLE on I/O failure,
-// TIMEOUT past the deadline, PROTOCOL_ERROR / FRAME_TOO_LARGE on bad bytes.
-awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(tcp::socket& socket,
+// TIMEOUT past the deadline, PROTOCOL_ERROR / FRAME_TOO_LARGE on bad bytes,
+// UNAUTHENTICATED when a TLS peer ends the connection with an alert (an
+// agent refusing the client's certificate says so here, in TLS 1.3).
+template <typename S>
+awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(S& socket,
                                                      std::chrono::milliseconds timeout,
                                                      uint32_t max_frame_size);
 
 // Writes one frame. UNAVAILABLE on failure.
-awaitable<absl::Status> writeFrame(tcp::socket& socket, const v1::Frame& frame);
+template <typename S>
+awaitable<absl::Status> writeFrame(S& socket, const v1::Frame& frame);
 
 }  // namespace siphon::net

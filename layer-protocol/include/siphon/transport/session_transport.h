@@ -1,4 +1,5 @@
-// Runs one connected socket for a protocol::Session: a reader coroutine that
+// Runs one connected stream (TCP, or TLS after its handshake) for a
+// protocol::Session: a reader coroutine that
 // feeds received bytes to the session, a writer coroutine that drains the
 // session's frames with gathered writes, and a keepalive ticker. The session
 // and its handler are owned by the caller and must outlive run().
@@ -12,13 +13,15 @@
 #include "absl/status/status.h"
 #include "siphon/protocol/session.h"
 #include "siphon/transport/asio.h"
+#include "siphon/transport/stream.h"
 
 namespace siphon::net {
 
 class SessionTransport : public std::enable_shared_from_this<SessionTransport> {
  public:
-  // `initial` holds bytes already read past the handshake frame.
-  SessionTransport(tcp::socket socket, protocol::Session& session,
+  // `initial` holds bytes already read past the handshake frame. A plain
+  // tcp::socket converts to a Stream.
+  SessionTransport(Stream stream, protocol::Session& session,
                    protocol::SessionHandler& handler, std::string initial);
 
   // Runs until the transport ends. OK when close() ended it; otherwise why
@@ -41,7 +44,8 @@ class SessionTransport : public std::enable_shared_from_this<SessionTransport> {
   awaitable<void> ticker(std::shared_ptr<SessionTransport> self);
   void fail(absl::Status status);
 
-  tcp::socket socket_;
+  Stream stream_;
+  std::string gathered_;  // TLS: the batch in one buffer, one record per 16 KiB
   protocol::Session& session_;
   protocol::SessionHandler& handler_;
   std::string initial_;
