@@ -103,6 +103,9 @@ int realMain(int argc, char** argv) {
                  "a resume (a client may ask for less)")
       ->capture_default_str();
   // Limits (docs/SECURITY.md#limits): each one hit is a typed error naming
+  app.add_option("--metrics", config.metrics_listen,
+                 "HOST:PORT to serve Prometheus /metrics, /healthz and /readyz on over HTTP (port "
+                 "0 picks one, shown as metrics= in the ready line); off by default");
   // its flag, and a log line.
   app.add_option("--max-sessions", config.max_sessions,
                  "concurrent sessions; one more client is rejected with TOO_MANY_SESSIONS")

@@ -79,6 +79,7 @@ void CaptureStream::trySendHeader() {
   // it. Until then the kernel's ring holds what comes (a full ring shows up
   // in the kernel's drop count, reported as a gap).
   if (s->sendCredit(id_, header_.size()) < header_.size()) return;  // onWritable()
+  host_->sent(id_, header_.size());
   absl::Status st = s->sendData(id_, header_);
   if (!st.ok()) {
     fail(st);
@@ -163,6 +164,7 @@ void CaptureStream::onPacket(const Packet& packet) {
     return;
   }
   flushGaps(s);
+  host_->sent(id_, size);
   absl::Status st = s.sendData(id_, record(packet));
   if (!st.ok()) {
     // Within the credit just checked, on an open stream: cannot fail.
@@ -202,6 +204,7 @@ void CaptureStream::flushGaps(protocol::Session& s) {
   for (v1::StreamGap& gap : ledger_.take(id_)) {
     log::debug("capture_gap",
                {{"stream", id_}, {"packets", gap.packets()}, {"bytes", gap.bytes()}});
+    host_->gap(id_, gap.bytes());
     (void)s.sendGap(std::move(gap));  // STREAM_CLOSED only once the stream is gone
   }
 }

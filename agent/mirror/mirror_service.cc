@@ -190,6 +190,7 @@ class MirrorStream final : public StreamEndpoint,
 
   void send(AgentSession& s, std::string record) {
     stats_.delivered_bytes += record.size() - 1;
+    s.countSent(id_, record.size() - 1);  // the payload, without the direction byte
     absl::Status sent = s.session().sendData(id_, std::move(record));
     if (!sent.ok()) die();
   }
@@ -220,6 +221,7 @@ class MirrorStream final : public StreamEndpoint,
         stats_.gap_bytes += item.gap;
         ++stats_.gaps;
         queue_.pop_front();
+        s->countGap(id_, item.gap);
         (void)s->session().sendGap(std::move(gap));
       } else if (item.kind == Item::kHalfClose) {
         queue_.pop_front();
@@ -307,6 +309,20 @@ class MirrorServiceImpl final : public MirrorService,
   bool ownsSubscription(uint64_t id, const std::string& session_id) const override {
     auto it = subs_.find(id);
     return it != subs_.end() && it->second.session_id == session_id;
+  }
+
+  void describeSubscriptions(
+      const std::string& session_id,
+      google::protobuf::RepeatedPtrField<v1::SubscriptionSummary>* out) const override {
+    for (const auto& [id, sub] : subs_) {
+      if (sub.session_id != session_id) continue;
+      v1::SubscriptionSummary& d = *out->Add();
+      d.set_subscription_id(id);
+      d.set_kind("mirror");
+      d.set_port(sub.port);
+      d.set_backend("tc");
+      d.set_both_directions(sub.both);
+    }
   }
 
   void sessionEnded(const std::string& session_id) override {
@@ -575,7 +591,7 @@ class MirrorServiceImpl final : public MirrorService,
     *m.mutable_source() = toProto(info.client);
     *m.mutable_destination() = toProto(info.server);
     m.set_started_mid_stream(mid_stream);
-    auto id = session->session().openStream(std::move(open));
+    auto id = session->openStream(std::move(open));  // counts the stream's kind
     if (!id.ok()) {
       // At the session's stream limit: this connection is not mirrored to
       // it. Remembered as dead so it is not tried for every packet.

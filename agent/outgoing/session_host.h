@@ -24,6 +24,12 @@ class SessionHost : public PumpHost {
   void release(uint64_t stream_id) override {
     if (auto s = session_.lock()) s->unregisterStream(stream_id);
   }
+  void sent(uint64_t stream_id, uint64_t n) override {
+    if (auto s = session_.lock()) s->countSent(stream_id, n);
+  }
+  void gap(uint64_t stream_id, uint64_t bytes) override {
+    if (auto s = session_.lock()) s->countGap(stream_id, bytes);
+  }
 
  private:
   std::weak_ptr<AgentSession> session_;

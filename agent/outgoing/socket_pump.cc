@@ -134,6 +134,7 @@ bool SocketPump::readBytes(protocol::Session& s, bool* queued) {
   if (n > 0) {
     std::string buf(scratch.get(), static_cast<size_t>(n));
     bytes_in_ += static_cast<uint64_t>(n);
+    host_->sent(id_, static_cast<uint64_t>(n));
     absl::Status st = s.sendData(id_, std::move(buf));
     if (!st.ok()) {
       reset(wireError(v1::INTERNAL, absl::StrCat("stream ", id_, ": ", st.message())));
@@ -215,6 +216,7 @@ bool SocketPump::readMessage(protocol::Session& s, bool* queued) {
   if (n < 0) return readFailed(errno);
   buf.resize(static_cast<size_t>(n));
   bytes_in_ += static_cast<uint64_t>(n);
+  host_->sent(id_, static_cast<uint64_t>(n));
   absl::Status st;
   if (opt_.kind == Kind::kDatagram) {
     v1::StreamDatagram d;

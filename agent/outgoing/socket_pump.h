@@ -58,6 +58,16 @@ class PumpHost {
   virtual void wake() = 0;
   // The stream is over: stop routing its frames to the pump.
   virtual void release(uint64_t stream_id) = 0;
+  // Operations (metrics, `siphon sessions`): `n` payload bytes went to the
+  // client on the stream; a gap of `bytes` was reported on it.
+  virtual void sent(uint64_t stream_id, uint64_t n) {
+    (void)stream_id;
+    (void)n;
+  }
+  virtual void gap(uint64_t stream_id, uint64_t bytes) {
+    (void)stream_id;
+    (void)bytes;
+  }
 };
 
 class SocketPump : public StreamEndpoint, public std::enable_shared_from_this<SocketPump> {

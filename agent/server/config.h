@@ -26,6 +26,9 @@ struct AgentConfig {
   std::chrono::milliseconds handshake_timeout{10000};
   std::chrono::milliseconds drain_timeout{25000};
   uint32_t max_sessions = 64;
+  // --metrics HOST:PORT: /metrics, /healthz, /readyz (docs/OPERATIONS.md);
+  // empty: off.
+  std::string metrics_listen;
   // --max-open-files: file and directory handles one session may hold.
   uint32_t max_open_files = 1024;
   FsMode fs_mode = FsMode::kReadOnly;

@@ -159,6 +159,7 @@ void AgentSession::detachForResume() {
 }
 
 void AgentSession::lose(std::string_view reason) {
+  if (!ended_) metrics().session("lost");
   // Reset, not closed: a stolen or outgoing connection cut off mid-way must
   // not look complete to its peer in the target (an RST, not a FIN).
   resetStreams(toProtoError(
@@ -167,6 +168,12 @@ void AgentSession::lose(std::string_view reason) {
 }
 
 void AgentSession::respond(v1::Response response) {
+  if (auto it = request_kinds_.find(response.request_id()); it != request_kinds_.end()) {
+    metrics().requestAnswered(it->second.first, it->second.second, response);
+    request_kinds_.erase(it);
+  } else if (response.has_error()) {
+    metrics().errorSent(response.error().code(), metrics::ErrorFrame::kResponse);
+  }
   if (ended_) return;
   session_.sendResponse(std::move(response));
   if (transport_) transport_->wake();
@@ -198,22 +205,29 @@ void AgentSession::end(std::string_view reason) {
   grace_timer_.cancel();
   if (transport_ && !transport_->closed()) {
     session_.sendGoaway(v1::CANCELLED, reason);
+    metrics().errorSent(v1::CANCELLED, metrics::ErrorFrame::kGoaway);
     transport_->closeAfterFlush();
   }
   // Streams die with the session: their sockets close now.
   auto streams = std::move(streams_);
   streams_.clear();
   for (auto& [id, e] : streams) e->close();
+  stream_kinds_.clear();
+  metrics().session("ended");
   log::info("session_ended", {{"session", id_}, {"client", client_name_}, {"reason", reason}});
   server_.sessionEnded(id_);
 }
 
 void AgentSession::onRequest(v1::Request request) {
+  request_kinds_[request.request_id()] = {
+      request.body_case(), request.has_file() ? static_cast<int>(request.file().op_case()) : 0};
   server_.handleRequest(shared_from_this(), std::move(request));
 }
 
 void AgentSession::onStreamOpen(v1::StreamOpen open) {
+  stream_kinds_[open.stream_id()] = metrics::streamKindOf(open);
   if (server_.draining()) {
+    metrics().errorSent(v1::AGENT_DRAINING, metrics::ErrorFrame::kStreamReset);
     session_.resetStream(open.stream_id(),
                          toProtoError(protoError(v1::AGENT_DRAINING,
                                                  "the agent is draining: no new streams; open it "
@@ -225,6 +239,7 @@ void AgentSession::onStreamOpen(v1::StreamOpen open) {
     return;
   }
   // Say so at once instead of leaving the opener waiting.
+  metrics().errorSent(v1::UNIMPLEMENTED, metrics::ErrorFrame::kStreamReset);
   std::string kind = open.kind_case() == v1::StreamOpen::KIND_NOT_SET
                          ? "(none)"
                          : open.GetDescriptor()->FindFieldByNumber(open.kind_case())->name();
@@ -244,19 +259,25 @@ void AgentSession::registerStream(uint64_t stream_id, std::shared_ptr<StreamEndp
     endpoint->close();
     return;
   }
+  if (!streams_.contains(stream_id)) metrics().streamOpened(kindOf(stream_id));
   streams_[stream_id] = std::move(endpoint);
 }
 
-void AgentSession::unregisterStream(uint64_t stream_id) { streams_.erase(stream_id); }
+void AgentSession::unregisterStream(uint64_t stream_id) {
+  streams_.erase(stream_id);
+  stream_kinds_.erase(stream_id);
+}
 
 void AgentSession::resetStreams(const v1::Error& error) {
   if (ended_) return;
   auto streams = streams_;  // onReset() unregisters
   for (auto& [id, e] : streams) {
     session_.resetStream(id, error);
+    metrics().errorSent(error.code(), metrics::ErrorFrame::kStreamReset);
     e->onReset(error);
   }
   streams_.clear();
+  stream_kinds_.clear();
   for (uint64_t id : session_.streamIds()) session_.resetStream(id, error);
   wake();
 }
@@ -271,6 +292,8 @@ StreamEndpoint* AgentSession::endpoint(uint64_t stream_id) {
 }
 
 void AgentSession::onStreamData(uint64_t stream_id, std::string_view payload) {
+  bytes_in_ += payload.size();
+  metrics().bytesIn(kindOf(stream_id), payload.size());
   if (StreamEndpoint* e = endpoint(stream_id)) {
     e->onData(payload);
   } else {
@@ -279,6 +302,8 @@ void AgentSession::onStreamData(uint64_t stream_id, std::string_view payload) {
 }
 
 void AgentSession::onStreamDatagram(v1::StreamDatagram datagram) {
+  bytes_in_ += datagram.payload().size();
+  metrics().bytesIn(kindOf(datagram.stream_id()), datagram.payload().size());
   if (StreamEndpoint* e = endpoint(datagram.stream_id())) e->onDatagram(std::move(datagram));
 }
 
@@ -291,7 +316,35 @@ void AgentSession::onStreamReset(uint64_t stream_id, v1::Error error) {
   if (it == streams_.end()) return;
   auto e = std::move(it->second);
   streams_.erase(it);
+  stream_kinds_.erase(stream_id);
   e->onReset(error);
+}
+
+absl::StatusOr<uint64_t> AgentSession::openStream(v1::StreamOpen open) {
+  const metrics::StreamKind kind = metrics::streamKindOf(open);
+  auto id = session_.openStream(std::move(open));
+  if (id.ok()) stream_kinds_[*id] = kind;
+  return id;
+}
+
+metrics::StreamKind AgentSession::kindOf(uint64_t stream_id) const {
+  auto it = stream_kinds_.find(stream_id);
+  return it == stream_kinds_.end() ? metrics::StreamKind::kOther : it->second;
+}
+
+void AgentSession::countSent(uint64_t stream_id, uint64_t n) {
+  bytes_out_ += n;
+  metrics().bytesOut(kindOf(stream_id), n);
+}
+
+void AgentSession::countGap(uint64_t stream_id, uint64_t bytes) {
+  metrics().gap(kindOf(stream_id), bytes);
+}
+
+metrics::AgentMetrics& AgentSession::metrics() { return server_.metrics(); }
+
+void AgentSession::countStreams(std::array<uint64_t, metrics::kStreamKinds>& out) const {
+  for (const auto& [id, e] : streams_) ++out[static_cast<size_t>(kindOf(id))];
 }
 
 void AgentSession::onStreamWritable(uint64_t stream_id) {
@@ -315,7 +368,9 @@ Server::Server(asio::io_context& io, AgentConfig config, std::unique_ptr<Target>
       first_client_timer_(io),
       idle_timer_(io),
       signals_(io, SIGTERM, SIGINT),
-      started_(std::chrono::steady_clock::now()) {}
+      started_(std::chrono::steady_clock::now()) {
+  metrics_.setStateSource([this] { return liveState(); });
+}
 
 Server::~Server() {
   // Blocking jobs may still post to the loop or use the services: let them
@@ -358,16 +413,52 @@ absl::Status Server::listen() {
 }
 
 std::string Server::listenAddress() const {
+  return listenMetrics();
+}
+
+absl::Status Server::listenMetrics() {
+  if (config_.metrics_listen.empty()) return absl::OkStatus();
+  http_ = std::make_unique<metrics::HttpEndpoint>(
+      io_.get_executor(),
+      metrics::HttpEndpoint::Handlers{[this] { return metrics_.render(); },
+                                      [this] { return notReady(); }});
+  RETURN_IF_ERROR(http_->listen(config_.metrics_listen));
+  log::info("metrics_listening", {{"address", http_->address()}});
   net::error_code ec;
   auto ep = acceptor_.local_endpoint(ec);
   if (ec) return config_.listen;
+std::string Server::metricsAddress() const { return http_ ? http_->address() : ""; }
+
+std::string Server::notReady() const {
+  if (stopping_) return "the agent is exiting";
+  if (draining_) return absl::StrCat("draining (", drain_reason_, ")");
+  if (!services_) return "the target is not entered yet";
+  if (!acceptor_.is_open()) return "the client listener is not up yet";
+  return "";
+}
+
+metrics::LiveState Server::liveState() const {
+  metrics::LiveState st;
+  st.ready = notReady().empty();
+  for (const auto& [id, s] : sessions_) {
+    if (s->attached()) {
+      ++st.sessions_attached;
+    } else {
+      ++st.sessions_detached;
+    }
+    s->countStreams(st.streams);
+  }
+  return st;
+}
+
   if (ep.address().is_v6()) return absl::StrCat("[", ep.address().to_string(), "]:", ep.port());
   return absl::StrCat(ep.address().to_string(), ":", ep.port());
 }
 
 std::string Server::readyLine() const {
   return absl::StrCat("siphon-agent ready version=", SIPHON_VERSION, " listen=", listenAddress(),
-                      " target_pid=", target_->pid(), " netns=", target_->netnsLabel());
+                      " target_pid=", target_->pid(), " netns=", target_->netnsLabel(),
+                      http_ ? absl::StrCat(" metrics=", http_->address()) : "");
 }
 
 int Server::run() {
@@ -376,6 +467,7 @@ int Server::run() {
   if (target_->hasPidfd()) asio::co_spawn(io_, watchTarget(), asio::detached);
   if (config_.first_client_timeout.count() > 0) {
     first_client_timer_.expires_after(config_.first_client_timeout);
+  if (http_) http_->start();
     first_client_timer_.async_wait([this](net::error_code ec) {
       if (ec || had_client_ || stopping_) return;
       log::error("no_client",
@@ -431,11 +523,35 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket) {
   net::error_code ec;
   auto remote = tcp_socket.remote_endpoint(ec);
   std::string peer = ec ? "?" : absl::StrCat(remote.address().to_string(), ":", remote.port());
+  net::Stream socket =
+      tls_ ? net::Stream(std::move(tcp_socket), *tls_) : net::Stream(std::move(tcp_socket));
+  if (socket.tls()) {
+    // Under the same deadline as the Hello: a client that never completes
+    // the TLS handshake holds a connection no longer than one that never
+    // says Hello.
+    absl::Status tls = co_await net::tls::accept(socket, config_.handshake_timeout);
+    if (!tls.ok()) {
+      log::warn("tls_handshake_failed", {{"peer", peer}, {"error", sv(tls.message())}});
+      if (errorCodeOf(tls) == v1::FAILED_PRECONDITION) {
+        // A plain client: take its Hello (closing on unread bytes would
+        // reset the connection before it reads the answer), then tell it
+        // why in plain.
+        (void)co_await net::readFirstFrame(socket.socket(), config_.handshake_timeout,
+                                           kMaxHelloSize);
+        (void)co_await net::writeFrame(
+            socket.socket(), protocol::makeReject(v1::UNAUTHENTICATED,
+                                                  std::string(net::tls::kPlainClientMessage)));
+      }
+      socket.close();
+      co_return;
+    }
+  }
   // Parameters by reference: GCC 12 destroys by-value parameters of lambda
   // coroutines twice.
   auto reject = [&](v1::ErrorCode code, const std::string& message) -> awaitable<void> {
     log::warn("client_rejected",
               {{"peer", peer}, {"code", errorCodeName(code)}, {"reason", message}});
+    metrics_.errorSent(code, metrics::ErrorFrame::kReject);
     co_await net::writeFrame(socket, protocol::makeReject(code, message));
     net::error_code ignored;
     socket.shutdown(net::tcp::socket::shutdown_both, ignored);
@@ -490,11 +606,13 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket) {
           v1::SESSION_EXPIRED,
           absl::StrCat("session ", hello.resume().session_id(), " is unknown or expired (grace ",
                        config_.limits.session_grace.count(), " ms)"));
+      metrics_.resume("unknown_session");
       co_return;
     }
     session = it->second;
     if (!protocol::constantTimeEquals(hello.resume().resume_token(), session->resumeToken())) {
       co_await reject(v1::UNAUTHENTICATED, "wrong resume token");
+      metrics_.resume("bad_token");
       co_return;
     }
     session->detachForResume();
@@ -503,6 +621,7 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket) {
     if (!s.ok()) {
       co_await reject(v1::RESUME_FAILED, std::string(s.message()));
       session->lose("resume failed");
+      metrics_.resume("replay_failed");
       co_return;
     }
     welcome.set_resumed(true);
@@ -523,35 +642,14 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket) {
   welcome.set_session_id(session->id());
   welcome.set_resume_token(session->resumeToken());
   *welcome.mutable_limits() = protocol::toProto(session->session().limits());
-  net::Stream socket =
-      tls_ ? net::Stream(std::move(tcp_socket), *tls_) : net::Stream(std::move(tcp_socket));
-  if (socket.tls()) {
-    // Under the same deadline as the Hello: a client that never completes
-    // the TLS handshake holds a connection no longer than one that never
-    // says Hello.
-    absl::Status tls = co_await net::tls::accept(socket, config_.handshake_timeout);
-    if (!tls.ok()) {
-      log::warn("tls_handshake_failed", {{"peer", peer}, {"error", sv(tls.message())}});
-      if (errorCodeOf(tls) == v1::FAILED_PRECONDITION) {
-        // A plain client: take its Hello (closing on unread bytes would
-        // reset the connection before it reads the answer), then tell it
-        // why in plain.
-        (void)co_await net::readFirstFrame(socket.socket(), config_.handshake_timeout,
-                                           kMaxHelloSize);
-        (void)co_await net::writeFrame(
-            socket.socket(), protocol::makeReject(v1::UNAUTHENTICATED,
-                                                  std::string(net::tls::kPlainClientMessage)));
-      }
-      socket.close();
-      co_return;
-    }
-  }
 
   // The Welcome goes out before the session's own frames: write it here,
   // then hand the socket to the session's transport.
   absl::Status w = co_await net::writeFrame(socket, welcome_frame);
   if (!w.ok()) {
-    log::info("handshake_failed", {{"peer", peer}, {"error", sv(w.message())}});
+    log::info("handshake_failed",
+              {{"session", session->id()}, {"peer", peer}, {"error", sv(w.message())}});
+    if (welcome.resumed()) metrics_.resume("handshake_failed");
     if (!welcome.resumed()) {
       session->end("handshake failed");
     } else if (!session->ended() && !session->attached()) {
@@ -565,6 +663,11 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket) {
   had_client_ = true;
   first_client_timer_.cancel();
   idle_timer_.cancel();
+  if (welcome.resumed()) {
+    metrics_.resume("ok");
+  } else {
+    metrics_.session("opened");
+  }
   log::info(welcome.resumed() ? "session_resumed" : "session_opened",
             {{"session", session->id()},
              {"client", hello.client_name()},
@@ -599,6 +702,8 @@ void Server::handleRequest(std::shared_ptr<AgentSession> session, v1::Request re
   response.set_request_id(request.request_id());
   if (request.body_case() == v1::Request::kInfo) {
     *response.mutable_info() = info(*session);
+  } else if (request.body_case() == v1::Request::kSessions) {
+    *response.mutable_sessions() = listSessions(*session);
   } else if (RequestService* service = services_->request(request.body_case())) {
     service->handle(std::move(session), std::move(request));
     return;
@@ -628,6 +733,30 @@ v1::InfoResponse Server::info(const AgentSession& session) const {
                       std::chrono::steady_clock::now() - started_)
                       .count());
   *r.mutable_limits() = protocol::toProto(const_cast<AgentSession&>(session).session().limits());
+  return r;
+}
+
+v1::SessionsResponse Server::listSessions(const AgentSession& asking) const {
+  v1::SessionsResponse r;
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& [id, s] : sessions_) {
+    v1::SessionSummary& out = *r.add_sessions();
+    out.set_session_id(id);
+    out.set_client_name(s->clientName());
+    out.set_age_ms(
+        std::chrono::duration_cast<std::chrono::milliseconds>(now - s->created()).count());
+    out.set_attached(s->attached());
+    out.set_state(s->attached() ? "attached" : "detached");
+    out.set_streams(static_cast<uint32_t>(s->streamCount()));
+    out.set_bytes_in(s->bytesIn());
+    out.set_bytes_out(s->bytesOut());
+    out.set_current(s.get() == &asking);
+    services_->describeSubscriptions(id, out.mutable_subscriptions());
+    for (const auto& sub : out.subscriptions()) {
+      if (sub.kind() == "steal") out.add_stolen_ports(sub.port());
+      if (sub.kind() == "mirror") out.add_mirrored_ports(sub.port());
+    }
+  }
   return r;
 }
 
@@ -690,6 +819,7 @@ awaitable<void> Server::watchTarget() {
 void Server::startDrain(std::string_view reason) {
   if (draining_ || stopping_) return;
   draining_ = true;
+  drain_reason_ = std::string(reason);
   drain_deadline_ = std::chrono::steady_clock::now() + config_.drain_timeout;
   const int64_t deadline = unixMillis() + config_.drain_timeout.count();
   for (auto& [id, s] : sessions_) s->notifyDraining(deadline, reason);

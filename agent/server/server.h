@@ -14,6 +14,8 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "agent/metrics/agent_metrics.h"
+#include "agent/metrics/http_endpoint.h"
 #include "agent/netns/netns_worker.h"
 #include "agent/server/config.h"
 #include "agent/services/service.h"
@@ -83,6 +85,19 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   void resetStreams(const v1::Error& error);
   // Call after queueing frames on session() from outside a callback.
   void wake();
+
+  // Operations (docs/OPERATIONS.md). Opens a stream the agent starts
+  // (stolen, mirrored...) on session(), noting its kind for the metrics.
+  absl::StatusOr<uint64_t> openStream(v1::StreamOpen open);
+  // Hooks of the services: `n` payload bytes sent to the client on
+  // `stream_id`; a gap of `bytes` sent on it.
+  void countSent(uint64_t stream_id, uint64_t n);
+  void countGap(uint64_t stream_id, uint64_t bytes);
+  metrics::AgentMetrics& metrics();
+  uint64_t bytesIn() const { return bytes_in_; }
+  uint64_t bytesOut() const { return bytes_out_; }
+  // Streams with an endpoint, by kind (added to `out`).
+  void countStreams(std::array<uint64_t, metrics::kStreamKinds>& out) const;
   // The log line of a limit this session hit ("limit_hit": the 1st, 2nd,
   // 4th... hit of each code, so a client cannot flood the log with them).
   // The protocol session's limits come here by themselves; services call it
@@ -120,6 +135,13 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   bool ended_ = false;
   bool client_closed_ = false;
   std::map<uint64_t, std::shared_ptr<StreamEndpoint>> streams_;
+  // Operations: stream kinds (set when the stream is opened, dropped with
+  // its endpoint), requests in flight (kind, file op) and stream bytes.
+  metrics::StreamKind kindOf(uint64_t stream_id) const;
+  std::map<uint64_t, metrics::StreamKind> stream_kinds_;
+  std::map<uint64_t, std::pair<int, int>> request_kinds_;
+  uint64_t bytes_in_ = 0;
+  uint64_t bytes_out_ = 0;
   std::map<v1::ErrorCode, uint64_t> limit_hits_;  // per code, for logLimitHit
 };
 
@@ -160,9 +182,17 @@ class Server {
   // What services are built with (after init()); tests build their own.
   ServiceContext& serviceContext() { return *service_ctx_; }
   const AgentConfig& config() const { return config_; }
+  // Operations (docs/OPERATIONS.md): the siphon_ metrics, and the
+  // --metrics endpoint's address as bound ("" without --metrics).
+  metrics::AgentMetrics& metrics() { return metrics_; }
+  std::string metricsAddress() const;
+  // Empty when /readyz is 200; otherwise why not.
+  std::string notReady() const;
 
  private:
   net::awaitable<void> acceptLoop();
+  // --metrics: binds the operator's HTTP endpoint (listen() calls it).
+  absl::Status listenMetrics();
   net::awaitable<void> handshake(net::tcp::socket socket);
   net::awaitable<void> watchSignals();
   net::awaitable<void> watchTarget();
@@ -177,12 +207,16 @@ class Server {
   // Streams of every session plus what the services still relay.
   size_t inFlight() const;
   v1::InfoResponse info(const AgentSession& session) const;
+  v1::SessionsResponse listSessions(const AgentSession& asking) const;
+  metrics::LiveState liveState() const;
   std::string newId(size_t bytes) const;
 
   net::asio::io_context& io_;
   AgentConfig config_;
   std::unique_ptr<Target> target_;
   std::unique_ptr<ProcFs> procfs_;
+  // Before the sessions and the services, so it outlives their hooks.
+  metrics::AgentMetrics metrics_;
   net::tcp::acceptor acceptor_;
   net::asio::thread_pool blocking_pool_{2};
   std::unique_ptr<NetnsWorker> netns_;
@@ -194,6 +228,8 @@ class Server {
   std::map<std::string, std::shared_ptr<AgentSession>> sessions_;
   std::chrono::steady_clock::time_point started_;
   bool had_client_ = false;
+  std::unique_ptr<metrics::HttpEndpoint> http_;  // --metrics
+  std::string drain_reason_;
   bool draining_ = false;
   std::chrono::steady_clock::time_point drain_deadline_;
   bool stopping_ = false;

@@ -79,6 +79,14 @@ class RequestService {
   // Work in flight a drain waits for besides the sessions' streams (a
   // connection being passed through to the application, say).
   virtual size_t inFlight() const { return 0; }
+  // `siphon sessions`: appends the subscriptions session `session_id` holds
+  // with this service (steal, mirror).
+  virtual void describeSubscriptions(
+      const std::string& session_id,
+      google::protobuf::RepeatedPtrField<v1::SubscriptionSummary>* out) const {
+    (void)session_id;
+    (void)out;
+  }
 };
 
 // The agent side of one stream. The session routes the peer's frames here.
@@ -128,6 +136,9 @@ class ServiceRegistry {
   void agentStopping();
   void agentDraining();
   size_t inFlight() const;
+  void describeSubscriptions(
+      const std::string& session_id,
+      google::protobuf::RepeatedPtrField<v1::SubscriptionSummary>* out) const;
 
  private:
   std::map<int, std::shared_ptr<RequestService>> requests_;

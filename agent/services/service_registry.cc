@@ -81,6 +81,12 @@ size_t ServiceRegistry::inFlight() const {
   return n;
 }
 
+void ServiceRegistry::describeSubscriptions(
+    const std::string& session_id,
+    google::protobuf::RepeatedPtrField<v1::SubscriptionSummary>* out) const {
+  for (const auto& s : unique_requests_) s->describeSubscriptions(session_id, out);
+}
+
 void ServiceRegistry::sessionEnded(const std::string& session_id) {
   for (auto& s : unique_requests_) s->sessionEnded(session_id);
 }

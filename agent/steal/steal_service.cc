@@ -124,6 +124,19 @@ class StealServiceImpl final : public StealService,
     return s != nullptr && s->session_id == session_id;
   }
 
+  void describeSubscriptions(
+      const std::string& session_id,
+      google::protobuf::RepeatedPtrField<v1::SubscriptionSummary>* out) const override {
+    for (const Subscription* sub : table_.ofSession(session_id)) {
+      v1::SubscriptionSummary& d = *out->Add();
+      d.set_subscription_id(sub->id);
+      d.set_kind("steal");
+      d.set_port(sub->port);
+      if (sub->filter) d.set_filter(sub->filter->description());
+      if (sub->active && steering_) d.set_backend(std::string(steering_->name()));
+    }
+  }
+
   void sessionEnded(const std::string& session_id) override {
     sessions_.erase(session_id);
     for (const Subscription& s : table_.removeSession(session_id)) {
@@ -288,7 +301,7 @@ class StealServiceImpl final : public StealService,
     r.set_path(head.target);
     r.set_connection_request(connection_request);
     for (uint64_t id : route.also_matched) r.add_also_matched(id);
-    auto id = session->session().openStream(std::move(open));
+    auto id = session->openStream(std::move(open));  // counts the stream's kind
     if (!id.ok()) {
       log::warn("steal_request_refused", {{"session", session->id()},
                                           {"source", outgoing::formatAddress(conn.source)},
@@ -666,7 +679,7 @@ class StealServiceImpl final : public StealService,
     stolen.set_subscription_id(sub->id);
     *stolen.mutable_source() = outgoing::toProto(peer);
     *stolen.mutable_destination() = outgoing::toProto(*original);
-    auto id = session->session().openStream(std::move(open));
+    auto id = session->openStream(std::move(open));  // counts the stream's kind
     if (!id.ok()) {
       // The session has too many streams: the client's connection fails
       // loudly (RST) rather than reaching an application the user stole it

@@ -139,4 +139,13 @@ std::vector<uint16_t> SubscriptionTable::portsOf(const std::string& session_id) 
   return out;
 }
 
+std::vector<const Subscription*> SubscriptionTable::ofSession(
+    const std::string& session_id) const {
+  std::vector<const Subscription*> out;
+  for (const auto& [id, s] : by_id_) {
+    if (s.session_id == session_id) out.push_back(&s);
+  }
+  return out;
+}
+
 }  // namespace siphon::agent::steal

@@ -78,6 +78,8 @@ class SubscriptionTable {
 
   // Ports held by a session, for the sessions listing.
   std::vector<uint16_t> portsOf(const std::string& session_id) const;
+  // The subscriptions of a session, by id (`siphon sessions`).
+  std::vector<const Subscription*> ofSession(const std::string& session_id) const;
   size_t size() const { return by_id_.size(); }
 
  private:

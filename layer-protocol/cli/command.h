@@ -43,6 +43,7 @@ void addDnsCommands(CLI::App& app, std::vector<Command>& out);    // dns lookup,
 void addStealCommands(CLI::App& app, std::vector<Command>& out);  // steal
 void addMirrorCommands(CLI::App& app, std::vector<Command>& out);  // mirror
 void addCaptureCommands(CLI::App& app, std::vector<Command>& out);  // capture
+void addSessionsCommands(CLI::App& app, std::vector<Command>& out);  // sessions
 
 // One line on stderr: "siphon: <message>".
 void printError(std::string_view message);

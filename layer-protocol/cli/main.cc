@@ -135,6 +135,7 @@ int realMain(int argc, char** argv) {
   addStealCommands(app, commands);
   addMirrorCommands(app, commands);
   addCaptureCommands(app, commands);
+  addSessionsCommands(app, commands);
   app.footer(
       "Exit codes: 0 ok, 1 error, 2 usage, 3 agent unreachable, 4 session rejected by the "
       "agent.");

@@ -131,10 +131,11 @@ TEST_F(ServerTest, UnimplementedRequestsAndStreamsAnswerAtOnce) {
   runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
     auto c = client::Client::create(ex, options());
     EXPECT_TRUE((co_await c->connect()).ok());
-    v1::Request sessions;
-    sessions.mutable_sessions();  // a request kind nobody serves yet
-    auto r = co_await c->call(sessions, milliseconds(5000));
-    EXPECT_EQ(errorCodeOf(r.status()), v1::UNIMPLEMENTED) << r.status();
+    // Every request kind is served now; a kind this agent does not know (a
+    // newer client's) parses as a request with no body.
+    v1::Request unknown;
+    auto r = co_await c->call(unknown, milliseconds(5000));
+    EXPECT_EQ(errorCodeOf(r.status()), v1::INVALID_ARGUMENT) << r.status();
 
     v1::StreamOpen open;
     open.mutable_stolen()->set_subscription_id(1);  // a kind only the agent opens
