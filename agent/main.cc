@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/capabilities.h"
 #include "agent/common/log.h"
 #include "agent/runtime/resolver.h"
 #include "agent/runtime/runtime_target.h"
@@ -59,6 +60,32 @@ absl::StatusOr<std::string> readToken(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat("--token-file ", path, " is empty"));
   }
   return token;
+}
+
+// Keeps only the capabilities `config` and `mode` need and logs the result.
+// A capability the agent was not given is only reported: the feature that
+// needs it fails later with the kernel's EPERM.
+absl::Status applyCapabilityDrop(const AgentConfig& config, TargetMode mode, bool keep_all) {
+  caps::Needs needs{mode, config.fs_mode, config.steal_backend, config.iptables_mode, 0};
+  if (size_t colon = config.listen.rfind(':'); colon != std::string::npos) {
+    needs.listen_port = std::atoi(config.listen.c_str() + colon + 1);
+  }
+  ASSIGN_OR_RETURN(caps::Plan plan, caps::planCapabilities(needs));
+  if (keep_all) {
+    log::warn("capabilities_kept_all", {{"would_keep", caps::formatCapSet(plan.keep)}});
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(caps::DropResult dropped, caps::dropCapabilities(plan));
+  for (const std::string& w : dropped.warnings) log::warn("capabilities_warning", {{"detail", w}});
+  if (dropped.missing != 0) {
+    log::warn("capabilities_missing", {{"missing", caps::formatCapSet(dropped.missing)}});
+  }
+  log::info("capabilities_dropped",
+            {{"kept", caps::formatCapSet(dropped.kept)},
+             {"children", caps::formatCapSet(plan.inheritable & dropped.kept)},
+             {"bounding", dropped.bounding_dropped ? "dropped" : "unchanged"},
+             {"securebits", dropped.securebits_set ? "noroot_locked" : "unchanged"}});
+  return absl::OkStatus();
 }
 
 int realMain(int argc, char** argv) {
@@ -157,6 +184,10 @@ int realMain(int argc, char** argv) {
                  "file access inside the target: ro (writes answer EROFS), rw, or off")
       ->check(CLI::IsMember({"ro", "rw", "off"}))
       ->capture_default_str();
+  bool keep_capabilities = false;
+  app.add_flag("--keep-capabilities", keep_capabilities,
+               "do not drop the capabilities the mode and flags do not need (debugging only; "
+               "see docs/SECURITY.md)");
   app.add_option("--steal-backend", config.steal_backend,
                  "how incoming connections are stolen: auto (sk_lookup, falling back to "
                  "iptables), sk_lookup (eBPF) or iptables (nat REDIRECT); see docs/STEAL.md")
@@ -313,6 +344,18 @@ int realMain(int argc, char** argv) {
     return fail(kExitUsage,
                 "refusing to start without client authentication: give --token-file PATH or "
                 "SIPHON_TOKEN, or --insecure-no-auth to accept anyone who can reach the port");
+  }
+
+  // Least privilege (docs/SECURITY.md, "Capabilities"): before anything
+  // starts a thread (the runtime's gRPC client, the server's pools), since
+  // capabilities are per thread; what opening the target needs is kept.
+  if (auto s = applyCapabilityDrop(config, targeted->parsed()   ? TargetMode::kTargeted
+                                           : ephemeral->parsed() ? TargetMode::kEphemeral
+                                                                 : TargetMode::kTargetless,
+                                   keep_capabilities);
+      !s.ok()) {
+    log::error("capabilities_failed", {{"error", sv(s.message())}});
+    return fail(kExitInternal, sv(s.message()));
   }
 
   auto procfs = std::make_unique<RealProcFs>();
