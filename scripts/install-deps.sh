@@ -30,7 +30,7 @@ PKGS=(
   # Operations and security: TLS (OpenSSL through Asio; the openssl tool makes
   # the tests' throwaway certificates), capability tools for the least-privilege
   # tests, PyYAML for the manifest checker.
-  libssl-dev openssl libcap2-bin python3-yaml
+  libssl-dev openssl libcap2-bin python3-yaml netbase
 )
 
 # containerd's .proto files, for the agent's gRPC client generated at build
