@@ -42,8 +42,7 @@ std::string caseName(const google::protobuf::Descriptor* message, int number) {
 }
 
 double unixNow() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -83,8 +82,8 @@ AgentMetrics::AgentMetrics() : start_time_seconds_(unixNow()) {
             {"version"});
   r.series("siphon_build_info", {SIPHON_VERSION}).set(1);
   r.declareCollected("siphon_ready", Type::kGauge,
-                     "1 while /readyz answers 200 (target entered, listener up, not draining).",
-                     {}, [this] {
+                     "1 while /readyz answers 200 (target entered, listener up, not draining).", {},
+                     [this] {
                        return std::vector<Sample>{{{}, state_ && state_().ready ? 1.0 : 0.0}};
                      });
   r.declareCollected(
@@ -101,16 +100,15 @@ AgentMetrics::AgentMetrics() : start_time_seconds_(unixNow()) {
             "Sessions opened, ended (closed, expired, evicted, agent exit), and lost (ended "
             "with their streams reset: no resume within the grace period, protocol error).",
             {"event"});
-  r.declareCollected("siphon_streams", Type::kGauge, "Streams open now, by kind.", {"kind"},
-                     [this] {
-                       LiveState s = state_ ? state_() : LiveState{};
-                       std::vector<Sample> out;
-                       for (size_t i = 0; i < kStreamKinds; ++i) {
-                         out.push_back({{std::string(kKindNames[i])},
-                                        static_cast<double>(s.streams[i])});
-                       }
-                       return out;
-                     });
+  r.declareCollected(
+      "siphon_streams", Type::kGauge, "Streams open now, by kind.", {"kind"}, [this] {
+        LiveState s = state_ ? state_() : LiveState{};
+        std::vector<Sample> out;
+        for (size_t i = 0; i < kStreamKinds; ++i) {
+          out.push_back({{std::string(kKindNames[i])}, static_cast<double>(s.streams[i])});
+        }
+        return out;
+      });
   r.declare("siphon_streams_opened_total", Type::kCounter, "Streams opened, by kind.", {"kind"});
   r.declare("siphon_stream_bytes_in_total", Type::kCounter,
             "Stream payload bytes received from clients (toward the target), by stream kind.",
@@ -146,22 +144,24 @@ AgentMetrics::AgentMetrics() : start_time_seconds_(unixNow()) {
             "Session resume attempts, by result (ok, unknown_session, bad_token, "
             "replay_failed, handshake_failed).",
             {"result"});
-  r.declareCollected("siphon_process_resident_memory_bytes", Type::kGauge,
-                     "Resident memory of the agent process in bytes.", {}, [] {
-                       return std::vector<Sample>{
-                           {{}, static_cast<double>(readProcessStats().resident_bytes)}};
-                     });
-  r.declareCollected("siphon_process_open_fds", Type::kGauge,
-                     "File descriptors the agent process holds open.", {}, [] {
-                       return std::vector<Sample>{
-                           {{}, static_cast<double>(readProcessStats().open_fds)}};
-                     });
+  r.declareCollected(
+      "siphon_process_resident_memory_bytes", Type::kGauge,
+      "Resident memory of the agent process in bytes.", {}, [] {
+        return std::vector<Sample>{{{}, static_cast<double>(readProcessStats().resident_bytes)}};
+      });
+  r.declareCollected(
+      "siphon_process_open_fds", Type::kGauge, "File descriptors the agent process holds open.", {},
+      [] {
+        return std::vector<Sample>{{{}, static_cast<double>(readProcessStats().open_fds)}};
+      });
   r.declareCollected("siphon_process_cpu_seconds_total", Type::kCounter,
-                     "User and system CPU time of the agent process in seconds.", {},
-                     [] { return std::vector<Sample>{{{}, readProcessStats().cpu_seconds}}; });
+                     "User and system CPU time of the agent process in seconds.", {}, [] {
+                       return std::vector<Sample>{{{}, readProcessStats().cpu_seconds}};
+                     });
   r.declareCollected("siphon_process_start_time_seconds", Type::kGauge,
-                     "When the agent started, in seconds since the Unix epoch.", {},
-                     [this] { return std::vector<Sample>{{{}, start_time_seconds_}}; });
+                     "When the agent started, in seconds since the Unix epoch.", {}, [this] {
+                       return std::vector<Sample>{{{}, start_time_seconds_}};
+                     });
 
   for (size_t i = 0; i < kStreamKinds; ++i) {
     const std::string kind(kKindNames[i]);
@@ -220,10 +220,10 @@ std::string AgentMetrics::resultName(const v1::Response& response) {
   return absl::AsciiStrToLower(errorCodeName(e.code()));
 }
 
-void AgentMetrics::requestAnswered(int body_case, int file_op_case,
-                                   const v1::Response& response) {
+void AgentMetrics::requestAnswered(int body_case, int file_op_case, const v1::Response& response) {
   const std::string result = resultName(response);
-  registry_.series("siphon_requests_total", {caseName(v1::Request::descriptor(), body_case), result})
+  registry_
+      .series("siphon_requests_total", {caseName(v1::Request::descriptor(), body_case), result})
       .add();
   if (body_case == v1::Request::kFile) {
     registry_

@@ -1,8 +1,8 @@
 #include "agent/metrics/http_endpoint.h"
 
+#include <array>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <array>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -173,8 +173,8 @@ absl::Status HttpEndpoint::listen(std::string_view host_port) {
   net::error_code ec;
   auto address = asio::ip::make_address(host, ec);
   if (ec) {
-    return protoError(v1::INVALID_ARGUMENT, absl::StrCat("--metrics ", asv(host_port), ": '",
-                                                         host, "' is not an IP address"));
+    return protoError(v1::INVALID_ARGUMENT, absl::StrCat("--metrics ", asv(host_port), ": '", host,
+                                                         "' is not an IP address"));
   }
   unsigned long port_number = 0;
   try {

@@ -136,8 +136,8 @@ std::string Registry::render() const {
   std::lock_guard lock(mu_);
   for (const auto& f : families_) {
     absl::StrAppend(&out, "# HELP ", f->name, " ", escapeHelp(f->help), "\n");
-    absl::StrAppend(&out, "# TYPE ", f->name, " ",
-                    f->type == Type::kCounter ? "counter" : "gauge", "\n");
+    absl::StrAppend(&out, "# TYPE ", f->name, " ", f->type == Type::kCounter ? "counter" : "gauge",
+                    "\n");
     if (f->collect) {
       // Collectors compute from the agent's state; they never call back
       // into the registry (the lock is held).

@@ -21,8 +21,8 @@ std::string subscriptionText(const v1::SubscriptionSummary& sub) {
 std::string sessionsText(const v1::SessionsResponse& r) {
   using Row = std::array<std::string, 9>;
   std::vector<Row> rows;
-  rows.push_back(
-      {"", "SESSION", "CLIENT", "AGE", "STATE", "STREAMS", "BYTES_IN", "BYTES_OUT", "SUBSCRIPTIONS"});
+  rows.push_back({"", "SESSION", "CLIENT", "AGE", "STATE", "STREAMS", "BYTES_IN", "BYTES_OUT",
+                  "SUBSCRIPTIONS"});
   for (const v1::SessionSummary& s : r.sessions()) {
     std::vector<std::string> subs;
     for (const auto& sub : s.subscriptions()) subs.push_back(subscriptionText(sub));
@@ -61,8 +61,7 @@ std::string sessionsJson(const v1::SessionsResponse& r) {
     w.key("session_id").value(s.session_id());
     w.key("client_name").value(s.client_name());
     w.key("age_ms").value(s.age_ms());
-    w.key("state").value(s.state().empty() ? (s.attached() ? "attached" : "detached")
-                                           : s.state());
+    w.key("state").value(s.state().empty() ? (s.attached() ? "attached" : "detached") : s.state());
     w.key("current").value(s.current());
     w.key("streams").value(s.streams());
     w.key("bytes_in").value(s.bytes_in());
