@@ -101,8 +101,8 @@ class Pki {
 };
 
 const Pki& pki() {
-  static Pki* p = new Pki();  // leaked on purpose: outlives every test
-  return *p;
+  static const Pki p;  // removes its temp dir at exit
+  return p;
 }
 
 int loopbackListener() {
