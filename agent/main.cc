@@ -22,8 +22,8 @@
 #include "agent/target/target.h"
 #include "siphon/status.h"
 #include "siphon/text.h"
-
 #include "siphon/transport/tls.h"
+
 namespace siphon::agent {
 namespace {
 
@@ -103,9 +103,19 @@ int realMain(int argc, char** argv) {
   std::string keepalive_interval = "5s", keepalive_timeout = "20s";
   app.add_option("--listen", config.listen, "HOST:PORT to serve clients on (port 0 picks one)")
       ->capture_default_str();
+  app.add_option("--metrics", config.metrics_listen,
+                 "HOST:PORT to serve Prometheus /metrics, /healthz and /readyz on over HTTP (port "
+                 "0 picks one, shown as metrics= in the ready line); off by default");
   app.add_option("--token-file", token_file, "file holding the client token (or env SIPHON_TOKEN)");
   app.add_flag("--insecure-no-auth", config.insecure_no_auth,
                "accept clients without a token (never on a shared network)");
+  app.add_option("--tls-cert", config.tls_cert,
+                 "PEM certificate chain (leaf first): the listener speaks TLS (1.2 or later); "
+                 "needs --tls-key");
+  app.add_option("--tls-key", config.tls_key, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", config.tls_client_ca,
+                 "PEM CA certificates: require a client certificate they signed (mutual TLS, "
+                 "in addition to the token)");
   app.add_option("--log-format", log_format, "text or json")->capture_default_str();
   app.add_option("--log-level", log_level, "debug, info, warn or error")->capture_default_str();
   app.add_option("--first-client-timeout", first_client_timeout,
@@ -130,22 +140,12 @@ int realMain(int argc, char** argv) {
                  "a resume (a client may ask for less)")
       ->capture_default_str();
   // Limits (docs/SECURITY.md#limits): each one hit is a typed error naming
-  app.add_option("--metrics", config.metrics_listen,
-                 "HOST:PORT to serve Prometheus /metrics, /healthz and /readyz on over HTTP (port "
-                 "0 picks one, shown as metrics= in the ready line); off by default");
   // its flag, and a log line.
   app.add_option("--max-sessions", config.max_sessions,
                  "concurrent sessions; one more client is rejected with TOO_MANY_SESSIONS")
       ->check(CLI::Range(1u, 65536u))
       ->capture_default_str();
   app.add_option("--max-streams", config.limits.max_streams,
-  app.add_option("--tls-cert", config.tls_cert,
-                 "PEM certificate chain (leaf first): the listener speaks TLS (1.2 or later); "
-                 "needs --tls-key");
-  app.add_option("--tls-key", config.tls_key, "PEM private key of --tls-cert");
-  app.add_option("--tls-client-ca", config.tls_client_ca,
-                 "PEM CA certificates: require a client certificate they signed (mutual TLS, "
-                 "in addition to the token)");
                  "streams open at once in one session (a client may ask for fewer); one more is "
                  "refused with TOO_MANY_STREAMS, the session goes on")
       ->check(CLI::Range(1u, protocol::kMaxStreamsCeiling))
@@ -345,6 +345,11 @@ int realMain(int argc, char** argv) {
                 "refusing to start without client authentication: give --token-file PATH or "
                 "SIPHON_TOKEN, or --insecure-no-auth to accept anyone who can reach the port");
   }
+  // Bad TLS files are a usage error, told before anything is opened.
+  if (!config.tls_cert.empty() || !config.tls_key.empty() || !config.tls_client_ca.empty()) {
+    auto tls = net::tls::serverContext({config.tls_cert, config.tls_key, config.tls_client_ca});
+    if (!tls.ok()) return fail(kExitUsage, sv(tls.status().message()));
+  }
 
   // Least privilege (docs/SECURITY.md, "Capabilities"): before anything
   // starts a thread (the runtime's gRPC client, the server's pools), since
@@ -391,11 +396,6 @@ int realMain(int argc, char** argv) {
   if (const TargetSpec& spec = (*target)->spec(); !spec.container_id.empty()) {
     log::info("container_resolved",
               {{"container_id", spec.container_id},
-  // Bad TLS files are a usage error, told before anything is opened.
-  if (!config.tls_cert.empty() || !config.tls_key.empty() || !config.tls_client_ca.empty()) {
-    auto tls = net::tls::serverContext({config.tls_cert, config.tls_key, config.tls_client_ca});
-    if (!tls.ok()) return fail(kExitUsage, sv(tls.status().message()));
-  }
                {"runtime", spec.runtime},
                {"pid", static_cast<int64_t>((*target)->pid())},
                {"runtime_env_vars", static_cast<int64_t>(spec.runtime_env.size())}});

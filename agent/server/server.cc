@@ -389,6 +389,10 @@ absl::Status Server::init() {
 }
 
 absl::Status Server::listen() {
+  if (!config_.tls_cert.empty() || !config_.tls_key.empty() || !config_.tls_client_ca.empty()) {
+    ASSIGN_OR_RETURN(tls_, net::tls::serverContext(
+                               {config_.tls_cert, config_.tls_key, config_.tls_client_ca}));
+  }
   std::string host, port;
   RETURN_IF_ERROR(net::splitHostPort(config_.listen, &host, &port));
   net::error_code ec;
@@ -409,10 +413,6 @@ absl::Status Server::listen() {
   if (ec) return fail("bind");
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return fail("listen");
-  return absl::OkStatus();
-}
-
-std::string Server::listenAddress() const {
   return listenMetrics();
 }
 
@@ -424,9 +424,9 @@ absl::Status Server::listenMetrics() {
                                       [this] { return notReady(); }});
   RETURN_IF_ERROR(http_->listen(config_.metrics_listen));
   log::info("metrics_listening", {{"address", http_->address()}});
-  net::error_code ec;
-  auto ep = acceptor_.local_endpoint(ec);
-  if (ec) return config_.listen;
+  return absl::OkStatus();
+}
+
 std::string Server::metricsAddress() const { return http_ ? http_->address() : ""; }
 
 std::string Server::notReady() const {
@@ -451,6 +451,10 @@ metrics::LiveState Server::liveState() const {
   return st;
 }
 
+std::string Server::listenAddress() const {
+  net::error_code ec;
+  auto ep = acceptor_.local_endpoint(ec);
+  if (ec) return config_.listen;
   if (ep.address().is_v6()) return absl::StrCat("[", ep.address().to_string(), "]:", ep.port());
   return absl::StrCat(ep.address().to_string(), ":", ep.port());
 }
@@ -463,11 +467,11 @@ std::string Server::readyLine() const {
 
 int Server::run() {
   asio::co_spawn(io_, acceptLoop(), asio::detached);
+  if (http_) http_->start();
   asio::co_spawn(io_, watchSignals(), asio::detached);
   if (target_->hasPidfd()) asio::co_spawn(io_, watchTarget(), asio::detached);
   if (config_.first_client_timeout.count() > 0) {
     first_client_timer_.expires_after(config_.first_client_timeout);
-  if (http_) http_->start();
     first_client_timer_.async_wait([this](net::error_code ec) {
       if (ec || had_client_ || stopping_) return;
       log::error("no_client",
@@ -481,10 +485,6 @@ int Server::run() {
 
 awaitable<void> Server::acceptLoop() {
   while (!stopping_) {
-  if (!config_.tls_cert.empty() || !config_.tls_key.empty() || !config_.tls_client_ca.empty()) {
-    ASSIGN_OR_RETURN(tls_, net::tls::serverContext(
-                               {config_.tls_cert, config_.tls_key, config_.tls_client_ca}));
-  }
     net::error_code ec;
     net::tcp::socket socket =
         co_await acceptor_.async_accept(asio::redirect_error(use_awaitable, ec));

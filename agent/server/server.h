@@ -24,9 +24,9 @@
 #include "siphon/protocol/session.h"
 #include "siphon/transport/asio.h"
 #include "siphon/transport/session_transport.h"
+#include "siphon/transport/stream.h"
 
 namespace siphon::agent {
-#include "siphon/transport/stream.h"
 
 class Server;
 
@@ -218,6 +218,7 @@ class Server {
   // Before the sessions and the services, so it outlives their hooks.
   metrics::AgentMetrics metrics_;
   net::tcp::acceptor acceptor_;
+  std::shared_ptr<net::ssl::context> tls_;  // set: the listener speaks TLS
   net::asio::thread_pool blocking_pool_{2};
   std::unique_ptr<NetnsWorker> netns_;
   std::unique_ptr<ServiceContext> service_ctx_;
@@ -227,9 +228,9 @@ class Server {
   net::asio::signal_set signals_;
   std::map<std::string, std::shared_ptr<AgentSession>> sessions_;
   std::chrono::steady_clock::time_point started_;
-  bool had_client_ = false;
   std::unique_ptr<metrics::HttpEndpoint> http_;  // --metrics
   std::string drain_reason_;
+  bool had_client_ = false;
   bool draining_ = false;
   std::chrono::steady_clock::time_point drain_deadline_;
   bool stopping_ = false;
@@ -237,4 +238,3 @@ class Server {
 };
 
 }  // namespace siphon::agent
-  std::shared_ptr<net::ssl::context> tls_;  // set: the listener speaks TLS

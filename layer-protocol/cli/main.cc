@@ -191,7 +191,6 @@ int realMain(int argc, char** argv) {
   } else if (const char* t = std::getenv("SIPHON_TOKEN")) {
     options.token = trimTrailingWhitespace(t);
   }
-  options.client_name = flags.client_name;
   for (auto [flag, out, env] :
        {std::tuple{&flags.tls_ca, &options.tls_ca, "SIPHON_TLS_CA"},
         std::tuple{&flags.tls_cert, &options.tls_cert, "SIPHON_TLS_CERT"},
@@ -209,6 +208,7 @@ int realMain(int argc, char** argv) {
       return kExitUsage;
     }
   }
+  options.client_name = flags.client_name;
   options.connect_timeout = *timeout;
   options.handshake_timeout = *timeout;
 
