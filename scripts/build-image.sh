@@ -34,6 +34,9 @@
 #              index as io.containerd.image.name, which ctr uses as its name)
 set -euo pipefail
 
+# shellcheck source=lib/oci-layout.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/oci-layout.sh"
+
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 prog="build-image"
 
@@ -101,15 +104,7 @@ case "$source_url" in
   *[\"\\]*) die "--source may not hold quotes or backslashes" ;;
 esac
 
-case "$(uname -m)" in
-  x86_64) arch=amd64 ;;
-  aarch64) arch=arm64 ;;
-  armv7l) arch=arm ;;
-  ppc64le) arch=ppc64le ;;
-  s390x) arch=s390x ;;
-  riscv64) arch=riscv64 ;;
-  *) die "unknown machine $(uname -m)" ;;
-esac
+arch="$(oci_arch)" || die "unknown machine $(uname -m)"
 # The binary must run here: its libraries are this host's.
 machine="$(LC_ALL=C readelf -h "$agent" | sed -n 's/^ *Machine: *//p')"
 case "$arch:$machine" in
@@ -246,40 +241,16 @@ done
 
 # ------------------------------------------------------------ the layout
 layout="$work/layout"
-mkdir -p "$layout/blobs/sha256"
-
-# Writes stdin as a blob; prints "DIGEST SIZE".
-put_blob() {
-  local tmp="$layout/blob.tmp" digest size
-  cat >"$tmp"
-  digest="$(sha256sum "$tmp" | cut -d' ' -f1)"
-  size="$(stat -c %s "$tmp")"
-  mv "$tmp" "$layout/blobs/sha256/$digest"
-  echo "$digest $size"
-}
-
-# An uncompressed layer: its digest is also its diff_id.
-read -r layer_digest layer_size < <(
-  tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 --format=posix \
-    --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
-    -C "$rootfs" -cf - . | put_blob)
+oci_init_layout "$layout"
+read -r layer_digest layer_size < <(oci_put_layer "$layout" "$rootfs")
 
 labels="$(printf '"org.opencontainers.image.title":"siphon-agent","org.opencontainers.image.version":"%s","org.opencontainers.image.source":"%s","org.opencontainers.image.revision":"%s","org.opencontainers.image.description":"Siphon node-local traffic agent"' \
   "$version" "$source_url" "$revision")"
 config="$(printf '{"architecture":"%s","os":"linux","config":{"User":"0:0","Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"Entrypoint":["/usr/local/bin/siphon-agent"],"Cmd":["--help"],"WorkingDir":"/","Labels":{%s}},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]},"history":[{"created_by":"scripts/build-image.sh"}]}' \
   "$arch" "$labels" "$layer_digest")"
-read -r config_digest config_size < <(printf '%s' "$config" | put_blob)
+read -r config_digest config_size < <(printf '%s' "$config" | oci_put_blob "$layout")
 
-manifest="$(printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:%s","size":%s}],"annotations":{%s}}' \
-  "$config_digest" "$config_size" "$layer_digest" "$layer_size" "$labels")"
-read -r manifest_digest manifest_size < <(printf '%s' "$manifest" | put_blob)
-
-printf '{"imageLayoutVersion":"1.0.0"}' >"$layout/oci-layout"
-printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"platform":{"architecture":"%s","os":"linux"},"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
-  "$manifest_digest" "$manifest_size" "$arch" "$name" "${name##*:}" >"$layout/index.json"
-
-mkdir -p "$(dirname "$out")"
-tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$layout" \
-  -cf "$out.tmp" oci-layout index.json blobs
-mv "$out.tmp" "$out"
+read -r manifest_digest manifest_size < <(oci_put_manifest "$layout" "$config_digest" \
+  "$config_size" "$layer_digest" "$layer_size" "$labels")
+oci_pack "$layout" "$manifest_digest" "$manifest_size" "$arch" "$name" "$out"
 echo "$prog: $out ($name, version $version, $((layer_size / 1024 / 1024)) MiB, manifest sha256:$manifest_digest)"

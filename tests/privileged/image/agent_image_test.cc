@@ -35,10 +35,8 @@
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -55,6 +53,7 @@
 #include <vector>
 
 #include "tests/privileged/harness/acceptor.h"
+#include "tests/privileged/harness/containerd.h"
 #include "tests/privileged/harness/pod_harness.h"
 #include "tests/privileged/harness/traffic.h"
 
@@ -64,7 +63,6 @@ namespace {
 using ::testing::HasSubstr;
 using namespace siphon::harness;  // NOLINT: test file
 
-constexpr char kNamespace[] = "k8s.io";
 constexpr char kTargetImage[] = "docker.io/siphon-test/busybox:1";
 constexpr char kFileContent[] = "siphon test image: only in the container\n";
 constexpr uint16_t kAppPort = 8080;
@@ -141,33 +139,6 @@ std::vector<std::string> manifestCapabilities() {
   return caps;
 }
 
-bool onPath(const std::string& tool) {
-  return run({"sh", "-c", "command -v " + tool}).exit_code == 0;
-}
-
-bool canConnect(const std::string& socket_path) {
-  Fd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, socket_path.c_str(), sizeof(addr.sun_path) - 1);
-  return connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-}
-
-std::vector<std::string> mountsUnder(const std::string& dir) {
-  std::vector<std::string> out;
-  std::ifstream in("/proc/self/mountinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    std::istringstream fields(line);
-    std::string id, parent, devno, root, mount_point;
-    fields >> id >> parent >> devno >> root >> mount_point;
-    if (mount_point == dir || mount_point.rfind(dir + "/", 0) == 0) out.push_back(mount_point);
-  }
-  std::sort(out.begin(), out.end(),
-            [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
-  return out;
-}
-
 // Runs a command with its output in `log_path`, allowing it `limit` (the
 // image build strips and copies ~100 MB: longer than run()'s deadline on a
 // busy machine). Exit code, -1 when it had to be killed.
@@ -228,63 +199,41 @@ class StolenServer {
   Acceptor acceptor_;
 };
 
-// A private containerd with the two images and the target container; agent
-// containers started on demand. The destructor tears everything down
-// whatever state start() reached.
+// A private containerd (harness/containerd.h) with the two images and the
+// target container; agent containers started on demand. The destructor
+// tears everything down whatever state start() reached.
 class Node {
  public:
-  Node() : tag_("siphon-img-" + randomHex(10)), target_(tag_ + "-app") {}
-  ~Node() { stop(); }
+  Node() : ctd_("siphon-img-" + randomHex(10)), target_(ctd_.tag() + "-app") {}
 
   std::string start() {
-    run_containerd_existed_ = std::filesystem::exists("/run/containerd");
-    std::string tmpl = "/tmp/siphon-img-XXXXXX";
-    if (mkdtemp(tmpl.data()) == nullptr) return std::string("mkdtemp: ") + std::strerror(errno);
-    dir_ = tmpl;
-    socket_ = dir_ + "/c.sock";
-    agent_image_ = "docker.io/siphon-test/siphon-agent:" + tag_;
-    std::ofstream(dir_ + "/config.toml")
-        << "version = 2\n"
-        << "root = \"" << dir_ << "/root\"\n"
-        << "state = \"" << dir_ << "/state\"\n"
-        << "disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n"
-        << "[grpc]\n  address = \"" << socket_ << "\"\n"
-        << "[ttrpc]\n  address = \"" << socket_ << ".ttrpc\"\n"
-        << "[plugins.\"io.containerd.internal.v1.opt\"]\n  path = \"" << dir_ << "/opt\"\n";
-    Fd log(
-        open((dir_ + "/containerd.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    daemon_ = spawn({"containerd", "--config", dir_ + "/config.toml"}, std::nullopt, log.get(),
-                    log.get());
+    if (std::string err = ctd_.start("/tmp/siphon-img-XXXXXX"); !err.empty()) return err;
     const auto deadline = Clock::now() + kProcessDeadline;
-    while (!canConnect(socket_)) {
-      if (daemon_.waitUntil(Clock::now())) return "containerd exited at start-up:\n" + daemonLog();
-      if (Clock::now() >= deadline) return "containerd never listened on " + socket_;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    agent_image_ = "docker.io/siphon-test/siphon-agent:" + tag();
 
     // The images: the agent's, built from the agent under test, and the
     // target's.
-    const std::string build_log = dir_ + "/build-image.log";
+    const std::string build_log = dir() + "/build-image.log";
     const int built = runLogged({"bash", SIPHON_BUILD_IMAGE, "--agent", SIPHON_AGENT_BIN,
-                                 dir_ + "/agent-image.tar", agent_image_},
+                                 dir() + "/agent-image.tar", agent_image_},
                                 build_log, std::chrono::minutes(5));
     if (built != 0) {
       return "build-image.sh: exit " + std::to_string(built) + "\n" + readFile(build_log);
     }
-    Result test_image = run({"bash", SIPHON_BUILD_TEST_IMAGE, dir_ + "/target.tar", kTargetImage});
+    Result test_image = run({"bash", SIPHON_BUILD_TEST_IMAGE, dir() + "/target.tar", kTargetImage});
     if (test_image.exit_code != 0) return "build-test-image.sh: " + test_image.err;
-    for (const std::string& tar : {dir_ + "/agent-image.tar", dir_ + "/target.tar"}) {
-      Result import = ctr({"image", "import", tar});
-      images_imported_ = true;
+    for (const auto& [tar, image] : {std::pair<std::string, std::string>{dir() + "/agent-image.tar",
+                                                                         agent_image_},
+                                     {dir() + "/target.tar", kTargetImage}}) {
+      Result import = ctd_.importImage(tar, image);
       if (import.exit_code != 0) return "ctr image import " + tar + ": " + import.err + daemonLog();
     }
 
     // The application: busybox httpd serving the container's root on 8080.
-    Result started =
-        ctr({"run", "-d", "--null-io", "--fifo-dir", dir_ + "/fifo", "--runc-root", dir_ + "/runc",
-             "--cgroup", "/" + tag_ + "/" + target_, kTargetImage, target_, "/bin/busybox", "httpd",
-             "-f", "-p", std::to_string(kAppPort), "-h", "/"});
-    containers_.push_back(target_);
+    Result started = ctr(runArgs(target_, {"--null-io"}, {kTargetImage, target_, "/bin/busybox",
+                                                          "httpd", "-f", "-p",
+                                                          std::to_string(kAppPort), "-h", "/"}));
+    ctd_.addContainer(target_);
     if (started.exit_code != 0) return "ctr run (target): " + started.err + daemonLog();
     target_pid_ = taskPid(target_);
     if (target_pid_ <= 0) return "no pid for " + target_ + " in `ctr task ls`";
@@ -293,8 +242,8 @@ class Node {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
 
-    std::filesystem::create_directories(dir_ + "/token");
-    token_file_ = dir_ + "/token/token";
+    std::filesystem::create_directories(dir() + "/token");
+    token_file_ = dir() + "/token/token";
     std::ofstream(token_file_) << "tok-" << randomHex(16) << "\n";
     chmod(token_file_.c_str(), 0600);
     return "";
@@ -306,169 +255,69 @@ class Node {
   // success, else what failed.
   std::string startAgent(const std::string& id, const std::vector<std::string>& args,
                          const std::string& log_path) {
-    std::vector<std::string> argv = {
-        "run", "-d", "--log-uri", "file://" + log_path, "--fifo-dir", dir_ + "/fifo", "--runc-root",
-        dir_ + "/runc", "--cgroup", "/" + tag_ + "/" + id,
+    std::vector<std::string> options = {
+        "--log-uri", "file://" + log_path,
         // hostPID: true. The test's own PID namespace is the "host" one
         // containerd and the target live in (PID 1 may be outside it).
         "--with-ns", "pid:/proc/" + std::to_string(getpid()) + "/ns/pid", "--net-host",
         "--read-only", "--seccomp", "--mount",
-        "type=bind,src=" + socket_ + ",dst=" + kSocketInContainer + ",options=rbind:ro", "--mount",
-        "type=bind,src=" + dir_ + "/token,dst=" + kTokenDirInContainer + ",options=rbind:ro"};
+        "type=bind,src=" + socket() + ",dst=" + kSocketInContainer + ",options=rbind:ro", "--mount",
+        "type=bind,src=" + dir() + "/token,dst=" + kTokenDirInContainer + ",options=rbind:ro"};
     const std::vector<std::string> caps = manifestCapabilities();
     for (const std::string& c : caps) {
-      argv.insert(argv.end(), {"--cap-add", "CAP_" + c});
+      options.insert(options.end(), {"--cap-add", "CAP_" + c});
     }
     for (const char* c : kAllCapabilities) {
       if (std::find(caps.begin(), caps.end(), c) == caps.end()) {
-        argv.insert(argv.end(), {"--cap-drop", std::string("CAP_") + c});
+        options.insert(options.end(), {"--cap-drop", std::string("CAP_") + c});
       }
     }
-    argv.insert(argv.end(), {agent_image_, id, kAgentInImage});
-    argv.insert(argv.end(), args.begin(), args.end());
-    Result r = ctr(argv);
-    containers_.push_back(id);
+    std::vector<std::string> command = {agent_image_, id, kAgentInImage};
+    command.insert(command.end(), args.begin(), args.end());
+    Result r = ctr(runArgs(id, options, command));
+    ctd_.addContainer(id);
     if (r.exit_code != 0) return "ctr run (agent): " + r.err + daemonLog();
     return "";
   }
 
-  void removeContainer(const std::string& id) {
-    ctr({"task", "kill", "-s", "SIGKILL", id});
-    ctr({"task", "delete", "--force", id});
-    ctr({"container", "delete", id});
-    containers_.erase(std::remove(containers_.begin(), containers_.end(), id), containers_.end());
+  // `ctr run -d` of container `id`: `options`, the placement of
+  // harness/containerd.h (fifos and runc state in the directory, cgroup
+  // under the test's tag), then `command` (image, id, argv).
+  std::vector<std::string> runArgs(const std::string& id, const std::vector<std::string>& options,
+                                   const std::vector<std::string>& command) const {
+    std::vector<std::string> argv = {"run", "-d"};
+    argv.insert(argv.end(), options.begin(), options.end());
+    const std::vector<std::string> placement = ctd_.placement(id);
+    argv.insert(argv.end(), placement.begin(), placement.end());
+    argv.insert(argv.end(), command.begin(), command.end());
+    return argv;
   }
+
+  void removeContainer(const std::string& id) { ctd_.removeContainer(id); }
 
   pid_t taskPid(const std::string& id) const { return task(id).first; }
 
   // The task's pid and status (RUNNING, STOPPED...) as `ctr task ls` shows
   // them; {0, ""} when there is no such task.
-  std::pair<pid_t, std::string> task(const std::string& id) const {
-    Result tasks = ctr({"task", "ls"});
-    std::istringstream lines(tasks.out);
-    std::string line;
-    while (std::getline(lines, line)) {
-      std::istringstream words(line);
-      std::string name, pid, status;
-      words >> name >> pid >> status;
-      if (name == id) return {std::atoi(pid.c_str()), status};
-    }
-    return {0, ""};
-  }
+  std::pair<pid_t, std::string> task(const std::string& id) const { return ctd_.task(id); }
 
-  Result ctr(const std::vector<std::string>& args) const {
-    std::vector<std::string> argv = {"ctr", "-a", socket_, "-n", kNamespace};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return run(argv);
-  }
+  Result ctr(const std::vector<std::string>& args) const { return ctd_.ctr(args); }
+  std::vector<std::string> placement(const std::string& id) const { return ctd_.placement(id); }
 
-  const std::string& dir() const { return dir_; }
-  const std::string& socket() const { return socket_; }
+  const std::string& dir() const { return ctd_.dir(); }
+  const std::string& socket() const { return ctd_.socket(); }
   const std::string& target() const { return target_; }
-  const std::string& tag() const { return tag_; }
+  const std::string& tag() const { return ctd_.tag(); }
   const std::string& agentImage() const { return agent_image_; }
   const std::string& tokenFile() const { return token_file_; }
   pid_t targetPid() const { return target_pid_; }
-  std::string daemonLog() const {
-    return "\n--- containerd log (tail)\n" + tail(readFile(dir_ + "/containerd.log"), 4000);
-  }
+  std::string daemonLog() const { return ctd_.daemonLog(4000); }
 
  private:
-  static std::string tail(const std::string& s, size_t n) {
-    return s.size() <= n ? s : s.substr(s.size() - n);
-  }
-
-  void stop() {
-    if (dir_.empty()) return;
-    for (const std::string& id : std::vector<std::string>(containers_)) removeContainer(id);
-    if (images_imported_) {
-      ctr({"image", "remove", agent_image_});
-      ctr({"image", "remove", kTargetImage});
-    }
-    if (daemon_.pid() > 0) {
-      kill(daemon_.pid(), SIGTERM);
-      if (!daemon_.waitUntil(Clock::now() + std::chrono::seconds(10))) daemon_.kill();
-    }
-    killProcessesMatching([this](pid_t pid) {
-      const std::string cmdline = readFile("/proc/" + std::to_string(pid) + "/cmdline");
-      return cmdline.find("containerd-shim") != std::string::npos &&
-             cmdline.find(socket_) != std::string::npos;
-    });
-    killProcessesMatching([this](pid_t pid) {
-      return readFile("/proc/" + std::to_string(pid) + "/cgroup").find("/" + tag_ + "/") !=
-             std::string::npos;
-    });
-    if (std::filesystem::exists(dir_ + "/runc")) {
-      Result list = run({"runc", "--root", dir_ + "/runc", "list", "-q"});
-      std::istringstream ids(list.out);
-      std::string id;
-      while (std::getline(ids, id)) {
-        if (!id.empty()) run({"runc", "--root", dir_ + "/runc", "delete", "--force", id});
-      }
-    }
-    for (const std::string& m : mountsUnder(dir_)) {
-      if (umount2(m.c_str(), MNT_DETACH) != 0) {
-        ADD_FAILURE() << "umount " << m << ": " << std::strerror(errno);
-      }
-    }
-    removeCgroups();
-    if (!run_containerd_existed_) {
-      for (const char* d : {"/run/containerd/s", "/run/containerd/fifo", "/run/containerd"}) {
-        rmdir(d);
-      }
-    }
-    if (!mountsUnder(dir_).empty()) {
-      ADD_FAILURE() << "mounts left under " << dir_ << "; the directory is kept";
-      return;
-    }
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-    if (ec) ADD_FAILURE() << "remove " << dir_ << ": " << ec.message();
-  }
-
-  template <typename Pred>
-  void killProcessesMatching(Pred matches) {
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
-      const std::string name = e.path().filename();
-      if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-      const pid_t pid = std::atoi(name.c_str());
-      if (pid != getpid() && matches(pid)) kill(pid, SIGKILL);
-    }
-  }
-
-  // runc made /<tag>/<container> in every hierarchy (cgroup v1) or once
-  // (v2); empty cgroups go with rmdir.
-  void removeCgroups() {
-    std::vector<std::string> roots = {"/sys/fs/cgroup"};
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator("/sys/fs/cgroup", ec)) {
-      if (e.is_directory()) roots.push_back(e.path());
-    }
-    for (const std::string& root : roots) {
-      const std::string parent = root + "/" + tag_;
-      if (!std::filesystem::exists(parent)) continue;
-      std::error_code ec2;
-      for (const auto& child : std::filesystem::directory_iterator(parent, ec2)) {
-        if (!child.is_directory()) continue;
-        for (int i = 0; i < 100 && rmdir(child.path().c_str()) != 0 && errno == EBUSY; ++i) {
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-      }
-      rmdir(parent.c_str());
-    }
-  }
-
-  std::string tag_;
+  PrivateContainerd ctd_;
   std::string target_;
-  std::string dir_;
-  std::string socket_;
   std::string agent_image_;
   std::string token_file_;
-  Child daemon_;
-  bool run_containerd_existed_ = true;
-  bool images_imported_ = false;
-  std::vector<std::string> containers_;
   pid_t target_pid_ = 0;
 };
 
@@ -479,12 +328,8 @@ class AgentImageTest : public ::testing::Test {
       skip_ = "needs root: runs containerd and runc, and the agent enters the target's namespaces";
       return;
     }
-    for (const char* tool : {"containerd", "ctr", "runc", "containerd-shim-runc-v2"}) {
-      if (!onPath(tool)) {
-        skip_ = std::string(tool) + " is not installed (scripts/install-deps.sh installs it)";
-        return;
-      }
-    }
+    skip_ = missingContainerdTool();
+    if (!skip_.empty()) return;
     node_ = new Node();
     setup_error_ = node_->start();
   }
@@ -591,15 +436,17 @@ TEST_F(AgentImageTest, TheApplicationServesItsPortBeforeAnySteal) {
 TEST_F(AgentImageTest, ImageEntrypointIsTheAgentAndThereIsNoShell) {
   // No command: the image's Entrypoint + Cmd (--help).
   const std::string id = node_->tag() + "-help";
-  Result help = node_->ctr({"run", "--rm", "--fifo-dir", node_->dir() + "/fifo", "--runc-root",
-                            node_->dir() + "/runc", "--cgroup", "/" + node_->tag() + "/" + id,
-                            node_->agentImage(), id});
+  std::vector<std::string> help_args = {"run", "--rm"};
+  for (const std::string& a : node_->placement(id)) help_args.push_back(a);
+  help_args.insert(help_args.end(), {node_->agentImage(), id});
+  Result help = node_->ctr(help_args);
   EXPECT_EQ(help.exit_code, 0) << help;
   EXPECT_THAT(help.out, HasSubstr("Usage: siphon-agent"));
   const std::string sh_id = node_->tag() + "-sh";
-  Result sh = node_->ctr({"run", "--rm", "--fifo-dir", node_->dir() + "/fifo", "--runc-root",
-                          node_->dir() + "/runc", "--cgroup", "/" + node_->tag() + "/" + sh_id,
-                          node_->agentImage(), sh_id, "/bin/sh", "-c", "true"});
+  std::vector<std::string> sh_args = {"run", "--rm"};
+  for (const std::string& a : node_->placement(sh_id)) sh_args.push_back(a);
+  sh_args.insert(sh_args.end(), {node_->agentImage(), sh_id, "/bin/sh", "-c", "true"});
+  Result sh = node_->ctr(sh_args);
   EXPECT_NE(sh.exit_code, 0) << "the image has a shell:\n" << sh;
   node_->ctr({"container", "delete", sh_id});
 }
