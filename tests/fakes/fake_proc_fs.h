@@ -140,4 +140,19 @@ class FakeProcFs : public agent::ProcFs {
   int list_errno_ = 0;
 };
 
+// A fake /proc whose processes all have `root` (a real directory, a
+// test's scratch tree) as their root, for file service tests.
+class RootedProcFs : public FakeProcFs {
+ public:
+  explicit RootedProcFs(std::string root) : root_(std::move(root)) {}
+  absl::StatusOr<agent::UniqueFd> openRoot(pid_t) override {
+    agent::UniqueFd fd(::open(root_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!fd) return lastErrnoStatus("open " + root_);
+    return fd;
+  }
+
+ private:
+  std::string root_;
+};
+
 }  // namespace siphon::fakes

@@ -32,19 +32,7 @@ using testing::ScratchTree;
 constexpr pid_t kSelfPid = 4242;
 constexpr char kToken[] = "files-token";
 
-// A fake /proc whose processes all have the scratch root as their root.
-class RootedProcFs : public fakes::FakeProcFs {
- public:
-  explicit RootedProcFs(std::string root) : root_(std::move(root)) {}
-  absl::StatusOr<UniqueFd> openRoot(pid_t) override {
-    UniqueFd fd(::open(root_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-    if (!fd) return lastErrnoStatus("open " + root_);
-    return fd;
-  }
-
- private:
-  std::string root_;
-};
+using fakes::RootedProcFs;
 
 // How many of this process's fds are open on `path`.
 int fdsOpenOn(const std::string& path) {

@@ -36,19 +36,7 @@ using ::testing::HasSubstr;
 constexpr pid_t kSelfPid = 4242;
 constexpr char kToken[] = "ops-token";
 
-// A fake /proc whose processes have the scratch root as their root.
-class RootedProcFs : public fakes::FakeProcFs {
- public:
-  explicit RootedProcFs(std::string root) : root_(std::move(root)) {}
-  absl::StatusOr<UniqueFd> openRoot(pid_t) override {
-    UniqueFd fd(::open(root_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-    if (!fd) return lastErrnoStatus("open " + root_);
-    return fd;
-  }
-
- private:
-  std::string root_;
-};
+using fakes::RootedProcFs;
 
 int loopbackListener() {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

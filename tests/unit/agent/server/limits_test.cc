@@ -34,19 +34,7 @@ using Client = std::shared_ptr<client::Client>;
 constexpr pid_t kSelfPid = 4242;
 constexpr char kToken[] = "limits-token";
 
-// A fake /proc whose processes have the scratch directory as their root.
-class RootedProcFs : public fakes::FakeProcFs {
- public:
-  explicit RootedProcFs(std::string root) : root_(std::move(root)) {}
-  absl::StatusOr<UniqueFd> openRoot(pid_t) override {
-    UniqueFd fd(::open(root_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-    if (!fd) return lastErrnoStatus("open " + root_);
-    return fd;
-  }
-
- private:
-  std::string root_;
-};
+using fakes::RootedProcFs;
 
 v1::Request infoRequest() {
   v1::Request r;
