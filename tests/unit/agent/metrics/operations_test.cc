@@ -15,6 +15,7 @@
 #include "agent/server/server.h"
 #include "siphon/client/client.h"
 #include "siphon/status.h"
+#include "tests/fakes/loopback.h"
 #include "tests/fakes/echo_server.h"
 #include "tests/fakes/fake_proc_fs.h"
 #include "tests/fakes/in_process_agent.h"
@@ -38,15 +39,7 @@ constexpr char kToken[] = "ops-token";
 
 using fakes::RootedProcFs;
 
-int loopbackListener() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  EXPECT_EQ(::listen(fd, 16), 0);
-  return fd;
-}
+using fakes::loopbackListener;
 
 v1::StreamOpen tcpTo(uint16_t port) {
   v1::StreamOpen o;

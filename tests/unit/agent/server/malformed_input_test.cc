@@ -21,6 +21,7 @@
 #include "siphon/protocol/handshake.h"
 #include "siphon/status.h"
 #include "siphon/transport/frame_io.h"
+#include "tests/fakes/loopback.h"
 #include "tests/fakes/echo_server.h"
 #include "tests/fakes/in_process_agent.h"
 
@@ -32,22 +33,9 @@ using std::chrono::milliseconds;
 
 constexpr char kToken[] = "malformed-input-token";
 
-int loopbackListener() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  EXPECT_EQ(::listen(fd, 16), 0);
-  return fd;
-}
+using fakes::loopbackListener;
 
-std::string randomBytes(size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::string s(n, '\0');
-  for (auto& c : s) c = static_cast<char>(rng());
-  return s;
-}
+using fakes::randomBytes;
 
 std::string frameBytes(void (*fill)(v1::Frame&)) {
   v1::Frame f;
