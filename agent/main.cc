@@ -404,8 +404,7 @@ int realMain(int argc, char** argv) {
                                {"pid", static_cast<int64_t>((*target)->pid())},
                                {"netns", (*target)->netnsLabel()}});
 
-  net::asio::io_context io(1);
-  Server server(io, config, std::move(*target), std::move(procfs));
+  Server server(config, std::move(*target), std::move(procfs));
   if (auto s = server.init(); !s.ok()) {
     log::error("init_failed", {{"error", sv(s.message())}});
     return fail(s.code() == absl::StatusCode::kPermissionDenied ? kExitPermission : kExitInternal,

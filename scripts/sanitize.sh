@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs the test suite under sanitizers (GCC, -O1 -g1):
+# Runs the test suite under sanitizers (GCC; ASan -O0, TSan -O1; -g1):
 #
 #   scripts/sanitize.sh [asan|tsan|all] [ctest args...]     (default: all)
 #
 # asan: AddressSanitizer + LeakSanitizer + UBSan over every test (unit and
 #       privileged; the privileged ones skip without root), in build-asan/.
 #       The agent and CLI binaries the tests start are instrumented too.
-# tsan: ThreadSanitizer over the unit tests (ctest -L unit), in build-tsan/.
+# tsan: ThreadSanitizer over the unit tests (ctest -L unit), in build-tsan/,
+#       but those labelled unit-no-tsan (their CMakeLists.txt says why).
 #
 # Exits non-zero when a test fails or any instrumented process (a test, or an
 # agent or CLI a test started) reports anything. ASan, LSan and TSan reports
@@ -34,14 +35,20 @@ case "$mode" in
 esac
 supp="$root/tests/sanitizers"
 
-# configure DIR SANITIZERS: -O1 -g1 keep the instrumented build fast; NDEBUG
-# as in the normal build, so the same code is checked.
+# configure DIR SANITIZERS OPT: -g1 (line tables) for the reports; NDEBUG as
+# in the normal build, so the same code is checked. ASan builds at -O0, which
+# halves its compile time (GCC 12: 16 s against 33 s for a coroutine-heavy
+# test file); TSan keeps -O1, whose tests run markedly faster for 20% more
+# compile time.
 configure() {
   cmake -S "$root" -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DSIPHON_SANITIZE="$2" \
-    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" \
-    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG" >/dev/null
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$3 -g1 -DNDEBUG" \
+    "-DCMAKE_C_FLAGS_RELWITHDEBINFO=$3 -g1 -DNDEBUG" >/dev/null
 }
+
+# The run_* functions are called from `||`, where `set -e` does not apply:
+# each failure returns explicitly.
 
 # run_ctest NAME BUILD_DIR [ctest args...]: runs ctest with a fresh report
 # directory; fails if ctest fails or any report was written.
@@ -82,8 +89,8 @@ run_ctest() {
 
 run_asan() {
   local dir="$root/build-asan"
-  configure "$dir" address,undefined
-  ninja -C "$dir" -j2 siphon_tests
+  configure "$dir" address,undefined -O0 || return 1
+  ninja -C "$dir" -j2 siphon_tests || return 1
   local log="log_path=$dir/sanitizer-reports/report:log_exe_name=1"
   # abort_on_error: a reporting child dies by SIGABRT, so a test that waits
   # for it sees an unexpected exit even without reading the report.
@@ -95,12 +102,12 @@ run_asan() {
 
 run_tsan() {
   local dir="$root/build-tsan"
-  configure "$dir" thread
-  ninja -C "$dir" -j2 siphon_unit_tests
+  configure "$dir" thread -O1 || return 1
+  ninja -C "$dir" -j2 siphon_unit_tests || return 1
   # halt_on_error=0: a test run lists all its races, then exits with
   # exitcode (66) and the report files fail the run.
   TSAN_OPTIONS="halt_on_error=0:exitcode=66:second_deadlock_stack=1:suppressions=$supp/tsan.supp:print_suppressions=0:log_path=$dir/sanitizer-reports/report:log_exe_name=1" \
-    run_ctest tsan "$dir" -L unit "$@"
+    run_ctest tsan "$dir" -L unit -LE no-tsan "$@"
 }
 
 rc=0

@@ -28,11 +28,11 @@ class CaptureService : public StreamService {
 
   void open(std::shared_ptr<AgentSession> session, v1::StreamOpen open) override {
     const uint64_t id = open.stream_id();
-    protocol::Session& s = session->session();
+    const protocol::Session& s = session->session();
     auto refuse = [&](const absl::Status& why) {
       log::info("capture_refused",
                 {{"session", session->id()}, {"stream", id}, {"error", sv(why.message())}});
-      s.resetStream(id, toProtoError(why));
+      session->resetStream(id, toProtoError(why));
       session->wake();
     };
     if (draining_) {

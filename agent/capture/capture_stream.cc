@@ -284,8 +284,8 @@ void CaptureStream::close() { stop("session ended"); }
 void CaptureStream::reset(v1::Error error) {
   if (dead_) return;
   auto self = shared_from_this();
-  if (protocol::Session* s = host_->session()) {
-    s->resetStream(id_, error);
+  if (host_->session()) {
+    host_->reset(id_, error);
     host_->wake();
   }
   host_->release(id_);

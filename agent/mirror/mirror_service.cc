@@ -116,7 +116,7 @@ class MirrorStream final : public StreamEndpoint,
     auto s = session_.lock();
     die();
     if (!s || s->ended()) return;
-    s->session().resetStream(id_, error);
+    s->resetStream(id_, error);
     s->unregisterStream(id_);
     s->wake();
   }
@@ -214,14 +214,16 @@ class MirrorStream final : public StreamEndpoint,
         queue_.pop_front();
         send(*s, std::move(record));
       } else if (item.kind == Item::kGap) {
+        const uint64_t bytes = item.gap;
+        const Direction direction = item.direction;
+        queue_.pop_front();  // `item` is gone from here on
         v1::StreamGap gap;
         gap.set_stream_id(id_);
-        gap.set_direction(toProto(item.direction));
-        gap.set_bytes(item.gap);
-        stats_.gap_bytes += item.gap;
+        gap.set_direction(toProto(direction));
+        gap.set_bytes(bytes);
+        stats_.gap_bytes += bytes;
         ++stats_.gaps;
-        queue_.pop_front();
-        s->countGap(id_, item.gap);
+        s->countGap(id_, bytes);
         (void)s->session().sendGap(std::move(gap));
       } else if (item.kind == Item::kHalfClose) {
         queue_.pop_front();
@@ -231,7 +233,7 @@ class MirrorStream final : public StreamEndpoint,
       } else {
         v1::Error error = std::move(item.error);
         queue_.pop_front();
-        s->session().resetStream(id_, error);
+        s->resetStream(id_, error);
         s->unregisterStream(id_);
         die();
       }

@@ -24,6 +24,7 @@
 #include <array>
 #include <chrono>
 #include <compare>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <list>
@@ -33,6 +34,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/statusor.h"
@@ -93,6 +95,11 @@ struct TcpSegment {
 // which. Checksums are not verified: the kernel has already judged the
 // packet, and with offloads the copy often carries a partial checksum.
 absl::StatusOr<TcpSegment> parsePacket(std::string_view packet, LinkType link);
+// The segment points into the packet: a temporary string would be freed
+// before the segment is read.
+template <typename T>
+  requires std::same_as<std::remove_cvref_t<T>, std::string> && (!std::is_lvalue_reference_v<T>)
+absl::StatusOr<TcpSegment> parsePacket(T&& packet, LinkType link) = delete;
 
 // ---------------------------------------------------------------- one direction
 

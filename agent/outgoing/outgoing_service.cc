@@ -404,7 +404,7 @@ class OutgoingService : public StreamService {
     const uint64_t id = open.stream_id();
     v1::OutgoingConnect req = std::move(*open.mutable_outgoing());
     if (auto why = invalid(req)) {
-      session->session().resetStream(id, wireError(v1::INVALID_ARGUMENT, *why));
+      session->resetStream(id, wireError(v1::INVALID_ARGUMENT, *why));
       session->wake();
       return;
     }

@@ -21,6 +21,9 @@ class SessionHost : public PumpHost {
   void wake() override {
     if (auto s = session_.lock()) s->wake();
   }
+  void reset(uint64_t stream_id, const v1::Error& error) override {
+    if (auto s = session_.lock()) s->resetStream(stream_id, error);
+  }
   void release(uint64_t stream_id) override {
     if (auto s = session_.lock()) s->unregisterStream(stream_id);
   }

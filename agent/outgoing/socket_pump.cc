@@ -397,8 +397,8 @@ void SocketPump::reset(v1::Error error) {
   auto self = shared_from_this();
   dead_ = true;
   log::debug("outgoing_stream_failed", {{"stream", id_}, {"error", error.message()}});
-  if (protocol::Session* s = host_->session()) {
-    s->resetStream(id_, std::move(error));
+  if (host_->session()) {
+    host_->reset(id_, error);
     host_->wake();
   }
   host_->release(id_);

@@ -58,6 +58,10 @@ class PumpHost {
   virtual void wake() = 0;
   // The stream is over: stop routing its frames to the pump.
   virtual void release(uint64_t stream_id) = 0;
+  // Resets the stream with `error` (the agent's host also counts it).
+  virtual void reset(uint64_t stream_id, const v1::Error& error) {
+    if (protocol::Session* s = session()) s->resetStream(stream_id, error);
+  }
   // Operations (metrics, `siphon sessions`): `n` payload bytes went to the
   // client on the stream; a gap of `bytes` was reported on it.
   virtual void sent(uint64_t stream_id, uint64_t n) {

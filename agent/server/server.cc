@@ -337,6 +337,12 @@ void AgentSession::countSent(uint64_t stream_id, uint64_t n) {
   metrics().bytesOut(kindOf(stream_id), n);
 }
 
+void AgentSession::resetStream(uint64_t stream_id, const v1::Error& error) {
+  if (ended_) return;
+  session_.resetStream(stream_id, error);
+  metrics().errorSent(error.code(), metrics::ErrorFrame::kStreamReset);
+}
+
 void AgentSession::countGap(uint64_t stream_id, uint64_t bytes) {
   metrics().gap(kindOf(stream_id), bytes);
 }
@@ -358,24 +364,24 @@ void AgentSession::onGoaway(v1::Goaway goaway) {
 
 // ------------------------------------------------------------------ Server
 
-Server::Server(asio::io_context& io, AgentConfig config, std::unique_ptr<Target> target,
-               std::unique_ptr<ProcFs> procfs)
-    : io_(io),
-      config_(std::move(config)),
+Server::Server(AgentConfig config, std::unique_ptr<Target> target, std::unique_ptr<ProcFs> procfs)
+    : config_(std::move(config)),
       target_(std::move(target)),
       procfs_(std::move(procfs)),
-      acceptor_(io),
-      first_client_timer_(io),
-      idle_timer_(io),
-      signals_(io, SIGTERM, SIGINT),
+      acceptor_(io_),
+      first_client_timer_(io_),
+      idle_timer_(io_),
+      signals_(io_, SIGTERM, SIGINT),
       started_(std::chrono::steady_clock::now()) {
   metrics_.setStateSource([this] { return liveState(); });
 }
 
 Server::~Server() {
   // Blocking jobs may still post to the loop or use the services: let them
-  // finish first.
+  // finish first. The same for the netns worker's queue (its tasks answer on
+  // the loop): a task run after the others returns once they are done.
   blocking_pool_.join();
+  if (netns_) netns_->run<bool>([] { return true; });
 }
 
 absl::Status Server::init() {

@@ -83,6 +83,10 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   // Resets every stream with `error`: the client hears it, the sockets
   // close with RST (the end of a drain).
   void resetStreams(const v1::Error& error);
+  // Resets one stream with `error` and counts it (siphon_errors_sent_total,
+  // frame "stream_reset"). Services reset through here, not session().
+  // Queues the frame: wake() after it from outside a callback.
+  void resetStream(uint64_t stream_id, const v1::Error& error);
   // Call after queueing frames on session() from outside a callback.
   void wake();
 
@@ -147,8 +151,8 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
 
 class Server {
  public:
-  Server(net::asio::io_context& io, AgentConfig config, std::unique_ptr<Target> target,
-         std::unique_ptr<ProcFs> procfs);
+  // The server runs its own event loop (run()).
+  Server(AgentConfig config, std::unique_ptr<Target> target, std::unique_ptr<ProcFs> procfs);
   ~Server();
 
   // Enters the target's network namespace on a worker thread and builds the
@@ -211,17 +215,22 @@ class Server {
   metrics::LiveState liveState() const;
   std::string newId(size_t bytes) const;
 
-  net::asio::io_context& io_;
   AgentConfig config_;
   std::unique_ptr<Target> target_;
   std::unique_ptr<ProcFs> procfs_;
   // Before the sessions and the services, so it outlives their hooks.
   metrics::AgentMetrics metrics_;
-  net::tcp::acceptor acceptor_;
-  std::shared_ptr<net::ssl::context> tls_;  // set: the listener speaks TLS
   net::asio::thread_pool blocking_pool_{2};
   std::unique_ptr<NetnsWorker> netns_;
   std::unique_ptr<ServiceContext> service_ctx_;
+  // The loop, declared between what the services use (above) and what uses
+  // the loop (below). Handlers still queued when the server goes (a timer a
+  // service armed, say) often hold a service: the loop destroys them, and
+  // with them the service, while the pool, the netns worker and the context
+  // the service uses still exist; the sockets and timers below go first.
+  net::asio::io_context io_{1};
+  net::tcp::acceptor acceptor_;
+  std::shared_ptr<net::ssl::context> tls_;  // set: the listener speaks TLS
   std::unique_ptr<ServiceRegistry> services_;
   net::asio::steady_timer first_client_timer_;
   net::asio::steady_timer idle_timer_;

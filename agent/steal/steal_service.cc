@@ -479,7 +479,7 @@ class StealServiceImpl final : public StealService,
         std::make_shared<outgoing::SessionHost>(session.shared_from_this()), opt);
     absl::Status attached = pump->attach(std::move(fd));
     if (!attached.ok()) {
-      session.session().resetStream(id, toProtoError(attached));
+      session.resetStream(id, toProtoError(attached));
     } else {
       session.registerStream(id, pump);
     }

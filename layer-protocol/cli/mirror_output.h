@@ -4,11 +4,13 @@
 // I/O, so they are unit-tested.
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -44,6 +46,11 @@ struct MirrorRecord {
 };
 // INVALID_ARGUMENT for an empty payload or an unknown direction.
 absl::StatusOr<MirrorRecord> parseMirrorRecord(std::string_view payload);
+// The record points into the payload: a temporary string would be freed
+// before the record is read.
+template <typename T>
+  requires std::same_as<std::remove_cvref_t<T>, std::string> && (!std::is_lvalue_reference_v<T>)
+absl::StatusOr<MirrorRecord> parseMirrorRecord(T&& payload) = delete;
 
 // "client->server", "server->client".
 std::string_view directionText(v1::Direction d);

@@ -33,7 +33,7 @@ class InProcessAgent {
     config.listen = "127.0.0.1:0";
     auto target = agent::Target::open(*procfs, spec);
     ASSERT_TRUE(target.ok()) << target.status();
-    server_ = std::make_unique<agent::Server>(io_, config, std::move(*target), std::move(procfs));
+    server_ = std::make_unique<agent::Server>(config, std::move(*target), std::move(procfs));
     absl::Status init = server_->init();
     ASSERT_TRUE(init.ok()) << init;
     if (before_run) before_run(*server_);
@@ -53,7 +53,6 @@ class InProcessAgent {
   const std::string& address() const { return address_; }
 
  private:
-  net::asio::io_context io_;
   std::unique_ptr<agent::Server> server_;
   std::string address_;
   std::future<int> exit_code_;

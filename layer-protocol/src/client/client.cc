@@ -519,21 +519,34 @@ net::awaitable<absl::Status> Client::connect() {
     co_return protoError(v1::INVALID_ARGUMENT, "no agent address given");
   }
   std::vector<std::string> failures;
+  std::optional<v1::ErrorCode> busy;  // the first full or draining agent's code
   for (const auto& endpoint : options_.endpoints) {
     net::Stream socket(net::tcp::socket{ex_});
     std::string leftover;
     auto link = co_await open(endpoint, &socket, &leftover);
     if (!link.ok()) {
-      // A Reject is the agent's considered answer; another endpoint of the
-      // same target would say the same.
-      v1::ErrorCode code = errorCodeOf(link.status());
-      if (code != v1::UNAVAILABLE && code != v1::TIMEOUT) co_return link.status();
-      failures.push_back(std::string(link.status().message()));
+      // A Reject is the agent's considered answer, and another endpoint of
+      // the same target would say the same; except that this agent is full
+      // or draining, where the next one may take the session.
+      const v1::ErrorCode code = errorCodeOf(link.status());
+      const bool full = code == v1::TOO_MANY_SESSIONS || code == v1::AGENT_DRAINING;
+      if (code != v1::UNAVAILABLE && code != v1::TIMEOUT && !full) co_return link.status();
+      if (full && options_.endpoints.size() == 1) co_return link.status();
+      if (full) {
+        if (!busy) busy = code;
+        failures.push_back(absl::StrCat(endpoint, ": ", link.status().message()));
+      } else {
+        failures.push_back(std::string(link.status().message()));
+      }
       continue;
     }
     link_ = *link;
     start(link_, std::move(socket), std::move(leftover));
     co_return absl::OkStatus();
+  }
+  if (busy) {
+    co_return protoError(*busy,
+                         absl::StrCat("no agent took the session: ", absl::StrJoin(failures, "; ")));
   }
   co_return protoError(v1::UNAVAILABLE,
                        absl::StrCat("cannot reach the agent: ", absl::StrJoin(failures, "; ")));
@@ -784,6 +797,28 @@ void Client::sessionLost(const absl::Status& why) {
     auto handler = std::move(on_lost_);
     handler(lost_);
   }
+  releaseHandlers();
+}
+
+void Client::releaseHandlers() {
+  // No event can come any more. A handler often holds what holds this
+  // client (the acceptor keeps the streams it was given, and each stream
+  // keeps its client): dropping them ends that cycle with the session.
+  // They are destroyed on the loop, not here, because one of them may be
+  // the caller (a draining handler that closes the client).
+  struct Handlers {
+    StreamAcceptor acceptor;
+    std::function<void(const v1::Draining&)> on_draining;
+    std::function<void(const v1::SubscriptionNotice&)> on_notice;
+    std::function<void(const absl::Status&)> on_lost;
+    std::function<void(const FailoverEvent&)> on_failover;
+    std::function<void(const absl::Status&)> on_resumed;
+  };
+  auto released = std::make_shared<Handlers>(
+      Handlers{std::exchange(acceptor_, nullptr), std::exchange(on_draining_, nullptr),
+               std::exchange(on_notice_, nullptr), std::exchange(on_lost_, nullptr),
+               std::exchange(on_failover_, nullptr), std::exchange(on_resumed_, nullptr)});
+  asio::post(ex_, [released] {});
 }
 
 net::awaitable<bool> Client::waitForMove(std::chrono::steady_clock::time_point deadline) {

@@ -33,12 +33,15 @@
 #include <utility>
 #include <vector>
 
+#include "tests/fakes/sanitizers.h"
+
 namespace siphon::harness {
 
 using Clock = std::chrono::steady_clock;
 
 // Limits that only turn a hang into a failure; no result depends on them.
-constexpr auto kProcessDeadline = std::chrono::seconds(30);
+// Longer in a sanitizer build, whose processes run several times slower.
+constexpr auto kProcessDeadline = std::chrono::seconds(30) * fakes::kSanitizerSlowdown;
 
 // ------------------------------------------------------------ processes
 

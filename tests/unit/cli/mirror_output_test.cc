@@ -64,7 +64,8 @@ TEST(ParseMirrorSpec, BadValuesAreUsageErrorsNamingTheReason) {
 // ------------------------------------------------------------ records
 
 TEST(ParseMirrorRecord, DirectionBytesAndFin) {
-  auto r = parseMirrorRecord(std::string("\x01GET /", 6));
+  const std::string payload("\x01GET /", 6);
+  auto r = parseMirrorRecord(payload);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->direction, v1::CLIENT_TO_SERVER);
   EXPECT_EQ(r->bytes, "GET /");
@@ -77,7 +78,8 @@ TEST(ParseMirrorRecord, DirectionBytesAndFin) {
   EXPECT_EQ(b->direction, v1::SERVER_TO_CLIENT);
   EXPECT_EQ(b->bytes, std::string("\x00\xff\n", 3));
 
-  auto fin = parseMirrorRecord(std::string("\x02", 1));
+  const std::string fin_only("\x02", 1);
+  auto fin = parseMirrorRecord(fin_only);
   ASSERT_TRUE(fin.ok()) << fin.status();
   EXPECT_EQ(fin->direction, v1::SERVER_TO_CLIENT);
   EXPECT_TRUE(fin->fin);
@@ -87,7 +89,8 @@ TEST(ParseMirrorRecord, DirectionBytesAndFin) {
 TEST(ParseMirrorRecord, MalformedRecordsAreRefused) {
   EXPECT_EQ(errorCodeOf(parseMirrorRecord("").status()), v1::INVALID_ARGUMENT);
   for (char d : {'\x00', '\x03', '\xff', 'G'}) {
-    auto r = parseMirrorRecord(std::string(1, d) + "x");
+    const std::string payload = std::string(1, d) + "x";
+    auto r = parseMirrorRecord(payload);
     EXPECT_FALSE(r.ok()) << int(d);
     EXPECT_THAT(messageOf(r.status()), HasSubstr("direction byte"));
   }

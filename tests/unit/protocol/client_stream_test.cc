@@ -361,6 +361,46 @@ TEST(ClientStreamTest, AResetEndsReadEventWithThePeersCode) {
   });
 }
 
+// Polls until `weak` has expired, for up to 10 s (a hang guard).
+net::awaitable<bool> expires(const std::weak_ptr<Client>& weak) {
+  asio::steady_timer t(co_await asio::this_coro::executor);
+  for (int i = 0; i < 1000 && !weak.expired(); ++i) {
+    t.expires_after(std::chrono::milliseconds(10));
+    co_await t.async_wait(net::use_awaitable);
+  }
+  co_return weak.expired();
+}
+
+// A handler usually holds what holds its client: here the acceptor keeps
+// the stream it was given, and the stream keeps its client. The client
+// drops its handlers when it is closed, or lost for good, so neither way is
+// the client kept forever.
+TEST(ClientStreamTest, AClosedOrLostClientDropsItsHandlersAndIsFreed) {
+  for (const bool close : {true, false}) {
+    SCOPED_TRACE(close ? "closed" : "lost");
+    run([close](asio::any_io_executor ex) -> net::awaitable<void> {
+      MirrorSetup m;
+      co_await openMirror(ex, m, nullptr);
+      if (!m.stream) co_return;
+      auto held = std::make_shared<std::vector<std::shared_ptr<ClientStream>>>();
+      held->push_back(std::move(m.stream));
+      m.client->setStreamAcceptor(
+          [held](std::shared_ptr<ClientStream> s, v1::StreamOpen) { held->push_back(s); });
+      m.client->setLostHandler([held](const absl::Status&) {});
+      const std::weak_ptr<Client> weak = m.client;
+      if (close) {
+        m.client->close();
+      } else {
+        m.agent->close();  // no reconnect (openMirror): lost for good
+      }
+      m.client.reset();
+      held.reset();
+      EXPECT_TRUE(co_await expires(weak)) << "the client outlived its close or loss";
+      if (close) m.agent->close();
+    });
+  }
+}
+
 // After a failover the mirror is made again on the other agent under the
 // same subscription id, and that agent's connections come as new streams.
 // One that comes before the resubscription's answer waits (parked), with

@@ -226,7 +226,9 @@ class Client : public std::enable_shared_from_this<Client> {
     on_failover_ = std::move(h);
   }
 
-  // Ends the session (the agent drops it at once).
+  // Ends the session (the agent drops it at once). The handlers set above
+  // are dropped then, and when the session is lost for good: whatever they
+  // hold is released, even a stream of this client.
   void close();
   // Cuts the transport without ending the session (tests; a network blip).
   void cutTransportForTest();
@@ -282,7 +284,10 @@ class Client : public std::enable_shared_from_this<Client> {
   // After the current link's loss: a failover, or the end.
   void moveOn(const std::shared_ptr<Link>& link, std::string reason, size_t streams,
               size_t requests);
+  // Terminal: fails what is pending, tells the lost handler (not on close()),
+  // then drops every handler (releaseHandlers).
   void sessionLost(const absl::Status& why);
+  void releaseHandlers();
   net::awaitable<bool> waitForMove(std::chrono::steady_clock::time_point deadline);
   // Client handles <-> agent handles in file requests and answers.
   absl::Status mapHandleOut(v1::Request& request);

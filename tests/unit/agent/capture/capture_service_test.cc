@@ -36,6 +36,24 @@ v1::StreamOpen captureOpen(std::string interface, std::string filter) {
   return o;
 }
 
+// Reads `stream` until it ends; then `*end` is how (OK: its end of stream)
+// and `*ended` is true. A function rather than a coroutine lambda capturing
+// the stream by copy from the enclosing coroutine: built by GCC 12, that
+// lambda released the stream once too often (ASan: heap-use-after-free when
+// the enclosing coroutine's copy was destroyed).
+net::awaitable<void> readToTheEnd(std::shared_ptr<client::ClientStream> stream_in,
+                                  absl::Status* end, bool* ended) {
+  const std::shared_ptr<client::ClientStream> stream = std::move(stream_in);
+  while (true) {
+    auto r = co_await stream->read();
+    if (!r.ok() || !r->has_value()) {
+      *end = r.ok() ? absl::OkStatus() : r.status();
+      break;
+    }
+  }
+  *ended = true;
+}
+
 class CaptureServiceTest : public testing::Test {
  protected:
   // The agent with its capture service opening fake sources, or failing
@@ -201,20 +219,8 @@ TEST_F(CaptureServiceTest, ADrainEndsCapturesAtOnce) {
     agent_.server().requestDrain("test");
     absl::Status end;
     bool ended = false;
-    auto s = *stream;
-    asio::co_spawn(
-        co_await asio::this_coro::executor,
-        [&, s]() -> net::awaitable<void> {
-          while (true) {
-            auto r = co_await s->read();
-            if (!r.ok() || !r->has_value()) {
-              end = r.ok() ? absl::OkStatus() : r.status();
-              break;
-            }
-          }
-          ended = true;
-        },
-        asio::detached);
+    asio::co_spawn(co_await asio::this_coro::executor, readToTheEnd(*stream, &end, &ended),
+                   asio::detached);
     EXPECT_TRUE(co_await fakes::eventually([&] { return ended; }))
         << "the drain waited for the capture";
     EXPECT_EQ(errorCodeOf(end), v1::AGENT_DRAINING) << end;

@@ -168,6 +168,11 @@ TEST_F(OperationsTest, TrafficMovesTheCountersByTheRightAmounts) {
       EXPECT_EQ(got.size(), payload.size());
     }
 
+    // An outgoing connect the agent refuses: a stream reset, counted.
+    v1::StreamOpen port_zero = tcpTo(0);
+    auto refused = co_await c->openStream(port_zero);
+    EXPECT_EQ(errorCodeOf(refused.status()), v1::INVALID_ARGUMENT) << refused.status();
+
     // A file read and a failed open.
     auto opened = co_await c->call(openReq("/etc/motd"), milliseconds(10000));
     EXPECT_TRUE(opened.ok() && opened->has_file() && !opened->has_error()) << opened.status();
@@ -210,6 +215,9 @@ TEST_F(OperationsTest, TrafficMovesTheCountersByTheRightAmounts) {
     EXPECT_EQ(sample(text, "siphon_file_operations_total{op=\"open\",result=\"ENOENT\"}"), 1);
     EXPECT_EQ(sample(text, "siphon_requests_total{kind=\"sessions\",result=\"ok\"}"), 1);
     EXPECT_EQ(sample(text, "siphon_errors_sent_total{code=\"ERRNO\",frame=\"response\"}"), 1);
+    EXPECT_EQ(
+        sample(text, "siphon_errors_sent_total{code=\"INVALID_ARGUMENT\",frame=\"stream_reset\"}"),
+        1);
     EXPECT_GT(sample(text, "siphon_process_resident_memory_bytes"), 0);
     EXPECT_GT(sample(text, "siphon_process_open_fds"), 0);
     EXPECT_GT(sample(text, "siphon_process_start_time_seconds"), 1.6e9);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "agent/server/server.h"
+#include "absl/strings/str_cat.h"
 #include "siphon/client/client.h"
 #include "siphon/protocol/codec.h"
 #include "siphon/protocol/handshake.h"
@@ -113,6 +114,54 @@ TEST_F(LimitsTest, OneSessionPastMaxSessionsIsRejectedTooManySessions) {
     auto info = co_await a->call(infoRequest());
     EXPECT_TRUE(info.ok()) << info.status();
     a->close();
+  });
+}
+
+// With several agents given, a full one sends the client on to the next;
+// when every one is full the client says so, naming each.
+TEST_F(LimitsTest, AFullAgentSendsTheClientOnToTheNextOne) {
+  AgentConfig config;
+  config.max_sessions = 1;
+  start(config);
+  fakes::InProcessAgent roomy;
+  {
+    AgentConfig c;
+    c.token = kToken;
+    auto procfs = std::make_unique<RootedProcFs>(tree_.root());
+    procfs->setSelfPid(kSelfPid);
+    procfs->addProcess(kSelfPid, {});
+    TargetSpec spec;
+    spec.mode = TargetMode::kTargetless;
+    roomy.start(c, std::move(procfs), spec);
+  }
+  runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    Client a = makeClient(ex);
+    EXPECT_TRUE((co_await a->connect()).ok());
+    EXPECT_TRUE((co_await a->call(infoRequest())).ok());  // the full agent's one session
+
+    client::ClientOptions o;
+    o.endpoints = {address_, roomy.address()};
+    o.token = kToken;
+    o.reconnect = false;
+    Client b = client::Client::create(ex, o);
+    absl::Status s = co_await b->connect();
+    EXPECT_TRUE(s.ok()) << s;
+    auto info = co_await b->call(infoRequest());
+    EXPECT_TRUE(info.ok()) << info.status();
+    if (info.ok()) {
+      EXPECT_EQ(info->info().sessions(), 1u) << "not the roomy agent";
+    }
+
+    o.endpoints = {address_, address_};
+    Client c = client::Client::create(ex, o);
+    s = co_await c->connect();
+    EXPECT_EQ(errorCodeOf(s), v1::TOO_MANY_SESSIONS) << s;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr(absl::StrCat("no agent took the session: ", address_,
+                                       ": session limit of 1 reached")));
+    a->close();
+    b->close();
+    c->close();
   });
 }
 

@@ -364,7 +364,6 @@ TEST_F(RawHandshakeTest, SessionLimitMakesRoomFromSessionsCutAfterTheHandshake) 
 }
 
 TEST(ServerLifecycleTest, ExitsWithCodeSixWhenNoClientComes) {
-  asio::io_context io;
   auto procfs = std::make_unique<fakes::FakeProcFs>();
   procfs->setSelfPid(kPodPid);
   procfs->addProcess(kPodPid, {});
@@ -376,7 +375,7 @@ TEST(ServerLifecycleTest, ExitsWithCodeSixWhenNoClientComes) {
   config.listen = "127.0.0.1:0";
   config.token = kToken;
   config.first_client_timeout = milliseconds(50);
-  Server server(io, config, std::move(*target), std::move(procfs));
+  Server server(config, std::move(*target), std::move(procfs));
   ASSERT_TRUE(server.init().ok());
   ASSERT_TRUE(server.listen().ok());
   EXPECT_EQ(server.run(), kExitNoClient);

@@ -310,16 +310,38 @@ class AppServer {
 };
 
 // Requests with "x-steal" go to the session; the rest to the application.
+// A handler a test sets on its own thread while the engine's loop may call
+// it: set and read under a lock. (The order is real, given by the test's
+// sockets, but ThreadSanitizer cannot see it through the kernel.)
+template <typename F>
+class LockedHandler {
+ public:
+  explicit LockedHandler(F f = {}) : f_(std::move(f)) {}
+  LockedHandler& operator=(F f) {
+    std::lock_guard<std::mutex> lock(mu_);
+    f_ = std::move(f);
+    return *this;
+  }
+  F get() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return f_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  F f_;
+};
+
 class FakeRouter : public HttpRouter {
  public:
   // Runs on a thread of its own with the session's end of the socketpair
   // (blocking) and the head the engine routed.
   using Session = std::function<void(int fd, RequestHead head)>;
 
-  std::function<bool(const RequestHead&)> steal = [](const RequestHead& h) {
+  LockedHandler<std::function<bool(const RequestHead&)>> steal{[](const RequestHead& h) {
     return !h.values("x-steal").empty();
-  };
-  Session session;
+  }};
+  LockedHandler<Session> session;
   std::atomic<bool> fail_open{false};
   std::atomic<int> app_connects{0};
   std::atomic<int> opens{0};
@@ -329,7 +351,7 @@ class FakeRouter : public HttpRouter {
   ~FakeRouter() override { sessions_.joinAll(); }
 
   std::optional<Route> route(uint16_t, const RequestHead& head) override {
-    if (!steal(head)) return std::nullopt;
+    if (!steal.get()(head)) return std::nullopt;
     return Route{7, {}};
   }
   absl::StatusOr<UniqueFd> openStolenRequest(const Route& route, const ConnectionInfo&,
@@ -347,7 +369,7 @@ class FakeRouter : public HttpRouter {
       return absl::InternalError("socketpair");
     }
     ::fcntl(sv[0], F_SETFL, ::fcntl(sv[0], F_GETFL) | O_NONBLOCK);
-    Session s = session;
+    Session s = session.get();
     sessions_.start(sv[1], [s, head](int fd) {
       if (s) s(fd, head);
     });
