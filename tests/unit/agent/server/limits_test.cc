@@ -67,15 +67,18 @@ v1::StreamOpen udpOpen() {
 class LimitsTest : public ::testing::Test {
  protected:
   void start(AgentConfig config) {
-    config.listen = "127.0.0.1:0";
+    startOn(agent_, std::move(config));
+    address_ = agent_.address();
+  }
+  // A targetless agent over the scratch tree, with this test's token.
+  void startOn(fakes::InProcessAgent& agent, AgentConfig config) {
     config.token = kToken;
     auto procfs = std::make_unique<RootedProcFs>(tree_.root());
     procfs->setSelfPid(kSelfPid);
     procfs->addProcess(kSelfPid, {});
     TargetSpec spec;
     spec.mode = TargetMode::kTargetless;
-    agent_.start(config, std::move(procfs), spec);
-    address_ = agent_.address();
+    agent.start(config, std::move(procfs), spec);
   }
 
   Client makeClient(const asio::any_io_executor& ex, std::string name = "limits-test") {
@@ -124,16 +127,7 @@ TEST_F(LimitsTest, AFullAgentSendsTheClientOnToTheNextOne) {
   config.max_sessions = 1;
   start(config);
   fakes::InProcessAgent roomy;
-  {
-    AgentConfig c;
-    c.token = kToken;
-    auto procfs = std::make_unique<RootedProcFs>(tree_.root());
-    procfs->setSelfPid(kSelfPid);
-    procfs->addProcess(kSelfPid, {});
-    TargetSpec spec;
-    spec.mode = TargetMode::kTargetless;
-    roomy.start(c, std::move(procfs), spec);
-  }
+  startOn(roomy, AgentConfig{});
   runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
     Client a = makeClient(ex);
     EXPECT_TRUE((co_await a->connect()).ok());
