@@ -227,11 +227,10 @@ void AgentSession::onRequest(v1::Request request) {
 void AgentSession::onStreamOpen(v1::StreamOpen open) {
   stream_kinds_[open.stream_id()] = metrics::streamKindOf(open);
   if (server_.draining()) {
-    metrics().errorSent(v1::AGENT_DRAINING, metrics::ErrorFrame::kStreamReset);
-    session_.resetStream(open.stream_id(),
-                         toProtoError(protoError(v1::AGENT_DRAINING,
-                                                 "the agent is draining: no new streams; open it "
-                                                 "through another agent")));
+    resetStream(open.stream_id(),
+                toProtoError(protoError(v1::AGENT_DRAINING,
+                                        "the agent is draining: no new streams; open it "
+                                        "through another agent")));
     return;
   }
   if (StreamService* service = server_.services().stream(open.kind_case())) {
@@ -239,11 +238,10 @@ void AgentSession::onStreamOpen(v1::StreamOpen open) {
     return;
   }
   // Say so at once instead of leaving the opener waiting.
-  metrics().errorSent(v1::UNIMPLEMENTED, metrics::ErrorFrame::kStreamReset);
   std::string kind = open.kind_case() == v1::StreamOpen::KIND_NOT_SET
                          ? "(none)"
                          : open.GetDescriptor()->FindFieldByNumber(open.kind_case())->name();
-  session_.resetStream(
+  resetStream(
       open.stream_id(),
       toProtoError(protoError(
           v1::UNIMPLEMENTED,
@@ -272,8 +270,7 @@ void AgentSession::resetStreams(const v1::Error& error) {
   if (ended_) return;
   auto streams = streams_;  // onReset() unregisters
   for (auto& [id, e] : streams) {
-    session_.resetStream(id, error);
-    metrics().errorSent(error.code(), metrics::ErrorFrame::kStreamReset);
+    resetStream(id, error);
     e->onReset(error);
   }
   streams_.clear();

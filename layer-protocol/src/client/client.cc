@@ -806,19 +806,12 @@ void Client::releaseHandlers() {
   // keeps its client): dropping them ends that cycle with the session.
   // They are destroyed on the loop, not here, because one of them may be
   // the caller (a draining handler that closes the client).
-  struct Handlers {
-    StreamAcceptor acceptor;
-    std::function<void(const v1::Draining&)> on_draining;
-    std::function<void(const v1::SubscriptionNotice&)> on_notice;
-    std::function<void(const absl::Status&)> on_lost;
-    std::function<void(const FailoverEvent&)> on_failover;
-    std::function<void(const absl::Status&)> on_resumed;
-  };
-  auto released = std::make_shared<Handlers>(
-      Handlers{std::exchange(acceptor_, nullptr), std::exchange(on_draining_, nullptr),
-               std::exchange(on_notice_, nullptr), std::exchange(on_lost_, nullptr),
-               std::exchange(on_failover_, nullptr), std::exchange(on_resumed_, nullptr)});
-  asio::post(ex_, [released] {});
+  asio::post(ex_, [acceptor = std::exchange(acceptor_, nullptr),
+                   on_draining = std::exchange(on_draining_, nullptr),
+                   on_notice = std::exchange(on_notice_, nullptr),
+                   on_lost = std::exchange(on_lost_, nullptr),
+                   on_failover = std::exchange(on_failover_, nullptr),
+                   on_resumed = std::exchange(on_resumed_, nullptr)] {});
 }
 
 net::awaitable<bool> Client::waitForMove(std::chrono::steady_clock::time_point deadline) {
