@@ -319,9 +319,7 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
 
   void startOpen(std::shared_ptr<AgentSession> session, uint64_t id, R req) {
     if (table_.full(session->id())) {
-      absl::Status full =
-          errnoStatus(EMFILE, absl::StrCat(asv(fileOpName(req)), " ", fileRequestTarget(req), ": ",
-                                           table_.limitText()));
+      absl::Status full = errnoRefusal(EMFILE, table_.limitText());
       session->logLimitHit(full);
       reply(*session, id, full);
       return;

@@ -103,8 +103,7 @@ absl::Status checkFsMode(FsMode mode, const v1::FileRequest& request) {
       return protoError(v1::PERMISSION_DENIED, "file access is off (--fs-mode off)");
     case FsMode::kReadOnly:
       if (isWriteLike(request)) {
-        return errnoStatus(EROFS, absl::StrCat(asv(fileOpName(request)), " ",
-                                               fileRequestTarget(request), " (--fs-mode ro)"));
+        return errnoRefusal(EROFS, "the agent serves files read-only (siphon-agent --fs-mode ro)");
       }
       return absl::OkStatus();
     case FsMode::kReadWrite:

@@ -81,7 +81,7 @@ size_t HandleTable::count(const std::string& session) const {
 
 absl::StatusOr<uint64_t> HandleTable::add(const std::string& session, Handle h) {
   if (full(session)) {
-    return errnoStatus(EMFILE, absl::StrCat("open: ", limitText()));
+    return errnoRefusal(EMFILE, limitText());
   }
   Session& s = sessions_[session];
   const uint64_t id = s.next++;

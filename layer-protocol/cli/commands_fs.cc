@@ -11,7 +11,9 @@
 //   siphon fs mv FROM TO
 //
 // A failed operation prints one line, "siphon: fs cat /etc/shadow: Permission
-// denied (EACCES)", and the command exits 1 (3 when the agent went away).
+// denied (EACCES)", followed by the agent's reason when the errno is its own
+// answer (a limit, --fs-mode ro), and the command exits 1 (3 when the agent
+// went away).
 // Commands over several paths go on with the next path and exit 1 at the
 // end, as cat(1) and stat(1) do.
 #include <dirent.h>
@@ -55,9 +57,13 @@ int report(std::string_view what, const absl::Status& status) {
   const int err = errnoOf(status);
   if (errorCodeOf(status) == v1::ERRNO && err != 0) {
     const char* name = ::strerrorname_np(err);
+    // The agent's own reason, when the errno is its answer rather than the
+    // kernel's: "Too many open files (EMFILE): open file and directory limit
+    // of 64 reached (siphon-agent --max-open-files raises it)".
+    const std::string_view reason = errnoReason(status);
     printError(absl::StrCat(asv(what), ": ", std::strerror(err), " (",
-                            name != nullptr ? std::string(name) : absl::StrCat("errno ", err),
-                            ")"));
+                            name != nullptr ? std::string(name) : absl::StrCat("errno ", err), ")",
+                            reason.empty() ? "" : ": ", asv(reason)));
     return kExitError;
   }
   Failure f = requestFailure(what, status);

@@ -105,6 +105,26 @@ absl::Status errnoStatus(int err, std::string_view context) {
   return s;
 }
 
+absl::Status errnoRefusal(int err, std::string_view reason) {
+  absl::Status s(canonicalForErrno(err), absl::string_view(reason.data(), reason.size()));
+  s.SetPayload(kCodeUrl, absl::Cord(absl::StrCat(static_cast<int>(v1::ERRNO))));
+  s.SetPayload(kErrnoUrl, absl::Cord(absl::StrCat(err)));
+  return s;
+}
+
+std::string_view errnoReason(const absl::Status& status) {
+  const int err = errnoOf(status);
+  if (err == 0 || errorCodeOf(status) != v1::ERRNO) return {};
+  const std::string_view message = sv(status.message());
+  // errnoStatus's form, "context: strerror(err)", or just strerror(err).
+  const std::string_view plain = std::strerror(err);
+  if (message.empty() || message == plain ||
+      (message.ends_with(plain) && message.substr(0, message.size() - plain.size()).ends_with(": "))) {
+    return {};
+  }
+  return message;
+}
+
 absl::Status protoError(v1::ErrorCode code, std::string_view message) {
   absl::StatusCode canonical = canonicalForCode(code);
   if (canonical == absl::StatusCode::kOk) return absl::OkStatus();

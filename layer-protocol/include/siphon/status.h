@@ -64,6 +64,16 @@ inline absl::Status lastErrnoStatus(std::string_view context) {
   return errnoStatus(errno, context);
 }
 
+// A Status for an errno the agent answers by a rule of its own (a limit,
+// --fs-mode ro), not one a system call returned: code ERRNO with `err`, and
+// `reason` alone as the message. The reason says why and which flag governs
+// it; clients show it after strerror (errnoReason).
+absl::Status errnoRefusal(int err, std::string_view reason);
+
+// The reason of an errnoRefusal, also after a trip over the wire; empty for
+// any other Status (whose message is "context: strerror(err)").
+std::string_view errnoReason(const absl::Status& status);
+
 // A Status with a typed protocol error code.
 absl::Status protoError(v1::ErrorCode code, std::string_view message);
 

@@ -111,12 +111,21 @@ TEST(FsPolicyTest, OffRefusesEverythingWithPermissionDenied) {
   }
 }
 
-TEST(FsPolicyTest, MessagesNameTheRequest) {
+// The refusal under ro is the agent's, and says so: a client shows the reason
+// after strerror (the CLI: "Read-only file system (EROFS): the agent ...").
+TEST(FsPolicyTest, ReadOnlyGivesItsReason) {
+  v1::FileRequest r;
+  r.mutable_mkdir()->set_path("/data/x");
+  const absl::Status s = checkFsMode(FsMode::kReadOnly, r);
+  EXPECT_EQ(errnoOf(s), EROFS);
+  EXPECT_EQ(errnoReason(s), "the agent serves files read-only (siphon-agent --fs-mode ro)");
+  EXPECT_EQ(errnoReason(fromProtoError(toProtoError(s))), errnoReason(s)) << "lost on the wire";
+}
+
+TEST(FsPolicyTest, RequestNames) {
   v1::FileRequest r;
   r.mutable_mkdir()->set_path("/data/x");
   EXPECT_EQ(fileOpName(r), "mkdir");
-  EXPECT_EQ(checkFsMode(FsMode::kReadOnly, r).message(),
-            "mkdir /data/x (--fs-mode ro): Read-only file system");
   r.mutable_pwrite()->set_fd(7);
   EXPECT_EQ(fileRequestTarget(r), "fd 7");
   r.mutable_rename()->set_from("/a");
