@@ -94,22 +94,22 @@ absl::StatusCode canonicalForCode(v1::ErrorCode code) {
   }
 }
 
-}  // namespace
-
-absl::Status errnoStatus(int err, std::string_view context) {
-  absl::Status s(
-      canonicalForErrno(err),
-      absl::StrCat(absl::string_view(context.data(), context.size()), ": ", std::strerror(err)));
+// Code ERRNO with `err`, under the canonical code that fits it.
+absl::Status errnoWithMessage(int err, std::string_view message) {
+  absl::Status s(canonicalForErrno(err), asv(message));
   s.SetPayload(kCodeUrl, absl::Cord(absl::StrCat(static_cast<int>(v1::ERRNO))));
   s.SetPayload(kErrnoUrl, absl::Cord(absl::StrCat(err)));
   return s;
 }
 
+}  // namespace
+
+absl::Status errnoStatus(int err, std::string_view context) {
+  return errnoWithMessage(err, absl::StrCat(asv(context), ": ", std::strerror(err)));
+}
+
 absl::Status errnoRefusal(int err, std::string_view reason) {
-  absl::Status s(canonicalForErrno(err), absl::string_view(reason.data(), reason.size()));
-  s.SetPayload(kCodeUrl, absl::Cord(absl::StrCat(static_cast<int>(v1::ERRNO))));
-  s.SetPayload(kErrnoUrl, absl::Cord(absl::StrCat(err)));
-  return s;
+  return errnoWithMessage(err, reason);
 }
 
 std::string_view errnoReason(const absl::Status& status) {
@@ -118,10 +118,10 @@ std::string_view errnoReason(const absl::Status& status) {
   const std::string_view message = sv(status.message());
   // errnoStatus's form, "context: strerror(err)", or just strerror(err).
   const std::string_view plain = std::strerror(err);
-  if (message.empty() || message == plain ||
-      (message.ends_with(plain) && message.substr(0, message.size() - plain.size()).ends_with(": "))) {
-    return {};
-  }
+  const bool plain_form =
+      message == plain || (message.ends_with(plain) &&
+                           message.substr(0, message.size() - plain.size()).ends_with(": "));
+  if (message.empty() || plain_form) return {};
   return message;
 }
 
@@ -188,14 +188,8 @@ v1::Error toProtoError(const absl::Status& status) {
 }
 
 absl::Status fromProtoError(const v1::Error& error) {
-  if (error.code() == v1::ERRNO) {
-    absl::Status s = errnoStatus(error.errno_value(), "");
-    // Keep the peer's message (it names the operation) rather than ours.
-    absl::Status out(s.code(), error.message());
-    out.SetPayload(kCodeUrl, absl::Cord(absl::StrCat(static_cast<int>(v1::ERRNO))));
-    out.SetPayload(kErrnoUrl, absl::Cord(absl::StrCat(error.errno_value())));
-    return out;
-  }
+  // The peer's message as it is: "context: strerror" or its reason.
+  if (error.code() == v1::ERRNO) return errnoWithMessage(error.errno_value(), error.message());
   return protoError(error.code() == v1::ERROR_CODE_UNSPECIFIED ? v1::INTERNAL : error.code(),
                     error.message());
 }
