@@ -258,14 +258,23 @@ int iptablesGuardMain(int argc, char** argv) {
   if (chdir("/") != 0) {
     // Not fatal: only keeps a mount of the agent's cwd busy.
   }
+  // A failed write (EPIPE) means the agent died before this guard was
+  // ready: a replacement guard started while the chains are live. Nobody
+  // else would remove them, so on to the cleanup as after an EOF.
   char ready = kReady;
-  if (write(sock_fd, &ready, 1) != 1) return 1;
-
-  char buf[64];
-  for (;;) {
-    ssize_t got = read(sock_fd, buf, sizeof buf);
-    if (got > 0 || (got < 0 && errno == EINTR)) continue;
-    break;  // EOF (or an error, which also means the agent is gone)
+  ssize_t wrote;
+  do {
+    wrote = write(sock_fd, &ready, 1);
+  } while (wrote < 0 && errno == EINTR);
+  if (wrote != 1) {
+    log::warn("steal_iptables_guard_agent_gone", {{"chain_pre", chains.pre}});
+  } else {
+    char buf[64];
+    for (;;) {
+      ssize_t got = read(sock_fd, buf, sizeof buf);
+      if (got > 0 || (got < 0 && errno == EINTR)) continue;
+      break;  // EOF (or an error, which also means the agent is gone)
+    }
   }
   close(sock_fd);
 

@@ -8,7 +8,9 @@
 // must not take it along), ignores the terminal signals, says it is ready
 // on a socketpair, and blocks reading it. End of file there means the agent
 // is gone or has stopped steering: it removes our chains in both flavours
-// (only what the save output shows) and exits.
+// (only what the save output shows) and exits. So does a guard that cannot
+// say it is ready because the agent is already gone (a replacement guard
+// started just before the agent was killed).
 //
 // The agent side (makeProcessGuard) watches its end of the socketpair on a
 // thread: a guard that dies while steering is live is logged and replaced

@@ -6,6 +6,7 @@
 // inside the test's namespaces.
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <sys/socket.h>
@@ -490,6 +491,60 @@ TEST_P(StealIptables, RemoveStaleChainsOnItsOwn) {
   EXPECT_THAT(pods.save(saveTool()), HasSubstr("-A PREROUTING -j SIPHON_00000001_PRE"));
   // Nothing left: a second call is a no-op.
   EXPECT_TRUE(removeStaleIptablesChains(pods.pod_fd.get(), pods.pod.inode()).ok());
+}
+
+// Runs the guard (the helper's iptablesGuardMain) on the pod's chains, both
+// families, with `sock` as its end of the agent's socketpair; its exit code,
+// or nullopt if it hangs.
+std::optional<int> runGuard(const Pods& pods, const std::string& flavor, int sock) {
+  const ChainNames c = chainNamesFor(pods.pod.inode());
+  std::vector<std::string> argv = {STEAL_IPTABLES_HELPER,
+                                   std::string(kIptablesGuardCommand),
+                                   "--netns-fd=10",
+                                   "--sock-fd=11",
+                                   "--flavor=" + flavor,
+                                   "--pre=" + c.pre,
+                                   "--out=" + c.out,
+                                   "--v6=1"};
+  std::vector<char*> args;
+  for (auto& a : argv) args.push_back(a.data());
+  args.push_back(nullptr);
+  const int ns = pods.pod_fd.get();
+  pid_t pid = fork();
+  if (pid == 0) {  // async-signal-safe calls only
+    int ns_copy = fcntl(ns, F_DUPFD, 20), sock_copy = fcntl(sock, F_DUPFD, 20);
+    if (ns_copy < 0 || sock_copy < 0 || dup2(ns_copy, 10) < 0 || dup2(sock_copy, 11) < 0) {
+      _exit(126);
+    }
+    close_range(12, ~0U, 0);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  EXPECT_GT(pid, 0) << "fork: " << std::strerror(errno);
+  harness::Child child(pid);
+  return child.waitUntil(Clock::now() + kHangDeadline);
+}
+
+// The agent killed while its replacement guard starts: the guard cannot say
+// it is ready (EPIPE), and must still remove the chains, not leave the port
+// redirected to nothing. (Seen in CI: the instrumented guard starts slowly.)
+TEST_P(StealIptables, AGuardWhoseAgentIsAlreadyGoneStillCleansUp) {
+  SKIP_UNLESS_ROOT();
+  Pods pods;
+  ASSERT_TRUE(pods.ok());
+  Server app(listenIn(pods.pod_fd.get(), AF_INET6, false), [](int) { return "original"; });
+  plantStaleChains(pods, "iptables-" + flavor() + "-restore", app.port());
+  plantStaleChains(pods, "ip6tables-" + flavor() + "-restore", app.port());
+  ASSERT_EQ(talk(pods.peer_fd.get(), "10.77.0.1", app.port()),
+            "error: connect: Connection refused");
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  Fd guard_end(sv[1]);
+  ::close(sv[0]);  // the agent's end: gone before the guard is ready
+  EXPECT_EQ(runGuard(pods, flavor(), guard_end.get()), 0);
+  EXPECT_FALSE(pods.anyChainLeft()) << pods.save(saveTool());
+  EXPECT_EQ(talk(pods.peer_fd.get(), "10.77.0.1", app.port()), "original");
+  EXPECT_EQ(talk(pods.peer_fd.get(), "fd77::1", app.port()), "original");
 }
 
 INSTANTIATE_TEST_SUITE_P(Flavors, StealIptables, ::testing::Values("nft", "legacy"),
