@@ -32,7 +32,7 @@ phase "the tests"
 
 # The same tests again under sanitizers (scripts/sanitize.sh): ASan+UBSan over
 # every test in build-asan/, TSan over the unit tests in build-tsan/. The
-# ctest args above apply there too. About 25 minutes on two cores, most of it
+# ctest args above apply there too. About 28 minutes on two cores, most of it
 # the two builds; skip with SIPHON_SKIP_SANITIZE=1.
 if [ "${SIPHON_SKIP_SANITIZE:-0}" != 1 ]; then
   bash scripts/sanitize.sh all "$@"
