@@ -22,6 +22,7 @@
 #include "agent/target/target.h"
 #include "siphon/status.h"
 #include "siphon/text.h"
+#include "siphon/transport/spawn.h"
 #include "siphon/transport/tls.h"
 
 namespace siphon::agent {
@@ -282,6 +283,7 @@ int realMain(int argc, char** argv) {
   if (auto s = log::parseFormat(log_format, &format); !s.ok())
     return fail(kExitUsage, sv(s.message()));
   if (auto s = log::init(format, log_level); !s.ok()) return fail(kExitUsage, sv(s.message()));
+  net::setSpawnFailureReporter(&log::coroutineFailed);
   for (auto [text, out] : {std::pair{&first_client_timeout, &config.first_client_timeout},
                            std::pair{&idle_timeout, &config.idle_timeout},
                            std::pair{&session_grace, &config.limits.session_grace},

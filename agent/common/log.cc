@@ -122,4 +122,19 @@ void event(Level level, std::string_view name, std::initializer_list<Field> fiel
   fflush(stderr);
 }
 
+uint64_t Throttle::hit(std::string_view key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = counts_.find(key);
+  if (it == counts_.end()) it = counts_.emplace(std::string(key), 0).first;
+  const uint64_t n = ++it->second;
+  return (n & (n - 1)) == 0 ? n : 0;
+}
+
+void coroutineFailed(std::string_view what, std::string_view error) {
+  static Throttle throttle;
+  const uint64_t n = throttle.hit(what);
+  if (n == 0) return;
+  log::error("coroutine_failed", {{"what", what}, {"error", error}, {"count", n}});
+}
+
 }  // namespace siphon::agent::log

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <map>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -48,6 +50,25 @@ inline void warn(std::string_view name, std::initializer_list<Field> f = {}) {
 inline void error(std::string_view name, std::initializer_list<Field> f = {}) {
   event(Level::kError, name, f);
 }
+
+// For events a peer can repeat at will (a rejected handshake, a limit hit, a
+// coroutine that fails per connection): hit() counts one more occurrence of
+// `key` and returns the count when this occurrence should be logged (the
+// 1st, 2nd, 4th, 8th... of that key), 0 otherwise, so the log grows with the
+// logarithm of a flood, and each line says how many there have been.
+// Thread-safe.
+class Throttle {
+ public:
+  uint64_t hit(std::string_view key);
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, uint64_t, std::less<>> counts_;
+};
+
+// The agent's reporter for net::spawn() (siphon/transport/spawn.h):
+// `coroutine_failed what=NAME error=TEXT count=N`, throttled per NAME.
+void coroutineFailed(std::string_view what, std::string_view error);
 
 // Formats one line (no newline) as init() configured; exposed for tests.
 std::string formatLine(Format format, Level level, std::string_view name,
