@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "siphon/status.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::cli {
 
@@ -22,8 +23,13 @@ void Bridge::start() {
     auto b = weak.lock();
     return b ? b->sendDirect(payload) : 0;
   });
-  asio::co_spawn(ex, localToStream(shared_from_this()), asio::detached);
-  asio::co_spawn(ex, streamToLocal(shared_from_this()), asio::detached);
+  // A pump that throws ends this bridged connection, both sides.
+  auto fail = [self = shared_from_this()] {
+    self->abortLocal();
+    self->stream->reset(v1::INTERNAL, "the bridge failed");
+  };
+  net::spawn(ex, localToStream(shared_from_this()), "bridge_local_to_stream", fail);
+  net::spawn(ex, streamToLocal(shared_from_this()), "bridge_stream_to_local", fail);
 }
 
 size_t Bridge::sendDirect(std::string_view payload) {

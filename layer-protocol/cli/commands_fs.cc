@@ -39,6 +39,7 @@
 #include "cli/exit_codes.h"
 #include "cli/json_writer.h"
 #include "siphon/status.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::cli {
 namespace {
@@ -107,7 +108,11 @@ class Pipeline {
   void push(v1::FileRequest fr) {
     auto slot = std::make_shared<Slot>(ex_);
     slots_.push_back(slot);
-    net::asio::co_spawn(ex_, run(client_, timeout_, std::move(fr), slot), net::asio::detached);
+    net::spawn(ex_, run(client_, timeout_, std::move(fr), slot), "fs_request", [slot] {
+      slot->result = absl::InternalError("the request failed inside the client");
+      slot->finished = true;
+      slot->done.notify();
+    });
   }
 
   // The answer to the oldest request still queued. Precondition: size() > 0.

@@ -50,6 +50,7 @@
 #include "cli/mirror_output.h"
 #include "cli/steal_spec.h"
 #include "siphon/status.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::cli {
 namespace {
@@ -98,7 +99,10 @@ class Replay : public std::enable_shared_from_this<Replay> {
         connect_timeout_(connect_timeout),
         on_fail_(std::move(on_fail)) {}
 
-  void start() { asio::co_spawn(socket_.get_executor(), run(shared_from_this()), asio::detached); }
+  void start() {
+    net::spawn(socket_.get_executor(), run(shared_from_this()), "mirror_replay",
+               [self = shared_from_this()] { self->fail("the replay failed"); });
+  }
 
   void push(std::string_view bytes) {
     if (failed_ || finishing_) {
@@ -188,7 +192,8 @@ class Replay : public std::enable_shared_from_this<Replay> {
     socket_.set_option(net::tcp::no_delay(true), ec);
     socket_.non_blocking(true, ec);  // for push()'s direct writes
     connected_ = true;
-    asio::co_spawn(socket_.get_executor(), discardAnswers(shared_from_this()), asio::detached);
+    net::spawn(socket_.get_executor(), discardAnswers(shared_from_this()), "mirror_replay_reader",
+               [self = shared_from_this()] { self->fail("the replay's reader failed"); });
 
     while (true) {
       while (queue_.empty() && !finishing_ && !failed_) co_await wake_.wait();
@@ -483,8 +488,9 @@ net::awaitable<void> serveMirrored(std::shared_ptr<MirrorState> state,
 void spawnServe(const std::shared_ptr<MirrorState>& st,
                 std::shared_ptr<client::ClientStream> stream, v1::StreamOpen open) {
   ++st->starting;
-  asio::co_spawn(st->signals.get_executor(), serveMirrored(st, std::move(stream), std::move(open)),
-                 asio::detached);
+  // A connection that throws is reset; the others go on.
+  net::spawn(st->signals.get_executor(), serveMirrored(st, stream, std::move(open)),
+             "mirror_connection", [stream] { stream->reset(v1::INTERNAL, "the client failed"); });
 }
 
 // The client's stream acceptor: runs inside the client's dispatch, so it

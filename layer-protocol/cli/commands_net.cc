@@ -26,6 +26,7 @@
 #include "cli/options.h"
 #include "siphon/status.h"
 #include "siphon/transport/session_transport.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::cli {
 namespace {
@@ -230,8 +231,14 @@ net::awaitable<int> runConnect(const CommandEnv& env, const ConnectFlags& flags)
     state->stop();
   });
 
-  asio::co_spawn(ex, stdinToStream(state), asio::detached);
-  asio::co_spawn(ex, streamToStdout(state), asio::detached);
+  // A direction that throws fails the command (once) and counts as ended,
+  // so the wait below still finishes.
+  auto fail = [state] {
+    state->fail(absl::InternalError("connect: a copy loop failed"), kExitError);
+    state->finishedOne();
+  };
+  net::spawn(ex, stdinToStream(state), "connect_stdin", fail);
+  net::spawn(ex, streamToStdout(state), "connect_stdout", fail);
   while (state->running > 0) co_await state->done.wait();
 
   net::error_code ignored;
@@ -365,7 +372,11 @@ net::awaitable<void> acceptLoop(std::shared_ptr<ForwardState> state,
       co_await pause.async_wait(asio::redirect_error(net::use_awaitable, ec));
       continue;
     }
-    asio::co_spawn(ex, forwardOne(st, sock, spec), asio::detached);
+    // One forwarded connection that throws closes that connection only.
+    net::spawn(ex, forwardOne(st, sock, spec), "forward_connection", [sock] {
+      net::error_code ignored;
+      sock->close(ignored);
+    });
   }
 }
 
@@ -412,7 +423,8 @@ net::awaitable<int> runForward(const CommandEnv& env, const std::vector<std::str
     if (!ec) state->stop(kExitOk);
   });
   for (size_t i = 0; i < specs.size(); ++i) {
-    asio::co_spawn(ex, acceptLoop(state, state->acceptors[i], specs[i]), asio::detached);
+    net::spawn(ex, acceptLoop(state, state->acceptors[i], specs[i]), "forward_accept",
+               [state] { state->stop(kExitError); });
   }
   // Once every listener is up, so that a script can wait for these lines.
   for (const auto& line : lines) std::fprintf(stderr, "%s\n", line.c_str());

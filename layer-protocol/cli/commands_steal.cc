@@ -54,6 +54,7 @@
 #include "cli/line_writer.h"
 #include "cli/steal_spec.h"
 #include "siphon/status.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::cli {
 namespace {
@@ -394,12 +395,13 @@ void spawnServe(const std::shared_ptr<StealState>& st, std::shared_ptr<client::C
                 v1::StreamOpen open) {
   ++st->starting;
   if (open.has_stolen_request()) {
-    asio::co_spawn(st->signals.get_executor(), serveRequest(st, std::move(stream), std::move(open)),
-                   asio::detached);
+    net::spawn(st->signals.get_executor(), serveRequest(st, stream, std::move(open)),
+               "steal_request", [stream] { stream->reset(v1::INTERNAL, "the client failed"); });
     return;
   }
-  asio::co_spawn(st->signals.get_executor(), serveStolen(st, std::move(stream), std::move(open)),
-                 asio::detached);
+  // A connection that throws is reset; the others go on.
+  net::spawn(st->signals.get_executor(), serveStolen(st, stream, std::move(open)),
+             "steal_connection", [stream] { stream->reset(v1::INTERNAL, "the client failed"); });
 }
 
 // What the client's stream acceptor does: runs inside Client::onStreamOpen,

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/bridge.h"
 #include "siphon/status.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::cli {
 
@@ -100,7 +101,8 @@ Exchange::Exchange(asio::any_io_executor ex, std::shared_ptr<client::ClientStrea
       switched_(local_.get_executor()) {}
 
 void Exchange::start() {
-  asio::co_spawn(local_.get_executor(), run(shared_from_this()), asio::detached);
+  net::spawn(local_.get_executor(), run(shared_from_this()), "http_exchange",
+             [self = shared_from_this()] { self->end("the exchange failed inside the client"); });
 }
 
 void Exchange::end(std::string_view why) {
@@ -200,12 +202,14 @@ net::awaitable<void> Exchange::run(std::shared_ptr<Exchange> self_in) {
     if (!fresh.ok() && !x.ended_) {
       // The pump drops the request; the HTTP client gets our 502.
       x.discard_ = true;
-      asio::co_spawn(x.local_.get_executor(), pump(self), asio::detached);
+      net::spawn(x.local_.get_executor(), pump(self), "http_pump",
+                 [self] { self->end("the request pump failed inside the client"); });
       co_await x.answer502(std::string(fresh.status().message()));
     }
   }
   if (x.local_.is_open() && !x.ended_) {
-    asio::co_spawn(x.local_.get_executor(), pump(self), asio::detached);
+    net::spawn(x.local_.get_executor(), pump(self), "http_pump",
+               [self] { self->end("the request pump failed inside the client"); });
     co_await x.readResponse();
   } else if (x.ended_) {
     x.pump_done_ = true;

@@ -9,6 +9,7 @@
 #include "siphon/protocol/handshake.h"
 #include "siphon/status.h"
 #include "siphon/transport/frame_io.h"
+#include "siphon/transport/spawn.h"
 #include "siphon/transport/tls.h"
 
 namespace siphon::client {
@@ -508,10 +509,13 @@ net::awaitable<absl::StatusOr<std::shared_ptr<Link>>> Client::open(const std::st
 }
 
 void Client::start(std::shared_ptr<Link> link, net::Stream socket, std::string leftover) {
-  asio::co_spawn(ex_,
-                 runTransports(shared_from_this(), std::move(link), std::move(socket),
-                               std::move(leftover)),
-                 asio::detached);
+  // An exception escaping the transports loses that link (the session's
+  // continuity code decides what follows), never the process.
+  auto self = shared_from_this();
+  net::spawn(ex_, runTransports(self, link, std::move(socket), std::move(leftover)),
+             "client_transports", [self, link] {
+               self->linkLost(link, protoError(v1::INTERNAL, "the client's transport failed"));
+             });
 }
 
 net::awaitable<absl::Status> Client::connect() {
@@ -679,8 +683,17 @@ void Client::moveOn(const std::shared_ptr<Link>& link, std::string reason, size_
   event.reason = std::move(reason);
   event.streams = streams;
   event.requests_failed = requests;
-  asio::co_spawn(ex_, failover(shared_from_this(), link, std::move(event), std::nullopt),
-                 asio::detached);
+  spawnFailover(link, std::move(event), std::nullopt);
+}
+
+void Client::spawnFailover(std::shared_ptr<Link> from, FailoverEvent event,
+                           std::optional<v1::Draining> draining) {
+  // A failover that throws ends the session with a clear error rather than
+  // leaving it half moved with nobody told.
+  auto self = shared_from_this();
+  net::spawn(ex_, failover(self, std::move(from), std::move(event), std::move(draining)),
+             "client_failover",
+             [self] { self->sessionLost(protoError(v1::INTERNAL, "the failover failed")); });
 }
 
 net::awaitable<void> Client::failover(std::shared_ptr<Client> self, std::shared_ptr<Link> from_in,
@@ -1140,10 +1153,7 @@ void Client::onDraining(Link& link, v1::Draining draining) {
     event.reason = absl::StrCat("draining (", draining.reason(), ")");
     event.draining = true;
     event.streams = link.openStreams();
-    asio::co_spawn(ex_,
-                   failover(shared_from_this(), link.shared_from_this(), std::move(event),
-                            std::move(draining)),
-                   asio::detached);
+    spawnFailover(link.shared_from_this(), std::move(event), std::move(draining));
     return;
   }
   if (&link == link_.get() && on_draining_) on_draining_(draining);

@@ -37,18 +37,27 @@ awaitable<void> throwsAfterASuspend(asio::io_context& io) {
 
 awaitable<int> returnsNormally() { co_return 7; }
 
+// Parameters, not lambda captures: a coroutine lambda's captures die with
+// the temporary closure before the coroutine runs.
+awaitable<void> ticks(asio::io_context& io, int n, int* count) {
+  for (int i = 0; i < n; ++i) {
+    asio::steady_timer t(io, std::chrono::milliseconds(2));
+    co_await t.async_wait(use_awaitable);
+    ++*count;
+  }
+}
+
+awaitable<void> throwsAnInt() {
+  throw 42;
+  co_return;
+}
+
 TEST_F(SpawnTest, AnEscapingExceptionIsReportedAndEndsOnlyItsOwner) {
   int owner_ended = 0;
   int other_runs = 0;
   spawn(io, throwsAfterASuspend(io), "accept_loop", [&] { ++owner_ended; });
   // A second coroutine on the same loop keeps running after the first fails.
-  spawn(io, [&]() -> awaitable<void> {
-    for (int i = 0; i < 3; ++i) {
-      asio::steady_timer t(io, std::chrono::milliseconds(2));
-      co_await t.async_wait(use_awaitable);
-      ++other_runs;
-    }
-  }(), "other");
+  spawn(io, ticks(io, 3, &other_runs), "other");
   io.run();
   ASSERT_EQ(g_reports.size(), 1u);
   EXPECT_EQ(g_reports[0].what, "accept_loop");
@@ -66,10 +75,7 @@ TEST_F(SpawnTest, ANormalEndReportsNothing) {
 }
 
 TEST_F(SpawnTest, ANonStandardExceptionIsNamedAsSuch) {
-  spawn(io, []() -> awaitable<void> {
-    throw 42;
-    co_return;
-  }(), "odd");
+  spawn(io, throwsAnInt(), "odd");
   io.run();
   ASSERT_EQ(g_reports.size(), 1u);
   EXPECT_EQ(g_reports[0].error, "unknown exception");

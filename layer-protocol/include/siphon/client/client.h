@@ -272,6 +272,9 @@ class Client : public std::enable_shared_from_this<Client> {
   net::awaitable<absl::StatusOr<std::pair<net::Stream, std::string>>> reconnect(Link& link);
   bool canFailover() const;
   std::shared_ptr<Link> linkOf(uint64_t generation) const;
+  // Starts failover() detached (net::spawn); an exception ends the session.
+  void spawnFailover(std::shared_ptr<Link> from, FailoverEvent event,
+                     std::optional<v1::Draining> draining);
   net::awaitable<void> failover(std::shared_ptr<Client> self, std::shared_ptr<Link> from,
                                 FailoverEvent event, std::optional<v1::Draining> draining);
   net::awaitable<absl::StatusOr<v1::Response>> callOn(std::shared_ptr<Link> link,
