@@ -436,7 +436,7 @@ bool StreamReassembler::coalesce(uint64_t offset, std::string_view bytes, Timest
     pending_.insert(std::move(node));
   }
   buffered_ += bytes.size();
-  held_ = held_ - old_cost + chunkCost(join_before ? before->second : pending_.at(offset));
+  held_ = held_ - old_cost + chunkCost(target);
   return true;
 }
 

@@ -206,7 +206,7 @@ class StreamReassembler {
  private:
   struct Chunk {
     std::string bytes;
-    Timestamp arrival;  // of its oldest byte (chunks merge)
+    Timestamp arrival;  // the earliest of the segments merged into it
   };
   static size_t nodeCost();
   static size_t chunkCost(const Chunk& chunk);
