@@ -8,8 +8,8 @@
 // closes) is handed over in batches to `Deliver`, which the service posts to
 // its event loop.
 //
-// Memory is bounded twice: the reassembly's own bounds (connections,
-// out-of-order bytes), and `max_queued_bytes` of records handed over and not
+// Memory is bounded twice: the reassembly's own bounds (connections, the
+// memory out-of-order segments hold), and `max_queued_bytes` of records handed over and not
 // yet released() by the consumer. Past it, bytes become gaps at once: the
 // engine never waits for a consumer, so it never slows the ring buffer, and
 // the ring buffer never slows the application (a full ring drops the copy,
@@ -62,10 +62,11 @@ struct MirrorEngineOptions {
   // Record payload at most (one Data frame each).
   size_t max_record = 32 * 1024;
   std::chrono::milliseconds tick{50};  // hole and idle timeouts, kernel counters
-  // server_ports follows addPort/removePort. Out of order, 8 MiB per
-  // direction: a sender cannot get further ahead of a hole than the
-  // receiver's window, which Linux caps at 6 MiB by default (tcp_rmem); a
-  // lost copy of one packet must not turn its retransmission into a gap.
+  // server_ports follows addPort/removePort. Out of order, 8 MiB of memory
+  // per direction (7.2 MiB of MSS-sized payload, segmentCost()): a sender
+  // cannot get further ahead of a hole than the receiver's window, which
+  // Linux caps at 6 MiB by default (tcp_rmem); a lost copy of one packet
+  // must not turn its retransmission into a gap.
   ConnectionTableOptions table = [] {
     ConnectionTableOptions o;
     o.stream.max_buffered = 8u << 20;

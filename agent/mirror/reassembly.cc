@@ -51,6 +51,33 @@ constexpr size_t kTcpMinHeader = 20;
 // hostile chain from costing more than a few reads.
 constexpr int kMaxIpv6ExtensionHeaders = 8;
 
+// ---------------------------------------------------------------- memory
+// One held segment used to be counted as its payload bytes while a 1-byte
+// segment held about 150 bytes of heap: a flood of tiny out-of-order
+// segments grew the heap ~150x past max_buffered. What is counted now is
+// the heap blocks themselves.
+
+// The heap block malloc hands out for `request` bytes: glibc rounds the
+// request plus an 8-byte size header up to 16 bytes, 32 at least
+// (request2size); jemalloc and tcmalloc size classes are no coarser for
+// these sizes by more than a few bytes.
+constexpr size_t mallocBlock(size_t request) {
+  return std::max<size_t>(4 * sizeof(size_t), (request + sizeof(size_t) + 15) & ~size_t{15});
+}
+
+// A red-black tree node (std::map, std::multiset) carries its colour and
+// three links before the value: libstdc++'s _Rb_tree_node_base, libc++'s
+// __tree_node_base plus the colour are the same four words.
+constexpr size_t kTreeNodeHeader = 4 * sizeof(void*);
+
+// The heap block behind a string's bytes: none while they fit in the
+// string itself (small-string optimisation).
+size_t stringHeap(const std::string& s) {
+  const char* object = reinterpret_cast<const char*>(&s);
+  if (s.data() >= object && s.data() < object + sizeof s) return 0;
+  return mallocBlock(s.capacity() + 1);
+}
+
 absl::StatusOr<TcpSegment> parseTcp(std::string_view tcp, TcpSegment segment) {
   if (tcp.size() < kTcpMinHeader) return malformed("TCP header truncated");
   size_t header = static_cast<size_t>(byteAt(tcp, 12) >> 4) * 4;
@@ -202,6 +229,24 @@ absl::StatusOr<TcpSegment> parsePacket(std::string_view packet, LinkType link) {
 
 StreamReassembler::StreamReassembler(ReassemblerOptions options) : options_(options) {}
 
+size_t StreamReassembler::nodeCost() {
+  // The pending_ node (key and Chunk) and the arrivals_ node.
+  return mallocBlock(kTreeNodeHeader + sizeof(std::pair<const uint64_t, Chunk>)) +
+         mallocBlock(kTreeNodeHeader + sizeof(Timestamp));
+}
+
+size_t StreamReassembler::chunkCost(const Chunk& chunk) {
+  return nodeCost() + stringHeap(chunk.bytes);
+}
+
+size_t StreamReassembler::segmentCost(size_t bytes) {
+  // What store() makes: a copy of the view, its capacity exactly `bytes`
+  // once past what the string holds inline (chunkCost() of it, without
+  // allocating it to find out).
+  static const size_t kInline = std::string().capacity();
+  return nodeCost() + (bytes <= kInline ? 0 : mallocBlock(bytes + 1));
+}
+
 void StreamReassembler::start(uint32_t first_data_seq, bool mid_stream) {
   started_ = true;
   started_mid_stream_ = mid_stream;
@@ -302,13 +347,16 @@ void StreamReassembler::onSegment(uint32_t seq, uint8_t flags, std::string_view 
 void StreamReassembler::place(uint64_t offset, std::string_view bytes, Timestamp now,
                               StreamSink& sink) {
   // Make room by giving up the oldest holes, but only those before this
-  // piece: giving up one after it would report bytes we are holding.
-  while (offset > next_ && buffered_ + bytes.size() > options_.max_buffered && !pending_.empty() &&
+  // piece: giving up one after it would report bytes we are holding. Room
+  // for a separate segment is made even when it may merge with a
+  // neighbour: store() merges only when that fits as well.
+  const size_t cost = segmentCost(bytes.size());
+  while (offset > next_ && held_ + cost > options_.max_buffered && !pending_.empty() &&
          pending_.begin()->first < offset) {
     skipFirstHole(sink);
   }
   invariant(offset >= next_, "a piece starts before the next byte to deliver");
-  if (offset > next_ && buffered_ + bytes.size() > options_.max_buffered) {
+  if (offset > next_ && held_ + cost > options_.max_buffered) {
     // Nothing buffered before this piece, and it still does not fit: the
     // hole before it is given up and the piece delivered straight away.
     skipTo(offset, sink);
@@ -318,9 +366,78 @@ void StreamReassembler::place(uint64_t offset, std::string_view bytes, Timestamp
     drain(sink);
     return;
   }
-  pending_.emplace(offset, Chunk{std::string(bytes), now});
+  store(offset, bytes, now);
+  invariant(held_ <= options_.max_buffered, "out-of-order data holds more than max_buffered");
+}
+
+// There is room for `bytes` at `offset` as a separate chunk.
+void StreamReassembler::store(uint64_t offset, std::string_view bytes, Timestamp now) {
+  if (coalesce(offset, bytes, now)) return;
+  auto [it, inserted] = pending_.emplace(offset, Chunk{std::string(bytes), now});
+  invariant(inserted, "two buffered chunks at one offset");
   arrivals_.insert(now);
   buffered_ += bytes.size();
+  held_ += chunkCost(it->second);
+}
+
+void StreamReassembler::setArrival(Chunk& chunk, Timestamp arrival) {
+  if (arrival >= chunk.arrival) return;
+  arrivals_.erase(arrivals_.find(chunk.arrival));
+  arrivals_.insert(arrival);
+  chunk.arrival = arrival;
+}
+
+// Merges `bytes` with the chunk ending at `offset` and/or the one starting
+// right after them, while the result stays within kCoalesceLimit and
+// max_buffered. False when nothing was merged (the caller stores a chunk).
+// A merged chunk keeps the earliest arrival of its parts: adjacent chunks
+// drain together, so the oldest hole's age is unchanged.
+bool StreamReassembler::coalesce(uint64_t offset, std::string_view bytes, Timestamp now) {
+  auto after = pending_.upper_bound(offset);
+  auto before = after == pending_.begin() ? pending_.end() : std::prev(after);
+  size_t size = bytes.size();
+  const bool join_before = before != pending_.end() &&
+                           before->first + before->second.bytes.size() == offset &&
+                           before->second.bytes.size() + size <= kCoalesceLimit;
+  if (join_before) size += before->second.bytes.size();
+  const bool join_after = after != pending_.end() && after->first == offset + bytes.size() &&
+                          size + after->second.bytes.size() <= kCoalesceLimit;
+  if (join_after) size += after->second.bytes.size();
+  if (!join_before && !join_after) return false;
+
+  const size_t old_cost =
+      (join_before ? chunkCost(before->second) : 0) + (join_after ? chunkCost(after->second) : 0);
+  Chunk& target = join_before ? before->second : after->second;
+  if (join_before && target.bytes.capacity() >= size) {
+    // Room in place: no new block, nothing to check.
+    target.bytes.append(bytes);
+    if (join_after) target.bytes.append(after->second.bytes);
+  } else {
+    // A new block with room to grow (amortised, like append's own
+    // doubling), charged before anything changes.
+    std::string merged;
+    merged.reserve(std::min(kCoalesceLimit, 2 * size));
+    if (join_before) merged.append(before->second.bytes);
+    merged.append(bytes);
+    if (join_after) merged.append(after->second.bytes);
+    const size_t new_cost = nodeCost() + stringHeap(merged);
+    if (held_ - old_cost + new_cost > options_.max_buffered) return false;
+    target.bytes = std::move(merged);
+  }
+  setArrival(target, now);
+  if (join_before && join_after) {
+    setArrival(target, after->second.arrival);
+    arrivals_.erase(arrivals_.find(after->second.arrival));
+    pending_.erase(after);
+  } else if (join_after) {
+    // The chunk now starts at `offset`: same node, new key.
+    auto node = pending_.extract(after);
+    node.key() = offset;
+    pending_.insert(std::move(node));
+  }
+  buffered_ += bytes.size();
+  held_ = held_ - old_cost + chunkCost(target);
+  return true;
 }
 
 void StreamReassembler::deliver(std::string_view bytes, StreamSink& sink) {
@@ -345,6 +462,7 @@ void StreamReassembler::drain(StreamSink& sink) {
     auto node = pending_.extract(pending_.begin());
     Chunk& chunk = node.mapped();
     buffered_ -= chunk.bytes.size();
+    held_ -= chunkCost(chunk);
     arrivals_.erase(arrivals_.find(chunk.arrival));
     deliver(chunk.bytes, sink);
   }
@@ -569,7 +687,7 @@ ConnectionTable::Connection* ConnectionTable::open(const TcpSegment& segment, Ti
 }
 
 void ConnectionTable::close(Connection& connection, CloseReason reason) {
-  buffered_total_ -= held(connection);
+  held_total_ -= held(connection);
   // What is still missing in either direction is reported before the close:
   // a consumer never has to guess whether bytes were lost.
   DirectionSink to_server(*this, connection, Direction::kClientToServer);
@@ -599,7 +717,7 @@ void ConnectionTable::advanceTime(Timestamp now) {
     connection->to_server.advanceTime(now, to_server);
     DirectionSink to_client(*this, *connection, Direction::kServerToClient);
     connection->to_client.advanceTime(now, to_client);
-    buffered_total_ = buffered_total_ - before + held(*connection);
+    held_total_ = held_total_ - before + held(*connection);
     if (connection->to_server.ended() && connection->to_client.ended()) {
       close(*connection, CloseReason::kFin);
     }
@@ -620,32 +738,40 @@ void ConnectionTable::setServerPorts(std::set<uint16_t> ports) {
 }
 
 size_t ConnectionTable::held(const Connection& connection) {
-  return connection.to_server.bufferedBytes() + connection.to_client.bufferedBytes();
+  return connection.to_server.heldMemory() + connection.to_client.heldMemory();
+}
+
+size_t ConnectionTable::bufferedBytes() const {
+  size_t bytes = 0;
+  for (const auto& [key, c] : connections_) {
+    bytes += c->to_server.bufferedBytes() + c->to_client.bufferedBytes();
+  }
+  return bytes;
 }
 
 void ConnectionTable::accountBuffered(Connection& connection, size_t before) {
-  buffered_total_ = buffered_total_ - before + held(connection);
-  if (buffered_total_ <= options_.max_buffered_total) return;
+  held_total_ = held_total_ - before + held(connection);
+  if (held_total_ <= options_.max_buffered_total) return;
   // The connection that grew pays first, its fuller direction first.
   // False when nothing could be given up (no progress: stop).
   auto shedOne = [this](Connection& c) {
     const size_t was = held(c);
-    const Direction d = c.to_server.bufferedBytes() >= c.to_client.bufferedBytes()
+    const Direction d = c.to_server.heldMemory() >= c.to_client.heldMemory()
                             ? Direction::kClientToServer
                             : Direction::kServerToClient;
     DirectionSink sink(*this, c, d);
     c.stream(d).shed(sink);
-    buffered_total_ = buffered_total_ - was + held(c);
+    held_total_ = held_total_ - was + held(c);
     return held(c) < was;
   };
-  while (buffered_total_ > options_.max_buffered_total && shedOne(connection)) {
+  while (held_total_ > options_.max_buffered_total && shedOne(connection)) {
   }
   // Then the least recently active. A stream that ends here is closed by
   // the next advanceTime().
   for (Connection* c : by_activity_) {
-    while (buffered_total_ > options_.max_buffered_total && shedOne(*c)) {
+    while (held_total_ > options_.max_buffered_total && shedOne(*c)) {
     }
-    if (buffered_total_ <= options_.max_buffered_total) break;
+    if (held_total_ <= options_.max_buffered_total) break;
   }
 }
 

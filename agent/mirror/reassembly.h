@@ -120,8 +120,11 @@ class StreamSink {
 };
 
 struct ReassemblerOptions {
-  // Out-of-order bytes held per direction. When a segment would not fit,
-  // the oldest hole is given up (reported as a gap) until it does.
+  // Memory held for out-of-order data per direction: each held segment
+  // costs its payload's allocation plus its bookkeeping (about 150 bytes,
+  // StreamReassembler::segmentCost()), so a flood of tiny segments holds no
+  // more memory than a few large ones. When a segment would not fit, the
+  // oldest hole is given up (reported as a gap) until it does.
   size_t max_buffered = 1 << 20;
   // A hole not filled this long after data past it arrived is given up.
   Timestamp hole_timeout = std::chrono::seconds(2);
@@ -175,6 +178,16 @@ class StreamReassembler {
   // next hole: memory is needed elsewhere. No-op with nothing buffered.
   void shed(StreamSink& sink);
 
+  // What holding one separate out-of-order segment of `bytes` bytes costs:
+  // its payload's heap block (none when short enough for the string
+  // itself), the map and arrival-set nodes, each rounded as malloc rounds
+  // (16-byte blocks with an 8-byte header, 32 at least: glibc's rule, which
+  // other allocators do not undercut by much). Adjacent small segments are
+  // merged into one buffer of at most kCoalesceLimit bytes, which costs
+  // less than the sum.
+  static size_t segmentCost(size_t bytes);
+  static constexpr size_t kCoalesceLimit = 1024;
+
   bool started() const { return started_; }
   bool startedMidStream() const { return started_mid_stream_; }
   bool ended() const { return ended_; }
@@ -183,17 +196,26 @@ class StreamReassembler {
   uint32_t firstSeq() const { return first_seq_; }
   // Offset of the next byte to deliver, from the stream's first byte.
   uint64_t nextOffset() const { return next_; }
+  // Out-of-order payload bytes held (what finish() would still deliver).
   size_t bufferedBytes() const { return buffered_; }
+  // The memory those bytes hold, as counted against max_buffered: never
+  // more than max_buffered, never less than what the heap holds for them.
+  size_t heldMemory() const { return held_; }
   const StreamStats& stats() const { return stats_; }
 
  private:
   struct Chunk {
     std::string bytes;
-    Timestamp arrival;
+    Timestamp arrival;  // the earliest of the segments merged into it
   };
+  static size_t nodeCost();
+  static size_t chunkCost(const Chunk& chunk);
 
   void start(uint32_t first_data_seq, bool mid_stream);
   void place(uint64_t offset, std::string_view bytes, Timestamp now, StreamSink& sink);
+  void store(uint64_t offset, std::string_view bytes, Timestamp now);
+  bool coalesce(uint64_t offset, std::string_view bytes, Timestamp now);
+  void setArrival(Chunk& chunk, Timestamp arrival);
   void deliver(std::string_view bytes, StreamSink& sink);
   void skipTo(uint64_t offset, StreamSink& sink);
   void drain(StreamSink& sink);
@@ -213,10 +235,12 @@ class StreamReassembler {
   uint64_t highest_end_ = 0;
   std::optional<uint64_t> fin_end_;  // offset just past the last data byte
   Timestamp fin_arrival_{};
-  // Out-of-order data: non-overlapping, every key > next_.
+  // Out-of-order data: non-overlapping, every key > next_. Adjacent chunks
+  // may stay apart (one past kCoalesceLimit); they always drain together.
   std::map<uint64_t, Chunk> pending_;
   std::multiset<Timestamp> arrivals_;  // of pending_ chunks: when the oldest hole appeared
-  size_t buffered_ = 0;
+  size_t buffered_ = 0;                // payload bytes in pending_
+  size_t held_ = 0;                    // sum of chunkCost() over pending_
   StreamStats stats_;
 };
 
@@ -261,9 +285,10 @@ struct ConnectionTableOptions {
   // Mirrored ports: on a mid-stream join, the side using one is the server.
   std::set<uint16_t> server_ports;
   size_t max_connections = 4096;
-  // Out-of-order bytes held by all connections together. Past it, the
-  // connection that just grew gives up its first hole (then the least
-  // recently active ones do), so one busy table cannot grow without bound.
+  // Memory held for out-of-order data by all connections together (as
+  // ReassemblerOptions::max_buffered counts it). Past it, the connection
+  // that just grew gives up its first hole (then the least recently active
+  // ones do), so one busy table cannot grow without bound.
   size_t max_buffered_total = 128u << 20;
   Timestamp idle_timeout = std::chrono::minutes(5);
   ReassemblerOptions stream;
@@ -319,8 +344,11 @@ class ConnectionTable {
 
   const MirrorCounters& counters() const { return counters_; }
   size_t size() const { return connections_.size(); }
-  // Out-of-order bytes held by all connections (kept as they change).
-  size_t bufferedBytes() const { return buffered_total_; }
+  // Out-of-order payload bytes held by all connections (walks the table).
+  size_t bufferedBytes() const;
+  // The memory they hold, as counted against max_buffered_total (kept as
+  // they change).
+  size_t heldMemory() const { return held_total_; }
 
  private:
   struct Connection;
@@ -329,8 +357,8 @@ class ConnectionTable {
 
   Connection* open(const TcpSegment& segment, Timestamp now);
   void close(Connection& connection, CloseReason reason);
-  // Keeps buffered_total_ right after `connection` changed from `before`
-  // bytes held, and sheds holes past max_buffered_total.
+  // Keeps held_total_ right after `connection` changed from holding
+  // `before` (heldMemory()), and sheds holes past max_buffered_total.
   void accountBuffered(Connection& connection, size_t before);
   static size_t held(const Connection& connection);
   void touch(Connection& connection, Timestamp now);
@@ -340,7 +368,7 @@ class ConnectionTable {
   uint64_t next_id_ = 1;
   std::map<Key, std::unique_ptr<Connection>> connections_;
   std::list<Connection*> by_activity_;  // least recently active first
-  size_t buffered_total_ = 0;
+  size_t held_total_ = 0;
   MirrorCounters counters_;
 };
 

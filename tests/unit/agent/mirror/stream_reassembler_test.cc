@@ -239,26 +239,31 @@ TEST(StreamReassembler, MissingTailBeforeFinTimesOut) {
 }
 
 TEST(StreamReassembler, FullBufferGivesUpTheOldestHole) {
+  // Room for two small segments: the bound counts what each one holds.
   ReassemblerOptions options;
-  options.max_buffered = 4;
+  options.max_buffered = 2 * StreamReassembler::segmentCost(2);
   Stream s(1000, options);
   s.send(2, "cd");
   s.send(6, "gh");
   EXPECT_EQ(s.reassembler.bufferedBytes(), 4u);
+  EXPECT_EQ(s.reassembler.heldMemory(), options.max_buffered);
   s.send(9, "j");  // does not fit: the hole at 0 goes, "cd" is delivered
   EXPECT_EQ(s.sink.data, "cd");
   EXPECT_EQ(s.sink.gaps, (std::vector<std::pair<uint64_t, uint64_t>>{{0, 2}}));
   EXPECT_EQ(s.reassembler.bufferedBytes(), 3u);
+  EXPECT_LE(s.reassembler.heldMemory(), options.max_buffered);
   // A segment larger than the whole buffer, with nothing before it: the
   // holes before it go and it is delivered at once.
-  s.send(12, "mnopqrst");
-  EXPECT_EQ(s.sink.data, "cdghjmnopqrst");
+  const std::string large(options.max_buffered, 'm');
+  s.send(12, large);
+  EXPECT_EQ(s.sink.data, "cdghj" + large);
   EXPECT_EQ(s.sink.gaps,
             (std::vector<std::pair<uint64_t, uint64_t>>{{0, 2}, {4, 2}, {8, 1}, {10, 2}}));
   EXPECT_EQ(s.reassembler.bufferedBytes(), 0u);
+  EXPECT_EQ(s.reassembler.heldMemory(), 0u);
   // The bytes given up arrive late: already reported, nothing delivered twice.
   s.send(0, "abcdefghijkl");
-  EXPECT_EQ(s.sink.data, "cdghjmnopqrst");
+  EXPECT_EQ(s.sink.data, "cdghj" + large);
   EXPECT_EQ(s.reassembler.stats().duplicate_bytes, 12u);
 }
 
