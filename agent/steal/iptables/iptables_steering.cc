@@ -347,20 +347,20 @@ absl::StatusOr<int> removeStaleIptablesChains(IptablesRunner& runner, uint64_t n
   int removed = 0;
   for (const std::string& owner : owners) {
     // Held until the chains are gone: the owner's id cannot be taken
-    // meanwhile, nor the same chains removed by another sweeping agent.
-    UniqueFd held;
-    if (!owner.empty()) {
-      auto taken = lock(owner);
-      if (taken.status().code() == absl::StatusCode::kAlreadyExists) {
-        log::debug("steal_chains_owner_alive", {{"owner", owner}});
-        continue;
-      }
-      if (!taken.ok()) {
-        failed(taken.status());
-        continue;
-      }
-      held = std::move(*taken);
+    // meanwhile, nor the same chains removed by another sweeping agent (or
+    // our own start-up sweep and steering at once). The owner-less chains
+    // of older agents have a lock too, that no owner holds: it only keeps
+    // two sweeps apart.
+    auto taken = lock(owner);
+    if (taken.status().code() == absl::StatusCode::kAlreadyExists) {
+      log::debug("steal_chains_owner_alive", {{"owner", owner}});
+      continue;
     }
+    if (!taken.ok()) {
+      failed(taken.status());
+      continue;
+    }
+    UniqueFd held = std::move(*taken);
     const ChainNames chains = chainNamesFor(netns_inode, owner);
     auto tables = removeIptablesChains(runner, chains, /*v6=*/true);
     if (!tables.ok()) {

@@ -277,7 +277,7 @@ TEST(IptablesSteering, OnlyChainsOfDeadOwnersAreRemovedAtStart) {
     return "iptables-nft-restore|" + removeAllRules(parseNatSave(save, c), c);
   };
   EXPECT_THAT(restores(m->journal),
-              ElementsAre(removal(""), "lock dead00", removal("dead00"),
+              ElementsAre("lock ", removal(""), "lock dead00", removal("dead00"),
                           std::string("lock ") + kOwner, "guard start",
                           "iptables-nft-restore|" + installRules(chainNamesFor(kInode, kOwner))));
   for (const auto& e : m->journal)
@@ -290,7 +290,8 @@ TEST(IptablesSteering, OnlyChainsOfDeadOwnersAreRemovedAtStart) {
   ASSERT_TRUE(removed.ok()) << removed.status();
   EXPECT_EQ(*removed, 2);
   EXPECT_THAT(restores(journal),
-              ElementsAre("ip6tables-legacy-restore|" +
+              ElementsAre("lock ",
+                          "ip6tables-legacy-restore|" +
                               removeAllRules(parseNatSave(save, chainNamesFor(kInode, "")),
                                              chainNamesFor(kInode, "")),
                           "lock dead00",
