@@ -6,8 +6,11 @@
 #include <sys/un.h>
 
 #include <cerrno>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <thread>
 
 #include "absl/strings/str_cat.h"

@@ -13,6 +13,12 @@
 // The stale sweep takes a free lock before it removes that owner's chains
 // and keeps it until they are gone, so two sweeping agents never remove
 // the same chains at once.
+//
+// The target's own processes share the netns and may bind such a name
+// too. That cannot make a live owner look dead (a bound name cannot be
+// taken from its holder); it can only keep stale chains of the target's
+// own netns (redirecting to a closed port of its own) or refuse an id, and
+// the steering then picks another or fails with ALREADY_EXISTS.
 #pragma once
 
 #include <cstdint>
