@@ -67,7 +67,9 @@ FlushFunction realFlush(ServiceContext& ctx) {
 
 std::shared_ptr<StealService> makeStealService(ServiceContext& ctx) {
   // Chains a previous agent of this target could not remove (killed along
-  // with its guard): whatever backend this agent uses, they go now. In the
+  // with its guard): whatever backend this agent uses, they go now. Only
+  // those whose owner is gone: another agent still running on the same
+  // target keeps its chains (iptables/owner_lock.h). In the
   // background: it runs iptables-save a few times, which the ready line
   // need not wait for (an iptables steering removes them itself before it
   // installs anything).

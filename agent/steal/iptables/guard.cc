@@ -32,6 +32,7 @@ namespace {
 // The descriptors the guard finds its netns and socket at.
 constexpr int kGuardNetnsFd = 3;
 constexpr int kGuardSockFd = 4;
+constexpr int kGuardLockFd = 5;
 
 // Bytes on the socketpair, guard to agent.
 constexpr char kReady = 'R';
@@ -68,11 +69,13 @@ absl::StatusOr<Spawned> spawnGuard(const GuardConfig& config) {
                                    absl::StrCat("--pre=", config.chains.pre),
                                    absl::StrCat("--out=", config.chains.out),
                                    absl::StrCat("--v6=", config.v6 ? 1 : 0)};
+  if (config.lock_fd >= 0) argv.push_back(absl::StrCat("--lock-fd=", kGuardLockFd));
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
   const int netns_fd = config.netns_fd;
   const int sock_fd = theirs.get();
+  const int lock_fd = config.lock_fd;
 
   pid_t pid = fork();
   if (pid < 0) return lastErrnoStatus("iptables guard: fork");
@@ -86,14 +89,18 @@ absl::StatusOr<Spawned> spawnGuard(const GuardConfig& config) {
     sigprocmask(SIG_SETMASK, &none, nullptr);
     int ns = fcntl(netns_fd, F_DUPFD, 10);
     int sock = fcntl(sock_fd, F_DUPFD, 10);
+    int lock = lock_fd >= 0 ? fcntl(lock_fd, F_DUPFD, 10) : -1;
     int devnull = open("/dev/null", O_RDWR);
-    if (ns < 0 || sock < 0 || devnull < 0) _exit(126);
+    if (ns < 0 || sock < 0 || devnull < 0 || (lock_fd >= 0 && lock < 0)) _exit(126);
     // stdout is the agent's ready line; stderr stays for the guard's logs.
     dup2(devnull, 0);
     dup2(devnull, 1);
     dup2(ns, kGuardNetnsFd);
     dup2(sock, kGuardSockFd);
-    close_range(kGuardSockFd + 1, ~0U, 0);
+    // The owner lock: a descriptor of the same socket, so the lock stays
+    // held while either process lives.
+    if (lock >= 0) dup2(lock, kGuardLockFd);
+    close_range(lock >= 0 ? kGuardLockFd + 1 : kGuardSockFd + 1, ~0U, 0);
     // Under SECBIT_NOROOT the re-executed agent gets only its ambient set:
     // setns, and what iptables needs (agent/common/capabilities.h).
     caps::raiseAmbient(caps::kGuardAmbient);
@@ -233,10 +240,12 @@ int iptablesGuardMain(int argc, char** argv) {
   }
   const int netns_fd = std::atoi(args["netns-fd"].c_str());
   const int sock_fd = std::atoi(args["sock-fd"].c_str());
+  const int lock_fd = args.count("lock-fd") != 0 ? std::atoi(args["lock-fd"].c_str()) : -1;
   ChainNames chains{args["pre"], args["out"]};
   const bool v6 = args["v6"] == "1";
-  if (netns_fd < 3 || sock_fd < 3 || chains.pre.rfind("SIPHON_", 0) != 0 ||
-      chains.out.rfind("SIPHON_", 0) != 0 || !parseFlavor(args["flavor"])) {
+  if (netns_fd < 3 || sock_fd < 3 || (args.count("lock-fd") != 0 && lock_fd < 3) ||
+      chains.pre.rfind("SIPHON_", 0) != 0 || chains.out.rfind("SIPHON_", 0) != 0 ||
+      !parseFlavor(args["flavor"])) {
     log::error("steal_iptables_guard_bad_arguments", {});
     return 2;
   }
@@ -280,6 +289,9 @@ int iptablesGuardMain(int argc, char** argv) {
 
   auto runner = makeIptablesRunner(-1);  // already in the target's netns
   auto removed = removeIptablesChains(*runner, chains, v6);
+  // The chains are gone (or cannot be removed by us): another agent's
+  // start-up sweep may now take the owner's lock and try.
+  if (lock_fd >= 0) close(lock_fd);
   if (!removed.ok()) {
     log::error("steal_iptables_guard_cleanup_failed",
                {{"chain_pre", chains.pre}, {"error", sv(removed.status().message())}});

@@ -17,9 +17,13 @@
 // at once; if no replacement starts, the chains are removed (on_lost) since
 // nothing would remove them otherwise.
 //
+// The guard inherits the agent's owner lock (owner_lock.h) and holds it
+// until the chains are gone, so another agent's start-up sweep never
+// takes the chains of an agent whose guard is still at work.
+//
 // What it cannot cover: the agent and the guard killed together (a pid
-// namespace or cgroup torn down). Start-up removes those leftovers
-// (removeStaleIptablesChains).
+// namespace or cgroup torn down). With both gone the lock is free, and the
+// next agent's start-up removes those leftovers (removeStaleIptablesChains).
 #pragma once
 
 #include <functional>
@@ -36,7 +40,8 @@ inline constexpr std::string_view kIptablesGuardCommand = "__iptables-guard";
 
 // main() of the guard: argv[1] is kIptablesGuardCommand, then
 // --netns-fd=N --sock-fd=N --flavor=nft|legacy --pre=CHAIN --out=CHAIN
-// --v6=0|1. Exit 0 once the chains are gone, 1 if a removal failed, 2 for
+// --v6=0|1 [--lock-fd=N] (the owner lock, held until the chains are gone,
+// then closed). Exit 0 once the chains are gone, 1 if a removal failed, 2 for
 // bad arguments or a netns it cannot enter.
 int iptablesGuardMain(int argc, char** argv);
 
@@ -63,6 +68,7 @@ struct GuardConfig {
   IptablesFlavor flavor = IptablesFlavor::kNft;
   ChainNames chains;
   bool v6 = false;
+  int lock_fd = -1;  // the owner lock (borrowed; outlives the guard), -1: none
 };
 
 // The real guard: a process re-executed from config.exe.

@@ -2,6 +2,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "siphon/status.h"
@@ -69,12 +70,60 @@ std::string toolName(IpFamily family, IptablesFlavor flavor, std::string_view ve
                       "-", asv(verb));
 }
 
-ChainNames chainNamesFor(uint64_t netns_inode) {
+bool validOwnerId(std::string_view owner) {
+  if (owner.size() != kOwnerIdLength) return false;
+  for (char c : owner) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+std::string chainPrefixFor(uint64_t netns_inode) {
   // Netns inodes come from the proc inode allocator, which hands out 32-bit
   // numbers, so the low 32 bits name the target uniquely on a node.
   char buf[16];
   std::snprintf(buf, sizeof buf, "%08" PRIx32, static_cast<uint32_t>(netns_inode));
-  return ChainNames{absl::StrCat("SIPHON_", buf, "_PRE"), absl::StrCat("SIPHON_", buf, "_OUT")};
+  return absl::StrCat("SIPHON_", buf, "_");
+}
+
+ChainNames chainNamesFor(uint64_t netns_inode, std::string_view owner) {
+  std::string base = chainPrefixFor(netns_inode);
+  if (!owner.empty()) absl::StrAppend(&base, asv(owner), "_");
+  return ChainNames{absl::StrCat(base, "PRE"), absl::StrCat(base, "OUT")};
+}
+
+std::vector<std::string> ownersInSave(std::string_view save, uint64_t netns_inode) {
+  const std::string prefix = chainPrefixFor(netns_inode);
+  std::set<std::string> owners;
+  bool in_nat = false;
+  forEachLine(save, [&](std::string_view line) {
+    if (line.empty() || line[0] == '#') return;
+    if (line[0] == '*') {
+      in_nat = line == "*nat";
+      return;
+    }
+    if (!in_nat || line[0] != ':') return;
+    std::string_view name = line.substr(1, line.find(' ') - 1);
+    if (name.substr(0, prefix.size()) != prefix) return;
+    name.remove_prefix(prefix.size());
+    if (name == "PRE" || name == "OUT") {
+      owners.insert("");
+      return;
+    }
+    if (name.size() != kOwnerIdLength + 4) return;
+    std::string_view suffix = name.substr(kOwnerIdLength);
+    std::string_view owner = name.substr(0, kOwnerIdLength);
+    if ((suffix == "_PRE" || suffix == "_OUT") && validOwnerId(owner)) {
+      owners.insert(std::string(owner));
+    }
+  });
+  return {owners.begin(), owners.end()};
+}
+
+std::string ownerLockName(uint64_t netns_inode, std::string_view owner) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08" PRIx32, static_cast<uint32_t>(netns_inode));
+  return absl::StrCat("siphon-steal-", buf, "-", asv(owner));
 }
 
 std::string installRules(const ChainNames& c) {
@@ -88,14 +137,14 @@ std::string installRules(const ChainNames& c) {
   // redirected connections lose their NAT and are reset: this keeps stolen
   // connections alive after their port's REDIRECT is gone (an unsubscribe,
   // a drain).
-  return absl::StrCat("*nat\n",                                                   //
-                      ":", c.pre, " - [0:0]\n",                                   //
-                      ":", c.out, " - [0:0]\n",                                   //
-                      "-A ", c.pre, " -m conntrack --ctstate INVALID -j RETURN\n", //
-                      "-A ", c.out, " -m mark --mark ", hex32(kExemptMark), "/",  //
-                      hex32(kExemptMask), " -j RETURN\n",                         //
-                      "-I PREROUTING 1 -j ", c.pre, "\n",                         //
-                      "-I OUTPUT 1 -j ", c.out, "\n",                             //
+  return absl::StrCat("*nat\n",                                                     //
+                      ":", c.pre, " - [0:0]\n",                                     //
+                      ":", c.out, " - [0:0]\n",                                     //
+                      "-A ", c.pre, " -m conntrack --ctstate INVALID -j RETURN\n",  //
+                      "-A ", c.out, " -m mark --mark ", hex32(kExemptMark), "/",    //
+                      hex32(kExemptMask), " -j RETURN\n",                           //
+                      "-I PREROUTING 1 -j ", c.pre, "\n",                           //
+                      "-I OUTPUT 1 -j ", c.out, "\n",                               //
                       "COMMIT\n");
 }
 

@@ -3,18 +3,24 @@
 // trace of them, and what is read back from iptables-save. Pure functions,
 // no I/O; the programs are run through IptablesRunner.
 //
-// Our chains, for a target whose netns inode is I (low 32 bits as hex):
+// Our chains, for a target whose netns inode is I (low 32 bits as hex) and
+// an agent whose owner id is O (6 hex digits, random per steering):
 //
-//   -I PREROUTING 1 -j SIPHON_<I>_PRE      traffic from outside the pod
-//   -I OUTPUT 1 -j SIPHON_<I>_OUT          connections made inside the pod
-//   -A SIPHON_<I>_OUT -m mark --mark kExemptMark/kExemptMask -j RETURN
-//   -A SIPHON_<I>_{PRE,OUT} -p tcp -m addrtype --dst-type LOCAL -m tcp
+//   -I PREROUTING 1 -j SIPHON_<I>_<O>_PRE      traffic from outside the pod
+//   -I OUTPUT 1 -j SIPHON_<I>_<O>_OUT          connections made inside the pod
+//   -A SIPHON_<I>_<O>_OUT -m mark --mark kExemptMark/kExemptMask -j RETURN
+//   -A SIPHON_<I>_<O>_{PRE,OUT} -p tcp -m addrtype --dst-type LOCAL -m tcp
 //      --dport P -j REDIRECT --to-ports L      one per steered port
 //
-// The names are derived from the target only, so a later agent finds what
-// an earlier one left behind. "--dst-type LOCAL": only connections to an
-// address of the pod itself are steered; the application's own connections
-// to port P elsewhere are not.
+// Two agents on one target (a failover, a second operator) each have their
+// own chains and jumps, so neither removes the other's. The owner's
+// liveness is an abstract unix socket bound in the target's netns
+// (owner_lock.h), held by the agent and its guard: a later agent removes
+// only chains whose owner's lock is free. The inode part lets it find
+// them; chains named SIPHON_<I>_PRE (no owner: an older agent) are always
+// stale. "--dst-type LOCAL": only connections to an address of the pod
+// itself are steered; the application's own connections to port P
+// elsewhere are not.
 #pragma once
 
 #include <cstddef>
@@ -49,13 +55,30 @@ inline constexpr uint32_t kExemptMark = 0x53490000;
 inline constexpr uint32_t kExemptMask = 0xffff0000;
 
 struct ChainNames {
-  std::string pre;  // SIPHON_<8 hex>_PRE, jumped to from PREROUTING
-  std::string out;  // SIPHON_<8 hex>_OUT, jumped to from OUTPUT
+  std::string pre;  // SIPHON_<8 hex>_<owner>_PRE, jumped to from PREROUTING
+  std::string out;  // SIPHON_<8 hex>_<owner>_OUT, jumped to from OUTPUT
 };
 
-// Chain names for the target whose netns has `netns_inode`; at most 28
-// characters (iptables' limit), 19 in fact.
-ChainNames chainNamesFor(uint64_t netns_inode);
+// An owner id: exactly kOwnerIdLength lowercase hex digits.
+inline constexpr size_t kOwnerIdLength = 6;
+bool validOwnerId(std::string_view owner);
+
+// Chain names of `owner` for the target whose netns has `netns_inode`; at
+// most 28 characters (iptables' limit), 26 in fact. An empty owner gives
+// the names agents used before owner ids (SIPHON_<8 hex>_PRE), which only
+// the stale sweep still looks for.
+ChainNames chainNamesFor(uint64_t netns_inode, std::string_view owner);
+
+// "SIPHON_<8 hex>_": what every chain of the target starts with.
+std::string chainPrefixFor(uint64_t netns_inode);
+
+// The owners ("" for the owner-less names) of the target's chains declared
+// in the nat section of a save output, sorted, each once.
+std::vector<std::string> ownersInSave(std::string_view save, uint64_t netns_inode);
+
+// The abstract unix socket name (without its leading NUL) that is the lock
+// of `owner`'s chains in the target's netns: "siphon-steal-<8 hex>-<owner>".
+std::string ownerLockName(uint64_t netns_inode, std::string_view owner);
 
 // Restore input (nat table, for --noflush) creating both chains, the exempt
 // rule and the two jumps. Precondition: neither chain exists (a chain

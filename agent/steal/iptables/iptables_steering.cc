@@ -66,13 +66,14 @@ FlavorProbe probe(IptablesRunner& runner, IptablesFlavor flavor, bool v6) {
 
 class IptablesSteering final : public Steering {
  public:
-  IptablesSteering(IptablesOptions options, std::unique_ptr<IptablesRunner> runner,
-                   std::unique_ptr<ChainGuard> guard, IptablesFlavor flavor)
+  IptablesSteering(IptablesOptions options, std::unique_ptr<IptablesRunner> runner, UniqueFd lock,
+                   std::unique_ptr<ChainGuard> guard, IptablesFlavor flavor, ChainNames chains)
       : options_(std::move(options)),
         runner_(std::move(runner)),
+        lock_(std::move(lock)),
         guard_(std::move(guard)),
         flavor_(flavor),
-        chains_(chainNamesFor(options_.netns_inode)),
+        chains_(std::move(chains)),
         v6_(options_.listeners.v6 >= 0) {}
 
   ~IptablesSteering() override { stop(); }
@@ -86,6 +87,7 @@ class IptablesSteering final : public Steering {
     if (s.ok() && v6_) s = restore(IpFamily::kV6, installRules(chains_));
     if (!s.ok()) return s;  // the destructor removes what was installed
     log::info("steal_iptables_installed", {{"flavor", flavorName(flavor_)},
+                                           {"owner", options_.owner},
                                            {"chain_pre", chains_.pre},
                                            {"chain_out", chains_.out},
                                            {"ipv6", v6_}});
@@ -214,6 +216,9 @@ class IptablesSteering final : public Steering {
 
   const IptablesOptions options_;
   const std::unique_ptr<IptablesRunner> runner_;
+  // Our owner's lock, shared with the guard (which inherits it): held until
+  // the steering is gone, after the guard (declared after it) has exited.
+  const UniqueFd lock_;
   const std::unique_ptr<ChainGuard> guard_;
   const IptablesFlavor flavor_;
   const ChainNames chains_;
@@ -233,35 +238,61 @@ absl::Status checkOptions(const IptablesOptions& o) {
   if (o.listeners.v6 >= 0 && o.listeners.v6_port == 0) {
     return absl::InvalidArgumentError("iptables steering: IPv6 listener without a port");
   }
+  if (!o.owner.empty() && !validOwnerId(o.owner)) {
+    return absl::InvalidArgumentError(absl::StrCat("iptables steering: owner id \"", o.owner,
+                                                   "\": expected ", kOwnerIdLength,
+                                                   " lowercase hex digits"));
+  }
   return absl::OkStatus();
 }
 
-using GuardFactory = std::function<std::unique_ptr<ChainGuard>(IptablesFlavor)>;
+// Our owner's lock: the pinned owner's, or that of a fresh id no live agent
+// uses (a clash of random ids is caught by the lock itself).
+absl::StatusOr<UniqueFd> takeOwnerLock(std::string& owner, const OwnerLock& lock) {
+  if (!owner.empty()) {
+    auto held = lock(owner);
+    if (held.ok() || held.status().code() != absl::StatusCode::kAlreadyExists) return held;
+    return absl::AlreadyExistsError(
+        absl::StrCat("iptables steering: owner id ", owner, " is held by another live agent"));
+  }
+  absl::Status last;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    std::string id = newOwnerId();
+    auto held = lock(id);
+    if (held.ok()) owner = id;
+    if (held.ok() || held.status().code() != absl::StatusCode::kAlreadyExists) return held;
+    last = held.status();
+  }
+  return last;
+}
+
+using GuardFactory =
+    std::function<std::unique_ptr<ChainGuard>(IptablesFlavor, const ChainNames&, int lock_fd)>;
 
 absl::StatusOr<std::unique_ptr<Steering>> build(IptablesOptions options,
                                                 std::unique_ptr<IptablesRunner> runner,
-                                                const GuardFactory& make_guard) {
+                                                const GuardFactory& make_guard,
+                                                const OwnerLock& lock) {
   RETURN_IF_ERROR(checkOptions(options));
   const bool v6 = options.listeners.v6 >= 0;
-  const ChainNames chains = chainNamesFor(options.netns_inode);
 
-  // Stale chains first: they would double our jumps, and weigh in the
-  // flavour choice.
-  auto removed = removeIptablesChains(*runner, chains, /*v6=*/true);
+  // Stale chains first (of dead owners only: another live agent's stay):
+  // they weigh in the flavour choice. Before our lock is taken, so a
+  // pinned owner's own leftovers go too.
+  auto removed = removeStaleIptablesChains(*runner, options.netns_inode, lock);
   if (!removed.ok()) {
     return absl::Status(removed.status().code(), absl::StrCat("removing stale iptables chains: ",
                                                               removed.status().message()));
   }
-  if (*removed > 0) {
-    log::warn("steal_stale_chains_removed",
-              {{"chain_pre", chains.pre}, {"chain_out", chains.out}, {"tables", *removed}});
-  }
+  ASSIGN_OR_RETURN(UniqueFd held, takeOwnerLock(options.owner, lock));
+  const ChainNames chains = chainNamesFor(options.netns_inode, options.owner);
 
   ASSIGN_OR_RETURN(IptablesFlavor flavor,
                    chooseFlavor(options.flavor, probe(*runner, IptablesFlavor::kNft, v6),
                                 probe(*runner, IptablesFlavor::kLegacy, v6)));
-  auto steering = std::make_unique<IptablesSteering>(std::move(options), std::move(runner),
-                                                     make_guard(flavor), flavor);
+  auto guard = make_guard(flavor, chains, held.get());
+  auto steering = std::make_unique<IptablesSteering>(
+      std::move(options), std::move(runner), std::move(held), std::move(guard), flavor, chains);
   RETURN_IF_ERROR(steering->init());
   return std::unique_ptr<Steering>(std::move(steering));
 }
@@ -295,15 +326,62 @@ absl::StatusOr<int> removeIptablesChains(IptablesRunner& runner, const ChainName
   return removed;
 }
 
-absl::Status removeStaleIptablesChains(int netns_fd, uint64_t netns_inode) {
-  ChainNames chains = chainNamesFor(netns_inode);
-  auto runner = makeIptablesRunner(netns_fd);
-  ASSIGN_OR_RETURN(int removed, removeIptablesChains(*runner, chains, /*v6=*/true));
-  if (removed > 0) {
-    log::warn("steal_stale_chains_removed",
-              {{"chain_pre", chains.pre}, {"chain_out", chains.out}, {"tables", removed}});
+absl::StatusOr<int> removeStaleIptablesChains(IptablesRunner& runner, uint64_t netns_inode,
+                                              const OwnerLock& lock) {
+  absl::Status first_error;
+  auto failed = [&first_error](const absl::Status& s) {
+    if (first_error.ok()) first_error = s;
+  };
+  std::set<std::string> owners;
+  for (IptablesFlavor flavor : {IptablesFlavor::kNft, IptablesFlavor::kLegacy}) {
+    for (IpFamily family : {IpFamily::kV4, IpFamily::kV6}) {
+      if (!hasTools(runner, family, flavor)) continue;
+      auto save = runner.run(toolName(family, flavor, "save"), {}, "");
+      if (!save.ok()) {
+        failed(save.status());
+        continue;
+      }
+      for (auto& owner : ownersInSave(*save, netns_inode)) owners.insert(std::move(owner));
+    }
   }
-  return absl::OkStatus();
+  int removed = 0;
+  for (const std::string& owner : owners) {
+    // Held until the chains are gone: the owner's id cannot be taken
+    // meanwhile, nor the same chains removed by another sweeping agent (or
+    // our own start-up sweep and steering at once). The owner-less chains
+    // of older agents have a lock too, that no owner holds: it only keeps
+    // two sweeps apart.
+    auto taken = lock(owner);
+    if (taken.status().code() == absl::StatusCode::kAlreadyExists) {
+      log::debug("steal_chains_owner_alive", {{"owner", owner}});
+      continue;
+    }
+    if (!taken.ok()) {
+      failed(taken.status());
+      continue;
+    }
+    UniqueFd held = std::move(*taken);
+    const ChainNames chains = chainNamesFor(netns_inode, owner);
+    auto tables = removeIptablesChains(runner, chains, /*v6=*/true);
+    if (!tables.ok()) {
+      failed(tables.status());
+      continue;
+    }
+    if (*tables == 0) continue;
+    ++removed;
+    log::warn("steal_stale_chains_removed", {{"owner", owner},
+                                             {"chain_pre", chains.pre},
+                                             {"chain_out", chains.out},
+                                             {"tables", *tables}});
+  }
+  if (!first_error.ok()) return first_error;
+  return removed;
+}
+
+absl::Status removeStaleIptablesChains(int netns_fd, uint64_t netns_inode) {
+  auto runner = makeIptablesRunner(netns_fd);
+  return removeStaleIptablesChains(*runner, netns_inode, netnsOwnerLock(netns_fd, netns_inode))
+      .status();
 }
 
 absl::StatusOr<std::unique_ptr<Steering>> makeIptablesSteering(IptablesOptions options) {
@@ -312,21 +390,27 @@ absl::StatusOr<std::unique_ptr<Steering>> makeIptablesSteering(IptablesOptions o
   GuardConfig base;
   base.exe = options.guard_exe;
   base.netns_fd = options.netns_fd;
-  base.chains = chainNamesFor(options.netns_inode);
   base.v6 = options.listeners.v6 >= 0;
-  return build(std::move(options), std::move(runner), [base](IptablesFlavor flavor) {
-    GuardConfig config = base;
-    config.flavor = flavor;
-    return makeProcessGuard(std::move(config));
-  });
+  OwnerLock lock = netnsOwnerLock(options.netns_fd, options.netns_inode);
+  return build(
+      std::move(options), std::move(runner),
+      [base](IptablesFlavor flavor, const ChainNames& chains, int lock_fd) {
+        GuardConfig config = base;
+        config.flavor = flavor;
+        config.chains = chains;
+        config.lock_fd = lock_fd;
+        return makeProcessGuard(std::move(config));
+      },
+      lock);
 }
 
 absl::StatusOr<std::unique_ptr<Steering>> makeIptablesSteering(
     IptablesOptions options, std::unique_ptr<IptablesRunner> runner,
-    std::unique_ptr<ChainGuard> guard) {
+    std::unique_ptr<ChainGuard> guard, OwnerLock lock) {
   auto shared = std::make_shared<std::unique_ptr<ChainGuard>>(std::move(guard));
-  return build(std::move(options), std::move(runner),
-               [shared](IptablesFlavor) { return std::move(*shared); });
+  return build(
+      std::move(options), std::move(runner),
+      [shared](IptablesFlavor, const ChainNames&, int) { return std::move(*shared); }, lock);
 }
 
 }  // namespace siphon::agent::steal

@@ -2,10 +2,12 @@
 // with the iptables backend and serves its listeners until killed. Also
 // the guard binary (/proc/self/exe), as siphon-agent is.
 //
-//   steal_iptables_helper NETNS_PATH FLAVOR PORT
+//   steal_iptables_helper NETNS_PATH FLAVOR PORT [OWNER [REPLY]]
 //
 // Prints "ready" once the port is steered; answers each stolen connection
-// with "agent\n".
+// with REPLY ("agent") and a newline. OWNER pins the steering's owner id
+// (default: a random one, as the agent's), so that two helpers on one
+// target can be told apart.
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -16,6 +18,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 #include "agent/steal/iptables/guard.h"
@@ -45,10 +48,11 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == kIptablesGuardCommand) {
     return iptablesGuardMain(argc, argv);
   }
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: %s NETNS_PATH FLAVOR PORT\n", argv[0]);
+  if (argc < 4 || argc > 6) {
+    std::fprintf(stderr, "usage: %s NETNS_PATH FLAVOR PORT [OWNER [REPLY]]\n", argv[0]);
     return 2;
   }
+  const std::string reply = std::string(argc > 5 ? argv[5] : "agent") + "\n";
   int netns = open(argv[1], O_RDONLY | O_CLOEXEC);
   struct stat st {};
   if (netns < 0 || fstat(netns, &st) != 0 || setns(netns, CLONE_NEWNET) != 0) {
@@ -59,6 +63,7 @@ int main(int argc, char** argv) {
   options.netns_fd = netns;
   options.netns_inode = st.st_ino;
   options.flavor = argv[2];
+  if (argc > 4) options.owner = argv[4];
   options.listeners.v4 = listenOn(AF_INET, &options.listeners.v4_port);
   options.listeners.v6 = listenOn(AF_INET6, &options.listeners.v6_port);
   if (options.listeners.v4 < 0 || options.listeners.v6 < 0) {
@@ -85,7 +90,7 @@ int main(int argc, char** argv) {
       if (p.revents == 0) continue;
       int c = accept4(p.fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (c < 0) continue;
-      ssize_t ignored = write(c, "agent\n", 6);
+      ssize_t ignored = write(c, reply.data(), reply.size());
       (void)ignored;
       close(c);
     }

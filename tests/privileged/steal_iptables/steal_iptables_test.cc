@@ -26,6 +26,7 @@ namespace {
 using harness::Clock;
 using harness::Fd;
 using harness::NetNs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -34,6 +35,9 @@ using ::testing::Not;
 constexpr auto kCleanupDeadline = std::chrono::seconds(1) * fakes::kSanitizerSlowdown;
 // Only turns a hang into a failure.
 constexpr auto kHangDeadline = std::chrono::seconds(15) * fakes::kSanitizerSlowdown;
+
+// The owner id the in-process steerings pin (the agent's is random).
+constexpr char kOwner[] = "5e1f00";
 
 #define SKIP_UNLESS_ROOT() \
   if (geteuid() != 0) GTEST_SKIP() << "needs root: network namespaces and iptables"
@@ -180,11 +184,12 @@ class Pods {
     return mustRun({"ip", "netns", "exec", pod.name(), tool}).out;
   }
   // Whether any of our chains for the pod is in any flavour or family.
-  bool anyChainLeft() const {
-    std::string pre = chainNamesFor(pod.inode()).pre.substr(0, 15);  // SIPHON_<hex>
+  bool anyChainLeft() const { return anyChainOf(chainPrefixFor(pod.inode())); }
+  // Whether a chain whose name starts with `name` is in any flavour or family.
+  bool anyChainOf(const std::string& name) const {
     for (const char* tool : {"iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save",
                              "ip6tables-legacy-save"}) {
-      if (save(tool).find(pre) != std::string::npos) return true;
+      if (save(tool).find(name) != std::string::npos) return true;
     }
     return false;
   }
@@ -228,6 +233,7 @@ TEST_P(StealIptables, StealsLocalConnectionsOfAddedPortsOnly) {
   options.listeners = Listeners{v4.get(), v6.get(), portOf(v4.get()), portOf(v6.get())};
   options.flavor = flavor();
   options.guard_exe = SIPHON_AGENT_BIN;
+  options.owner = kOwner;
   auto made = makeIptablesSteering(options);
   ASSERT_TRUE(made.ok()) << made.status();
   Steering& steering = **made;
@@ -264,8 +270,9 @@ TEST_P(StealIptables, StealsLocalConnectionsOfAddedPortsOnly) {
   EXPECT_EQ(talk(pod, "fd77::1", port, &steering), "original");
   EXPECT_EQ(talk(pod, "::1", port, &steering), "original");
 
-  // The chains live in the flavour asked for, named after the target.
-  ChainNames chains = chainNamesFor(pods.pod.inode());
+  // The chains live in the flavour asked for, named after the target and
+  // the owner.
+  ChainNames chains = chainNamesFor(pods.pod.inode(), kOwner);
   EXPECT_THAT(pods.save(saveTool()), HasSubstr(":" + chains.pre));
   EXPECT_THAT(pods.save(saveTool(true)), HasSubstr(":" + chains.out));
   EXPECT_THAT(pods.save(otherSaveTool()), Not(HasSubstr("SIPHON_")));
@@ -296,6 +303,7 @@ TEST_P(StealIptables, IPv4OnlyWithoutAnIpv6Listener) {
   options.listeners = Listeners{v4.get(), -1, portOf(v4.get()), 0};
   options.flavor = flavor();
   options.guard_exe = SIPHON_AGENT_BIN;
+  options.owner = kOwner;
   auto made = makeIptablesSteering(options);
   ASSERT_TRUE(made.ok()) << made.status();
   Server agent(std::move(v4), [](int) { return "agent"; });
@@ -307,16 +315,21 @@ TEST_P(StealIptables, IPv4OnlyWithoutAnIpv6Listener) {
 
 // ------------------------------------------------------------ crash safety
 
-// A running steal_iptables_helper steering `port` of the pod.
+// The owner id of a helper agent unless a test gives it another.
+constexpr char kHelperOwner[] = "00000a";
+
+// A running steal_iptables_helper steering `port` of the pod as `owner`,
+// answering stolen connections with `reply`.
 class HelperAgent {
  public:
   HelperAgent(const Pods& pods, const std::string& flavor, uint16_t port,
-              const std::string& log_path) {
+              const std::string& log_path, const std::string& owner = kHelperOwner,
+              const std::string& reply = "agent") {
     auto [out_r, out_w] = harness::makePipe();
     Fd log(open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    child_ = harness::spawn(
-        {STEAL_IPTABLES_HELPER, "/var/run/netns/" + pods.pod.name(), flavor, std::to_string(port)},
-        std::nullopt, out_w.get(), log.get());
+    child_ = harness::spawn({STEAL_IPTABLES_HELPER, "/var/run/netns/" + pods.pod.name(), flavor,
+                             std::to_string(port), owner, reply},
+                            std::nullopt, out_w.get(), log.get());
     out_w.reset();
     std::string line;
     const auto deadline = Clock::now() + kHangDeadline;
@@ -390,7 +403,7 @@ TEST_P(StealIptables, SigkillOfTheAgentRemovesTheChains) {
   EXPECT_EQ(talk(pods.peer_fd.get(), "10.77.0.1", app.port()), "original");
   EXPECT_EQ(talk(pods.peer_fd.get(), "fd77::1", app.port()), "original");
   EXPECT_TRUE(eventually(kHangDeadline, [&] {
-    return guardPids(chainNamesFor(pods.pod.inode()).pre).empty();
+    return guardPids(chainNamesFor(pods.pod.inode(), kHelperOwner).pre).empty();
   })) << "the guard exits once done";
 }
 
@@ -400,7 +413,7 @@ TEST_P(StealIptables, ADeadGuardIsReplacedAndStillCleansUp) {
   ASSERT_TRUE(pods.ok());
   harness::TempDir tmp;
   const std::string log = tmp.path() + "/agent.log";
-  const std::string pre = chainNamesFor(pods.pod.inode()).pre;
+  const std::string pre = chainNamesFor(pods.pod.inode(), kHelperOwner).pre;
   Server app(listenIn(pods.pod_fd.get(), AF_INET6, false), [](int) { return "original"; });
   HelperAgent agent(pods, flavor(), app.port(), log);
   ASSERT_TRUE(agent.ready()) << harness::readFile(log);
@@ -426,9 +439,10 @@ TEST_P(StealIptables, ADeadGuardIsReplacedAndStillCleansUp) {
 
 // Chains of the pod as a previous agent that died with its guard would
 // leave them, in `tool` ("iptables-legacy-restore"), stealing `port` to a
-// port nobody listens on.
-void plantStaleChains(const Pods& pods, const std::string& tool, uint16_t port) {
-  ChainNames c = chainNamesFor(pods.pod.inode());
+// port nobody listens on. `owner` "": an agent from before owner ids.
+void plantStaleChains(const Pods& pods, const std::string& tool, uint16_t port,
+                      const std::string& owner = "") {
+  ChainNames c = chainNamesFor(pods.pod.inode(), owner);
   std::string text = "*nat\n:" + c.pre + " - [0:0]\n:" + c.out + " - [0:0]\n" +
                      "-I PREROUTING 1 -j " + c.pre + "\n-I OUTPUT 1 -j " + c.out + "\n" + "-A " +
                      c.pre + " -p tcp --dport " + std::to_string(port) +
@@ -446,11 +460,14 @@ TEST_P(StealIptables, StaleChainsAreRemovedOnStartUp) {
   ASSERT_TRUE(pods.ok());
   harness::TempDir tmp;
   const std::string log = tmp.path() + "/agent.log";
-  ChainNames c = chainNamesFor(pods.pod.inode());
+  ChainNames old = chainNamesFor(pods.pod.inode(), "");
+  ChainNames dead = chainNamesFor(pods.pod.inode(), "dead00");
+  ChainNames c = chainNamesFor(pods.pod.inode(), kHelperOwner);
   Server app(listenIn(pods.pod_fd.get(), AF_INET6, false), [](int) { return "original"; });
   for (const char* tool : {"iptables-nft-restore", "iptables-legacy-restore",
                            "ip6tables-nft-restore", "ip6tables-legacy-restore"}) {
-    plantStaleChains(pods, tool, app.port());
+    plantStaleChains(pods, tool, app.port());            // an older agent's
+    plantStaleChains(pods, tool, app.port(), "dead00");  // a dead owner's
   }
   EXPECT_EQ(talk(pods.peer_fd.get(), "10.77.0.1", app.port()),
             "error: connect: Connection refused");
@@ -459,7 +476,7 @@ TEST_P(StealIptables, StaleChainsAreRemovedOnStartUp) {
   ASSERT_TRUE(agent.ready()) << harness::readFile(log);
   EXPECT_THAT(harness::readFile(log), HasSubstr("steal_stale_chains_removed"));
   EXPECT_THAT(pods.save(otherSaveTool()), Not(HasSubstr("SIPHON_")));
-  // One jump each, not the stale one plus ours.
+  // Ours only: one jump, the stale ones gone.
   std::string save = pods.save(saveTool());
   size_t jumps = 0;
   for (size_t at = save.find("-j " + c.pre); at != std::string::npos;
@@ -467,6 +484,8 @@ TEST_P(StealIptables, StaleChainsAreRemovedOnStartUp) {
     ++jumps;
   }
   EXPECT_EQ(jumps, 1u) << save;
+  EXPECT_FALSE(pods.anyChainOf(old.pre + " ")) << save;
+  EXPECT_FALSE(pods.anyChainOf(dead.pre)) << save;
   EXPECT_EQ(talk(pods.peer_fd.get(), "10.77.0.1", app.port()), "agent");
   EXPECT_EQ(talk(pods.peer_fd.get(), "fd77::1", app.port()), "agent");
 }
@@ -497,15 +516,11 @@ TEST_P(StealIptables, RemoveStaleChainsOnItsOwn) {
 // families, with `sock` as its end of the agent's socketpair; its exit code,
 // or nullopt if it hangs.
 std::optional<int> runGuard(const Pods& pods, const std::string& flavor, int sock) {
-  const ChainNames c = chainNamesFor(pods.pod.inode());
-  std::vector<std::string> argv = {STEAL_IPTABLES_HELPER,
-                                   std::string(kIptablesGuardCommand),
-                                   "--netns-fd=10",
-                                   "--sock-fd=11",
-                                   "--flavor=" + flavor,
-                                   "--pre=" + c.pre,
-                                   "--out=" + c.out,
-                                   "--v6=1"};
+  const ChainNames c = chainNamesFor(pods.pod.inode(), "");
+  std::vector<std::string> argv = {STEAL_IPTABLES_HELPER, std::string(kIptablesGuardCommand),
+                                   "--netns-fd=10",       "--sock-fd=11",
+                                   "--flavor=" + flavor,  "--pre=" + c.pre,
+                                   "--out=" + c.out,      "--v6=1"};
   std::vector<char*> args;
   for (auto& a : argv) args.push_back(a.data());
   args.push_back(nullptr);
@@ -545,6 +560,106 @@ TEST_P(StealIptables, AGuardWhoseAgentIsAlreadyGoneStillCleansUp) {
   EXPECT_FALSE(pods.anyChainLeft()) << pods.save(saveTool());
   EXPECT_EQ(talk(pods.peer_fd.get(), "10.77.0.1", app.port()), "original");
   EXPECT_EQ(talk(pods.peer_fd.get(), "fd77::1", app.port()), "original");
+}
+
+// ------------------------------------------------- two agents, one target
+
+// Two agents stealing different ports of one pod: each has its own chains,
+// and neither agent's start, death or guard removes the other's. The second
+// starts while the first is stealing (its start-up sweep must leave the
+// first's chains alone), then the first is killed: its guard removes only
+// its own chains.
+TEST_P(StealIptables, TwoAgentsOnOneTargetNeverUndoEachOther) {
+  SKIP_UNLESS_ROOT();
+  Pods pods;
+  ASSERT_TRUE(pods.ok());
+  harness::TempDir tmp;
+  const int peer = pods.peer_fd.get(), pod = pods.pod_fd.get();
+  const ChainNames a_chains = chainNamesFor(pods.pod.inode(), "00000a");
+  const ChainNames b_chains = chainNamesFor(pods.pod.inode(), "00000b");
+  Server app1(listenIn(pod, AF_INET6, false), [](int) { return "original"; });
+  Server app2(listenIn(pod, AF_INET6, false), [](int) { return "original"; });
+  const uint16_t p1 = app1.port(), p2 = app2.port();
+
+  HelperAgent a(pods, flavor(), p1, tmp.path() + "/a.log", "00000a", "agent-a");
+  ASSERT_TRUE(a.ready()) << harness::readFile(tmp.path() + "/a.log");
+  ASSERT_EQ(talk(peer, "10.77.0.1", p1), "agent-a");
+  HelperAgent b(pods, flavor(), p2, tmp.path() + "/b.log", "00000b", "agent-b");
+  ASSERT_TRUE(b.ready()) << harness::readFile(tmp.path() + "/b.log");
+  EXPECT_THAT(harness::readFile(tmp.path() + "/b.log"),
+              Not(HasSubstr("steal_stale_chains_removed")));
+  // A third agent's start-up sweep (whatever its backend): both are alive.
+  absl::Status swept = removeStaleIptablesChains(pod, pods.pod.inode());
+  ASSERT_TRUE(swept.ok()) << swept;
+
+  for (const char* ip : {"10.77.0.1", "fd77::1"}) {
+    EXPECT_EQ(talk(peer, ip, p1), "agent-a") << ip;
+    EXPECT_EQ(talk(peer, ip, p2), "agent-b") << ip;
+  }
+  // Inside the pod too (OUTPUT: both chains in turn, each only its port).
+  EXPECT_EQ(talk(pod, "127.0.0.1", p1), "agent-a");
+  EXPECT_EQ(talk(pod, "::1", p2), "agent-b");
+  EXPECT_THAT(pods.save(saveTool()), HasSubstr(":" + a_chains.pre));
+  EXPECT_THAT(pods.save(saveTool(true)), HasSubstr(":" + b_chains.out));
+
+  a.child().kill();  // SIGKILL; its guard cleans up after it
+  EXPECT_TRUE(eventually(kCleanupDeadline, [&] { return !pods.anyChainOf(a_chains.pre); }))
+      << pods.save(saveTool());
+  EXPECT_TRUE(eventually(kHangDeadline, [&] { return !pods.anyChainOf(a_chains.out); }))
+      << pods.save(saveTool());
+  for (const char* ip : {"10.77.0.1", "fd77::1"}) {
+    EXPECT_EQ(talk(peer, ip, p1), "original") << ip;
+    EXPECT_EQ(talk(peer, ip, p2), "agent-b") << ip;
+  }
+  EXPECT_THAT(pods.save(saveTool()), HasSubstr(":" + b_chains.pre));
+  EXPECT_THAT(pods.save(saveTool(true)), HasSubstr(":" + b_chains.pre));
+}
+
+// A dead agent whose guard died too (killed together) leaves its chains;
+// while its guard lives (here: stopped) they are not stale; once both are
+// gone the next agent's start-up removes them, and not the live agent's.
+TEST_P(StealIptables, ADeadOwnersChainsGoOnTheNextStartNotALiveOnes) {
+  SKIP_UNLESS_ROOT();
+  Pods pods;
+  ASSERT_TRUE(pods.ok());
+  harness::TempDir tmp;
+  const int peer = pods.peer_fd.get(), pod = pods.pod_fd.get();
+  const ChainNames a_chains = chainNamesFor(pods.pod.inode(), "00000a");
+  const ChainNames b_chains = chainNamesFor(pods.pod.inode(), "00000b");
+  Server app1(listenIn(pod, AF_INET6, false), [](int) { return "original"; });
+  Server app2(listenIn(pod, AF_INET6, false), [](int) { return "original"; });
+  const uint16_t p1 = app1.port(), p2 = app2.port();
+  HelperAgent a(pods, flavor(), p1, tmp.path() + "/a.log", "00000a", "agent-a");
+  ASSERT_TRUE(a.ready()) << harness::readFile(tmp.path() + "/a.log");
+  HelperAgent b(pods, flavor(), p2, tmp.path() + "/b.log", "00000b", "agent-b");
+  ASSERT_TRUE(b.ready()) << harness::readFile(tmp.path() + "/b.log");
+
+  std::vector<pid_t> guard = guardPids(a_chains.pre);
+  ASSERT_EQ(guard.size(), 1u);
+  ASSERT_EQ(kill(guard[0], SIGSTOP), 0);
+  a.child().kill();
+  // A's guard still lives (and holds A's lock): not stale.
+  absl::Status swept = removeStaleIptablesChains(pod, pods.pod.inode());
+  ASSERT_TRUE(swept.ok()) << swept;
+  EXPECT_TRUE(pods.anyChainOf(a_chains.pre));
+  ASSERT_EQ(kill(guard[0], SIGKILL), 0);
+  ASSERT_TRUE(eventually(kHangDeadline, [&] { return guardPids(a_chains.pre).empty(); }));
+  // Nobody removed A's chains: P1 goes to A's closed listener.
+  EXPECT_TRUE(pods.anyChainOf(a_chains.pre));
+  EXPECT_EQ(talk(peer, "10.77.0.1", p1), "error: connect: Connection refused");
+
+  // The next agent (stealing P1 in turn): its start-up removes A's chains.
+  HelperAgent c(pods, flavor(), p1, tmp.path() + "/c.log", "00000c", "agent-c");
+  ASSERT_TRUE(c.ready()) << harness::readFile(tmp.path() + "/c.log");
+  EXPECT_THAT(harness::readFile(tmp.path() + "/c.log"),
+              AllOf(HasSubstr("steal_stale_chains_removed"), HasSubstr("00000a")));
+  EXPECT_FALSE(pods.anyChainOf(a_chains.pre)) << pods.save(saveTool());
+  EXPECT_FALSE(pods.anyChainOf(a_chains.out)) << pods.save(saveTool());
+  EXPECT_TRUE(pods.anyChainOf(b_chains.pre)) << pods.save(saveTool());
+  for (const char* ip : {"10.77.0.1", "fd77::1"}) {
+    EXPECT_EQ(talk(peer, ip, p1), "agent-c") << ip;
+    EXPECT_EQ(talk(peer, ip, p2), "agent-b") << ip;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Flavors, StealIptables, ::testing::Values("nft", "legacy"),

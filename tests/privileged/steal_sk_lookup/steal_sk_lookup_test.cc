@@ -172,7 +172,7 @@ bool connectTo(int fd, const SockAddr& to) {
   return true;
 }
 
-enum class Who { kNone, kApp, kAppOther, kAgent };
+enum class Who { kNone, kApp, kAppOther, kAgent, kSecondAgent };
 
 std::ostream& operator<<(std::ostream& os, Who who) {
   switch (who) {
@@ -184,6 +184,8 @@ std::ostream& operator<<(std::ostream& os, Who who) {
       return os << "the application (port P+1)";
     case Who::kAgent:
       return os << "the agent";
+    case Who::kSecondAgent:
+      return os << "the second agent";
   }
   return os;
 }
@@ -258,9 +260,15 @@ class StealSkLookupTest : public testing::Test {
     const uint16_t client_port = localPort(out.client.get());
 
     const std::pair<int, Who> candidates[] = {
-        {app4_.get(), Who::kApp},        {app6_.get(), Who::kApp},
-        {other4_.get(), Who::kAppOther}, {other6_.get(), Who::kAppOther},
-        {agent4_.get(), Who::kAgent},    {agent6_.get(), Who::kAgent},
+        {app4_.get(), Who::kApp},
+        {app6_.get(), Who::kApp},
+        {other4_.get(), Who::kAppOther},
+        {other6_.get(), Who::kAppOther},
+        {agent4_.get(), Who::kAgent},
+        {agent6_.get(), Who::kAgent},
+        // -1 (poll ignores it) unless a test made a second agent.
+        {second4_.get(), Who::kSecondAgent},
+        {second6_.get(), Who::kSecondAgent},
     };
     std::vector<pollfd> fds;
     for (const auto& [fd, who] : candidates) fds.push_back({fd, POLLIN, 0});
@@ -299,10 +307,11 @@ class StealSkLookupTest : public testing::Test {
   std::optional<NetNs> pod_;
   std::optional<NetNs> peer_;
   Fd netns_fd_;
-  uint16_t port_ = 0;   // P
-  Fd app4_, app6_;      // the application on P
-  Fd other4_, other6_;  // the application on P+1
-  Fd agent4_, agent6_;  // the agent's listeners
+  uint16_t port_ = 0;     // P
+  Fd app4_, app6_;        // the application on P
+  Fd other4_, other6_;    // the application on P+1
+  Fd agent4_, agent6_;    // the agent's listeners
+  Fd second4_, second6_;  // a second agent's, when a test makes them
 };
 
 // sk_lookup links attached to the netns whose inode is `netns_ino`, across
@@ -482,6 +491,37 @@ TEST_F(StealSkLookupTest, KilledHolderLeavesNothingBehind) {
   } while ((links != 0 || who != Who::kApp) && Clock::now() < deadline);
   EXPECT_EQ(links, 0);
   EXPECT_EQ(who, Who::kApp);
+}
+
+// Two agents on one target, each stealing its own port: two links that
+// coexist, each program steering only the ports of its own map, and one
+// agent's link going (a stop, or its death: the kernel closes the same fd)
+// leaves the other's alone. Nothing sweeps or detaches links of others.
+TEST_F(StealSkLookupTest, TwoAgentsOnOneTargetEachKeepTheirOwnPorts) {
+  std::unique_ptr<Steering> first = makeSteering();
+  ASSERT_NE(first, nullptr);
+  ASSERT_TRUE(first->addPort(port_).ok());
+  second4_ = listenIn(pod_->name(), AF_INET, 0);
+  second6_ = listenIn(pod_->name(), AF_INET6, 0);
+  absl::StatusOr<std::unique_ptr<Steering>> second =
+      makeSkLookupSteering(netns_fd_.get(), Listeners{.v4 = second4_.get(),
+                                                      .v6 = second6_.get(),
+                                                      .v4_port = localPort(second4_.get()),
+                                                      .v6_port = localPort(second6_.get())});
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_TRUE((*second)->addPort(port_ + 1).ok());
+  EXPECT_EQ(skLookupLinksOn(pod_->inode()), 2);
+  for (const Attempt& a : everyRoute(port_)) EXPECT_EQ(whoGets(a), Who::kAgent) << format(a.to);
+  for (const Attempt& a : everyRoute(port_ + 1)) {
+    EXPECT_EQ(whoGets(a), Who::kSecondAgent) << format(a.to);
+  }
+
+  first.reset();  // detaches the first agent's link only
+  EXPECT_EQ(skLookupLinksOn(pod_->inode()), 1);
+  for (const Attempt& a : everyRoute(port_)) EXPECT_EQ(whoGets(a), Who::kApp) << format(a.to);
+  for (const Attempt& a : everyRoute(port_ + 1)) {
+    EXPECT_EQ(whoGets(a), Who::kSecondAgent) << format(a.to);
+  }
 }
 
 TEST_F(StealSkLookupTest, FactoryFailuresSayWhy) {

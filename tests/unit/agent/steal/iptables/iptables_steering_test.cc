@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
 
 #include <functional>
 #include <map>
@@ -73,6 +74,7 @@ const std::set<std::string> kAllTools = {"iptables-nft-save",     "iptables-nft-
                                          "ip6tables-legacy-save", "ip6tables-legacy-restore"};
 
 constexpr uint64_t kInode = 0xabc;
+constexpr char kOwner[] = "a1b2c3";
 
 IptablesOptions options(bool v6, std::string flavor = "auto") {
   IptablesOptions o;
@@ -80,6 +82,7 @@ IptablesOptions options(bool v6, std::string flavor = "auto") {
   o.netns_inode = kInode;
   o.listeners = Listeners{5, v6 ? 6 : -1, 40004, static_cast<uint16_t>(v6 ? 40006 : 0)};
   o.flavor = std::move(flavor);
+  o.owner = kOwner;
   return o;
 }
 
@@ -90,14 +93,26 @@ struct Made {
   absl::StatusOr<std::unique_ptr<Steering>> steering;
 };
 
+// Owner locks: held (ALREADY_EXISTS) for the owners in `alive`, taken
+// (journalled "lock OWNER") for any other.
+OwnerLock fakeLock(Journal* journal, std::set<std::string> alive) {
+  return [journal, alive](std::string_view owner) -> absl::StatusOr<UniqueFd> {
+    if (alive.count(std::string(owner)) != 0) return absl::AlreadyExistsError("alive");
+    journal->push_back("lock " + std::string(owner));
+    return UniqueFd(eventfd(0, EFD_CLOEXEC));
+  };
+}
+
 std::unique_ptr<Made> make(IptablesOptions o, std::set<std::string> tools = kAllTools,
-                           std::map<std::string, std::string> saves = {}, std::string fail = "") {
+                           std::map<std::string, std::string> saves = {}, std::string fail = "",
+                           std::set<std::string> alive = {}) {
   auto m = std::make_unique<Made>();
   auto runner = std::make_unique<FakeRunner>(&m->journal, std::move(tools), std::move(saves));
   runner->fail_ = std::move(fail);
   m->runner = runner.get();
   m->steering = makeIptablesSteering(std::move(o), std::move(runner),
-                                     std::make_unique<FakeGuard>(&m->journal, &m->on_lost));
+                                     std::make_unique<FakeGuard>(&m->journal, &m->on_lost),
+                                     fakeLock(&m->journal, std::move(alive)));
   return m;
 }
 
@@ -105,7 +120,10 @@ std::unique_ptr<Made> make(IptablesOptions o, std::set<std::string> tools = kAll
 Journal restores(const Journal& j) {
   Journal out;
   for (const auto& e : j) {
-    if (e.find("-restore|") != std::string::npos || e.rfind("guard", 0) == 0) out.push_back(e);
+    if (e.find("-restore|") != std::string::npos || e.rfind("guard", 0) == 0 ||
+        e.rfind("lock", 0) == 0) {
+      out.push_back(e);
+    }
   }
   return out;
 }
@@ -114,9 +132,9 @@ TEST(IptablesSteering, StartsTheGuardBeforeInstallingInTheNftDefault) {
   auto m = make(options(/*v6=*/false));
   ASSERT_TRUE(m->steering.ok()) << m->steering.status();
   EXPECT_EQ((*m->steering)->name(), "iptables");
-  ChainNames c = chainNamesFor(kInode);
-  EXPECT_THAT(restores(m->journal),
-              ElementsAre("guard start", "iptables-nft-restore|" + installRules(c)));
+  ChainNames c = chainNamesFor(kInode, kOwner);
+  EXPECT_THAT(restores(m->journal), ElementsAre(std::string("lock ") + kOwner, "guard start",
+                                                "iptables-nft-restore|" + installRules(c)));
   m->journal.clear();
   m->steering->reset();
   // The destructor removes whatever is there (the fake's save shows
@@ -128,7 +146,7 @@ TEST(IptablesSteering, PortsAreAddedOnceAndRemovedOnceInBothFamilies) {
   auto m = make(options(/*v6=*/true));
   ASSERT_TRUE(m->steering.ok()) << m->steering.status();
   Steering& s = **m->steering;
-  ChainNames c = chainNamesFor(kInode);
+  ChainNames c = chainNamesFor(kInode, kOwner);
   m->journal.clear();
   ASSERT_TRUE(s.addPort(80).ok());
   ASSERT_TRUE(s.addPort(80).ok());     // no-op
@@ -152,7 +170,7 @@ TEST(IptablesSteering, NoIp6tablesWithoutAnIpv6Listener) {
 TEST(IptablesSteering, AnIpv6FailureRollsTheIpv4RuleBack) {
   auto m = make(options(/*v6=*/true));
   ASSERT_TRUE(m->steering.ok()) << m->steering.status();
-  ChainNames c = chainNamesFor(kInode);
+  ChainNames c = chainNamesFor(kInode, kOwner);
   m->journal.clear();
   m->runner->fail_ = "ip6tables-nft-restore";
   absl::Status st = (*m->steering)->addPort(80);
@@ -180,35 +198,38 @@ TEST(IptablesSteering, AutoFollowsTheFlavourWithRules) {
   auto m = make(options(false), kAllTools,
                 {{"iptables-legacy-save", "*nat\n-A PREROUTING -j ISTIO_INBOUND\nCOMMIT\n"}});
   ASSERT_TRUE(m->steering.ok()) << m->steering.status();
-  ChainNames c = chainNamesFor(kInode);
-  EXPECT_THAT(restores(m->journal),
-              ElementsAre("guard start", "iptables-legacy-restore|" + installRules(c)));
+  ChainNames c = chainNamesFor(kInode, kOwner);
+  EXPECT_THAT(restores(m->journal), ElementsAre(std::string("lock ") + kOwner, "guard start",
+                                                "iptables-legacy-restore|" + installRules(c)));
   // An explicit choice wins.
   auto n = make(options(false, "nft"), kAllTools,
                 {{"iptables-legacy-save", "*nat\n-A PREROUTING -j ISTIO_INBOUND\nCOMMIT\n"}});
   ASSERT_TRUE(n->steering.ok()) << n->steering.status();
-  EXPECT_THAT(restores(n->journal),
-              ElementsAre("guard start", "iptables-nft-restore|" + installRules(c)));
+  EXPECT_THAT(restores(n->journal), ElementsAre(std::string("lock ") + kOwner, "guard start",
+                                                "iptables-nft-restore|" + installRules(c)));
 }
 
 TEST(IptablesSteering, StaleChainsOfTheTargetAreRemovedFirstInEveryFlavour) {
-  ChainNames c = chainNamesFor(kInode);
+  ChainNames c = chainNamesFor(kInode, kOwner);
   std::string stale = "*nat\n:PREROUTING ACCEPT [0:0]\n:" + c.pre + " - [0:0]\n-A PREROUTING -j " +
                       c.pre + "\nCOMMIT\n";
   auto m = make(options(true), kAllTools,
                 {{"iptables-legacy-save", stale}, {"ip6tables-nft-save", stale}});
   ASSERT_TRUE(m->steering.ok()) << m->steering.status();
   std::string removal = removeAllRules(parseNatSave(stale, c), c);
-  EXPECT_THAT(restores(m->journal), ElementsAre("ip6tables-nft-restore|" + removal,
-                                                "iptables-legacy-restore|" + removal, "guard start",
-                                                // The stale rules are gone from the counts in a
-                                                // real netns; the fake still shows one legacy rule.
-                                                "iptables-legacy-restore|" + installRules(c),
-                                                "ip6tables-legacy-restore|" + installRules(c)));
+  EXPECT_THAT(restores(m->journal),
+              // Our pinned owner's own leftovers (its lock was free).
+              ElementsAre(std::string("lock ") + kOwner, "ip6tables-nft-restore|" + removal,
+                          "iptables-legacy-restore|" + removal, std::string("lock ") + kOwner,
+                          "guard start",
+                          // The stale rules are gone from the counts in a
+                          // real netns; the fake still shows one legacy rule.
+                          "iptables-legacy-restore|" + installRules(c),
+                          "ip6tables-legacy-restore|" + installRules(c)));
 }
 
 TEST(IptablesSteering, StopRemovesWhatTheSaveShowsThenStopsTheGuard) {
-  ChainNames c = chainNamesFor(kInode);
+  ChainNames c = chainNamesFor(kInode, kOwner);
   // The save shows our chains, as the kernel would once installed.
   std::string live = "*nat\n:" + c.pre + " - [0:0]\n:" + c.out + " - [0:0]\n-A PREROUTING -j " +
                      c.pre + "\n-A OUTPUT -j " + c.out + "\nCOMMIT\n";
@@ -224,7 +245,7 @@ TEST(IptablesSteering, StopRemovesWhatTheSaveShowsThenStopsTheGuard) {
 }
 
 TEST(IptablesSteering, ALostGuardRemovesTheChainsAndRefusesNewPorts) {
-  ChainNames c = chainNamesFor(kInode);
+  ChainNames c = chainNamesFor(kInode, kOwner);
   std::string live = "*nat\n:" + c.pre + " - [0:0]\n-A PREROUTING -j " + c.pre + "\nCOMMIT\n";
   auto m = make(options(false), kAllTools, {{"iptables-nft-save", live}});
   ASSERT_TRUE(m->steering.ok()) << m->steering.status();
@@ -237,6 +258,68 @@ TEST(IptablesSteering, ALostGuardRemovesTheChainsAndRefusesNewPorts) {
   m->journal.clear();
   (*m->steering)->stop();  // nothing more to remove
   EXPECT_THAT(restores(m->journal), ElementsAre("guard stop"));
+}
+
+// Two agents on one target: another live agent's chains stay, a dead
+// agent's go, as do the owner-less chains of an agent before owner ids.
+TEST(IptablesSteering, OnlyChainsOfDeadOwnersAreRemovedAtStart) {
+  auto chainsOf = [](const std::string& owner) {
+    ChainNames c = chainNamesFor(kInode, owner);
+    return ":" + c.pre + " - [0:0]\n:" + c.out + " - [0:0]\n-A PREROUTING -j " + c.pre +
+           "\n-A OUTPUT -j " + c.out + "\n";
+  };
+  const std::string save =
+      "*nat\n" + chainsOf("0f0f0f") + chainsOf("dead00") + chainsOf("") + "COMMIT\n";
+  auto m = make(options(false), kAllTools, {{"iptables-nft-save", save}}, "", {"0f0f0f"});
+  ASSERT_TRUE(m->steering.ok()) << m->steering.status();
+  auto removal = [&](const std::string& owner) {
+    ChainNames c = chainNamesFor(kInode, owner);
+    return "iptables-nft-restore|" + removeAllRules(parseNatSave(save, c), c);
+  };
+  EXPECT_THAT(restores(m->journal),
+              ElementsAre("lock ", removal(""), "lock dead00", removal("dead00"),
+                          std::string("lock ") + kOwner, "guard start",
+                          "iptables-nft-restore|" + installRules(chainNamesFor(kInode, kOwner))));
+  for (const auto& e : m->journal)
+    EXPECT_EQ(e.find("-D PREROUTING -j SIPHON_00000abc_0f0f0f"), std::string::npos) << e;
+
+  // The same sweep on its own (the agent's start-up, whatever its backend).
+  Journal journal;
+  FakeRunner runner(&journal, kAllTools, {{"ip6tables-legacy-save", save}});
+  auto removed = removeStaleIptablesChains(runner, kInode, fakeLock(&journal, {"0f0f0f"}));
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 2);
+  EXPECT_THAT(restores(journal),
+              ElementsAre("lock ",
+                          "ip6tables-legacy-restore|" +
+                              removeAllRules(parseNatSave(save, chainNamesFor(kInode, "")),
+                                             chainNamesFor(kInode, "")),
+                          "lock dead00",
+                          "ip6tables-legacy-restore|" +
+                              removeAllRules(parseNatSave(save, chainNamesFor(kInode, "dead00")),
+                                             chainNamesFor(kInode, "dead00"))));
+}
+
+TEST(IptablesSteering, AFreshOwnerIdUnlessOneIsPinnedAndFree) {
+  IptablesOptions o = options(false);
+  o.owner.clear();
+  auto m = make(o);
+  ASSERT_TRUE(m->steering.ok()) << m->steering.status();
+  Journal r = restores(m->journal);
+  ASSERT_EQ(r.size(), 3u);
+  ASSERT_EQ(r[0].rfind("lock ", 0), 0u);
+  const std::string owner = r[0].substr(5);
+  EXPECT_TRUE(validOwnerId(owner)) << owner;
+  EXPECT_EQ(r[2], "iptables-nft-restore|" + installRules(chainNamesFor(kInode, owner)));
+
+  // A pinned owner that a live agent holds is refused, nothing installed.
+  auto held = make(options(false), kAllTools, {}, "", {kOwner});
+  EXPECT_EQ(held->steering.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(restores(held->journal), ElementsAre());
+
+  IptablesOptions bad = options(false);
+  bad.owner = "XYZ";
+  EXPECT_EQ(make(bad)->steering.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(IptablesSteering, BadOptions) {
