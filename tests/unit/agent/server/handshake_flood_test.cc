@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cmath>
 #include <memory>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "siphon/client/client.h"
 #include "siphon/protocol/codec.h"
 #include "siphon/protocol/handshake.h"
+#include "siphon/transport/stream.h"
 #include "tests/fakes/echo_server.h"
 #include "tests/fakes/in_process_agent.h"
 #include "tests/fakes/loopback.h"
@@ -524,6 +526,82 @@ TEST_F(HandshakeFloodTest, RaisesItsSoftFdLimitAtStartUp) {
   EXPECT_EQ(limits[0], std::to_string(want));
   EXPECT_NE(agent_.log().find("fd_limit soft=" + std::to_string(want)), std::string::npos)
       << agent_.log();
+}
+
+// ------------------------------------------------------------ over TLS
+
+class TlsHandshakeFloodTest : public HandshakeFloodTest {
+ protected:
+  void SetUp() override {
+    HandshakeFloodTest::SetUp();
+    if (IsSkipped()) return;
+    harness::Result r = harness::run(
+        {"openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+         "-nodes", "-days", "2", "-subj", "/CN=agent", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", certs_.path() + "/agent.key", "-out", certs_.path() + "/agent.pem"});
+    ASSERT_EQ(r.exit_code, 0) << "making a certificate: " << r;
+  }
+  std::vector<std::string> tlsFlags(std::vector<std::string> more) const {
+    std::vector<std::string> flags = {"--tls-cert", certs_.path() + "/agent.pem", "--tls-key",
+                                      certs_.path() + "/agent.key"};
+    flags.insert(flags.end(), more.begin(), more.end());
+    return flags;
+  }
+  harness::TempDir certs_;
+};
+
+// A TLS record header promising a ClientHello, and a few bytes of it.
+const std::string kPartialClientHello("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 11);
+
+// A peer stuck inside its TLS ClientHello holds a handshake slot like one
+// stuck inside its Hello: past the cap it is closed at once.
+TEST_F(TlsHandshakeFloodTest, PartialClientHellosCountAgainstTheCap) {
+  constexpr int kConnections = 200, kMax = 16;
+  ASSERT_TRUE(startAgent(
+      &agent_, tlsFlags({"--max-handshakes", std::to_string(kMax), "--max-handshakes-per-source",
+                         std::to_string(kMax), "--handshake-timeout", "600s"})));
+  Flood f;
+  flood(&f, agent_.listen, kConnections, 2, false);  // the global cap binds, not the per-source
+  for (int fd : f.fds) {
+    (void)!::send(fd, kPartialClientHello.data(), kPartialClientHello.size(),
+                  MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  Accounting acc;
+  ASSERT_TRUE(waitAccounted(agent_.metrics, kConnections, &acc));
+  int open = 0;
+  for (int fd : f.fds) open += !closedByAgent(fd);
+  EXPECT_EQ(open, kMax);
+  EXPECT_EQ(acc.pending, kMax);
+  EXPECT_EQ(acc.global, kConnections - kMax);
+}
+
+// The TLS handshake and the Hello share one --handshake-timeout from
+// accept: a peer that completes TLS and then says nothing is given what is
+// left of it for its Hello (the agent's own message says how much), not a
+// whole new timeout.
+TEST_F(TlsHandshakeFloodTest, OneDeadlineCoversTheTlsHandshakeAndTheHello) {
+  constexpr int kTimeoutMs = 3000;
+  ASSERT_TRUE(
+      startAgent(&agent_, tlsFlags({"--handshake-timeout", std::to_string(kTimeoutMs) + "ms"})));
+  asio::io_context io;
+  net::ssl::context ctx(net::ssl::context::tls_client);
+  ctx.set_verify_mode(net::ssl::verify_none);
+  net::ssl::stream<net::tcp::socket> tls(io, ctx);
+  const sockaddr_in to = endpointOf(agent_.listen);
+  net::error_code ec;
+  tls.lowest_layer().connect(
+      net::tcp::endpoint(asio::ip::address_v4(ntohl(to.sin_addr.s_addr)), ntohs(to.sin_port)), ec);
+  ASSERT_FALSE(ec) << ec.message();
+  tls.handshake(net::ssl::stream_base::client, ec);
+  ASSERT_FALSE(ec) << "TLS handshake: " << ec.message();
+  // Silent after TLS: wait for the agent to close (a hang guard, 30 s).
+  pollfd p{tls.lowest_layer().native_handle(), POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 30000), 1) << "the agent did not close the connection";
+  std::smatch m;
+  const std::string log = agent_.log();
+  const std::regex given("handshake_failed .*no handshake frame within ([0-9]+) ms");
+  ASSERT_TRUE(std::regex_search(log, m, given)) << log;
+  EXPECT_LT(std::stoi(m[1]), kTimeoutMs) << "the Hello got a deadline of its own: " << m[0];
 }
 
 struct BadFlags {
