@@ -217,7 +217,7 @@ Accounting scrapeAccounting(const std::string& metrics) {
 // Polls the metrics until the agent has accounted for `n` connections (a
 // hang guard of 60 s, not a timing check).
 bool waitAccounted(const std::string& metrics, double n, Accounting* out) {
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  const auto deadline = Clock::now() + std::chrono::seconds(60) * fakes::kSanitizerSlowdown;
   while (Clock::now() < deadline) {
     *out = scrapeAccounting(metrics);
     if (out->pending >= 0 && out->global >= 0 && out->seen() >= n) return true;
@@ -408,7 +408,11 @@ TEST_F(HandshakeFloodTest, PastTheCapsConnectionsCloseAtOnceAndTheSessionStreams
   // Descriptors: one per pending handshake (and a few for the session's
   // second stream), not one per connection; memory likewise bounded.
   EXPECT_LE(fds_during, fds_before + kMax + 4);
-  EXPECT_LE(rss_during, rss_before + 32 * 1024) << "KiB resident";
+  // (Not in an instrumented build: the allocator's quarantine holds freed
+  // memory.)
+  if (!fakes::kSanitizedBuild) {
+    EXPECT_LE(rss_during, rss_before + 32 * 1024) << "KiB resident";
+  }
   // The log: the 1st, 2nd, 4th... refusal of each reason, not 1936 lines.
   const std::string log = agent_.log();
   const size_t per_reason = static_cast<size_t>(std::log2(kConnections)) + 1;
@@ -452,7 +456,7 @@ TEST_F(HandshakeFloodTest, TheDeadlineClosesSilentPeersAndTheLogStaysLogarithmic
   Flood f;
   flood(&f, agent_.listen, kConnections, 1, true);
   // Until every one is closed (a hang guard, 60 s).
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  const auto deadline = Clock::now() + std::chrono::seconds(60) * fakes::kSanitizerSlowdown;
   int closed = 0;
   while (Clock::now() < deadline) {
     closed = 0;
@@ -596,7 +600,8 @@ TEST_F(TlsHandshakeFloodTest, OneDeadlineCoversTheTlsHandshakeAndTheHello) {
   ASSERT_FALSE(ec) << "TLS handshake: " << ec.message();
   // Silent after TLS: wait for the agent to close (a hang guard, 30 s).
   pollfd p{tls.lowest_layer().native_handle(), POLLIN, 0};
-  ASSERT_EQ(::poll(&p, 1, 30000), 1) << "the agent did not close the connection";
+  ASSERT_EQ(::poll(&p, 1, 30000 * fakes::kSanitizerSlowdown), 1)
+      << "the agent did not close the connection";
   std::smatch m;
   const std::string log = agent_.log();
   const std::regex given("handshake_failed .*no handshake frame within ([0-9]+) ms");
