@@ -301,16 +301,6 @@ int realMain(int argc, char** argv) {
     return fail(kExitUsage, sv(s.message()));
   if (auto s = log::init(format, log_level); !s.ok()) return fail(kExitUsage, sv(s.message()));
   net::setSpawnFailureReporter(&log::coroutineFailed);
-  // Room for sessions' files and sockets beside a flood of connections
-  // (docs/SECURITY.md#handshake-admission): the soft RLIMIT_NOFILE goes up
-  // to kFdLimitTarget, or the hard limit when lower.
-  if (auto fds = raiseFdLimit(); fds.ok()) {
-    log::info("fd_limit", {{"soft", static_cast<uint64_t>(fds->soft)},
-                           {"hard", static_cast<uint64_t>(fds->hard)},
-                           {"before", static_cast<uint64_t>(fds->before)}});
-  } else {
-    log::warn("fd_limit_failed", {{"error", sv(fds.status().message())}});
-  }
   for (auto [text, out] : {std::pair{&first_client_timeout, &config.first_client_timeout},
                            std::pair{&idle_timeout, &config.idle_timeout},
                            std::pair{&session_grace, &config.limits.session_grace},
@@ -388,6 +378,17 @@ int realMain(int argc, char** argv) {
   if (!config.tls_cert.empty() || !config.tls_key.empty() || !config.tls_client_ca.empty()) {
     auto tls = net::tls::serverContext({config.tls_cert, config.tls_key, config.tls_client_ca});
     if (!tls.ok()) return fail(kExitUsage, sv(tls.status().message()));
+  }
+
+  // Room for sessions' files and sockets beside a flood of connections
+  // (docs/SECURITY.md#handshake-admission): the soft RLIMIT_NOFILE goes up
+  // to kFdLimitTarget, or the hard limit when lower.
+  if (auto fds = raiseFdLimit(); fds.ok()) {
+    log::info("fd_limit", {{"soft", static_cast<uint64_t>(fds->soft)},
+                           {"hard", static_cast<uint64_t>(fds->hard)},
+                           {"before", static_cast<uint64_t>(fds->before)}});
+  } else {
+    log::warn("fd_limit_failed", {{"error", sv(fds.status().message())}});
   }
 
   // Least privilege (docs/SECURITY.md, "Capabilities"): before anything
