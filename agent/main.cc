@@ -15,6 +15,7 @@
 #include "agent/common/log.h"
 #include "agent/runtime/resolver.h"
 #include "agent/runtime/runtime_target.h"
+#include "agent/server/admission.h"
 #include "agent/server/config.h"
 #include "agent/server/server.h"
 #include "agent/steal/iptables/guard.h"
@@ -101,6 +102,7 @@ int realMain(int argc, char** argv) {
   std::string token_file, log_format = "text", log_level = "info";
   std::string first_client_timeout = "30s", idle_timeout = "0s", session_grace = "60s";
   std::string drain_timeout = "25s";
+  std::string handshake_timeout = "10s";
   std::string keepalive_interval = "5s", keepalive_timeout = "20s";
   app.add_option("--listen", config.listen, "HOST:PORT to serve clients on (port 0 picks one)")
       ->capture_default_str();
@@ -139,6 +141,21 @@ int realMain(int argc, char** argv) {
   app.add_option("--keepalive-timeout", keepalive_timeout,
                  "a client silent this long is cut off; its session waits --session-grace for "
                  "a resume (a client may ask for less)")
+      ->capture_default_str();
+  // Unauthenticated connections (docs/SECURITY.md#handshake-admission).
+  app.add_option("--handshake-timeout", handshake_timeout,
+                 "time from accept to a checked Hello, TLS handshake included; a connection "
+                 "still in its handshake then is closed")
+      ->capture_default_str();
+  app.add_option("--max-handshakes", config.max_handshakes,
+                 "connections in their handshake at once (not yet past the Hello); one more is "
+                 "closed at once")
+      ->check(CLI::Range(1u, 65536u))
+      ->capture_default_str();
+  app.add_option("--max-handshakes-per-source", config.max_handshakes_per_source,
+                 "connections in their handshake at once from one source address (at most "
+                 "--max-handshakes); one more is closed at once")
+      ->check(CLI::Range(1u, 65536u))
       ->capture_default_str();
   // Limits (docs/SECURITY.md#limits): each one hit is a typed error naming
   // its flag, and a log line.
@@ -288,6 +305,7 @@ int realMain(int argc, char** argv) {
                            std::pair{&idle_timeout, &config.idle_timeout},
                            std::pair{&session_grace, &config.limits.session_grace},
                            std::pair{&drain_timeout, &config.drain_timeout},
+                           std::pair{&handshake_timeout, &config.handshake_timeout},
                            std::pair{&keepalive_interval, &config.limits.keepalive_interval},
                            std::pair{&keepalive_timeout, &config.limits.keepalive_timeout},
                            std::pair{&http_detect_timeout, &config.http_detect_timeout},
@@ -295,6 +313,15 @@ int realMain(int argc, char** argv) {
     auto d = parseDuration(*text);
     if (!d.ok()) return fail(kExitUsage, sv(d.status().message()));
     *out = *d;
+  }
+  if (config.handshake_timeout.count() <= 0) {
+    return fail(kExitUsage,
+                absl::StrCat("--handshake-timeout ", handshake_timeout, ": must be positive"));
+  }
+  if (config.max_handshakes_per_source > config.max_handshakes) {
+    return fail(kExitUsage,
+                absl::StrCat("--max-handshakes-per-source ", config.max_handshakes_per_source,
+                             ": must be at most --max-handshakes (", config.max_handshakes, ")"));
   }
   if (config.http_detect_timeout.count() <= 0 || config.http_idle_timeout.count() <= 0) {
     return fail(kExitUsage, "--http-detect-timeout and --http-idle-timeout must be positive");
@@ -351,6 +378,17 @@ int realMain(int argc, char** argv) {
   if (!config.tls_cert.empty() || !config.tls_key.empty() || !config.tls_client_ca.empty()) {
     auto tls = net::tls::serverContext({config.tls_cert, config.tls_key, config.tls_client_ca});
     if (!tls.ok()) return fail(kExitUsage, sv(tls.status().message()));
+  }
+
+  // Room for sessions' files and sockets beside a flood of connections
+  // (docs/SECURITY.md#handshake-admission): the soft RLIMIT_NOFILE goes up
+  // to kFdLimitTarget, or the hard limit when lower.
+  if (auto fds = raiseFdLimit(); fds.ok()) {
+    log::info("fd_limit", {{"soft", static_cast<uint64_t>(fds->soft)},
+                           {"hard", static_cast<uint64_t>(fds->hard)},
+                           {"before", static_cast<uint64_t>(fds->before)}});
+  } else {
+    log::warn("fd_limit_failed", {{"error", sv(fds.status().message())}});
   }
 
   // Least privilege (docs/SECURITY.md, "Capabilities"): before anything

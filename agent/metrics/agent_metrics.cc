@@ -144,6 +144,16 @@ AgentMetrics::AgentMetrics() : start_time_seconds_(unixNow()) {
             "Session resume attempts, by result (ok, unknown_session, bad_token, "
             "replay_failed, handshake_failed).",
             {"result"});
+  r.declareCollected("siphon_handshakes_pending", Type::kGauge,
+                     "Connections accepted that have not finished the handshake (TLS, Hello).", {},
+                     [this] {
+                       LiveState s = state_ ? state_() : LiveState{};
+                       return std::vector<Sample>{{{}, static_cast<double>(s.handshakes_pending)}};
+                     });
+  r.declare("siphon_handshakes_rejected_total", Type::kCounter,
+            "Connections closed at accept without a handshake, by reason (max_handshakes, "
+            "max_handshakes_per_source, fd_reserve).",
+            {"reason"});
   r.declareCollected(
       "siphon_process_resident_memory_bytes", Type::kGauge,
       "Resident memory of the agent process in bytes.", {}, [] {
@@ -170,6 +180,9 @@ AgentMetrics::AgentMetrics() : start_time_seconds_(unixNow()) {
     bytes_out_[i] = &r.series("siphon_stream_bytes_out_total", {kind});
   }
   for (const char* e : {"opened", "ended", "lost"}) r.series("siphon_session_events_total", {e});
+  for (const char* reason : {"max_handshakes", "max_handshakes_per_source", "fd_reserve"}) {
+    r.series("siphon_handshakes_rejected_total", {reason});
+  }
   r.series("siphon_stolen_connections_total");
   r.series("siphon_stolen_requests_total");
   r.series("siphon_mirrored_connections_total");
@@ -205,6 +218,10 @@ void AgentMetrics::errorSent(v1::ErrorCode code, ErrorFrame frame) {
 
 void AgentMetrics::resume(std::string_view result) {
   registry_.series("siphon_resumes_total", {std::string(result)}).add();
+}
+
+void AgentMetrics::handshakeRejected(std::string_view reason) {
+  registry_.series("siphon_handshakes_rejected_total", {std::string(reason)}).add();
 }
 
 void AgentMetrics::session(std::string_view event) {

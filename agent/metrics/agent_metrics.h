@@ -43,6 +43,7 @@ struct LiveState {
   uint64_t sessions_detached = 0;
   std::array<uint64_t, kStreamKinds> streams{};
   bool ready = false;
+  uint64_t handshakes_pending = 0;  // connections not past their Hello
 };
 
 class AgentMetrics {
@@ -67,6 +68,9 @@ class AgentMetrics {
   // A resume attempt: "ok", or why it failed.
   void resume(std::string_view result);
   void session(std::string_view event);  // "opened", "ended", "lost"
+  // A connection closed at accept, before its handshake: "max_handshakes",
+  // "max_handshakes_per_source" or "fd_reserve".
+  void handshakeRejected(std::string_view reason);
 
   // "ok", the error code's name in lower case ("not_found"), or for ERRNO
   // the errno's name ("ENOENT").

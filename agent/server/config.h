@@ -23,7 +23,14 @@ struct AgentConfig {
   std::string tls_client_ca;
   std::chrono::milliseconds first_client_timeout{30000};
   std::chrono::milliseconds idle_timeout{0};  // 0: never
+  // --handshake-timeout: one deadline from accept() to the checked Hello,
+  // across the TLS handshake and the Hello.
   std::chrono::milliseconds handshake_timeout{10000};
+  // --max-handshakes, --max-handshakes-per-source: connections that have
+  // not finished the handshake, in all and from one source address; one
+  // more is closed at once (docs/SECURITY.md#handshake-admission).
+  uint32_t max_handshakes = 128;
+  uint32_t max_handshakes_per_source = 16;
   std::chrono::milliseconds drain_timeout{25000};
   uint32_t max_sessions = 64;
   // --metrics HOST:PORT: /metrics, /healthz, /readyz (docs/OPERATIONS.md);

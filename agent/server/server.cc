@@ -11,6 +11,7 @@
 #include "siphon/protocol/handshake.h"
 #include "siphon/status.h"
 #include "siphon/transport/frame_io.h"
+#include "siphon/transport/spawn.h"
 #include "siphon/transport/tls.h"
 
 #ifndef SIPHON_VERSION
@@ -365,6 +366,7 @@ Server::Server(AgentConfig config, std::unique_ptr<Target> target, std::unique_p
     : config_(std::move(config)),
       target_(std::move(target)),
       procfs_(std::move(procfs)),
+      handshake_slots_(config_.max_handshakes, config_.max_handshakes_per_source),
       acceptor_(io_),
       first_client_timer_(io_),
       idle_timer_(io_),
@@ -416,6 +418,10 @@ absl::Status Server::listen() {
   if (ec) return fail("bind");
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return fail("listen");
+  // The descriptor budget of admit(), from the limit main() raised.
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    fd_budget_ = fdBudgetFor(rl.rlim_cur);
+  }
   return listenMetrics();
 }
 
@@ -443,6 +449,7 @@ std::string Server::notReady() const {
 metrics::LiveState Server::liveState() const {
   metrics::LiveState st;
   st.ready = notReady().empty();
+  st.handshakes_pending = handshake_slots_.pending();
   for (const auto& [id, s] : sessions_) {
     if (s->attached()) {
       ++st.sessions_attached;
@@ -469,10 +476,13 @@ std::string Server::readyLine() const {
 }
 
 int Server::run() {
-  asio::co_spawn(io_, acceptLoop(), asio::detached);
+  // Without its accept loop the agent serves no one new: it exits and is
+  // restarted, rather than lingering deaf.
+  net::spawn(io_, acceptLoop(), "accept_loop",
+             [this] { shutdown(kExitInternal, "the accept loop failed"); });
   if (http_) http_->start();
-  asio::co_spawn(io_, watchSignals(), asio::detached);
-  if (target_->hasPidfd()) asio::co_spawn(io_, watchTarget(), asio::detached);
+  net::spawn(io_, watchSignals(), "watch_signals");
+  if (target_->hasPidfd()) net::spawn(io_, watchTarget(), "watch_target");
   if (config_.first_client_timeout.count() > 0) {
     first_client_timer_.expires_after(config_.first_client_timeout);
     first_client_timer_.async_wait([this](net::error_code ec) {
@@ -495,13 +505,53 @@ awaitable<void> Server::acceptLoop() {
     if (ec) {
       if (ec == asio::error::operation_aborted) break;
       // EMFILE and friends: log, breathe, go on; the listener must not die.
-      log::warn("accept_failed", {{"error", ec.message()}});
+      if (uint64_t n = throttle_.hit("accept_failed")) {
+        log::warn("accept_failed", {{"error", ec.message()}, {"count", n}});
+      }
       asio::steady_timer t(io_);
       t.expires_after(std::chrono::milliseconds(100));
       co_await t.async_wait(asio::redirect_error(use_awaitable, ec));
       continue;
     }
-    asio::co_spawn(io_, handshake(std::move(socket)), asio::detached);
+    admit(std::move(socket));
+  }
+}
+
+void Server::admit(net::tcp::socket socket) {
+  net::error_code ec;
+  const auto remote = socket.remote_endpoint(ec);
+  if (ec) return;  // reset already: the socket closes here
+  const std::string source = remote.address().to_string();
+  HandshakeSlots::Refusal why = HandshakeSlots::Refusal::kNone;
+  HandshakeSlots::Slot slot = handshake_slots_.tryAcquire(source, &why);
+  // The descriptors are counted only for a connection the caps let
+  // through: under a flood the caps turn most away without reading /proc.
+  // The accepted socket is among those counted.
+  if (slot.held() && fd_budget_.limit > 0 && !fd_budget_.admits(countOpenFds())) {
+    slot.release();
+    why = HandshakeSlots::Refusal::kFdReserve;
+  }
+  if (slot.held()) {
+    // The socket and the slot live in the coroutine's frame: an exception
+    // escaping it closes that connection and frees its slot, nothing else.
+    net::spawn(io_, handshake(std::move(socket), std::move(slot)), "handshake");
+    return;
+  }
+  // Closed at once, before reading a byte: an RST (linger 0), so neither
+  // side keeps the connection in FIN_WAIT or TIME_WAIT.
+  socket.set_option(asio::socket_base::linger(true, 0), ec);
+  socket.close(ec);
+  const std::string_view reason = HandshakeSlots::refusalName(why);
+  metrics_.handshakeRejected(reason);
+  // A flood must not flood the log: the 1st, 2nd, 4th... refusal of each
+  // reason is logged, with the count so far.
+  if (uint64_t n = throttle_.hit(absl::StrCat("handshake_refused:", asv(reason)))) {
+    log::warn("handshake_refused",
+              {{"reason", reason},
+               {"peer", source},
+               {"count", n},
+               {"pending", static_cast<uint64_t>(handshake_slots_.pending())},
+               {"pending_from_peer", static_cast<uint64_t>(handshake_slots_.pendingFrom(source))}});
   }
 }
 
@@ -522,25 +572,36 @@ std::string Server::newId(size_t bytes) const {
   return absl::BytesToHexString(raw);
 }
 
-awaitable<void> Server::handshake(net::tcp::socket tcp_socket) {
+awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::Slot slot) {
+  // Held until the handshake ends, whichever way it ends (the frame's end).
+  const HandshakeSlots::Slot held = std::move(slot);
+  // One deadline from accept() to the Hello: the TLS handshake and the
+  // Hello share it, so a peer that dribbles both holds its slot no longer
+  // than --handshake-timeout.
+  const auto deadline = std::chrono::steady_clock::now() + config_.handshake_timeout;
+  auto left = [deadline] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now()));
+  };
   net::error_code ec;
   auto remote = tcp_socket.remote_endpoint(ec);
   std::string peer = ec ? "?" : absl::StrCat(remote.address().to_string(), ":", remote.port());
   net::Stream socket =
       tls_ ? net::Stream(std::move(tcp_socket), *tls_) : net::Stream(std::move(tcp_socket));
   if (socket.tls()) {
-    // Under the same deadline as the Hello: a client that never completes
-    // the TLS handshake holds a connection no longer than one that never
-    // says Hello.
-    absl::Status tls = co_await net::tls::accept(socket, config_.handshake_timeout);
+    absl::Status tls = co_await net::tls::accept(socket, left());
     if (!tls.ok()) {
-      log::warn("tls_handshake_failed", {{"peer", peer}, {"error", sv(tls.message())}});
+      // Per connection, at a peer's will: throttled (1st, 2nd, 4th...).
+      if (uint64_t n = throttle_.hit("tls_handshake_failed")) {
+        log::warn("tls_handshake_failed",
+                  {{"peer", peer}, {"error", sv(tls.message())}, {"count", n}});
+      }
       if (errorCodeOf(tls) == v1::FAILED_PRECONDITION) {
         // A plain client: take its Hello (closing on unread bytes would
         // reset the connection before it reads the answer), then tell it
         // why in plain.
-        (void)co_await net::readFirstFrame(socket.socket(), config_.handshake_timeout,
-                                           kMaxHelloSize);
+        (void)co_await net::readFirstFrame(socket.socket(), left(), kMaxHelloSize);
         (void)co_await net::writeFrame(
             socket.socket(), protocol::makeReject(v1::UNAUTHENTICATED,
                                                   std::string(net::tls::kPlainClientMessage)));
@@ -552,8 +613,10 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket) {
   // Parameters by reference: GCC 12 destroys by-value parameters of lambda
   // coroutines twice.
   auto reject = [&](v1::ErrorCode code, const std::string& message) -> awaitable<void> {
-    log::warn("client_rejected",
-              {{"peer", peer}, {"code", errorCodeName(code)}, {"reason", message}});
+    if (uint64_t n = throttle_.hit(absl::StrCat("client_rejected:", errorCodeName(code)))) {
+      log::warn("client_rejected",
+                {{"peer", peer}, {"code", errorCodeName(code)}, {"reason", message}, {"count", n}});
+    }
     metrics_.errorSent(code, metrics::ErrorFrame::kReject);
     co_await net::writeFrame(socket, protocol::makeReject(code, message));
     net::error_code ignored;
@@ -561,13 +624,14 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket) {
     socket.close(ignored);
   };
 
-  auto first = co_await net::readFirstFrame(socket, config_.handshake_timeout, kMaxHelloSize);
+  auto first = co_await net::readFirstFrame(socket, left(), kMaxHelloSize);
   if (!first.ok()) {
     v1::ErrorCode code = errorCodeOf(first.status());
     if (code == v1::PROTOCOL_ERROR || code == v1::FRAME_TOO_LARGE) {
       co_await reject(code, std::string(first.status().message()));
-    } else {
-      log::info("handshake_failed", {{"peer", peer}, {"error", sv(first.status().message())}});
+    } else if (uint64_t n = throttle_.hit(absl::StrCat("handshake_failed:", errorCodeName(code)))) {
+      log::info("handshake_failed",
+                {{"peer", peer}, {"error", sv(first.status().message())}, {"count", n}});
     }
     co_return;
   }
@@ -833,7 +897,9 @@ void Server::startDrain(std::string_view reason) {
             {{"reason", reason},
              {"timeout_ms", static_cast<int64_t>(config_.drain_timeout.count())},
              {"in_flight", static_cast<uint64_t>(inFlight())}});
-  asio::co_spawn(io_, watchDrain(std::string(reason)), asio::detached);
+  // Without its watcher the drain would never end the agent.
+  net::spawn(io_, watchDrain(std::string(reason)), "watch_drain",
+             [this] { shutdown(kExitInternal, "the drain watcher failed"); });
 }
 
 size_t Server::inFlight() const {

@@ -14,9 +14,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "agent/common/log.h"
 #include "agent/metrics/agent_metrics.h"
 #include "agent/metrics/http_endpoint.h"
 #include "agent/netns/netns_worker.h"
+#include "agent/server/admission.h"
 #include "agent/server/config.h"
 #include "agent/services/service.h"
 #include "agent/target/proc_fs.h"
@@ -197,7 +199,10 @@ class Server {
   net::awaitable<void> acceptLoop();
   // --metrics: binds the operator's HTTP endpoint (listen() calls it).
   absl::Status listenMetrics();
-  net::awaitable<void> handshake(net::tcp::socket socket);
+  // Admits an accepted connection to a handshake slot, or closes it at once
+  // (a cap, the fd reserve; docs/SECURITY.md#handshake-admission).
+  void admit(net::tcp::socket socket);
+  net::awaitable<void> handshake(net::tcp::socket socket, HandshakeSlots::Slot slot);
   net::awaitable<void> watchSignals();
   net::awaitable<void> watchTarget();
   void armIdleTimer();
@@ -220,6 +225,11 @@ class Server {
   std::unique_ptr<ProcFs> procfs_;
   // Before the sessions and the services, so it outlives their hooks.
   metrics::AgentMetrics metrics_;
+  // Before the loop: a handshake's frame, destroyed with the loop, holds a
+  // slot. Log lines a peer can repeat per connection go through throttle_.
+  HandshakeSlots handshake_slots_;
+  FdBudget fd_budget_;
+  log::Throttle throttle_;
   net::asio::thread_pool blocking_pool_{2};
   std::unique_ptr<NetnsWorker> netns_;
   std::unique_ptr<ServiceContext> service_ctx_;
