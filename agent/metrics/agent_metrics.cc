@@ -142,7 +142,7 @@ AgentMetrics::AgentMetrics() : start_time_seconds_(unixNow()) {
             {"code", "frame"});
   r.declare("siphon_resumes_total", Type::kCounter,
             "Session resume attempts, by result (ok, unknown_session, bad_token, "
-            "replay_failed, handshake_failed).",
+            "replay_failed, handshake_failed, superseded: a later resume of the session won).",
             {"result"});
   r.declareCollected("siphon_handshakes_pending", Type::kGauge,
                      "Connections accepted that have not finished the handshake (TLS, Hello).", {},

@@ -93,20 +93,33 @@ static awaitable<void> runTransport(std::shared_ptr<AgentSession> self,
   done(why);
 }
 
-void AgentSession::attach(net::Stream stream, std::string leftover) {
+bool AgentSession::attach(net::Stream stream, std::string leftover, uint64_t attachment) {
+  if (ended_ || !session_.attach(attachment).ok()) {
+    // A later resume took the session over while this one's Welcome was
+    // being written: this connection never carries a session frame.
+    stream.close();
+    return false;
+  }
   uint64_t generation = ++generation_;
   if (transport_) transport_->close();
   grace_timer_.cancel();
   transport_ = std::make_shared<net::SessionTransport>(std::move(stream), session_, *this,
                                                        std::move(leftover));
   auto self = shared_from_this();
-  asio::co_spawn(server_.executor(),
-                 runTransport(self, transport_,
-                              [self, generation](const absl::Status& why) {
-                                self->transportEnded(generation, why);
-                              }),
-                 asio::detached);
+  auto ended = [self, generation](const absl::Status& why) {
+    self->transportEnded(generation, why);
+  };
+  net::spawn(server_.executor(), runTransport(self, transport_, ended), "session_transport",
+             [ended] { ended(protoError(v1::INTERNAL, "the session transport failed")); });
   transport_->wake();
+  return true;
+}
+
+void AgentSession::resumeFailed(uint64_t attachment) {
+  // Only the latest resume may detach the session again: an earlier one
+  // that fails must not undo the later one's resume().
+  if (ended_ || attached() || session_.attachment() != attachment) return;
+  session_.onTransportLost();
 }
 
 void AgentSession::transportEnded(uint64_t generation, const absl::Status& why) {
@@ -666,6 +679,7 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
   for (v1::Feature f : services_->features()) welcome.add_features(f);
 
   std::shared_ptr<AgentSession> session;
+  uint64_t attachment = 0;
   if (hello.has_resume()) {
     auto it = sessions_.find(hello.resume().session_id());
     if (it == sessions_.end()) {
@@ -693,6 +707,9 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
     }
     welcome.set_resumed(true);
     welcome.set_last_seq_received(session->session().receivedCount());
+    // Another resume of the session may run while this Welcome is written:
+    // the later one wins (attach() refuses this one then).
+    attachment = session->session().attachment();
   } else {
     if (sessions_.size() >= config_.max_sessions && !evictEmptyDetachedSession()) {
       co_await reject(v1::TOO_MANY_SESSIONS,
@@ -719,14 +736,19 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
     if (welcome.resumed()) metrics_.resume("handshake_failed");
     if (!welcome.resumed()) {
       session->end("handshake failed");
-    } else if (!session->ended() && !session->attached()) {
+    } else {
       // Detached again, its grace deadline unchanged (detachForResume): a
       // client whose resumes keep failing does not extend it.
-      session->session().onTransportLost();
+      session->resumeFailed(attachment);
     }
     co_return;
   }
   if (session->ended()) co_return;
+  if (welcome.resumed() && session->session().attachment() != attachment) {
+    log::info("resume_superseded", {{"session", session->id()}, {"peer", peer}});
+    metrics_.resume("superseded");
+    co_return;  // the socket closes: a later resume holds the session
+  }
   had_client_ = true;
   first_client_timer_.cancel();
   idle_timer_.cancel();
@@ -740,7 +762,7 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
              {"client", hello.client_name()},
              {"peer", peer},
              {"version", protocol::versionString(*version)}});
-  session->attach(std::move(socket), std::move(first->leftover));
+  session->attach(std::move(socket), std::move(first->leftover), attachment);
 }
 
 bool Server::evictEmptyDetachedSession() {

@@ -49,8 +49,14 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   bool detached() const { return transport_ != nullptr && transport_->closed() && !ended_; }
   std::chrono::steady_clock::time_point created() const { return created_; }
 
-  // Runs a new transport for this session (after the handshake).
-  void attach(net::Stream stream, std::string leftover);
+  // Runs a new transport for this session (after the handshake) for
+  // `attachment` (protocol::Session::attachment() after the handshake's
+  // resume(), 0 for a new session). False, and `stream` closed without a
+  // frame, when a later resume superseded it or the session ended.
+  bool attach(net::Stream stream, std::string leftover, uint64_t attachment);
+  // The Welcome of the resume that made `attachment` could not be written:
+  // the session is detached again, unless a later resume holds it.
+  void resumeFailed(uint64_t attachment);
   // A resume is taking the session over: call before Session::resume(). A
   // transport still attached (half-open: the client gave it up, the agent
   // has not noticed yet) is closed first, so it neither handles frames nor

@@ -143,17 +143,11 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
       return absl::OkStatus();
     }
     case v1::Frame::kPing: {
+      // A peer that pings and reads nothing gets one pong, the latest, not
+      // a queue of them.
       v1::Frame pong;
       pong.mutable_pong()->set_nonce(f.ping().nonce());
-      if (queued_pong_) {
-        // A peer that pings and reads nothing gets one pong, the latest,
-        // not a queue of them.
-        queued_pong_->head.clear();
-        encodeFrame(pong, &queued_pong_->head);
-        return absl::OkStatus();
-      }
-      queueControl(pong);
-      if (attached_) queued_pong_ = control_.back();
+      queueReplacing(queued_pong_, pong);
       return absl::OkStatus();
     }
     case v1::Frame::kPong:
@@ -223,7 +217,7 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
       }
       it->second.accepted = true;
       it->second.send_credit = f.accept().initial_window() != 0 ? f.accept().initial_window()
-                                                                 : limits_.initial_stream_window;
+                                                                : limits_.initial_stream_window;
       handler.onStreamAccept(std::move(*f.mutable_accept()));
       return absl::OkStatus();
     }
@@ -372,13 +366,29 @@ void Session::queueControl(const v1::Frame& frame) {
   if (!attached_) return;  // control frames mean nothing on a later transport
   auto out = std::make_shared<OutFrame>();
   encodeFrame(frame, &out->head);
+  control_bytes_ += out->size();
   control_.push_back(std::move(out));
 }
 
+void Session::queueReplacing(std::shared_ptr<OutFrame>& slot, const v1::Frame& frame) {
+  if (!attached_) return;
+  if (slot) {
+    control_bytes_ -= slot->size();
+    slot->head.clear();
+    encodeFrame(frame, &slot->head);
+    control_bytes_ += slot->size();
+    return;
+  }
+  queueControl(frame);
+  slot = control_.back();
+}
+
 void Session::queueAck() {
+  // Acks are cumulative: the latest says all the earlier ones did, so a
+  // peer that sends without reading holds one of them, not one per batch.
   v1::Frame ack;
   ack.mutable_ack()->set_received(received_);
-  queueControl(ack);
+  queueReplacing(queued_ack_, ack);
   ack_sent_ = received_;
   unacked_in_bytes_ = 0;
   ack_due_ = TimePoint::max();
@@ -398,7 +408,10 @@ WriteBatch Session::takeWrites(size_t max_bytes) {
     batch.frames.push_back(std::move(control_.front()));
     control_.pop_front();
   }
+  control_bytes_ = 0;
   queued_pong_.reset();
+  queued_ack_.reset();
+  queued_ping_.reset();
   while (write_next_ < replay_.size() && (batch.frames.empty() || batch.bytes < max_bytes)) {
     const auto& f = replay_[write_next_++];
     batch.bytes += f->size();
@@ -418,24 +431,32 @@ absl::Status Session::onTick(TimePoint now) {
   }
   if (received_ > ack_sent_ && now >= ack_due_) queueAck();
   if (now - last_ping_ >= limits_.keepalive_interval) {
-    v1::Frame ping;
-    ping.mutable_ping()->set_nonce(++ping_nonce_);
-    queueControl(ping);
+    // At most one ping per interval, and none while the last one is still
+    // waiting to go out (a peer that reads nothing): it stands for this one.
+    if (!queued_ping_) {
+      v1::Frame ping;
+      ping.mutable_ping()->set_nonce(++ping_nonce_);
+      queueControl(ping);
+      queued_ping_ = control_.back();
+    }
     last_ping_ = now;
   }
   return absl::OkStatus();
 }
 
 TimePoint Session::nextTick() const {
-  TimePoint next = std::min(last_ping_ + limits_.keepalive_interval,
-                            last_received_ + limits_.keepalive_timeout);
+  TimePoint next =
+      std::min(last_ping_ + limits_.keepalive_interval, last_received_ + limits_.keepalive_timeout);
   return received_ > ack_sent_ ? std::min(next, ack_due_) : next;
 }
 
 void Session::onTransportLost() {
   attached_ = false;
   control_.clear();
+  control_bytes_ = 0;
   queued_pong_.reset();
+  queued_ack_.reset();
+  queued_ping_.reset();
   decoder_.reset();
   write_next_ = 0;
 }
@@ -454,6 +475,7 @@ absl::Status Session::resume(uint64_t peer_last_received, TimePoint now) {
   }
   write_next_ = 0;
   attached_ = true;
+  ++attachment_;
   recheck_writable_ = true;
   last_received_ = now;
   last_ping_ = now;
@@ -463,11 +485,25 @@ absl::Status Session::resume(uint64_t peer_last_received, TimePoint now) {
   return absl::OkStatus();
 }
 
+absl::Status Session::attach(uint64_t n) {
+  if (n != attachment_ || !attached_) {
+    return protoError(
+        v1::FAILED_PRECONDITION,
+        absl::StrCat("attachment ", n, " of the session was superseded by ", attachment_,
+                     attached_ ? "" : " (detached)", ": a later resume took the session over"));
+  }
+  // Only the winner's transport writes from here: its peer has what
+  // resume() dropped, nothing after, so the replay starts at the first
+  // frame it lacks even if another transport took frames since.
+  write_next_ = 0;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<uint64_t> Session::sendRequest(v1::Request request) {
   if (pending_requests_.size() >= limits_.max_pending_requests) {
-    return limitHit(protoError(v1::TOO_MANY_PENDING_REQUESTS,
-                               limitReached("pending request", limits_.max_pending_requests,
-                                            "--max-pending-requests")));
+    return limitHit(protoError(
+        v1::TOO_MANY_PENDING_REQUESTS,
+        limitReached("pending request", limits_.max_pending_requests, "--max-pending-requests")));
   }
   uint64_t id = next_request_id_++;
   request.set_request_id(id);
@@ -483,11 +519,11 @@ absl::StatusOr<size_t> Session::reserveResponse(uint64_t request_id, size_t want
   const uint64_t used = bufferedBytes();
   const uint64_t room = answerCap() > used ? answerCap() - used : 0;
   if (room == 0) {
-    return limitHit(protoError(
-        v1::SESSION_BUFFER_FULL,
-        absl::StrCat("no room for the answer: the agent holds ", used,
-                     " bytes the client has not acknowledged, ", bufferLimitText(),
-                     "; retry once the client has read what is on its way")));
+    return limitHit(
+        protoError(v1::SESSION_BUFFER_FULL,
+                   absl::StrCat("no room for the answer: the agent holds ", used,
+                                " bytes the client has not acknowledged, ", bufferLimitText(),
+                                "; retry once the client has read what is on its way")));
   }
   const size_t granted = static_cast<size_t>(std::min<uint64_t>(wanted, room));
   reserved_[request_id] += granted;
@@ -503,9 +539,9 @@ void Session::sendResponse(v1::Response response) {
     reserved_total_ -= reserved;
     reserved_.erase(it);
   }
-  if (const size_t size = response.ByteSizeLong();
-      size > kSmallResponse && size > reserved + kSmallResponse &&
-      bufferedBytes() + size > answerCap()) {
+  if (const size_t size = response.ByteSizeLong(); size > kSmallResponse &&
+                                                   size > reserved + kSmallResponse &&
+                                                   bufferedBytes() + size > answerCap()) {
     absl::Status full = limitHit(protoError(
         v1::SESSION_BUFFER_FULL,
         absl::StrCat("answer of ", size, " bytes dropped: the agent holds ", bufferedBytes(),

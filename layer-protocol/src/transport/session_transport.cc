@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "siphon/status.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::net {
 
@@ -41,8 +42,19 @@ void SessionTransport::closeAfterFlush() {
 awaitable<absl::Status> SessionTransport::run() {
   auto self = shared_from_this();
   auto ex = stream_.get_executor();
-  asio::co_spawn(ex, writer(self), asio::detached);
-  asio::co_spawn(ex, ticker(self), asio::detached);
+  // An exception that escapes the writer or the ticker ends this transport
+  // (the session replays what was unacked on the next one), and marks the
+  // coroutine done so run() does not wait for it forever.
+  spawn(ex, writer(self), "session_writer", [self] {
+    self->writer_done_ = true;
+    self->fail(protoError(v1::INTERNAL, "the session writer failed"));
+    self->done_signal_.notify();
+  });
+  spawn(ex, ticker(self), "session_ticker", [self] {
+    self->ticker_done_ = true;
+    self->fail(protoError(v1::INTERNAL, "the session ticker failed"));
+    self->done_signal_.notify();
+  });
 
   auto now = protocol::Clock::now();
   if (!initial_.empty()) {

@@ -184,7 +184,7 @@ TEST(LimitsTest, NothingAskedGivesTheAgentsOwn) {
 TEST(LimitsTest, SmallerAsksWin) {
   v1::Limits asked;
   asked.set_max_frame_size(16 * 1024);
-  asked.set_initial_stream_window(8 * 1024);
+  asked.set_initial_stream_window(32 * 1024);
   asked.set_max_streams(10);
   asked.set_max_pending_requests(5);
   asked.set_replay_buffer_bytes(1024 * 1024);
@@ -194,7 +194,7 @@ TEST(LimitsTest, SmallerAsksWin) {
   asked.set_max_read_size(4096);
   SessionLimits l = negotiateLimits(asked, agentLimits());
   EXPECT_EQ(l.max_frame_size, 16u * 1024);
-  EXPECT_EQ(l.initial_stream_window, 8u * 1024);
+  EXPECT_EQ(l.initial_stream_window, 32u * 1024);
   EXPECT_EQ(l.max_streams, 10u);
   EXPECT_EQ(l.max_pending_requests, 5u);
   EXPECT_EQ(l.replay_buffer_bytes, 1024u * 1024);
@@ -226,7 +226,7 @@ TEST(LimitsTest, FloorsKeepTheSessionUsable) {
   asked.set_replay_buffer_bytes(1);
   SessionLimits l = negotiateLimits(asked, agentLimits());
   EXPECT_EQ(l.max_frame_size, 4096u);
-  EXPECT_EQ(l.initial_stream_window, 1024u);
+  EXPECT_EQ(l.initial_stream_window, kMinStreamWindow);
   EXPECT_EQ(l.replay_buffer_bytes, 2u * 4096);
   // A data frame with at least one byte of payload fits.
   EXPECT_GT(l.max_frame_size, kDataFrameOverhead);
@@ -244,6 +244,71 @@ TEST(LimitsTest, KeepaliveIntervalStaysBelowTheTimeout) {
   asked.set_keepalive_interval_ms(500);
   l = negotiateLimits(asked, agentLimits());
   EXPECT_EQ(l.keepalive_interval, std::chrono::milliseconds(500));
+}
+
+// A client asking for a 0 or 1 ms keepalive gets the floor: the agent
+// would otherwise ping on every turn of its event loop.
+TEST(LimitsTest, KeepaliveAsksBelowTheFloorGetTheFloor) {
+  v1::Limits asked;
+  asked.set_keepalive_interval_ms(1);
+  SessionLimits l = negotiateLimits(asked, agentLimits());
+  EXPECT_EQ(l.keepalive_interval, kMinKeepaliveInterval);
+  EXPECT_EQ(l.keepalive_timeout, agentLimits().keepalive_timeout);
+  // A 1 ms timeout too: two intervals at the floor.
+  asked.set_keepalive_timeout_ms(1);
+  l = negotiateLimits(asked, agentLimits());
+  EXPECT_EQ(l.keepalive_interval, kMinKeepaliveInterval);
+  EXPECT_EQ(l.keepalive_timeout, 2 * kMinKeepaliveInterval);
+  // Only a timeout: the interval comes down to half of it, not below the floor.
+  v1::Limits timeout_only;
+  timeout_only.set_keepalive_timeout_ms(1);
+  l = negotiateLimits(timeout_only, agentLimits());
+  EXPECT_EQ(l.keepalive_interval, kMinKeepaliveInterval);
+  EXPECT_EQ(l.keepalive_timeout, 2 * kMinKeepaliveInterval);
+  EXPECT_EQ(toProto(l).keepalive_interval_ms(), 100u);
+}
+
+// The client reads the Welcome's limits through fromProto(): a hostile agent
+// gets the same floors and ceilings a hostile client gets from the agent.
+TEST(LimitsTest, AWelcomeOutsideTheBoundsIsClampedOnTheClient) {
+  v1::Limits hostile;
+  hostile.set_keepalive_interval_ms(1);
+  hostile.set_keepalive_timeout_ms(1);
+  hostile.set_max_frame_size(UINT32_MAX);
+  hostile.set_initial_stream_window(1);
+  hostile.set_max_streams(UINT32_MAX);
+  hostile.set_max_pending_requests(UINT32_MAX);
+  hostile.set_replay_buffer_bytes(UINT64_MAX);
+  hostile.set_session_grace_ms(UINT32_MAX);
+  hostile.set_max_read_size(UINT32_MAX);
+  SessionLimits l = fromProto(hostile);
+  EXPECT_EQ(l.keepalive_interval, kMinKeepaliveInterval);
+  EXPECT_EQ(l.keepalive_timeout, 2 * kMinKeepaliveInterval);
+  EXPECT_EQ(l.max_frame_size, kMaxFrameSizeCeiling);
+  EXPECT_EQ(l.initial_stream_window, kMinStreamWindow);
+  EXPECT_EQ(l.max_streams, kMaxStreamsCeiling);
+  EXPECT_EQ(l.max_pending_requests, kMaxPendingRequestsCeiling);
+  EXPECT_EQ(l.replay_buffer_bytes, kMaxSessionBufferCeiling);
+  EXPECT_EQ(l.session_grace, kMaxSessionGrace);
+  EXPECT_EQ(l.max_read_size, kMaxFrameSizeCeiling - kReadSizeHeadroom);
+  // And the other way: values above the ceilings from a client are the
+  // agent's own (min), which validateAgentLimits bounds; a huge keepalive
+  // stays within its ceiling on both sides.
+  v1::Limits slow;
+  slow.set_keepalive_interval_ms(UINT32_MAX);
+  slow.set_keepalive_timeout_ms(UINT32_MAX);
+  l = fromProto(slow);
+  EXPECT_EQ(l.keepalive_timeout, kMaxKeepaliveTimeout);
+  EXPECT_EQ(l.keepalive_interval, kMaxKeepaliveInterval);
+  // The same clamp binds the agent's side of the negotiation.
+  SessionLimits wild = agentLimits();
+  wild.keepalive_interval = std::chrono::milliseconds(1);
+  wild.keepalive_timeout = std::chrono::milliseconds(1);
+  wild.initial_stream_window = 1;
+  l = negotiateLimits(v1::Limits(), wild);
+  EXPECT_EQ(l.keepalive_interval, kMinKeepaliveInterval);
+  EXPECT_EQ(l.keepalive_timeout, 2 * kMinKeepaliveInterval);
+  EXPECT_EQ(l.initial_stream_window, kMinStreamWindow);
 }
 
 TEST(LimitsTest, ReadsFitInOneFrame) {

@@ -45,6 +45,13 @@ TEST(ValidateAgentLimitsTest, ZeroAndAbsurdValuesNameTheirFlag) {
       {"--max-read-size", [](SessionLimits& l) { l.max_read_size = 0; }},
       // A read's answer travels in one frame.
       {"--max-read-size", [](SessionLimits& l) { l.max_read_size = l.max_frame_size; }},
+      {"--keepalive-interval",
+       [](SessionLimits& l) { l.keepalive_interval = std::chrono::milliseconds(1); }},
+      {"--keepalive-interval",
+       [](SessionLimits& l) { l.keepalive_interval = kMaxKeepaliveInterval * 2; }},
+      {"--keepalive-timeout", [](SessionLimits& l) { l.keepalive_timeout = l.keepalive_interval; }},
+      {"--keepalive-timeout",
+       [](SessionLimits& l) { l.keepalive_timeout = kMaxKeepaliveTimeout * 2; }},
       {"--max-session-buffer", [](SessionLimits& l) { l.replay_buffer_bytes = 0; }},
       {"--max-session-buffer",
        [](SessionLimits& l) { l.replay_buffer_bytes = 2ull * l.max_frame_size - 1; }},
@@ -67,6 +74,8 @@ TEST(ValidateAgentLimitsTest, TheSmallestWorkingValuesAreAccepted) {
   l.max_frame_size = kMinFrameSize;
   l.max_read_size = kMinFrameSize - kReadSizeHeadroom;
   l.replay_buffer_bytes = 2 * kMinFrameSize;
+  l.keepalive_interval = kMinKeepaliveInterval;
+  l.keepalive_timeout = 2 * kMinKeepaliveInterval;
   EXPECT_TRUE(validateAgentLimits(l).ok()) << validateAgentLimits(l);
 }
 
@@ -377,6 +386,123 @@ TEST(SessionLimitsTest, PingsFromAPeerThatReadsNothingKeepOnePong) {
   ping.mutable_ping()->set_nonce(1001);
   ASSERT_TRUE(p.agent.onBytes(encodeFrame(ping), p.ah, kT0).ok());
   EXPECT_EQ(p.agent.takeWrites().frames.size(), 1u);
+}
+
+// ------------------------------------------------------------ keepalive
+
+// The ticker of a transport: waits until nextTick(), calls onTick() and
+// writes what is queued when `reads` (the peer reads), over `period` of
+// logical time. Returns the pings that went out; fails the test if the
+// session asks to be woken at or before the time it was just called (a
+// spinning event loop).
+int tickFor(Session& s, std::chrono::milliseconds period, bool writes) {
+  TimePoint t = kT0;
+  int pings = 0;
+  int turns = 0;
+  while (t < kT0 + period) {
+    EXPECT_TRUE(s.onTick(t).ok());
+    if (writes) {
+      FrameDecoder dec;
+      dec.feed(bytesOf(s.takeWrites()));
+      for (auto f = dec.next(); f.ok() && f->has_value(); f = dec.next()) {
+        if ((*f)->frame.has_ping()) ++pings;
+      }
+    }
+    const TimePoint next = s.nextTick();
+    EXPECT_GT(next, t) << "the ticker would spin at turn " << turns;
+    if (next <= t) break;
+    t = next;
+    if (++turns > 1000000) break;
+  }
+  return pings;
+}
+
+// A Hello asking for a 1 ms keepalive gets the floor: over 10 s of the
+// session's clock the agent pings at most once per kMinKeepaliveInterval,
+// not once per millisecond.
+TEST(KeepaliveTest, AOneMillisecondAskPingsAtTheFloorAndDoesNotSpin) {
+  v1::Limits asked;
+  asked.set_keepalive_interval_ms(1);
+  SessionLimits l = negotiateLimits(asked, SessionLimits());
+  // The silent peer is not lost within the period: only pings are counted.
+  l.keepalive_timeout = std::chrono::hours(1);
+  Session agent(Role::kAgent, l, kT0);
+  const auto period = std::chrono::seconds(10);
+  const int pings = tickFor(agent, period, /*writes=*/true);
+  EXPECT_LE(pings, period / kMinKeepaliveInterval);
+  EXPECT_GE(pings, period / kMinKeepaliveInterval - 1);
+}
+
+// A peer that reads nothing: the ping that has not gone out stands for the
+// next ones (one outstanding per interval, none queued per turn).
+TEST(KeepaliveTest, APingThatHasNotGoneOutIsNotFollowedByAnother) {
+  SessionLimits l;
+  l.keepalive_interval = kMinKeepaliveInterval;
+  l.keepalive_timeout = std::chrono::hours(1);
+  Session agent(Role::kAgent, l, kT0);
+  tickFor(agent, std::chrono::minutes(10), /*writes=*/false);
+  EXPECT_EQ(agent.pingsSent(), 1u);
+  EXPECT_EQ(agent.queuedControlFrames(), 1u);
+  // Once it is written, the next interval brings the next one.
+  WriteBatch batch = agent.takeWrites();
+  EXPECT_EQ(batch.frames.size(), 1u);
+  EXPECT_TRUE(agent.onTick(kT0 + std::chrono::minutes(10) + kMinKeepaliveInterval).ok());
+  EXPECT_EQ(agent.pingsSent(), 2u);
+}
+
+// ------------------------------------------------------ control frames
+
+// A peer that never reads and keeps pinging and sending window updates
+// (sequenced, so each batch owes it an ack) cannot grow what the agent
+// queues for it: one ack, one ping and one pong at most, and they count in
+// bufferedBytes() (the --max-session-buffer accounting).
+TEST(SessionLimitsTest, APeerThatNeverReadsCannotGrowTheControlQueue) {
+  SessionLimits l = lax();
+  l.max_frame_size = 4096;
+  l.replay_buffer_bytes = 8192;  // an ack is due every 2 KiB received
+  l.keepalive_interval = kMinKeepaliveInterval;
+  Pipe p(lax(), l);
+  // The agent opens a stream (stolen, say) that the client grants credit to.
+  v1::StreamOpen open;
+  open.mutable_outgoing()->set_port(80);
+  auto id = p.agent.openStream(open);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(p.toClient().ok());
+  ASSERT_TRUE(p.toAgent().ok());
+  TimePoint t = kT0;
+  uint64_t most = 0;
+  for (int round = 0; round < 2000; ++round) {
+    std::string bytes;
+    for (int i = 0; i < 50; ++i) {
+      v1::Frame update;
+      update.mutable_window_update()->set_stream_id(*id);
+      update.mutable_window_update()->set_increment(1);
+      bytes += encodeFrame(update);
+    }
+    v1::Frame ping;
+    ping.mutable_ping()->set_nonce(round + 1);
+    bytes += encodeFrame(ping);
+    t += std::chrono::milliseconds(50);
+    absl::Status s = p.agent.onBytes(bytes, p.ah, t);
+    ASSERT_TRUE(s.ok() || errorCodeOf(s) == v1::SESSION_BUFFER_FULL) << s;
+    ASSERT_TRUE(p.agent.onTick(t).ok());
+    most = std::max<uint64_t>(most, p.agent.queuedControlFrames());
+    EXPECT_LE(p.agent.bufferedBytes(), 2 * l.replay_buffer_bytes);
+    if (!s.ok()) break;
+  }
+  EXPECT_LE(most, 3u);  // an ack, a ping, a pong
+  EXPECT_GT(p.agent.queuedControlBytes(), 0u);
+  EXPECT_EQ(p.agent.bufferedBytes(), p.agent.unackedBytes() + p.agent.queuedControlBytes());
+  // What is queued still says everything: the latest ack and pong.
+  FrameDecoder dec;
+  dec.feed(bytesOf(p.agent.takeWrites()));
+  uint64_t acked = 0, ponged = 0;
+  for (auto f = dec.next(); f.ok() && f->has_value(); f = dec.next()) {
+    if ((*f)->frame.has_ack()) acked = (*f)->frame.ack().received();
+    if ((*f)->frame.has_pong()) ponged = (*f)->frame.pong().nonce();
+  }
+  EXPECT_EQ(acked, p.agent.receivedCount());
+  EXPECT_EQ(ponged, 2000u);
 }
 
 }  // namespace

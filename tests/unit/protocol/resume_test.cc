@@ -422,5 +422,121 @@ TEST(ResumeTest, StreamWaitingForReplaySpaceWakesAfterResume) {
   EXPECT_EQ(w.c.half_closes[id], 1);
 }
 
+// ------------------------------------------------- racing resumes
+
+// The tags of the requests a side received, in order.
+class Tags : public SessionHandler {
+ public:
+  void onRequest(v1::Request r) override { got.push_back(r.env().include(0)); }
+  std::vector<std::string> got;
+};
+
+// An agent-side session that sent f1..f10, of which its peer received f1..f3
+// before the cut; the peer (a client session) is resumed and reads what the
+// winning transport writes.
+struct RaceWorld {
+  RaceWorld() : agent(Role::kAgent, testLimits(), kT0), client(Role::kClient, testLimits(), kT0) {
+    for (int i = 1; i <= 10; ++i) {
+      send(i);
+      if (i == 3) deliver(agent.takeWrites());
+    }
+    agent.onTransportLost();
+    client.onTransportLost();
+    EXPECT_TRUE(client.resume(agent.receivedCount(), kT0).ok());
+  }
+  void send(int i) {
+    v1::Request r;
+    r.mutable_env()->add_include("f" + std::to_string(i));
+    EXPECT_TRUE(agent.sendRequest(r).ok());
+  }
+  void deliver(const WriteBatch& batch) {
+    absl::Status s = client.onBytes(bytesOf(batch), tags, kT0);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  // A resume as the agent's handshake makes it: resume(), then the number
+  // its transport presents to attach().
+  uint64_t resume() {
+    EXPECT_TRUE(agent.resume(client.receivedCount(), kT0).ok());
+    return agent.attachment();
+  }
+  // The transport of attachment `n` starts: what it writes is lost (its
+  // client gave it up). False when it was refused.
+  bool runLoser(uint64_t n) {
+    if (!agent.attach(n).ok()) return false;
+    (void)agent.takeWrites();
+    return true;
+  }
+  static std::vector<std::string> upTo(int n) {
+    std::vector<std::string> v;
+    for (int i = 1; i <= n; ++i) v.push_back("f" + std::to_string(i));
+    return v;
+  }
+
+  Session agent;
+  Session client;
+  Tags tags;
+};
+
+// Two resumes of one session race in the agent's handshake: both pass
+// resume() before either transport runs. The later one wins: the earlier
+// transport is refused before it takes a frame, and the winner's peer gets
+// every frame it lacks exactly once, in order, whichever transport starts
+// first.
+TEST(ResumeTest, RacingResumesTheLaterWinsWhicheverTransportStartsFirst) {
+  {
+    SCOPED_TRACE("the earlier transport starts first");
+    RaceWorld w;
+    const uint64_t earlier = w.resume();
+    const uint64_t later = w.resume();
+    EXPECT_NE(earlier, later);
+    EXPECT_FALSE(w.runLoser(earlier));
+    ASSERT_TRUE(w.agent.attach(later).ok());
+    w.deliver(w.agent.takeWrites());
+    EXPECT_EQ(w.tags.got, RaceWorld::upTo(10));
+  }
+  {
+    SCOPED_TRACE("the later transport starts first");
+    RaceWorld w;
+    const uint64_t earlier = w.resume();
+    const uint64_t later = w.resume();
+    ASSERT_TRUE(w.agent.attach(later).ok());
+    w.deliver(w.agent.takeWrites());
+    EXPECT_FALSE(w.runLoser(earlier));
+    // The refusal left the winner alone: what follows reaches it, once.
+    EXPECT_FALSE(w.agent.hasWrites());
+    w.send(11);
+    w.deliver(w.agent.takeWrites());
+    EXPECT_EQ(w.tags.got, RaceWorld::upTo(11));
+  }
+  {
+    SCOPED_TRACE("the earlier transport ran before the later resume");
+    RaceWorld w;
+    EXPECT_TRUE(w.runLoser(w.resume()));  // took f4..f10, all lost
+    const uint64_t later = w.resume();
+    ASSERT_TRUE(w.agent.attach(later).ok());
+    w.deliver(w.agent.takeWrites());
+    EXPECT_EQ(w.tags.got, RaceWorld::upTo(10));
+  }
+  {
+    SCOPED_TRACE("three resumes, the middle one's transport first");
+    RaceWorld w;
+    const uint64_t first = w.resume();
+    const uint64_t second = w.resume();
+    const uint64_t third = w.resume();
+    EXPECT_FALSE(w.runLoser(second));
+    EXPECT_FALSE(w.runLoser(first));
+    ASSERT_TRUE(w.agent.attach(third).ok());
+    w.deliver(w.agent.takeWrites());
+    EXPECT_EQ(w.tags.got, RaceWorld::upTo(10));
+  }
+  {
+    SCOPED_TRACE("a detached session attaches nothing");
+    RaceWorld w;
+    const uint64_t n = w.resume();
+    w.agent.onTransportLost();  // the winner's Welcome could not be written
+    EXPECT_FALSE(w.agent.attach(n).ok());
+  }
+}
+
 }  // namespace
 }  // namespace siphon::protocol

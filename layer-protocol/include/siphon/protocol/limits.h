@@ -26,6 +26,25 @@ inline constexpr uint32_t kMaxStreamsCeiling = 1u << 20;
 inline constexpr uint32_t kMaxPendingRequestsCeiling = 1u << 20;
 inline constexpr uint64_t kMaxSessionBufferCeiling = 4ull << 30;
 
+// Floors and ceilings of the negotiated values (clampLimits), the same for
+// both roles: a hostile client cannot drive the agent, nor a hostile agent
+// the client, with a value no session needs.
+//  - keepalive: a ping costs a frame and a wake-up each way; below 100 ms a
+//    peer asking 0 or 1 ms would have the event loop ping every turn, and
+//    above 10 minutes a dead peer would hold its session for hours. The
+//    timeout is at least two intervals (an idle peer is only heard when it
+//    pings) and at most an hour.
+//  - stream window: below 16 KiB a stream moves a frame and a WindowUpdate
+//    per few hundred bytes (the credit returns in quarter-window steps);
+//    above 16 MiB the window is no flow control at all.
+//  - grace: at most a day of holding a detached session.
+inline constexpr std::chrono::milliseconds kMinKeepaliveInterval{100};
+inline constexpr std::chrono::milliseconds kMaxKeepaliveInterval{10 * 60 * 1000};
+inline constexpr std::chrono::milliseconds kMaxKeepaliveTimeout{60 * 60 * 1000};
+inline constexpr uint32_t kMinStreamWindow = 16 * 1024;
+inline constexpr uint32_t kMaxStreamWindowCeiling = 16u << 20;
+inline constexpr std::chrono::milliseconds kMaxSessionGrace{24 * 60 * 60 * 1000};
+
 // The message of a limit error: the limit, its value and the agent flag
 // that raises it ("stream limit of 8 reached (siphon-agent --max-streams raises
 // it)").
@@ -56,19 +75,30 @@ struct SessionLimits {
 };
 
 v1::Limits toProto(const SessionLimits& limits);
-// Fields left at 0 take the default.
+// Fields left at 0 take the default; the result is clampLimits()'d, so what
+// a (hostile) agent puts in its Welcome binds the client only within the
+// floors and ceilings.
 SessionLimits fromProto(const v1::Limits& limits);
 // Each limit: the smaller of the two, where `asked` sets it (non-zero).
-// Grace is the agent's own. Floors keep a session able to move data
-// (max_frame_size >= 4096, initial_stream_window >= 1024, replay buffer >= two
-// frames), max_read_size <= max_frame_size - kReadSizeHeadroom, and
-// keepalive_interval <= keepalive_timeout / 2.
+// Grace is the agent's own. Then clampLimits().
 SessionLimits negotiateLimits(const v1::Limits& asked, const SessionLimits& agent);
+// Every negotiated value into its bounds: a value outside is clamped to the
+// nearest bound, not refused (a client that asks too much or too little
+// still gets a session, and the Welcome tells it what holds):
+// max_frame_size in [kMinFrameSize, kMaxFrameSizeCeiling],
+// initial_stream_window in [kMinStreamWindow, kMaxStreamWindowCeiling],
+// max_streams and max_pending_requests in [1, their ceilings], the replay
+// buffer in [two frames, kMaxSessionBufferCeiling], keepalive_interval in
+// [kMinKeepaliveInterval, kMaxKeepaliveInterval], keepalive_timeout in
+// [2 x interval, kMaxKeepaliveTimeout] (the interval comes down to half a
+// shorter timeout first), session_grace at most kMaxSessionGrace, and
+// max_read_size in [1, max_frame_size - kReadSizeHeadroom].
+SessionLimits clampLimits(SessionLimits limits);
 
 // The agent's own limits as its flags set them: INVALID_ARGUMENT naming the
 // flag for a value out of its bounds (zero, above the ceilings above), a read
-// size above the frame size less kReadSizeHeadroom, or a session buffer
-// smaller than two frames.
+// size above the frame size less kReadSizeHeadroom, a session buffer
+// smaller than two frames, or a keepalive outside the bounds of clampLimits.
 absl::Status validateAgentLimits(const SessionLimits& limits);
 
 }  // namespace siphon::protocol

@@ -52,8 +52,21 @@
 //    with no room is replaced by a SESSION_BUFFER_FULL error. On the agent
 //    side a peer whose frames take the buffer above 2B anyway (it sends
 //    requests and reads nothing) gets SESSION_BUFFER_FULL from onBytes(),
-//    which ends the session. Pongs to a peer that pings without reading
-//    replace each other instead of piling up.
+//    which ends the session. Control frames (acks, pings, pongs, goaways)
+//    count in the buffered bytes too, and cannot pile up: a later ack, ping
+//    or pong replaces (or stands for) the one still waiting to go, so a peer
+//    that pings or sends window updates without reading holds at most one
+//    of each.
+//  - keepalive: at most one Ping per keepalive_interval, and none while the
+//    last one has not gone out yet; the negotiated interval is at least
+//    kMinKeepaliveInterval (clampLimits), so the ticker never spins.
+//
+// Attachments (resume races): each resume() starts attachment n+1; the
+// transport meant for attachment n calls attach(n) before it runs, and is
+// refused when a later resume() came in between (two resumes of one session
+// racing in the agent's handshake). The later resume wins; the earlier
+// transport is closed before it writes or reads a frame, and the winner's
+// replay starts at the first frame its peer lacks.
 #pragma once
 
 #include <chrono>
@@ -177,15 +190,29 @@ class Session {
   // `peer_last_received` of our sequenced frames. RESUME_FAILED when that
   // count is outside what we can replay.
   absl::Status resume(uint64_t peer_last_received, TimePoint now);
+  // The latest resume(): 0 before any, then 1, 2, ... (see the top).
+  uint64_t attachment() const { return attachment_; }
+  // The transport of attachment `n` is about to run: OK when `n` is still
+  // the latest, and the replay restarts at the first frame the peer lacks
+  // (whatever an earlier transport took meanwhile); FAILED_PRECONDITION when
+  // a later resume() superseded it (close that transport without a frame;
+  // the session is untouched) or the session is not attached.
+  absl::Status attach(uint64_t n);
 
   // Sequenced frames received from the peer (what the peer replays after).
   uint64_t receivedCount() const { return received_; }
   uint64_t sentCount() const { return sent_; }
   // Bytes of sequenced frames the peer has not acked yet.
   uint64_t unackedBytes() const { return replay_bytes_; }
-  // What this session holds for the peer: unacked frames (sent or not) and
-  // room reserved for answers being prepared.
-  uint64_t bufferedBytes() const { return replay_bytes_ + reserved_total_; }
+  // What this session holds for the peer: unacked frames (sent or not),
+  // control frames not yet taken, and room reserved for answers being
+  // prepared.
+  uint64_t bufferedBytes() const { return replay_bytes_ + control_bytes_ + reserved_total_; }
+  // Control frames (acks, pings, pongs, goaways) not yet taken, and their bytes.
+  size_t queuedControlFrames() const { return control_.size(); }
+  uint64_t queuedControlBytes() const { return control_bytes_; }
+  // Pings queued since the session began.
+  uint64_t pingsSent() const { return ping_nonce_; }
 
   // ---- application side ----
 
@@ -261,6 +288,10 @@ class Session {
   void queueSequenced(std::shared_ptr<OutFrame> frame);
   void queueSequenced(const v1::Frame& frame);
   void queueControl(const v1::Frame& frame);
+  // Queues `frame`, or when `slot` holds a frame still waiting in control_,
+  // re-encodes that one in its place (a later ack or pong says all an earlier
+  // one did). `slot` then names the queued frame.
+  void queueReplacing(std::shared_ptr<OutFrame>& slot, const v1::Frame& frame);
   void queueAck();
   void maybeClose(uint64_t stream_id);
   // Removes a stream (its window growth returns to the budget).
@@ -295,11 +326,16 @@ class Session {
   std::deque<std::shared_ptr<OutFrame>> control_;
   // The pong in control_, not yet taken: a later ping updates it.
   std::shared_ptr<OutFrame> queued_pong_;
+  // The same for the ack and the ping.
+  std::shared_ptr<OutFrame> queued_ack_;
+  std::shared_ptr<OutFrame> queued_ping_;
+  uint64_t control_bytes_ = 0;  // bytes of control_
+  uint64_t attachment_ = 0;     // resume() count (attach())
   uint64_t received_ = 0;
   uint64_t ack_sent_ = 0;
-  uint64_t unacked_in_bytes_ = 0;               // wire bytes received_ - ack_sent_ took
-  TimePoint ack_due_ = TimePoint::max();        // when a lone ack goes
-  TimePoint now_;                               // the latest time we were given
+  uint64_t unacked_in_bytes_ = 0;         // wire bytes received_ - ack_sent_ took
+  TimePoint ack_due_ = TimePoint::max();  // when a lone ack goes
+  TimePoint now_;                         // the latest time we were given
 
   // Keepalive.
   TimePoint last_received_;
