@@ -45,14 +45,33 @@ CompiledFilterOr compilePcapFilter(const std::string& expression, int dlt, uint3
 }
 
 // What the compile threads share with the compiler: the count of compiles
-// running, and whether anyone still takes results (the compiler's
-// destructor says no; a thread then must not touch the event loop, which
-// may be gone).
+// running.
 struct FilterCompiler::Shared {
   std::mutex mu;
-  bool open = true;
   size_t running = 0;
 };
+
+namespace {
+
+// One compile's hand-over. `waiting` is cleared when the coroutine's frame
+// goes (it took the result, gave up at the deadline, or was destroyed with
+// its event loop): from then on the thread must not touch the event loop,
+// which may be gone. The thread posts while holding `mu`, so the frame
+// cannot go, nor its event loop with it, during the post.
+struct Job {
+  std::mutex mu;
+  bool waiting = true;
+};
+
+struct Abandon {
+  std::shared_ptr<Job> job;
+  ~Abandon() {
+    std::lock_guard<std::mutex> l(job->mu);
+    job->waiting = false;
+  }
+};
+
+}  // namespace
 
 FilterCompiler::FilterCompiler(FilterCompileFunction compile, std::chrono::milliseconds deadline,
                                size_t max_running)
@@ -61,10 +80,7 @@ FilterCompiler::FilterCompiler(FilterCompileFunction compile, std::chrono::milli
       max_running_(max_running),
       shared_(std::make_shared<Shared>()) {}
 
-FilterCompiler::~FilterCompiler() {
-  std::lock_guard<std::mutex> l(shared_->mu);
-  shared_->open = false;
-}
+FilterCompiler::~FilterCompiler() = default;
 
 size_t FilterCompiler::runningForTest() const {
   std::lock_guard<std::mutex> l(shared_->mu);
@@ -94,12 +110,17 @@ net::awaitable<CompiledFilterOr> FilterCompiler::compile(std::string expression_
   };
   auto wait = std::make_shared<Wait>(ex);
   std::weak_ptr<Wait> weak = wait;
+  const Abandon abandon{std::make_shared<Job>()};
   try {
-    std::thread([compile = compile_, shared = shared_, ex, weak, expression, dlt, snaplen] {
+    std::thread([compile = compile_, shared = shared_, job = abandon.job, ex, weak, expression, dlt,
+                 snaplen] {
       CompiledFilterOr result = compile(expression, dlt, snaplen);
-      std::lock_guard<std::mutex> l(shared->mu);
-      --shared->running;
-      if (!shared->open) return;
+      {
+        std::lock_guard<std::mutex> l(shared->mu);
+        --shared->running;
+      }
+      std::lock_guard<std::mutex> l(job->mu);
+      if (!job->waiting) return;
       asio::post(ex, [weak, result = std::move(result)]() mutable {
         if (auto w = weak.lock()) {
           w->result = std::move(result);

@@ -75,7 +75,8 @@ class FilterCompiler {
  public:
   FilterCompiler(FilterCompileFunction compile, std::chrono::milliseconds deadline,
                  size_t max_running);
-  // A compile still running past it hands its result to nobody.
+  // A compile still running hands its result to nobody once its caller
+  // is gone (filter_compiler.cc, Job).
   ~FilterCompiler();
   FilterCompiler(const FilterCompiler&) = delete;
   FilterCompiler& operator=(const FilterCompiler&) = delete;
