@@ -2,8 +2,8 @@
 
 #include <exception>
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "agent/capture/capture_spec.h"
@@ -13,6 +13,7 @@
 #include "agent/server/server.h"
 #include "siphon/protocol/codec.h"
 #include "siphon/status.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::agent::capture {
 namespace {
@@ -24,7 +25,12 @@ using SourceOr = absl::StatusOr<std::unique_ptr<PacketSource>>;
 class CaptureService : public StreamService {
  public:
   CaptureService(ServiceContext& ctx, CaptureOptions options)
-      : ctx_(ctx), options_(std::move(options)), active_(std::make_shared<size_t>(0)) {}
+      : ctx_(ctx),
+        options_(std::move(options)),
+        compiler_(std::make_shared<FilterCompiler>(options_.compile_filter,
+                                                   options_.filter_compile_deadline,
+                                                   options_.max_filter_compiles)),
+        active_(std::make_shared<size_t>(0)) {}
 
   void open(std::shared_ptr<AgentSession> session, v1::StreamOpen open) override {
     const uint64_t id = open.stream_id();
@@ -76,24 +82,34 @@ class CaptureService : public StreamService {
     log::debug("capture_open", {{"session", session->id()},
                                 {"stream", id},
                                 {"interface", spec->interface},
-                                {"filter", spec->filter},
+                                {"filter", spec->filter.substr(0, 200)},
                                 {"snaplen", spec->snaplen}});
-    asio::co_spawn(ctx_.io,
-                   openSource(ctx_.netns, options_.open_source, std::move(host), std::move(stream),
-                              *std::move(spec)),
-                   asio::detached);
+    // An exception escaping the open ends this capture only.
+    std::weak_ptr<CaptureStream> weak = stream;
+    net::spawn(ctx_.io,
+               openSource(ctx_.netns, options_.open_source, compiler_, std::move(host),
+                          std::move(stream), *std::move(spec)),
+               "capture_open", [weak] {
+                 auto s = weak.lock();
+                 if (s && !s->dead()) {
+                   s->reset(toProtoError(protoError(v1::INTERNAL, "capture open failed")));
+                 }
+               });
   }
 
  private:
-  // Opens the source inside the target's netns, then accepts the stream
-  // and starts the capture, or resets it with the reason.
+  // Opens the source inside the target's netns, compiles the filter off
+  // the NetnsWorker and installs it, then accepts the stream and starts the
+  // capture, or resets it with the reason.
   static net::awaitable<void> openSource(NetnsWorker& netns,
                                          std::function<SourceOr(const CaptureSpec&)> opener_in,
+                                         std::shared_ptr<FilterCompiler> compiler_in,
                                          std::shared_ptr<outgoing::SessionHost> host_in,
                                          std::shared_ptr<CaptureStream> stream_in,
                                          CaptureSpec spec_in) {
     // GCC 12 drops by-value coroutine parameters the body never names.
     const auto opener = std::move(opener_in);
+    const auto compiler = std::move(compiler_in);
     const auto host = std::move(host_in);
     const auto stream = std::move(stream_in);
     const CaptureSpec spec = std::move(spec_in);
@@ -103,13 +119,31 @@ class CaptureService : public StreamService {
       std::function<SourceOr()> task = [opener, spec] { return opener(spec); };
       SourceOr source = co_await netns.runAsync(task);
       if (stream->dead()) co_return;  // the client or the session gave up meanwhile
-      if (!source.ok()) {
+      auto refused = [&](const absl::Status& why) {
         log::info("capture_refused", {{"stream", stream->streamId()},
                                       {"interface", spec.interface},
-                                      {"filter", spec.filter},
-                                      {"error", sv(source.status().message())}});
-        stream->reset(toProtoError(source.status()));
+                                      {"filter", spec.filter.substr(0, 200)},
+                                      {"error", sv(why.message())}});
+        stream->reset(toProtoError(why));
+      };
+      if (!source.ok()) {
+        refused(source.status());
         co_return;
+      }
+      if (!spec.filter.empty()) {
+        // Not on the NetnsWorker: libpcap's compiler has no time limit, and
+        // every netns operation of the agent waits behind that thread.
+        // Built outside the co_await: GCC 12 destroys temporaries in a
+        // co_await expression twice.
+        net::awaitable<CompiledFilterOr> compiling =
+            compiler->compile(spec.filter, (*source)->dataLink(), (*source)->snaplen());
+        CompiledFilterOr filter = co_await std::move(compiling);
+        if (stream->dead()) co_return;
+        absl::Status set = filter.ok() ? (*source)->setFilter(**filter) : filter.status();
+        if (!set.ok()) {
+          refused(set);
+          co_return;
+        }
       }
       protocol::Session* s = host->session();
       if (s == nullptr) {
@@ -136,8 +170,8 @@ class CaptureService : public StreamService {
   // (the pcap written so far stays valid) instead of waiting for it.
   void agentDraining() override {
     draining_ = true;
-    const v1::Error error = toProtoError(
-        protoError(v1::AGENT_DRAINING, "capture stopped: the agent is shutting down"));
+    const v1::Error error =
+        toProtoError(protoError(v1::AGENT_DRAINING, "capture stopped: the agent is shutting down"));
     for (auto& w : streams_) {
       if (auto s = w.lock(); s && !s->dead()) s->reset(error);
     }
@@ -146,6 +180,7 @@ class CaptureService : public StreamService {
 
   ServiceContext& ctx_;
   CaptureOptions options_;
+  std::shared_ptr<FilterCompiler> compiler_;  // shared with the opens under way
   bool draining_ = false;
   std::vector<std::weak_ptr<CaptureStream>> streams_;  // the open ones (dead ones pruned)
   // Captures running now; shared with their on_end, which may outlive us.

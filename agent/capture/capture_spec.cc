@@ -36,7 +36,7 @@ absl::StatusOr<CaptureSpec> captureSpec(const v1::CaptureStart& start, size_t ma
   if (start.filter().size() > kMaxFilterBytes) {
     return protoError(v1::INVALID_ARGUMENT,
                       absl::StrCat("capture filter of ", start.filter().size(), " bytes: at most ",
-                                   kMaxFilterBytes, " are taken"));
+                                   kMaxFilterBytes, " bytes are taken (the agent's limit)"));
   }
   if (start.filter().find('\0') != std::string::npos) {
     return protoError(v1::INVALID_ARGUMENT, "capture filter: contains a NUL byte");

@@ -15,8 +15,12 @@ namespace siphon::agent::capture {
 // takes.
 inline constexpr uint32_t kDefaultSnaplen = 262144;
 // Filters are typed by people; anything longer is a mistake or an attack on
-// the parser.
-inline constexpr size_t kMaxFilterBytes = 64 * 1024;
+// the compiler. libpcap's optimizer grows much faster than the expression:
+// a 4 KiB chain of `host A or host B ...` takes it seconds, the 64 KiB the
+// agent used to take would hold a thread for hours. The compile is bounded
+// in time too (filter_compiler.h); this bounds what a compile past its
+// deadline still costs.
+inline constexpr size_t kMaxFilterBytes = 4 * 1024;
 
 struct CaptureSpec {
   std::string interface;  // "any" or an interface of the target's netns

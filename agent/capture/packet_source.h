@@ -2,9 +2,10 @@
 // target's network namespace (openPcap), or a test's fake. The capture
 // stream (capture_stream.h) only reads through this interface.
 //
-// Threads: openPcap() blocks briefly (socket, ring setup, filter compile)
-// and must run on a thread inside the target's netns (the NetnsWorker): a
-// packet socket sees the namespace it was created in, for life. Everything
+// Threads: openPcap() blocks briefly (socket, ring setup) and must run on a
+// thread inside the target's netns (the NetnsWorker): a packet socket sees
+// the namespace it was created in, for life. The filter is compiled
+// elsewhere (filter_compiler.h) and installed with setFilter(). Everything
 // else runs on the event loop and never blocks.
 #pragma once
 
@@ -13,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/capture/capture_spec.h"
+#include "agent/capture/filter_compiler.h"
 #include "agent/capture/pcap_file.h"
 
 namespace siphon::agent::capture {
@@ -32,6 +34,13 @@ class PacketSource {
   virtual uint32_t linkType() const = 0;
   // The snapshot length in effect (what the file's header states).
   virtual uint32_t snaplen() const = 0;
+  // The DLT_ value filters are compiled for (compilePcapFilter).
+  virtual int dataLink() const = 0;
+  // Installs `filter` in the kernel (a setsockopt: cheap, any thread, no
+  // netns needed). Packets the ring took before are filtered in user space,
+  // so nothing unfiltered is read afterwards. INVALID_ARGUMENT with
+  // libpcap's words.
+  virtual absl::Status setFilter(const CompiledFilter& filter) = 0;
   // A descriptor that polls readable when packets wait. Owned by the source.
   virtual int selectableFd() const = 0;
   // Hands up to `max` waiting packets to `sink` without blocking; returns
@@ -45,13 +54,11 @@ class PacketSource {
 
 // libpcap: pcap_create on spec.interface, snaplen, a TPACKET_V3 ring of
 // spec.buffer_bytes whose blocks are handed over when full or after
-// spec.block_timeout_ms, activate, compile spec.filter (optimized, netmask
-// unknown: only IPv4 broadcast tests need one), set it, non-blocking.
+// spec.block_timeout_ms, activate, non-blocking. No filter: spec.filter is
+// compiled off the NetnsWorker and installed with setFilter().
 //
 // Errors carry libpcap's own words:
 //   NOT_FOUND          no such interface in the target's netns;
-//   INVALID_ARGUMENT   the filter does not compile ("capture filter 'tcp
-//                      prot 80': can't parse filter expression: syntax error");
 //   PERMISSION_DENIED  no CAP_NET_RAW;
 //   UNAVAILABLE        the interface is down, or another failure of activation.
 absl::StatusOr<std::unique_ptr<PacketSource>> openPcap(const CaptureSpec& spec);

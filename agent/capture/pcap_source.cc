@@ -84,6 +84,20 @@ class PcapSource : public PacketSource {
 
   uint32_t linkType() const override { return linktype_; }
   uint32_t snaplen() const override { return snaplen_; }
+  int dataLink() const override { return pcap_datalink(handle_.get()); }
+
+  absl::Status setFilter(const CompiledFilter& filter) override {
+    if (filter.program() == nullptr) {
+      return protoError(v1::INTERNAL, "capture filter: no compiled program");
+    }
+    // libpcap filters in user space the packets the ring took before the
+    // kernel had the filter, so nothing unfiltered gets through.
+    if (pcap_setfilter(handle_.get(), filter.program()) != 0) {
+      return protoError(v1::INVALID_ARGUMENT, absl::StrCat("capture filter '", filter.expression(),
+                                                           "': ", pcap_geterr(handle_.get())));
+    }
+    return absl::OkStatus();
+  }
   int selectableFd() const override { return fd_; }
 
   absl::StatusOr<int> read(int max, PacketSink& sink) override {
@@ -145,20 +159,6 @@ absl::StatusOr<std::unique_ptr<PacketSource>> openPcap(const CaptureSpec& spec) 
                                   {"detail", pcap_geterr(p.get())}});
   }
 
-  bpf_program program{};
-  if (pcap_compile(p.get(), &program, spec.filter.c_str(), /*optimize=*/1, PCAP_NETMASK_UNKNOWN) !=
-      0) {
-    return protoError(v1::INVALID_ARGUMENT,
-                      absl::StrCat("capture filter '", spec.filter, "': ", pcap_geterr(p.get())));
-  }
-  // libpcap filters in user space the packets the ring took before the
-  // kernel had the filter, so nothing unfiltered gets through.
-  rc = pcap_setfilter(p.get(), &program);
-  pcap_freecode(&program);
-  if (rc != 0) {
-    return protoError(v1::INVALID_ARGUMENT,
-                      absl::StrCat("capture filter '", spec.filter, "': ", pcap_geterr(p.get())));
-  }
   if (pcap_setnonblock(p.get(), 1, errbuf) != 0) {
     return protoError(v1::INTERNAL, absl::StrCat(where(spec), ": ", errbuf));
   }

@@ -10,6 +10,7 @@
 #include "agent/metrics/registry.h"
 #include "siphon/status.h"
 #include "siphon/transport/session_transport.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::agent::metrics {
 
@@ -156,8 +157,27 @@ awaitable<void> acceptLoop(std::shared_ptr<HttpEndpoint::State> state_in) {
       socket.close(ec);
       continue;
     }
-    asio::co_spawn(state->ex, serveConnection(state, std::move(socket)), asio::detached);
+    // A failure ends this connection: its socket is in the coroutine's
+    // frame and closes with it. Nothing else to end.
+    net::spawn(state->ex, serveConnection(state, std::move(socket)), "metrics_connection");
   }
+}
+
+// The accept loop; one that fails (reported as coroutine_failed) starts
+// again after a breath until the endpoint stops: probes and scrapes must
+// not go unanswered for good.
+void spawnAcceptLoop(std::shared_ptr<HttpEndpoint::State> state) {
+  std::weak_ptr<HttpEndpoint::State> weak = state;
+  net::spawn(state->ex, acceptLoop(state), "metrics_accept_loop", [weak] {
+    auto s = weak.lock();
+    if (!s || s->stopped) return;
+    auto t = std::make_shared<asio::steady_timer>(s->ex);
+    t->expires_after(std::chrono::milliseconds(100));
+    t->async_wait([weak, t](net::error_code) {
+      auto s = weak.lock();
+      if (s && !s->stopped && s->acceptor.is_open()) spawnAcceptLoop(s);
+    });
+  });
 }
 
 }  // namespace
@@ -212,7 +232,7 @@ std::string HttpEndpoint::address() const {
 
 void HttpEndpoint::start() {
   if (!state_->acceptor.is_open()) return;
-  asio::co_spawn(state_->ex, acceptLoop(state_), asio::detached);
+  spawnAcceptLoop(state_);
 }
 
 void HttpEndpoint::stop() {

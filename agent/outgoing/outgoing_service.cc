@@ -20,6 +20,7 @@
 #include "agent/outgoing/socket_pump.h"
 #include "agent/server/server.h"
 #include "siphon/status.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::agent::outgoing {
 namespace {
@@ -441,10 +442,16 @@ class OutgoingService : public StreamService {
                                  {"protocol", v1::OutgoingConnect::Protocol_Name(req.protocol())},
                                  {"to", req.unix_path().empty() ? hostPort(req.host(), req.port())
                                                                 : req.unix_path()}});
-    asio::co_spawn(ctx_.io,
-                   Connect::run(std::make_unique<Connect>(ctx_, options_, std::move(host),
-                                                          std::move(pump), std::move(req))),
-                   asio::detached);
+    // A failure resets this stream only.
+    std::weak_ptr<SocketPump> weak = pump;
+    net::spawn(ctx_.io,
+               Connect::run(std::make_unique<Connect>(ctx_, options_, std::move(host),
+                                                      std::move(pump), std::move(req))),
+               "outgoing_connect", [weak] {
+                 if (auto p = weak.lock()) {
+                   p->reset(wireError(v1::INTERNAL, "outgoing connect failed"));
+                 }
+               });
   }
 
  private:

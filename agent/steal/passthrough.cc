@@ -4,6 +4,8 @@
 
 #include <string>
 
+#include "siphon/transport/spawn.h"
+
 namespace siphon::agent::steal {
 namespace {
 
@@ -69,8 +71,14 @@ net::awaitable<void> pipe(std::shared_ptr<Splice> splice, bool a_to_b) {
 
 void splice(asio::any_io_executor ex, UniqueFd a, UniqueFd b, std::function<void()> done) {
   auto s = std::make_shared<Splice>(ex, std::move(a), std::move(b), std::move(done));
-  asio::co_spawn(ex, pipe(s, true), asio::detached);
-  asio::co_spawn(ex, pipe(s, false), asio::detached);
+  // A direction that fails resets both sockets of this splice (the other
+  // direction then ends), nothing else.
+  std::weak_ptr<Splice> weak = s;
+  auto abort = [weak] {
+    if (auto alive = weak.lock()) alive->abort();
+  };
+  net::spawn(ex, pipe(s, true), "passthrough_pipe", abort);
+  net::spawn(ex, pipe(s, false), "passthrough_pipe", abort);
 }
 
 }  // namespace siphon::agent::steal

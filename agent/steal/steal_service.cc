@@ -4,7 +4,6 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-
 #include <sys/un.h>
 
 #include <cstring>
@@ -22,6 +21,7 @@
 #include "agent/steal/passthrough.h"
 #include "agent/steal/subscriptions.h"
 #include "siphon/status.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::agent::steal {
 namespace {
@@ -90,6 +90,20 @@ absl::StatusOr<UniqueFd> makeListener(NetnsWorker& netns, int family, uint16_t* 
   return fd;
 }
 
+// Thread rule: each member belongs to one thread, as marked below.
+//   Event loop (ctx_.io): subscriptions, sessions, accept loops, the HTTP
+//     engine, and what it needs of the steering: io_steering_ (for the
+//     per-connection calls exempt/unexempt/originalDestination) and
+//     io_backend_ (its name, for Subscribed and session listings), both
+//     set by startAccepting(), which the strand posts once the steering
+//     exists. It never reads steering_ nor calls the steering's other
+//     methods: the pool may be inside addPort() at that moment, and
+//     steering.h lets an implementation rely on one call at a time.
+//   Strand (strand_, on the blocking pool): steering_ (created there by
+//     ensureSteering(), which may block: listeners in the netns, processes
+//     for iptables) and port_refs_; addPort/removePort/stop run there only.
+//   Both: stopped_ (atomic).
+// The destructor runs once the pool is joined (Server::~Server).
 class StealServiceImpl final : public StealService,
                                public http::HttpRouter,
                                public std::enable_shared_from_this<StealServiceImpl> {
@@ -133,7 +147,8 @@ class StealServiceImpl final : public StealService,
       d.set_kind("steal");
       d.set_port(sub->port);
       if (sub->filter) d.set_filter(sub->filter->description());
-      if (sub->active && steering_) d.set_backend(std::string(steering_->name()));
+      // io_backend_, not steering_->name(): steering_ is the strand's.
+      if (sub->active) d.set_backend(io_backend_);
     }
   }
 
@@ -332,15 +347,16 @@ class StealServiceImpl final : public StealService,
 
   // Starts the accept loops (event loop) once the steering exists.
   void startAccepting(std::shared_ptr<UniqueFd> v4, std::shared_ptr<UniqueFd> v6,
-                      Steering* steering, Listeners listeners) {
+                      Steering* steering, std::string backend, Listeners listeners) {
     io_steering_ = steering;
+    io_backend_ = std::move(backend);
     listener_ports_ = {listeners.v4_port, listeners.v6_port};
     if (stopped_) return;  // the listeners close with their last owner
     for (auto& fd : {v4, v6}) {
       if (!fd || !*fd) continue;
       auto d = std::make_shared<asio::posix::stream_descriptor>(ctx_.io, fd->release());
       acceptors_.push_back(d);
-      asio::co_spawn(ctx_.io, acceptLoop(shared_from_this(), d), asio::detached);
+      spawnAcceptLoop(d);
     }
   }
 
@@ -573,8 +589,11 @@ class StealServiceImpl final : public StealService,
     auto v6_fd = std::make_shared<UniqueFd>(v6.ok() ? std::move(*v6) : UniqueFd());
     auto self = shared_from_this();
     Steering* raw = steering_.get();
-    asio::post(ctx_.io, [self, v4_fd, v6_fd, raw, listeners] {
-      self->startAccepting(v4_fd, v6_fd, raw, listeners);
+    // The event loop gets its own copy of the name: it never calls into
+    // the steering while the strand may (thread rule above).
+    std::string backend(steering_->name());
+    asio::post(ctx_.io, [self, v4_fd, v6_fd, raw, backend, listeners] {
+      self->startAccepting(v4_fd, v6_fd, raw, backend, listeners);
     });
     return absl::OkStatus();
   }
@@ -612,6 +631,28 @@ class StealServiceImpl final : public StealService,
 
   // ---- event loop: connections ----
 
+  // The accept loop of `listener`. Every stolen port needs it: one that
+  // fails (reported as coroutine_failed) starts again after a breath while
+  // the listener is open, rather than leaving the ports stolen with nobody
+  // accepting.
+  void spawnAcceptLoop(std::shared_ptr<asio::posix::stream_descriptor> listener) {
+    std::weak_ptr<StealServiceImpl> weak = shared_from_this();
+    std::weak_ptr<asio::posix::stream_descriptor> weak_listener = listener;
+    net::spawn(ctx_.io, acceptLoop(shared_from_this(), listener), "steal_accept_loop",
+               [weak, weak_listener] {
+                 auto self = weak.lock();
+                 if (!self) return;
+                 auto t = std::make_shared<asio::steady_timer>(self->ctx_.io);
+                 t->expires_after(std::chrono::milliseconds(100));
+                 t->async_wait([weak, weak_listener, t](net::error_code) {
+                   auto self = weak.lock();
+                   auto listener = weak_listener.lock();
+                   if (!self || !listener || !listener->is_open() || self->stopped_) return;
+                   self->spawnAcceptLoop(listener);
+                 });
+               });
+  }
+
   static net::awaitable<void> acceptLoop(std::shared_ptr<StealServiceImpl> service,
                                          std::shared_ptr<asio::posix::stream_descriptor> l) {
     const auto self = std::move(service);
@@ -628,7 +669,14 @@ class StealServiceImpl final : public StealService,
         int fd = ::accept4(listener->native_handle(), peer.get(), &peer.len,
                            SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd >= 0) {
-          self->onAccepted(UniqueFd(fd), peer);
+          // A failure with one connection (an exception from the steering
+          // or the session) ends that connection only: its socket closes as
+          // the exception unwinds; the loop serves the next ones.
+          try {
+            self->onAccepted(UniqueFd(fd), peer);
+          } catch (...) {
+            net::reportSpawnFailure("steal_connection", std::current_exception());
+          }
           continue;
         }
         if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) break;
@@ -726,7 +774,10 @@ class StealServiceImpl final : public StealService,
   void passthrough(UniqueFd fd, const SockAddr& original, const SockAddr& peer) {
     auto self = shared_from_this();
     auto held = std::make_shared<UniqueFd>(std::move(fd));
-    asio::co_spawn(ctx_.io, passthroughOne(self, held, original, peer), asio::detached);
+    // A failure resets this client's connection (while the passthrough
+    // still holds it; the splice resets its own), nothing else.
+    net::spawn(ctx_.io, passthroughOne(self, held, original, peer), "steal_passthrough",
+               [held] { abortiveClose(std::move(*held)); });
   }
 
   static net::awaitable<void> passthroughOne(std::shared_ptr<StealServiceImpl> service,
@@ -737,9 +788,11 @@ class StealServiceImpl final : public StealService,
     const SockAddr dst = original;
     const SockAddr src = peer;
     ++self->passthroughs_;  // a drain waits for it from here
+    // Uncounted when the last holder goes: this frame (an error, or an
+    // exception unwinding it) or the splice once both sockets closed.
+    const std::shared_ptr<void> counted(nullptr, [self](void*) { --self->passthroughs_; });
     auto out = co_await self->connectPassthrough(dst);
     if (!out.ok()) {
-      --self->passthroughs_;
       log::warn("steal_passthrough_failed",
                 {{"source", outgoing::formatAddress(src)}, {"error", sv(out.status().message())}});
       abortiveClose(std::move(*in));
@@ -747,8 +800,7 @@ class StealServiceImpl final : public StealService,
     }
     log::debug("steal_passthrough", {{"source", outgoing::formatAddress(src)},
                                      {"destination", outgoing::formatAddress(dst)}});
-    splice(self->ctx_.io.get_executor(), std::move(*in), std::move(*out),
-           [self] { --self->passthroughs_; });
+    splice(self->ctx_.io.get_executor(), std::move(*in), std::move(*out), [counted] {});
   }
 
   ServiceContext& ctx_;
@@ -761,6 +813,7 @@ class StealServiceImpl final : public StealService,
   std::map<std::string, std::weak_ptr<AgentSession>> sessions_;
   std::vector<std::shared_ptr<asio::posix::stream_descriptor>> acceptors_;
   Steering* io_steering_ = nullptr;  // set once the steering exists
+  std::string io_backend_;           // its name(), copied on the strand
   std::pair<uint16_t, uint16_t> listener_ports_{0, 0};
   std::atomic<bool> stopped_{false};
   bool draining_ = false;    // event loop

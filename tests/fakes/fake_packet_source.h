@@ -29,6 +29,7 @@ struct FakePacketSourceState {
   absl::Status read_error;          // returned by the next read() when set
   std::atomic<bool> closed{false};  // the source was destroyed
   std::atomic<int> reads{0};
+  std::string filter;  // what setFilter() installed (under mu)
   int event_fd = -1;
 
   FakePacketSourceState() : event_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
@@ -52,6 +53,10 @@ struct FakePacketSourceState {
     }
     signal();
   }
+  std::string installedFilter() {
+    std::lock_guard<std::mutex> l(mu);
+    return filter;
+  }
   size_t waiting() {
     std::lock_guard<std::mutex> l(mu);
     return packets.size();
@@ -72,6 +77,12 @@ class FakePacketSource : public agent::capture::PacketSource {
 
   uint32_t linkType() const override { return kLinkType; }
   uint32_t snaplen() const override { return snaplen_; }
+  int dataLink() const override { return static_cast<int>(kLinkType); }  // DLT_ == LINKTYPE_ here
+  absl::Status setFilter(const agent::capture::CompiledFilter& filter) override {
+    std::lock_guard<std::mutex> l(state_->mu);
+    state_->filter = filter.expression();
+    return absl::OkStatus();
+  }
   int selectableFd() const override { return state_->event_fd; }
 
   absl::StatusOr<int> read(int max, agent::capture::PacketSink& sink) override {

@@ -7,15 +7,19 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "agent/capture/pcap_file.h"
+#include "agent/netns/netns_worker.h"
 #include "agent/server/server.h"
 #include "siphon/client/client.h"
 #include "siphon/status.h"
+#include "siphon/transport/spawn.h"
 #include "tests/fakes/fake_packet_source.h"
 #include "tests/fakes/in_process_agent.h"
 
@@ -58,7 +62,8 @@ class CaptureServiceTest : public testing::Test {
  protected:
   // The agent with its capture service opening fake sources, or failing
   // with `open_error` when it is set.
-  void startAgent(size_t max_captures = 32) {
+  void startAgent(size_t max_captures = 32, FilterCompileFunction compile = {},
+                  std::chrono::milliseconds compile_deadline = kFilterCompileDeadline) {
     AgentConfig config;
     config.token = kToken;
     // Far above any wait of the tests: a drain that waited for a capture
@@ -66,19 +71,28 @@ class CaptureServiceTest : public testing::Test {
     config.drain_timeout = std::chrono::seconds(60);
     TargetSpec spec;
     spec.mode = TargetMode::kTargetless;
-    agent_.start(config, std::make_unique<RealProcFs>(), spec, [this, max_captures](Server& s) {
-      CaptureOptions o;
-      o.max_captures = max_captures;
-      o.open_source =
-          [this](const CaptureSpec& spec) -> absl::StatusOr<std::unique_ptr<PacketSource>> {
-        ++opens_;
-        std::lock_guard<std::mutex> l(mu_);
-        last_spec_ = spec;
-        if (!open_error_.ok()) return open_error_;
-        return std::make_unique<FakePacketSource>(source_, spec.snaplen);
-      };
-      s.services().addStream(v1::StreamOpen::kCapture, makeCaptureService(s.serviceContext(), o));
-    });
+    agent_.start(
+        config, std::make_unique<RealProcFs>(), spec,
+        [this, max_captures, compile, compile_deadline](Server& s) {
+          CaptureOptions o;
+          o.max_captures = max_captures;
+          o.filter_compile_deadline = compile_deadline;
+          // The fake source has no kernel: a "compiled" filter is its words.
+          o.compile_filter =
+              compile ? compile : [](const std::string& e, int, uint32_t) -> CompiledFilterOr {
+            return std::make_shared<const CompiledFilter>(e);
+          };
+          o.open_source =
+              [this](const CaptureSpec& spec) -> absl::StatusOr<std::unique_ptr<PacketSource>> {
+            ++opens_;
+            std::lock_guard<std::mutex> l(mu_);
+            last_spec_ = spec;
+            if (!open_error_.ok()) return open_error_;
+            return std::make_unique<FakePacketSource>(source_, spec.snaplen);
+          };
+          s.services().addStream(v1::StreamOpen::kCapture,
+                                 makeCaptureService(s.serviceContext(), o));
+        });
   }
 
   // Runs `f(client)` with a connected client on a fresh io_context.
@@ -123,6 +137,7 @@ TEST_F(CaptureServiceTest, StreamsAPcapFileUntilTheClientHalfCloses) {
     const CaptureSpec spec = lastSpec();
     EXPECT_EQ(spec.interface, "any");
     EXPECT_EQ(spec.filter, "tcp port 80");
+    EXPECT_EQ(source_->installedFilter(), "tcp port 80");
     auto header = co_await (*stream)->read();
     EXPECT_TRUE(header.ok() && header->has_value());
     if (!header.ok() || !header->has_value()) co_return;
@@ -226,6 +241,83 @@ TEST_F(CaptureServiceTest, ADrainEndsCapturesAtOnce) {
     EXPECT_EQ(errorCodeOf(end), v1::AGENT_DRAINING) << end;
   });
   EXPECT_TRUE(source_->closed);
+}
+
+// The filter compiles on a thread of its own, not on the NetnsWorker that
+// every netns operation shares: while a compile hangs, a netns job queued
+// after it runs; past the deadline the capture is refused with TIMEOUT, and
+// the next capture works.
+TEST_F(CaptureServiceTest, AHangingFilterCompileBlocksNoNetnsOperation) {
+  struct Held {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool started = false;
+    bool released = false;
+  };
+  auto held = std::make_shared<Held>();
+  startAgent(
+      32,
+      [held](const std::string& e, int, uint32_t) -> CompiledFilterOr {
+        if (e == "host 1.2.3.4") {
+          std::unique_lock<std::mutex> l(held->mu);
+          held->started = true;
+          held->cv.wait(l, [&] { return held->released; });
+        }
+        return std::make_shared<const CompiledFilter>(e);
+      },
+      std::chrono::milliseconds(200));
+  auto release = [held] {
+    std::lock_guard<std::mutex> l(held->mu);
+    held->released = true;
+    held->cv.notify_all();
+  };
+  auto started = [held] {
+    std::lock_guard<std::mutex> l(held->mu);
+    return held->started;
+  };
+  NetnsWorker& netns = agent_.server().serviceContext().netns;
+  withClient([&](const std::shared_ptr<client::Client>& c) -> net::awaitable<void> {
+    auto ex = co_await asio::this_coro::executor;
+    absl::Status refused;
+    bool answered = false;
+    net::spawn(
+        ex,
+        [](std::shared_ptr<client::Client> client, absl::Status* out,
+           bool* done) -> net::awaitable<void> {
+          auto s = co_await client->openStream(captureOpen("any", "host 1.2.3.4"));
+          *out = s.status();
+          *done = true;
+        }(c, &refused, &answered),
+        "hanging_capture");
+    EXPECT_TRUE(co_await fakes::eventually(started));
+
+    // A netns job behind it: it runs while the compile still hangs.
+    std::atomic<bool> ran{false};
+    std::function<int()> job = [&ran] {
+      ran = true;
+      return 0;
+    };
+    net::spawn(
+        ex,
+        [](NetnsWorker* w, std::function<int()>* j) -> net::awaitable<void> {
+          co_await w->runAsync(*j);
+        }(&netns, &job),
+        "netns_job");
+    EXPECT_TRUE(co_await fakes::eventually([&] { return ran.load(); }))
+        << "the netns worker is blocked by a filter compile";
+    EXPECT_TRUE(started());
+
+    EXPECT_TRUE(co_await fakes::eventually([&] { return answered; }));
+    EXPECT_EQ(errorCodeOf(refused), v1::TIMEOUT) << refused;
+    EXPECT_THAT(std::string(refused.message()), HasSubstr("did not compile within 200 ms"));
+    EXPECT_TRUE(source_->closed) << "a refused capture closes its source";
+
+    auto next = co_await c->openStream(captureOpen("any", "udp port 53"));
+    EXPECT_TRUE(next.ok()) << next.status();
+    EXPECT_EQ(source_->installedFilter(), "udp port 53");
+    release();
+  });
+  release();
 }
 
 }  // namespace

@@ -17,11 +17,14 @@
 #include <cstring>
 #include <mutex>
 #include <random>
+#include <stdexcept>
+#include <string_view>
 #include <thread>
 
 #include "agent/server/server.h"
 #include "siphon/client/client.h"
 #include "siphon/status.h"
+#include "siphon/transport/spawn.h"
 #include "tests/fakes/echo_server.h"
 #include "tests/fakes/in_process_agent.h"
 
@@ -40,6 +43,7 @@ struct FakeKernel {
   std::vector<std::string> calls;          // "add 80", "remove 80", "flush 80", "exempt", "stop"
   std::atomic<uint16_t> original_port{0};  // what originalDestination() reports
   std::atomic<bool> fail_add{false};
+  std::atomic<int> throw_destinations{0};  // originalDestination() throws this many times
 
   void record(std::string s) {
     std::lock_guard<std::mutex> l(mu);
@@ -74,6 +78,10 @@ class FakeSteering : public Steering {
   }
   void unexempt(int) override { k_->record("unexempt"); }
   absl::StatusOr<SockAddr> originalDestination(int fd) override {
+    int n = k_->throw_destinations.load();
+    if (n > 0 && k_->throw_destinations.compare_exchange_strong(n, n - 1)) {
+      throw std::runtime_error("the fake kernel exploded");
+    }
     ASSIGN_OR_RETURN(SockAddr a, outgoing::localAddress(fd));
     reinterpret_cast<sockaddr_in*>(&a.storage)->sin_port = htons(k_->original_port);
     return a;
@@ -461,6 +469,67 @@ TEST_F(StealServiceTest, UnclaimedConnectionPassesThroughToTheApplication) {
   EXPECT_TRUE(echoed == data) << "echo differs: " << echoed.size() << " bytes";
 }
 
+// What net::spawn reported (the agent logs it as coroutine_failed).
+std::mutex spawn_reports_mu;
+std::vector<std::string> spawn_reports;
+void recordSpawnFailure(std::string_view what, std::string_view error) {
+  std::lock_guard<std::mutex> l(spawn_reports_mu);
+  spawn_reports.push_back(std::string(what) + ": " + std::string(error));
+}
+std::vector<std::string> spawnReports() {
+  std::lock_guard<std::mutex> l(spawn_reports_mu);
+  return spawn_reports;
+}
+
+// An exception while the agent takes one stolen connection (here from the
+// steering) is reported and ends that connection only: the accept loop
+// serves the next one, which the session gets. It used to end the accept
+// loop without a word, leaving the port stolen with nobody accepting.
+TEST_F(StealServiceTest, AnExceptionWithOneConnectionEndsItAloneAndTheNextIsStolen) {
+  net::setSpawnFailureReporter(&recordSpawnFailure);
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = newClient(ex);
+    struct Got {
+      explicit Got(asio::any_io_executor e) : signal(e) {}
+      net::Signal signal;
+      std::shared_ptr<client::ClientStream> stream;
+    };
+    auto got = std::make_shared<Got>(ex);
+    c->setStreamAcceptor([got](std::shared_ptr<client::ClientStream> s, v1::StreamOpen) {
+      got->stream = std::move(s);
+      got->signal.notify();
+    });
+    EXPECT_TRUE((co_await c->connect()).ok());
+    kernel_->original_port = 80;
+    auto id = co_await subscribe(c, 80);
+    EXPECT_TRUE(id.ok()) << id.status();
+    const uint16_t listener = kernel_->listenerPort();
+
+    kernel_->throw_destinations = 1;
+    int first = connectTo(listener);
+    bool reset = false;
+    EXPECT_EQ(readAll(first, &reset), "") << "the failed connection ends";
+    ::close(first);
+    EXPECT_TRUE(co_await eventually([&] { return !spawnReports().empty(); }))
+        << "the exception was not reported";
+    const auto reports = spawnReports();
+    if (!reports.empty()) {
+      EXPECT_EQ(reports.front(), "steal_connection: the fake kernel exploded");
+    }
+    EXPECT_FALSE(got->stream) << "the failed connection reached the session";
+
+    int second = connectTo(listener);
+    EXPECT_TRUE(co_await eventually([&] { return got->stream != nullptr; }))
+        << "the accept loop stopped with the exception";
+    if (got->stream) {
+      EXPECT_TRUE(c->acceptStream(*got->stream).ok());
+    }
+    ::close(second);
+    c->close();
+  });
+  net::setSpawnFailureReporter(nullptr);
+}
+
 // ------------------------------------------------------------ filtered
 
 net::awaitable<absl::StatusOr<uint64_t>> subscribeFiltered(const std::shared_ptr<client::Client>& c,
@@ -510,8 +579,9 @@ class AppServer {
             const std::string target = buf.substr(sp1 + 1, buf.find(' ', sp1 + 1) - sp1 - 1);
             buf.erase(0, end + 4);
             const std::string body = "app " + target;
-            const std::string resp = "HTTP/1.1 200 OK\r\nContent-Length: " +
-                                     std::to_string(body.size()) + "\r\n\r\n" + body;
+            const std::string resp =
+                "HTTP/1.1 200 OK\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+                body;
             if (::write(c, resp.data(), resp.size()) != static_cast<ssize_t>(resp.size())) break;
           }
           ::close(c);
@@ -571,27 +641,27 @@ TEST_F(StealServiceTest, FilteredStealsRouteEachRequestOfOneConnection) {
     bob->setNoticeHandler([&](const v1::SubscriptionNotice& n) { notices.push_back(n); });
     std::vector<std::string> requests_seen;
     for (auto [c, name] : {std::pair{alice, std::string("alice")}, {bob, std::string("bob")}}) {
-      c->setStreamAcceptor([&, c = c, name = name](std::shared_ptr<client::ClientStream> s,
-                                                   v1::StreamOpen open) {
-        EXPECT_TRUE(open.has_stolen_request());
-        EXPECT_TRUE(c->acceptStream(*s).ok());
-        asio::co_spawn(
-            ex,
-            [&, s, open, name]() -> net::awaitable<void> {
-              std::string request;
-              while (true) {
-                auto chunk = co_await s->read();
-                if (!chunk.ok() || !*chunk) break;
-                request += **chunk;
-              }
-              requests_seen.push_back(name + ": " + request);
-              const std::string body = name + " " + open.stolen_request().path();
-              (void)co_await s->write("HTTP/1.1 200 OK\r\nContent-Length: " +
-                                      std::to_string(body.size()) + "\r\n\r\n" + body);
-              (void)s->halfClose();
-            },
-            asio::detached);
-      });
+      c->setStreamAcceptor(
+          [&, c = c, name = name](std::shared_ptr<client::ClientStream> s, v1::StreamOpen open) {
+            EXPECT_TRUE(open.has_stolen_request());
+            EXPECT_TRUE(c->acceptStream(*s).ok());
+            asio::co_spawn(
+                ex,
+                [&, s, open, name]() -> net::awaitable<void> {
+                  std::string request;
+                  while (true) {
+                    auto chunk = co_await s->read();
+                    if (!chunk.ok() || !*chunk) break;
+                    request += **chunk;
+                  }
+                  requests_seen.push_back(name + ": " + request);
+                  const std::string body = name + " " + open.stolen_request().path();
+                  (void)co_await s->write("HTTP/1.1 200 OK\r\nContent-Length: " +
+                                          std::to_string(body.size()) + "\r\n\r\n" + body);
+                  (void)s->halfClose();
+                },
+                asio::detached);
+          });
     }
     auto a = co_await subscribeFiltered(alice, app.port(), "X-User", "^alice$");
     EXPECT_TRUE(a.ok()) << a.status();
@@ -605,8 +675,8 @@ TEST_F(StealServiceTest, FilteredStealsRouteEachRequestOfOneConnection) {
     std::thread remote([&] {
       int fd = connectTo(listener);
       for (const char* user : {"alice", "bob", "", "alice"}) {
-        std::string req = std::string("GET /") + (*user ? user : "none") +
-                          " HTTP/1.1\r\nHost: app\r\n";
+        std::string req =
+            std::string("GET /") + (*user ? user : "none") + " HTTP/1.1\r\nHost: app\r\n";
         if (*user) req += std::string("X-User: ") + user + "\r\n";
         req += "\r\n";
         writeAll(fd, req);
@@ -839,8 +909,9 @@ TEST_F(FailoverTest, HandlesOfALostAgentStayBad) {
   writeAll(tmp, "contents");
   ::close(tmp);
   const std::string file = path;
-  auto openFile = [&file](const std::shared_ptr<client::Client>& c)
-      -> net::awaitable<absl::StatusOr<uint64_t>> {
+  auto openFile =
+      [&file](
+          const std::shared_ptr<client::Client>& c) -> net::awaitable<absl::StatusOr<uint64_t>> {
     v1::Request r;
     r.mutable_file()->mutable_open()->set_path(file);
     auto resp = co_await c->call(r);
@@ -923,8 +994,7 @@ TEST_F(FailoverTest, WithNoOtherAgentALostSessionEndsAndADrainingOneStays) {
     EXPECT_TRUE(co_await eventually([&] { return lost.has_value(); }));
     if (lost) {
       EXPECT_EQ(errorCodeOf(*lost), v1::AGENT_LOST) << *lost;
-      EXPECT_NE(lost->message().find("no other agent answered"), absl::string_view::npos)
-          << *lost;
+      EXPECT_NE(lost->message().find("no other agent answered"), absl::string_view::npos) << *lost;
     }
     EXPECT_TRUE(seen->moves.empty());
     v1::Request info;

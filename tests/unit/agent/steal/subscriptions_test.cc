@@ -143,8 +143,7 @@ TEST(SubscriptionTable, FilteredAndUnfilteredConflictEitherWay) {
   auto filtered = t.reserve(81, "aaaa", "alice", userIs("alice"));
   ASSERT_FALSE(filtered.ok());
   EXPECT_EQ(errorCodeOf(filtered.status()), v1::PORT_BUSY);
-  EXPECT_NE(filtered.status().message().find("bob"), absl::string_view::npos)
-      << filtered.status();
+  EXPECT_NE(filtered.status().message().find("bob"), absl::string_view::npos) << filtered.status();
 }
 
 TEST(SubscriptionTable, MatchingListsActiveFiltersEarliestFirst) {
