@@ -11,10 +11,15 @@
 // The steal service (steal_service.h) creates the listeners inside the
 // target's netns and owns subscriptions; a Steering only moves ports.
 //
-// Threads: every method may block (a process to run, a map to update) and
-// is called from the agent's blocking pool, one call at a time per object
-// (the service serialises them). Implementations need no locking beyond
-// that, except for what their own helper threads touch.
+// Threads: addPort, removePort and stop may block (a process to run, a map
+// to update) and are called from the agent's blocking pool, one call at a
+// time per object (the service serialises them on a strand). exempt,
+// unexempt and originalDestination are called on the event loop, and may
+// overlap those pool calls: they must touch only what the pool calls never
+// change (the sk_lookup backend: the passthrough map, which lives until the
+// object is destroyed, and its own exemption table; iptables: socket
+// options of the given fd). name() is read once, on the pool, when the
+// steering is made (steal_service.cc keeps a copy for the loop).
 #pragma once
 
 #include <cstdint>
