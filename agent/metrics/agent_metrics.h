@@ -67,6 +67,9 @@ class AgentMetrics {
   // A resume attempt: "ok", or why it failed.
   void resume(std::string_view result);
   void session(std::string_view event);  // "opened", "ended", "lost"
+  // An HTTP/2 client of a filtered steal went past a limit
+  // (steal/http/http2_limits.h: "header_list", "reset_flood"...).
+  void http2LimitHit(std::string_view limit);
 
   // "ok", the error code's name in lower case ("not_found"), or for ERRNO
   // the errno's name ("ENOENT").
