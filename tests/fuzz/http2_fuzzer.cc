@@ -235,7 +235,11 @@ std::string frame(uint8_t type, uint8_t flags, uint32_t stream, std::string_view
 
 // A GET (:method GET, :scheme http, :path /, :authority a), then `extra`.
 std::string getBlock(std::string_view extra = {}) {
-  return std::string("\x82\x86\x84\x01\x01" "a", 6) + std::string(extra);
+  return std::string(
+             "\x82\x86\x84\x01\x01"
+             "a",
+             6) +
+         std::string(extra);
 }
 
 std::vector<std::string> seeds() {
@@ -257,7 +261,8 @@ std::vector<std::string> seeds() {
       std::string("\x01", 1) + frame(NGHTTP2_HEADERS, end, 1, getBlock()),
       std::string("\x01", 1) + frame(NGHTTP2_HEADERS, end, 1, getBlock(steal)),
       std::string("\x03", 1) + frame(NGHTTP2_HEADERS, end, 1, getBlock(amplified)),
-      std::string("\x05", 1) + frame(NGHTTP2_HEADERS, NGHTTP2_FLAG_END_HEADERS, 1, getBlock(steal)) +
+      std::string("\x05", 1) +
+          frame(NGHTTP2_HEADERS, NGHTTP2_FLAG_END_HEADERS, 1, getBlock(steal)) +
           frame(NGHTTP2_DATA, 0, 1, std::string(40, 'b')) +
           frame(NGHTTP2_HEADERS, end, 1, std::string("\x00\x02x-\x01t", 6)),
       std::string("\x01", 1) + resets,
