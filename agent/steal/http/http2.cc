@@ -253,7 +253,9 @@ class ServerConnection : public LiveConnection,
   // Runs `loop`, the connection alive while it does.
   static net::awaitable<void> holding(std::shared_ptr<ServerConnection> self,
                                       net::awaitable<void> (ServerConnection::*loop)()) {
-    co_await (self.get()->*loop)();
+    // A frame variable: GCC 12 may drop a by-value coroutine parameter.
+    const auto keep = std::move(self);
+    co_await (keep.get()->*loop)();
   }
 
   static ServerConnection* self(void* user_data) {

@@ -75,7 +75,9 @@ class Http2AppConnection : public Http2Wire,
   // connect(), the connection alive while it runs.
   static net::awaitable<void> holding(std::shared_ptr<Http2AppConnection> self,
                                       HttpRouter* router) {
-    co_await self->connect(*router);
+    // A frame variable: GCC 12 may drop a by-value coroutine parameter.
+    const auto keep = std::move(self);
+    co_await keep->connect(*router);
   }
   net::awaitable<void> connect(HttpRouter& router);
   bool initSession();

@@ -171,7 +171,9 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
   // Runs `loop`, the upstream alive while it does.
   static net::awaitable<void> holding(std::shared_ptr<StolenUpstream> self,
                                       net::awaitable<void> (StolenUpstream::*loop)()) {
-    co_await (self.get()->*loop)();
+    // A frame variable: GCC 12 may drop a by-value coroutine parameter.
+    const auto keep = std::move(self);
+    co_await (keep.get()->*loop)();
   }
 
   net::awaitable<void> writeLoop() {
