@@ -7,17 +7,19 @@
 #
 #   scripts/fuzz.sh [--ci] [SECONDS] [TARGET...]
 #
-# SECONDS is per target. TARGET: frame, request, http (default: all).
+# SECONDS is per target. TARGET: frame, request, http, http2 (default: all).
 #   frame    framing, the handshake helpers, sessions of both roles
 #   request  request and stream-open fields the agent parses (files, DNS,
 #            addresses, captures, filters, env), target files it reads
 #   http     protocol detection, HTTP/1 heads and bodies, steal filters
+#   http2    an HTTP/2 client connection served by the filtered-steal engine
+#            (nghttp2, header-list and flood limits, routing of each stream)
 #
 # --ci: 20 s per target by default; new inputs go to a temporary directory,
 # so a run depends only on the commit. Without it the default is 300 s per
 # target and new inputs accumulate in build-fuzz/fuzz-corpus/<target>/.
-# Budget in CI: the build (about 3 min from scratch on 2 cores, seconds
-# when build-fuzz/ is warm) plus 3 x 20 s.
+# Budget in CI: the build (about 5 min from scratch on 2 cores, seconds
+# when build-fuzz/ is warm) plus 4 x 20 s.
 #
 # Reproduce a crash: build-fuzz/tests/fuzz/<target>_fuzzer ARTIFACT
 # Grow the committed corpus: run without --ci, then
@@ -26,11 +28,11 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 [--ci] [SECONDS] [frame|request|http ...]" >&2
+  echo "usage: $0 [--ci] [SECONDS] [frame|request|http|http2 ...]" >&2
   exit 2
 }
 
-all_targets=(frame request http)
+all_targets=(frame request http http2)
 ci=0
 seconds=""
 targets=()
@@ -38,7 +40,7 @@ for arg in "$@"; do
   case "$arg" in
     --ci) ci=1 ;;
     -h | --help) usage ;;
-    frame | request | http) targets+=("$arg") ;;
+    frame | request | http | http2) targets+=("$arg") ;;
     *[!0-9]* | "") usage ;;
     *) seconds="$arg" ;;
   esac

@@ -140,6 +140,11 @@ AgentMetrics::AgentMetrics() : start_time_seconds_(unixNow()) {
             "Errors sent to clients, by code and by the frame that carried them (response, "
             "stream_reset, reject, goaway).",
             {"code", "frame"});
+  r.declare("siphon_http2_limits_total", Type::kCounter,
+            "HTTP/2 clients of filtered steals refused for going past a limit, by limit "
+            "(header_list: stream reset; header_flood, continuation_flood, control_flood, "
+            "reset_flood, protocol_error: connection ended with GOAWAY; pool_full: 503).",
+            {"limit"});
   r.declare("siphon_resumes_total", Type::kCounter,
             "Session resume attempts, by result (ok, unknown_session, bad_token, "
             "replay_failed, handshake_failed, superseded: a later resume of the session won).",
@@ -222,6 +227,10 @@ void AgentMetrics::resume(std::string_view result) {
 
 void AgentMetrics::handshakeRejected(std::string_view reason) {
   registry_.series("siphon_handshakes_rejected_total", {std::string(reason)}).add();
+}
+
+void AgentMetrics::http2LimitHit(std::string_view limit) {
+  registry_.series("siphon_http2_limits_total", {std::string(limit)}).add();
 }
 
 void AgentMetrics::session(std::string_view event) {

@@ -71,6 +71,9 @@ class AgentMetrics {
   // A connection closed at accept, before its handshake: "max_handshakes",
   // "max_handshakes_per_source" or "fd_reserve".
   void handshakeRejected(std::string_view reason);
+  // An HTTP/2 client of a filtered steal went past a limit
+  // (steal/http/http2_limits.h: "header_list", "reset_flood"...).
+  void http2LimitHit(std::string_view limit);
 
   // "ok", the error code's name in lower case ("not_found"), or for ERRNO
   // the errno's name ("ENOENT").

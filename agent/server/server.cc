@@ -401,7 +401,7 @@ absl::Status Server::init() {
   int netns_fd = target_->mode() == TargetMode::kTargetless ? -1 : target_->netnsFd();
   ASSIGN_OR_RETURN(netns_, NetnsWorker::start(netns_fd));
   service_ctx_ = std::make_unique<ServiceContext>(
-      ServiceContext{io_, blocking_pool_, *target_, *procfs_, *netns_, config_, {}, {}});
+      ServiceContext{io_, blocking_pool_, *target_, *procfs_, *netns_, config_, {}, {}, &metrics_});
   services_ = buildServices(*service_ctx_);
   return absl::OkStatus();
 }

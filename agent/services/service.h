@@ -24,6 +24,9 @@ namespace siphon::agent {
 
 class AgentSession;
 class NetnsWorker;
+namespace metrics {
+class AgentMetrics;
+}
 
 // Subscription ids, unique across the services that subscribe (steal,
 // mirror), so an Unsubscribe names exactly one. Event loop only.
@@ -49,6 +52,8 @@ struct ServiceContext {
   std::function<void(v1::DnsRequest, std::function<void(absl::StatusOr<v1::DnsResponse>)>)>
       resolve_name;
   SubscriptionIds subscription_ids;
+  // The agent's metrics (null in tests that need none).
+  metrics::AgentMetrics* metrics = nullptr;
 };
 
 class RequestService {

@@ -438,6 +438,10 @@ class StealServiceImpl final : public StealService,
     if (sub->filter && !engine_) {
       engine_ = std::make_unique<http::HttpEngine>(ctx_.io.get_executor(), *this,
                                                    httpOptions(ctx_.config));
+      if (ctx_.metrics != nullptr) {
+        engine_->onHttp2Limit(
+            [m = ctx_.metrics](http::Http2Limit l) { m->http2LimitHit(http::http2LimitName(l)); });
+      }
     }
     log::info("steal_subscribed",
               {{"session", session->id()},

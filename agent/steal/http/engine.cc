@@ -225,4 +225,10 @@ size_t HttpEngine::inFlight() const {
 
 size_t HttpEngine::connections() const { return state_->connections.size(); }
 
+std::array<uint64_t, kHttp2Limits> HttpEngine::http2Limits() const { return state_->h2_limits; }
+
+void HttpEngine::onHttp2Limit(std::function<void(Http2Limit)> observer) {
+  state_->on_h2_limit = std::move(observer);
+}
+
 }  // namespace siphon::agent::steal::http

@@ -23,6 +23,8 @@
 // Threads: the event loop only.
 #pragma once
 
+#include <array>
+#include <functional>
 #include <memory>
 
 #include "agent/common/unique_fd.h"
@@ -50,6 +52,11 @@ class HttpEngine {
   size_t inFlight() const;
   // Connections served now (any state).
   size_t connections() const;
+  // HTTP/2 clients refused for going past a limit (http2_limits.h), by
+  // Http2Limit; `observer` hears each one as it happens (the agent's
+  // metrics). Set the observer before serving.
+  std::array<uint64_t, kHttp2Limits> http2Limits() const;
+  void onHttp2Limit(std::function<void(Http2Limit)> observer);
 
  private:
   std::shared_ptr<EngineState> state_;

@@ -6,9 +6,12 @@
 // Threads: the event loop only.
 #pragma once
 
+#include <array>
+#include <functional>
 #include <memory>
 #include <set>
 
+#include "agent/steal/http/http2_limits.h"
 #include "agent/steal/http/router.h"
 #include "siphon/transport/asio.h"
 
@@ -49,6 +52,18 @@ struct EngineState {
   // Keep-alive HTTP/1.1 connections to the application, shared by the
   // HTTP/1 client connections (pool.h, made on first use).
   std::shared_ptr<Http1AppPool> h1_pool;
+
+  // HTTP/2 clients refused for going past a limit (http2_limits.h), by
+  // limit; `on_h2_limit` (the agent's metrics) hears each one.
+  std::array<uint64_t, kHttp2Limits> h2_limits{};
+  std::function<void(Http2Limit)> on_h2_limit;
+  void h2Limit(Http2Limit l) {
+    ++h2_limits[static_cast<size_t>(l)];
+    if (on_h2_limit) on_h2_limit(l);
+  }
+  // The largest decoded header block any HTTP/2 stream held (bytes as
+  // RFC 7541 counts them), for tests of the bound.
+  size_t h2_header_block_high_water = 0;
 };
 
 }  // namespace siphon::agent::steal::http

@@ -10,18 +10,42 @@
 // produced (nghttp2_session_mem_send) only once the previous write is done,
 // and response data only from what the upstream gave (a deferred data
 // provider resumed when bytes arrive).
+//
+// Limits (http2_limits.h): what one client can make the agent hold or do.
+//   - a header block (request head, or trailers) is counted as it is
+//     decoded, name + value + 32 per field (RFC 7541 4.1), before a field
+//     is stored: past HttpOptions::max_head_bytes (--http-max-head, also
+//     advertised as SETTINGS_MAX_HEADER_LIST_SIZE, which nghttp2 does not
+//     enforce) or kHttp2MaxHeaderFields the stream is reset (RST_STREAM
+//     INTERNAL_ERROR, nghttp2's answer to a refused header block, which it
+//     then decodes without emitting a field, keeping HPACK in step);
+//   - streams: SETTINGS_MAX_CONCURRENT_STREAMS, enforced by nghttp2
+//     (REFUSED_STREAM past it);
+//   - what a client may repeat, each an EventBudget whose exhaustion ends
+//     the connection with GOAWAY(ENHANCE_YOUR_CALM): header blocks refused
+//     for size, streams ended before their response (reset by the client,
+//     or by nghttp2 for a rule it broke: the "rapid reset" class), PING /
+//     SETTINGS / PRIORITY frames, and more than kMaxContinuations
+//     CONTINUATION frames after one HEADERS;
+//   - a fatal error of nghttp2 (flooded ACK queue, bad preface) ends it
+//     with GOAWAY too, rather than a silent close.
+// After that GOAWAY nothing more the client sends is read into nghttp2;
+// the connection closes once it is sent (kCloseLinger at most).
 #include "agent/steal/http/http2.h"
 
 #include <nghttp2/nghttp2.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
 
 #include "agent/common/log.h"
 #include "agent/outgoing/address.h"
 #include "agent/steal/http/http2_exchange.h"
+#include "agent/steal/http/http2_limits.h"
 #include "agent/steal/http/http2_wire.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::agent::steal::http {
 
@@ -36,6 +60,23 @@ constexpr size_t kReadChunk = 16 * 1024;
 // After a GOAWAY and the last stream, how long the client has to close
 // before the agent does.
 constexpr auto kCloseLinger = std::chrono::seconds(2);
+
+// CONTINUATION frames after one HEADERS (a block of 9 frames of 16 KiB
+// is far more than --http-max-head allows anyway). nghttp2's own check
+// (mem_recv fails, nothing sent) stays behind ours.
+constexpr size_t kMaxContinuations = 8;
+constexpr size_t kNghttp2MaxContinuations = 64;
+// Header blocks refused for size, before the connection is.
+constexpr uint32_t kHeaderRefusalBurst = 8;
+constexpr uint32_t kHeaderRefusalsPerSecond = 1;
+// Streams that end before their response (rapid reset), before the
+// connection does. nghttp2's own limit on RST_STREAM frames (1000, 33/s)
+// stays behind it.
+constexpr uint32_t kResetBurst = 200;
+constexpr uint32_t kResetsPerSecond = 50;
+// PING, SETTINGS (each costs an ACK) and PRIORITY frames.
+constexpr uint32_t kControlBurst = 200;
+constexpr uint32_t kControlPerSecond = 20;
 
 constexpr std::string_view kAgentName = "siphon-agent";
 
@@ -81,12 +122,16 @@ class ServerConnection : public LiveConnection,
         state_(std::move(state)),
         info_(std::move(info)),
         idle_timer_(state_->ex),
-        linger_timer_(state_->ex) {
+        linger_timer_(state_->ex),
+        header_refusals_(kHeaderRefusalBurst, kHeaderRefusalsPerSecond),
+        resets_(kResetBurst, kResetsPerSecond),
+        control_(kControlBurst, kControlPerSecond) {
     sock_.assign(fd.release());
   }
 
   bool init(std::string received, std::optional<H2cUpgrade> upgrade) {
     const auto callbacks = [](nghttp2_session_callbacks* cbs) {
+      nghttp2_session_callbacks_set_on_begin_frame_callback(cbs, &onBeginFrame);
       nghttp2_session_callbacks_set_on_begin_headers_callback(cbs, &onBeginHeaders);
       nghttp2_session_callbacks_set_on_header_callback(cbs, &onHeader);
       nghttp2_session_callbacks_set_on_frame_recv_callback(cbs, &onFrameRecv);
@@ -94,7 +139,10 @@ class ServerConnection : public LiveConnection,
       nghttp2_session_callbacks_set_on_stream_close_callback(cbs, &onStreamClose);
       nghttp2_session_callbacks_set_on_frame_send_callback(cbs, &onFrameSend);
     };
-    if (!newHttp2Session(&session_, /*server=*/true, callbacks, this)) return false;
+    const auto options = [](nghttp2_option* opt) {
+      nghttp2_option_set_max_continuations(opt, kNghttp2MaxContinuations);
+    };
+    if (!newHttp2Session(&session_, /*server=*/true, callbacks, this, options)) return false;
 
     if (upgrade) {
       auto settings = base64UrlDecode(upgrade->settings);
@@ -141,12 +189,10 @@ class ServerConnection : public LiveConnection,
     pool()->clientOpened();
     pool_counted_ = true;
     auto self = shared_from_this();
-    asio::co_spawn(
-        state_->ex, [self]() { return self->readLoop(); }, asio::detached);
-    asio::co_spawn(
-        state_->ex, [self]() { return self->writeLoop(); }, asio::detached);
-    asio::co_spawn(
-        state_->ex, [self]() { return self->idleLoop(); }, asio::detached);
+    const auto end = [self] { self->close(); };
+    net::spawn(state_->ex, holding(self, &ServerConnection::readLoop), "steal_http2_read", end);
+    net::spawn(state_->ex, holding(self, &ServerConnection::writeLoop), "steal_http2_write", end);
+    net::spawn(state_->ex, holding(self, &ServerConnection::idleLoop), "steal_http2_idle", end);
     if (upgrade_stream_) {
       auto x = std::move(upgrade_stream_);
       route(x, upgrade_head_);
@@ -181,7 +227,9 @@ class ServerConnection : public LiveConnection,
   void responseUpdated(Http2Exchange& x) override {
     if (closed_ || x.closed) return;
     if (x.failed) {
-      if (!x.head_submitted) {
+      if (!x.head_submitted && x.refused_status != 0) {
+        localResponse(x, x.refused_status, x.refused_why);
+      } else if (!x.head_submitted) {
         localResponse(x, 502,
                       "the request's session or the application went away before answering");
       } else {
@@ -202,6 +250,14 @@ class ServerConnection : public LiveConnection,
     return state_->h2_pool;
   }
 
+  // Runs `loop`, the connection alive while it does.
+  static net::awaitable<void> holding(std::shared_ptr<ServerConnection> self,
+                                      net::awaitable<void> (ServerConnection::*loop)()) {
+    // A frame variable: GCC 12 may drop a by-value coroutine parameter.
+    const auto keep = std::move(self);
+    co_await (keep.get()->*loop)();
+  }
+
   static ServerConnection* self(void* user_data) {
     return static_cast<ServerConnection*>(user_data);
   }
@@ -210,9 +266,45 @@ class ServerConnection : public LiveConnection,
   }
 
   // --- nghttp2 callbacks (inside mem_recv / mem_send).
+  // Every frame's header, before its payload: the frames a client may
+  // repeat are counted here.
+  static int onBeginFrame(nghttp2_session*, const nghttp2_frame_hd* hd, void* ud) {
+    auto* c = self(ud);
+    if (c->calm_) return 0;
+    const bool ack = (hd->flags & NGHTTP2_FLAG_ACK) != 0;
+    switch (hd->type) {
+      case NGHTTP2_HEADERS:
+        c->continuations_ = 0;
+        break;
+      case NGHTTP2_CONTINUATION:
+        if (++c->continuations_ > kMaxContinuations) c->calm(Http2Limit::kContinuations);
+        break;
+      case NGHTTP2_PING:
+      case NGHTTP2_SETTINGS:
+        if (!ack && !c->control_.take(EventBudget::Clock::now())) {
+          c->calm(Http2Limit::kControlFlood);
+        }
+        break;
+      case NGHTTP2_PRIORITY:
+        if (!c->control_.take(EventBudget::Clock::now())) c->calm(Http2Limit::kControlFlood);
+        break;
+      default:
+        break;
+    }
+    return 0;
+  }
+
   static int onBeginHeaders(nghttp2_session* session, const nghttp2_frame* frame, void* ud) {
     auto* c = self(ud);
-    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    if (frame->hd.type != NGHTTP2_HEADERS) return 0;
+    // The connection is being closed: no new stream is taken (nghttp2
+    // resets it and skips its block).
+    if (c->calm_) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    if (frame->headers.cat != NGHTTP2_HCAT_REQUEST) {
+      // Trailers: a block of their own, under the same limits.
+      if (Http2Exchange* x = c->exchange(frame->hd.stream_id)) x->header_block.reset();
+      return 0;
+    }
     auto x = std::make_shared<Http2Exchange>(c->weak_from_this(), frame->hd.stream_id,
                                              c->state_->options);
     nghttp2_session_set_stream_user_data(session, frame->hd.stream_id, x.get());
@@ -227,6 +319,9 @@ class ServerConnection : public LiveConnection,
     if (frame->hd.type != NGHTTP2_HEADERS) return 0;
     Http2Exchange* x = c->exchange(frame->hd.stream_id);
     if (x == nullptr) return 0;
+    if (!x->header_block.add(namelen, valuelen)) return c->refuseHeaderBlock(*x);
+    c->state_->h2_header_block_high_water =
+        std::max(c->state_->h2_header_block_high_water, x->header_block.bytes());
     const std::string_view n = sv(name, namelen);
     const std::string_view v = sv(value, valuelen);
     if (frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
@@ -257,7 +352,7 @@ class ServerConnection : public LiveConnection,
     if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
       x->body_follows = !end;
       x->request_ended = end;
-      c->route(x, std::nullopt);
+      if (!c->calm_) c->route(x, std::nullopt);
       return 0;
     }
     if (end && !x->request_ended) {
@@ -294,6 +389,14 @@ class ServerConnection : public LiveConnection,
     std::shared_ptr<Http2Exchange> x = std::move(it->second);
     c->streams_.erase(it);
     x->closed = true;
+    // Ended before its response, not for a failure of ours: the client
+    // reset it, or broke a rule nghttp2 reset it for. Each such stream was
+    // routed (a session stream opened, or an application stream) for
+    // nothing.
+    if (!x->response_sent && !x->failed && !c->calm_ &&
+        !c->resets_.take(EventBudget::Clock::now())) {
+      c->calm(Http2Limit::kResetFlood);
+    }
     // Bytes the upstream will never take still hold the connection window.
     if (!x->request_body.empty()) {
       nghttp2_session_consume(session, stream_id, x->request_body.size());
@@ -312,6 +415,7 @@ class ServerConnection : public LiveConnection,
       return 0;
     }
     Http2Exchange* x = c->exchange(frame->hd.stream_id);
+    if (x != nullptr) x->response_sent = true;
     // RFC 9113 8.1: a complete response before the complete request; the
     // rest of the request is not wanted.
     if (x != nullptr && !x->request_ended) {
@@ -383,6 +487,45 @@ class ServerConnection : public LiveConnection,
     x->upstream = startStolenUpstream(state_->ex, x, std::move(*fd));
   }
 
+  // A header block past the limits (inside onHeader). What the stream
+  // stored goes now; nghttp2 resets the stream and decodes the rest of the
+  // block without emitting it.
+  int refuseHeaderBlock(Http2Exchange& x) {
+    state_->h2Limit(Http2Limit::kHeaderList);
+    log::debug("steal_http2_header_block_refused",
+               {{"stream", static_cast<int64_t>(x.streamId())},
+                {"bytes", static_cast<int64_t>(x.header_block.bytes())},
+                {"fields", static_cast<int64_t>(x.header_block.fields())}});
+    x.headers = {};
+    x.request_trailers = {};
+    x.discard_request = true;
+    if (!header_refusals_.take(EventBudget::Clock::now())) calm(Http2Limit::kHeaderFlood);
+    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+  }
+
+  // The client went past a limit it may not repeat: GOAWAY with `code`
+  // (nghttp2 then ignores all it sends), no new stream, and the
+  // connection closes once the GOAWAY is sent, or after kCloseLinger for a
+  // client that does not read it.
+  void calm(Http2Limit limit, uint32_t code = NGHTTP2_ENHANCE_YOUR_CALM) {
+    if (calm_ || closed_) return;
+    calm_ = true;
+    state_->h2Limit(limit);
+    static log::Throttle throttle;  // a flood of connections, each refused
+    if (const uint64_t n = throttle.hit(http2LimitName(limit)); n != 0) {
+      log::info("steal_http2_client_refused", {{"limit", http2LimitName(limit)},
+                                               {"source", outgoing::formatAddress(info_.source)},
+                                               {"count", n}});
+    }
+    nghttp2_session_terminate_session(session_, code);
+    kick();
+    linger_timer_.expires_after(kCloseLinger);
+    auto self = shared_from_this();
+    linger_timer_.async_wait([self](const net::error_code& ec) {
+      if (ec != asio::error::operation_aborted) self->close();
+    });
+  }
+
   void requestTooLarge(Http2Exchange& x) {
     x.discard_request = true;
     if (!x.request_body.empty()) {
@@ -447,7 +590,8 @@ class ServerConnection : public LiveConnection,
           close();
           co_return;
         }
-        if (finishing_) continue;  // the client's last bytes after our GOAWAY
+        // The client's last bytes after our GOAWAY.
+        if (finishing_ || calm_) continue;
         if (!feed(std::string_view(buf.data(), n))) co_return;
       }
     } catch (const std::exception& e) {
@@ -461,8 +605,11 @@ class ServerConnection : public LiveConnection,
         nghttp2_session_mem_recv(session_, reinterpret_cast<const uint8_t*>(in.data()), in.size());
     if (rv < 0) {
       log::debug("steal_http2_client_error", {{"error", nghttp2_strerror(static_cast<int>(rv))}});
-      close();
-      return false;
+      // Flooding (ACKs it does not read, CONTINUATIONs past nghttp2's own
+      // limit) is told apart from other fatal errors.
+      const bool flood = rv == NGHTTP2_ERR_FLOODED || rv == NGHTTP2_ERR_TOO_MANY_CONTINUATIONS;
+      calm(flood ? Http2Limit::kControlFlood : Http2Limit::kProtocol,
+           flood ? NGHTTP2_ENHANCE_YOUR_CALM : NGHTTP2_PROTOCOL_ERROR);
     }
     kick();
     return true;
@@ -550,6 +697,12 @@ class ServerConnection : public LiveConnection,
   bool draining_ = false;
   bool finishing_ = false;
   bool pool_counted_ = false;
+  // Limits (top of the file).
+  EventBudget header_refusals_;
+  EventBudget resets_;
+  EventBudget control_;
+  size_t continuations_ = 0;
+  bool calm_ = false;  // GOAWAY for a limit: nothing more is read or routed
 };
 
 }  // namespace

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "agent/steal/http/http2_limits.h"
 #include "agent/steal/http/router.h"
 
 namespace siphon::agent::steal::http {
@@ -98,7 +99,10 @@ class Http2ClientSide {
 class Http2Exchange {
  public:
   Http2Exchange(std::weak_ptr<Http2ClientSide> client, int32_t stream_id, HttpOptions options)
-      : client_(std::move(client)), stream_id_(stream_id), options_(options) {}
+      : header_block(options.max_head_bytes, kHttp2MaxHeaderFields),
+        client_(std::move(client)),
+        stream_id_(stream_id),
+        options_(options) {}
 
   int32_t streamId() const { return stream_id_; }
   const HttpOptions& options() const { return options_; }
@@ -115,6 +119,9 @@ class Http2Exchange {
   uint64_t request_bytes = 0;
   HeaderList request_trailers;
   bool request_ended = false;
+  // The header block being decoded (the head, then the trailers): checked
+  // before each field is stored.
+  HeaderBlockBudget header_block;
 
   // The upstream took `n` bytes from request_body.
   void takeRequest(size_t n) {
@@ -136,6 +143,9 @@ class Http2Exchange {
   bool failed = false;
   // HTTP/2 error code for a failure after the head was sent.
   uint32_t fail_code = 2;  // INTERNAL_ERROR
+  // respondRefused(): the status and body of the failure (0: 502).
+  int refused_status = 0;
+  std::string refused_why;
 
   // `ended`: the response has no body and no trailers (HEADERS ends the
   // stream: no empty DATA frame after a 204 or a HEAD response).
@@ -171,11 +181,20 @@ class Http2Exchange {
     fail_code = code;
     notify();
   }
+  // The request is not taken (the upstream has too much waiting): answered
+  // `status` with `why` as the body, before any head.
+  void respondRefused(int code, std::string why) {
+    if (failed || response_ended || status != 0) return;
+    refused_status = code;
+    refused_why = std::move(why);
+    respondFailure();
+  }
 
   // --- The client side's state.
   std::shared_ptr<Http2Upstream> upstream;
   bool head_submitted = false;
   bool data_deferred = false;
+  bool response_sent = false;    // the response's END_STREAM went out
   bool closed = false;           // the client stream is gone
   bool discard_request = false;  // further request bytes are dropped (credited at once)
 

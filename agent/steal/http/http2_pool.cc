@@ -20,6 +20,7 @@
 #include "agent/steal/http/http2.h"
 #include "agent/steal/http/http2_exchange.h"
 #include "agent/steal/http/http2_wire.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::agent::steal::http {
 
@@ -30,6 +31,12 @@ namespace {
 constexpr int32_t kStreamWindow = 64 * 1024;
 constexpr int32_t kConnectionWindow = 16 * 1024 * 1024;
 constexpr size_t kReadChunk = 16 * 1024;
+// Requests on one application connection (open, waiting for the
+// connection, or queued by nghttp2 past the application's
+// SETTINGS_MAX_CONCURRENT_STREAMS). Every HTTP/2 client connection to the
+// destination shares it, so no client's limit bounds it: past this a
+// request is answered 503.
+constexpr size_t kMaxAppConnectionStreams = 1024;
 
 }  // namespace
 
@@ -47,12 +54,13 @@ class Http2AppConnection : public Http2Wire,
 
   void start(HttpRouter& router) {
     auto self = shared_from_this();
-    asio::co_spawn(
-        ex_, [self, &router]() { return self->connect(router); }, asio::detached);
+    net::spawn(ex_, holding(self, &router), "steal_http2_app_connect", [self] { self->close(); });
   }
 
   // Takes new streams (not failed, no GOAWAY either way).
   bool usable() const { return !dead_ && !goaway_; }
+  // Requests on it now (open or waiting).
+  size_t outstanding() const { return streams_.size() + pending_.size(); }
   bool dead() const { return dead_; }
 
   void open(std::shared_ptr<Http2Exchange> x, int attempt);
@@ -64,6 +72,13 @@ class Http2AppConnection : public Http2Wire,
 
  private:
   friend class AppStream;
+  // connect(), the connection alive while it runs.
+  static net::awaitable<void> holding(std::shared_ptr<Http2AppConnection> self,
+                                      HttpRouter* router) {
+    // A frame variable: GCC 12 may drop a by-value coroutine parameter.
+    const auto keep = std::move(self);
+    co_await keep->connect(*router);
+  }
   net::awaitable<void> connect(HttpRouter& router);
   bool initSession();
   void submit(const std::shared_ptr<AppStream>& s);
@@ -247,10 +262,8 @@ net::awaitable<void> Http2AppConnection::connect(HttpRouter& router) {
       if (s->x_) submit(s);
     }
     auto self = shared_from_this();
-    asio::co_spawn(
-        ex_, [self]() { return self->readLoop(); }, asio::detached);
-    asio::co_spawn(
-        ex_, [self]() { return self->writeLoop(); }, asio::detached);
+    net::spawn(ex_, readLoop(), "steal_http2_app_read", [self] { self->close(); });
+    net::spawn(ex_, writeLoop(), "steal_http2_app_write", [self] { self->close(); });
   } catch (const std::exception& e) {
     log::error("steal_http2_app_error", {{"error", e.what()}});
     close();
@@ -439,6 +452,11 @@ void Http2AppPool::open(const SockAddr& destination, std::shared_ptr<Http2Exchan
     all_.push_back(conn);
     std::erase_if(all_, [](const auto& w) { return w.expired(); });
     conn->start(state->router);
+  }
+  if (it->second->outstanding() >= kMaxAppConnectionStreams) {
+    state->h2Limit(Http2Limit::kPoolFull);
+    x->respondRefused(503, "too many requests are waiting for the application");
+    return;
   }
   it->second->open(std::move(x), attempt);
 }

@@ -15,6 +15,7 @@
 
 #include "agent/common/log.h"
 #include "agent/steal/http/http2_exchange.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::agent::steal::http {
 
@@ -142,10 +143,11 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
 
   void start() {
     auto self = shared_from_this();
-    asio::co_spawn(
-        sock_.get_executor(), [self]() { return self->writeLoop(); }, asio::detached);
-    asio::co_spawn(
-        sock_.get_executor(), [self]() { return self->readLoop(); }, asio::detached);
+    const auto end = [self] { self->fail(); };
+    net::spawn(sock_.get_executor(), holding(self, &StolenUpstream::writeLoop),
+               "steal_http2_stolen_write", end);
+    net::spawn(sock_.get_executor(), holding(self, &StolenUpstream::readLoop),
+               "steal_http2_stolen_read", end);
   }
 
   void requestUpdated() override {
@@ -166,6 +168,14 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
   }
 
  private:
+  // Runs `loop`, the upstream alive while it does.
+  static net::awaitable<void> holding(std::shared_ptr<StolenUpstream> self,
+                                      net::awaitable<void> (StolenUpstream::*loop)()) {
+    // A frame variable: GCC 12 may drop a by-value coroutine parameter.
+    const auto keep = std::move(self);
+    co_await (keep.get()->*loop)();
+  }
+
   net::awaitable<void> writeLoop() {
     try {
       if (!x_) co_return;  // cancelled before this coroutine ran

@@ -15,13 +15,15 @@ constexpr size_t kWriteBatch = 64 * 1024;
 }  // namespace
 
 bool newHttp2Session(nghttp2_session** session, bool server,
-                     void (*setCallbacks)(nghttp2_session_callbacks*), void* user_data) {
+                     void (*setCallbacks)(nghttp2_session_callbacks*), void* user_data,
+                     void (*setOptions)(nghttp2_option*)) {
   nghttp2_session_callbacks* cbs;
   if (nghttp2_session_callbacks_new(&cbs) != 0) return false;
   setCallbacks(cbs);
   nghttp2_option* opt;
   nghttp2_option_new(&opt);
   nghttp2_option_set_no_auto_window_update(opt, 1);
+  if (setOptions != nullptr) setOptions(opt);
   const int rv = server ? nghttp2_session_server_new2(session, cbs, user_data, opt)
                         : nghttp2_session_client_new2(session, cbs, user_data, opt);
   nghttp2_option_del(opt);

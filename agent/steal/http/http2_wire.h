@@ -32,9 +32,11 @@ inline std::string_view sv(const uint8_t* p, size_t n) {
 }
 
 // A new session (server or client) with NGHTTP2_OPT_NO_AUTO_WINDOW_UPDATE;
-// `setCallbacks` installs its callbacks. False when nghttp2 could not make it.
+// `setCallbacks` installs its callbacks, `setOptions` (if given) more
+// options. False when nghttp2 could not make it.
 bool newHttp2Session(nghttp2_session** session, bool server,
-                     void (*setCallbacks)(nghttp2_session_callbacks*), void* user_data);
+                     void (*setCallbacks)(nghttp2_session_callbacks*), void* user_data,
+                     void (*setOptions)(nghttp2_option*) = nullptr);
 
 // Our SETTINGS, and the connection window we give the peer.
 bool submitHttp2Settings(nghttp2_session* session, std::span<const nghttp2_settings_entry> settings,

@@ -101,6 +101,7 @@ TEST(AgentMetricsTest, EveryFamilyIsTypedAndHooksMoveTheirSeries) {
   m.gap(StreamKind::kMirrored, 100);
   m.errorSent(v1::PORT_BUSY, ErrorFrame::kResponse);
   m.resume("ok");
+  m.http2LimitHit("reset_flood");
   v1::Response ok, enoent;
   enoent.mutable_error()->set_code(v1::ERRNO);
   enoent.mutable_error()->set_errno_value(ENOENT);
@@ -128,6 +129,8 @@ TEST(AgentMetricsTest, EveryFamilyIsTypedAndHooksMoveTheirSeries) {
            "siphon_errors_sent_total{code=\"ERRNO\",frame=\"response\"} 1\n",
            "siphon_errors_sent_total{code=\"UNAVAILABLE\",frame=\"response\"} 1\n",
            "siphon_resumes_total{result=\"ok\"} 1\n",
+           "# TYPE siphon_http2_limits_total counter\n",
+           "siphon_http2_limits_total{limit=\"reset_flood\"} 1\n",
            "siphon_file_operations_total{op=\"open\",result=\"ok\"} 1\n",
            "siphon_file_operations_total{op=\"open\",result=\"ENOENT\"} 1\n",
            "siphon_requests_total{kind=\"file\",result=\"ENOENT\"} 1\n",

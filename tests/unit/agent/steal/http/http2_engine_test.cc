@@ -691,5 +691,254 @@ TEST_F(Http2EngineTest, ManyConcurrentStreamsBothWaysWithoutErrors) {
   EXPECT_EQ(router_.connectionRequests().size(), 1000u);
 }
 
+// --- What a peer can make the engine hold or do (http2_limits.h).
+
+using testing::hpackGet;
+using testing::hpackIndexed;
+using testing::hpackLiteral;
+using testing::hpackLiteralIndexed;
+using testing::RawFrame;
+using testing::rawFrame;
+using testing::RawH2;
+using testing::rstStreamFrame;
+
+constexpr uint8_t kEndStream = NGHTTP2_FLAG_END_STREAM;
+constexpr uint8_t kEndHeaders = NGHTTP2_FLAG_END_HEADERS;
+
+// HPACK amplification: one 4000-byte field, added to the dynamic table,
+// then referenced `repeats` times by its one-byte index (62). About 5 KB
+// on the wire, decoded to repeats x 4 KB.
+std::string amplifiedBlock(size_t repeats, std::string_view path = "/big") {
+  std::string block = hpackGet(path) + hpackLiteralIndexed("x-big", std::string(4000, 'a'));
+  for (size_t i = 0; i < repeats; ++i) block += hpackIndexed(62);
+  return block;
+}
+
+uint64_t limitCount(const std::array<uint64_t, kHttp2Limits>& counts, Http2Limit l) {
+  return counts[static_cast<size_t>(l)];
+}
+
+size_t routedHeaderBytes(const std::vector<RequestHead>& routed) {
+  size_t most = 0;
+  for (const RequestHead& h : routed) {
+    size_t n = 0;
+    for (const auto& [name, value] : h.headers) n += name.size() + value.size();
+    most = std::max(most, n);
+  }
+  return most;
+}
+
+// A 5 KB HEADERS frame that decodes to 4 MB: the stream is reset before
+// the header list passes --http-max-head (nothing of it routed, the
+// engine never holds more than the limit); the next request on the same
+// connection is served.
+TEST_F(Http2EngineTest, HpackAmplifiedHeaderListIsResetAndNeverHeld) {
+  start();
+  std::vector<Http2Limit> heard;
+  onLoop([&] { state_->on_h2_limit = [&heard](Http2Limit l) { heard.push_back(l); }; });
+  RawH2 raw(port_);
+  const std::string block = amplifiedBlock(1000);
+  ASSERT_LT(block.size(), 16384u);
+  ASSERT_TRUE(raw.send(rawFrame(NGHTTP2_HEADERS, kEndStream | kEndHeaders, 1, block)));
+  ASSERT_TRUE(raw.send(
+      rawFrame(NGHTTP2_HEADERS, kEndStream | kEndHeaders, 3, hpackGet("/ok") + hpackIndexed(62))));
+  ASSERT_TRUE(raw.readUntil([](const RawFrame& f) {
+    return f.stream == 3 && f.type == NGHTTP2_DATA && (f.flags & kEndStream);
+  }));
+  const RawFrame* rst = raw.find(NGHTTP2_RST_STREAM, 1);
+  ASSERT_NE(rst, nullptr) << "the amplified request was not reset";
+  EXPECT_EQ(rst->errorCode(), uint32_t{NGHTTP2_INTERNAL_ERROR});  // nghttp2's, for a refused block
+  EXPECT_EQ(raw.find(NGHTTP2_HEADERS, 1), nullptr) << "the amplified request was answered";
+  EXPECT_NE(raw.find(NGHTTP2_HEADERS, 3), nullptr);
+  EXPECT_EQ(raw.find(NGHTTP2_GOAWAY), nullptr);
+
+  const auto routed = router_.routed();
+  ASSERT_EQ(routed.size(), 1u);
+  EXPECT_EQ(routed[0].target, "/ok");
+  EXPECT_LE(routedHeaderBytes(routed), 8000u);
+  const HttpOptions defaults;
+  EXPECT_LE(onLoop([&] { return state_->h2_header_block_high_water; }), defaults.max_head_bytes);
+  EXPECT_EQ(limitCount(onLoop([&] { return state_->h2_limits; }), Http2Limit::kHeaderList), 1u);
+  EXPECT_EQ(onLoop([&] { return heard; }), std::vector<Http2Limit>{Http2Limit::kHeaderList});
+}
+
+// Trailers are a header block of their own, under the same limit; and a
+// block of many small fields is refused by count.
+TEST_F(Http2EngineTest, AmplifiedTrailersAndTooManyFieldsAreReset) {
+  HttpOptions o;
+  o.max_head_bytes = 16 * 1024;
+  start(o);
+  RawH2 raw(port_);
+  // Stream 1: head, a body, then amplified trailers.
+  ASSERT_TRUE(raw.send(rawFrame(NGHTTP2_HEADERS, kEndHeaders, 1, hpackGet("/t"))));
+  ASSERT_TRUE(raw.send(rawFrame(NGHTTP2_DATA, 0, 1, "body")));
+  std::string trailers = hpackLiteralIndexed("x-big", std::string(4000, 't'));
+  for (int i = 0; i < 1000; ++i) trailers += hpackIndexed(62);
+  ASSERT_TRUE(raw.send(rawFrame(NGHTTP2_HEADERS, kEndStream | kEndHeaders, 1, trailers)));
+  // Stream 3: 300 distinct small fields (under 16 KiB, over the count).
+  std::string many = hpackGet("/many");
+  for (int i = 0; i < 300; ++i) many += hpackLiteral("x-f" + std::to_string(i), "v");
+  ASSERT_LT(many.size() + 300 * 32, 16u * 1024);
+  ASSERT_TRUE(raw.send(rawFrame(NGHTTP2_HEADERS, kEndStream | kEndHeaders, 3, many)));
+  ASSERT_TRUE(raw.readUntil([&](const RawFrame&) {
+    return raw.find(NGHTTP2_RST_STREAM, 1) != nullptr && raw.find(NGHTTP2_RST_STREAM, 3) != nullptr;
+  })) << "both streams reset";
+  EXPECT_EQ(raw.find(NGHTTP2_HEADERS, 3), nullptr);
+  EXPECT_EQ(raw.find(NGHTTP2_GOAWAY), nullptr);
+  EXPECT_LE(onLoop([&] { return state_->h2_header_block_high_water; }), o.max_head_bytes);
+  EXPECT_EQ(limitCount(onLoop([&] { return state_->h2_limits; }), Http2Limit::kHeaderList), 2u);
+  for (const RequestHead& h : router_.routed()) EXPECT_NE(h.target, "/many");
+}
+
+// A header list just under the limit is still served.
+TEST_F(Http2EngineTest, HeaderListUnderTheLimitIsServed) {
+  HttpOptions o;
+  o.max_head_bytes = 16 * 1024;
+  start(o);
+  H2Client client(port_);
+  TestRequest r = get("/near", false);
+  // 3 x (5 + 4000 + 32) plus the pseudo-headers: about 12.2 KB of 16.
+  for (int i = 0; i < 3; ++i)
+    r.headers.emplace_back("x-h" + std::to_string(i), std::string(4000, 'n'));
+  const int32_t id = client.submit(r);
+  ASSERT_TRUE(client.run()) << client.error();
+  EXPECT_EQ(client.response(id).status, 200);
+  EXPECT_EQ(client.response(id).error_code, 0u);
+  EXPECT_EQ(limitCount(onLoop([&] { return state_->h2_limits; }), Http2Limit::kHeaderList), 0u);
+}
+
+// A client that keeps sending oversized header blocks loses the
+// connection: GOAWAY(ENHANCE_YOUR_CALM), and nothing of it routed.
+TEST_F(Http2EngineTest, RepeatedOversizedHeaderBlocksEndWithGoaway) {
+  start();
+  RawH2 raw(port_);
+  std::string flood;
+  for (int32_t id = 1; id < 80; id += 2) {
+    flood += rawFrame(
+        NGHTTP2_HEADERS, kEndStream | kEndHeaders, id,
+        id == 1 ? amplifiedBlock(1000) : hpackGet("/big") + [] {
+          std::string refs;
+          for (int i = 0; i < 1000; ++i) refs += hpackIndexed(62);
+          return refs;
+        }());
+  }
+  raw.send(flood);
+  ASSERT_TRUE(raw.readUntil([](const RawFrame& f) { return f.type == NGHTTP2_GOAWAY; }));
+  EXPECT_EQ(raw.find(NGHTTP2_GOAWAY)->errorCode(), uint32_t{NGHTTP2_ENHANCE_YOUR_CALM});
+  EXPECT_TRUE(raw.readToEof()) << "the agent closes the connection";
+  EXPECT_TRUE(router_.routed().empty());
+  const auto counts = onLoop([&] { return state_->h2_limits; });
+  EXPECT_EQ(limitCount(counts, Http2Limit::kHeaderFlood), 1u);
+  EXPECT_LE(limitCount(counts, Http2Limit::kHeaderList), 10u);
+}
+
+// HEADERS without END_HEADERS, then CONTINUATION frames without end:
+// GOAWAY(ENHANCE_YOUR_CALM) after kMaxContinuations, not a silent close.
+TEST_F(Http2EngineTest, ContinuationFloodEndsWithGoaway) {
+  start();
+  RawH2 raw(port_);
+  std::string flood = rawFrame(NGHTTP2_HEADERS, kEndStream, 1, hpackGet("/c"));
+  for (int i = 0; i < 1000; ++i) flood += rawFrame(NGHTTP2_CONTINUATION, 0, 1);
+  raw.send(flood);
+  ASSERT_TRUE(raw.readUntil([](const RawFrame& f) { return f.type == NGHTTP2_GOAWAY; }))
+      << "closed without GOAWAY";
+  EXPECT_EQ(raw.find(NGHTTP2_GOAWAY)->errorCode(), uint32_t{NGHTTP2_ENHANCE_YOUR_CALM});
+  EXPECT_TRUE(raw.readToEof());
+  EXPECT_TRUE(router_.routed().empty());
+  EXPECT_EQ(limitCount(onLoop([&] { return state_->h2_limits; }), Http2Limit::kContinuations), 1u);
+}
+
+// PING and SETTINGS floods (each frame costs an ACK) end with
+// GOAWAY(ENHANCE_YOUR_CALM) once the budget is spent, even from a client
+// that reads every ACK.
+TEST_F(Http2EngineTest, PingAndSettingsFloodsEndWithGoaway) {
+  start();
+  for (uint8_t type : {uint8_t{NGHTTP2_PING}, uint8_t{NGHTTP2_SETTINGS}}) {
+    RawH2 raw(port_);
+    std::string flood;
+    for (int i = 0; i < 900; ++i) {
+      flood += rawFrame(type, 0, 0, type == NGHTTP2_PING ? std::string_view("12345678", 8) : "");
+    }
+    raw.send(flood);
+    ASSERT_TRUE(raw.readUntil([](const RawFrame& f) { return f.type == NGHTTP2_GOAWAY; }))
+        << int{type};
+    EXPECT_EQ(raw.find(NGHTTP2_GOAWAY)->errorCode(), uint32_t{NGHTTP2_ENHANCE_YOUR_CALM});
+    EXPECT_TRUE(raw.readToEof());
+    // ACKs stop at the budget (SETTINGS: one more, for the preface's).
+    EXPECT_LE(raw.count(type, NGHTTP2_FLAG_ACK), 202u) << int{type};
+  }
+  EXPECT_EQ(limitCount(onLoop([&] { return state_->h2_limits; }), Http2Limit::kControlFlood), 2u);
+}
+
+// Rapid reset (CVE-2023-44487): HEADERS then RST_STREAM, again and again.
+// Each stream is routed for nothing; the connection ends with
+// GOAWAY(ENHANCE_YOUR_CALM) long before the flood does (nghttp2's own
+// limit, 1000, would not have stopped it).
+TEST_F(Http2EngineTest, RapidResetFloodEndsWithGoaway) {
+  start();
+  RawH2 raw(port_);
+  std::string flood;
+  for (int32_t id = 1; id < 2 * 600; id += 2) {
+    flood += rawFrame(NGHTTP2_HEADERS, kEndStream | kEndHeaders, id, hpackGet("/r"));
+    flood += rstStreamFrame(id, NGHTTP2_CANCEL);
+  }
+  raw.send(flood);
+  ASSERT_TRUE(raw.readUntil([](const RawFrame& f) { return f.type == NGHTTP2_GOAWAY; }));
+  EXPECT_EQ(raw.find(NGHTTP2_GOAWAY)->errorCode(), uint32_t{NGHTTP2_ENHANCE_YOUR_CALM});
+  EXPECT_TRUE(raw.readToEof());
+  EXPECT_LT(router_.routed().size(), 300u);
+  EXPECT_EQ(limitCount(onLoop([&] { return state_->h2_limits; }), Http2Limit::kResetFlood), 1u);
+}
+
+// Streams past SETTINGS_MAX_CONCURRENT_STREAMS are refused (nghttp2
+// enforces what we advertise): the engine never holds more than 128.
+TEST_F(Http2EngineTest, StreamsPastTheConcurrencyLimitAreRefused) {
+  start();
+  RawH2 raw(port_);
+  std::string open;
+  for (int32_t id = 1; id < 2 * 200; id += 2) {
+    // No END_STREAM: each waits for a body that never comes.
+    open += rawFrame(NGHTTP2_HEADERS, kEndHeaders, id, hpackGet("/open"));
+  }
+  raw.send(open);
+  ASSERT_TRUE(raw.readUntil([&](const RawFrame&) {
+    size_t refused = 0;
+    for (const RawFrame& f : raw.frames) {
+      if (f.type == NGHTTP2_RST_STREAM && f.errorCode() == NGHTTP2_REFUSED_STREAM) ++refused;
+    }
+    return refused == 200 - 128;
+  }));
+  EXPECT_EQ(router_.routed().size(), 128u);
+}
+
+// The application connection every HTTP/2 client shares takes at most
+// 1024 requests at once; past that a request is answered 503 rather than
+// queued without bound (9 clients x 128 requests that never end).
+TEST_F(Http2EngineTest, RequestsPastTheApplicationConnectionsCapAre503) {
+  start();
+  std::vector<std::unique_ptr<RawH2>> clients;
+  for (int c = 0; c < 9; ++c) {
+    clients.push_back(std::make_unique<RawH2>(port_));
+    std::string open;
+    for (int32_t id = 1; id < 2 * 128; id += 2) {
+      open += rawFrame(NGHTTP2_HEADERS, kEndHeaders, id, hpackGet("/wait"));
+    }
+    ASSERT_TRUE(clients.back()->send(open));
+  }
+  ASSERT_TRUE(eventually(
+      [&] { return state_->h2_limits[static_cast<size_t>(Http2Limit::kPoolFull)] >= 128; }));
+  size_t answered = 0;
+  for (int round = 0; round < 400 && answered < 128; ++round) {
+    answered = 0;
+    for (auto& c : clients) {
+      c->readUntil([](const RawFrame&) { return false; }, std::chrono::milliseconds(5));
+      answered += c->count(NGHTTP2_HEADERS);
+    }
+  }
+  EXPECT_EQ(answered, 128u);
+  EXPECT_EQ(limitCount(onLoop([&] { return state_->h2_limits; }), Http2Limit::kPoolFull), 128u);
+  EXPECT_EQ(router_.routed().size(), 9u * 128);
+}
+
 }  // namespace
 }  // namespace siphon::agent::steal::http

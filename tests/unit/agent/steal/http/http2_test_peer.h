@@ -20,6 +20,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -465,6 +466,189 @@ class H2AppServer {
   std::mutex mu_;
   std::vector<std::thread> workers_;
   std::vector<Headers> requests_;
+};
+
+// --- Raw frames, for what no well-behaved client sends (floods, crafted
+// HPACK).
+
+// HPACK (RFC 7541): an integer with a `prefix_bits` prefix (5.1), the
+// first byte's other bits `flags`.
+inline std::string hpackInt(uint8_t flags, int prefix_bits, size_t v) {
+  const size_t max = (size_t{1} << prefix_bits) - 1;
+  std::string out;
+  if (v < max) {
+    out.push_back(static_cast<char>(flags | v));
+    return out;
+  }
+  out.push_back(static_cast<char>(flags | max));
+  v -= max;
+  while (v >= 128) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+  return out;
+}
+inline std::string hpackString(std::string_view s) {
+  return hpackInt(0, 7, s.size()) + std::string(s);
+}
+// A field from the static or dynamic table (6.1).
+inline std::string hpackIndexed(size_t index) { return hpackInt(0x80, 7, index); }
+// A literal field, new name, added to the dynamic table (6.2.1): it
+// becomes index 62 (the first dynamic entry).
+inline std::string hpackLiteralIndexed(std::string_view name, std::string_view value) {
+  return hpackInt(0x40, 6, 0) + hpackString(name) + hpackString(value);
+}
+// A literal field, new name, not indexed (6.2.2).
+inline std::string hpackLiteral(std::string_view name, std::string_view value) {
+  return hpackInt(0x00, 4, 0) + hpackString(name) + hpackString(value);
+}
+// The pseudo-headers of "GET http://app.test/`path`": :method GET,
+// :scheme http (static table), :authority and :path as literals.
+inline std::string hpackGet(std::string_view path = "/") {
+  return hpackIndexed(2) + hpackIndexed(6) + hpackInt(0x00, 4, 1) + hpackString("app.test") +
+         hpackInt(0x00, 4, 4) + hpackString(path);
+}
+
+struct RawFrame {
+  uint8_t type = 0;
+  uint8_t flags = 0;
+  int32_t stream = 0;
+  std::string payload;
+
+  // GOAWAY / RST_STREAM: the error code.
+  uint32_t errorCode() const {
+    const size_t at = type == NGHTTP2_GOAWAY ? 4 : 0;
+    if (payload.size() < at + 4) return UINT32_MAX;
+    uint32_t v = 0;
+    for (size_t i = at; i < at + 4; ++i) v = (v << 8) | static_cast<uint8_t>(payload[i]);
+    return v;
+  }
+};
+
+inline std::string rawFrame(uint8_t type, uint8_t flags, int32_t stream,
+                            std::string_view payload = {}) {
+  std::string out;
+  const size_t n = payload.size();
+  out.push_back(static_cast<char>(n >> 16));
+  out.push_back(static_cast<char>(n >> 8));
+  out.push_back(static_cast<char>(n));
+  out.push_back(static_cast<char>(type));
+  out.push_back(static_cast<char>(flags));
+  for (int shift : {24, 16, 8, 0}) out.push_back(static_cast<char>((stream >> shift) & 0xff));
+  out.append(payload);
+  return out;
+}
+
+inline std::string rstStreamFrame(int32_t stream, uint32_t code) {
+  std::string p;
+  for (int shift : {24, 16, 8, 0}) p.push_back(static_cast<char>((code >> shift) & 0xff));
+  return rawFrame(NGHTTP2_RST_STREAM, 0, stream, p);
+}
+
+// A client connection (prior knowledge) that sends bytes as given: the
+// preface and an empty SETTINGS first, then whatever the test writes.
+// Reads (and parses frames) while it sends, so the agent's output never
+// stops it.
+class RawH2 {
+ public:
+  explicit RawH2(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) eof_ = true;
+    ::fcntl(fd_, F_SETFL, ::fcntl(fd_, F_GETFL) | O_NONBLOCK);
+    send(std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") + rawFrame(NGHTTP2_SETTINGS, 0, 0));
+  }
+  ~RawH2() { ::close(fd_); }
+
+  // Sends `bytes` (reading meanwhile); false when the agent closed first.
+  bool send(std::string_view bytes, std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!bytes.empty() && !eof_ && std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd_, POLLIN | POLLOUT, 0};
+      if (::poll(&p, 1, 50) < 0) return false;
+      if (p.revents & (POLLIN | POLLHUP | POLLERR)) readSome();
+      if (p.revents & POLLOUT) {
+        const ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+        if (n < 0 && errno != EAGAIN) return false;
+        if (n > 0) bytes.remove_prefix(static_cast<size_t>(n));
+      }
+    }
+    return bytes.empty();
+  }
+
+  // Reads until a frame read so far satisfies `pred`, the agent closes, or
+  // `timeout` (a hang guard); returns whether one does.
+  bool readUntil(const std::function<bool(const RawFrame&)>& pred,
+                 std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      for (const RawFrame& f : frames) {
+        if (pred(f)) return true;
+      }
+      if (eof_ || std::chrono::steady_clock::now() > deadline) return false;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) < 0) return false;
+      if (p.revents != 0) readSome();
+    }
+  }
+  // Reads until the agent closes (or `timeout`); whether it did.
+  bool readToEof(std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+    readUntil([](const RawFrame&) { return false; }, timeout);
+    return eof_;
+  }
+
+  // The first frame of `type` (on `stream`, when not negative).
+  const RawFrame* find(uint8_t type, int32_t stream = -1) const {
+    for (const RawFrame& f : frames) {
+      if (f.type == type && (stream < 0 || f.stream == stream)) return &f;
+    }
+    return nullptr;
+  }
+  size_t count(uint8_t type, uint8_t flags = 0) const {
+    size_t n = 0;
+    for (const RawFrame& f : frames) {
+      if (f.type == type && (f.flags & flags) == flags) ++n;
+    }
+    return n;
+  }
+
+  bool eof() const { return eof_; }
+  std::vector<RawFrame> frames;
+
+ private:
+  void readSome() {
+    char buf[65536];
+    const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN)) {
+      eof_ = true;
+      return;
+    }
+    if (n < 0) return;
+    in_.append(buf, static_cast<size_t>(n));
+    while (in_.size() >= 9) {
+      const size_t len = (static_cast<size_t>(static_cast<uint8_t>(in_[0])) << 16) |
+                         (static_cast<size_t>(static_cast<uint8_t>(in_[1])) << 8) |
+                         static_cast<uint8_t>(in_[2]);
+      if (in_.size() < 9 + len) break;
+      RawFrame f;
+      f.type = static_cast<uint8_t>(in_[3]);
+      f.flags = static_cast<uint8_t>(in_[4]);
+      f.stream = 0;
+      for (int i = 5; i < 9; ++i) f.stream = (f.stream << 8) | static_cast<uint8_t>(in_[i]);
+      f.stream &= 0x7fffffff;
+      f.payload = in_.substr(9, len);
+      frames.push_back(std::move(f));
+      in_.erase(0, 9 + len);
+    }
+  }
+
+  int fd_ = -1;
+  std::string in_;
+  bool eof_ = false;
 };
 
 }  // namespace siphon::agent::steal::http::testing
