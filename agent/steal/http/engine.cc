@@ -12,6 +12,7 @@
 #include "agent/steal/http/http2.h"
 #include "agent/steal/http/pool.h"
 #include "agent/steal/http/tunnel.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::agent::steal::http {
 namespace {
@@ -40,17 +41,10 @@ class PendingConnection final : public LiveConnection,
   void start() {
     state_->connections.insert(this);
     registered_ = true;
-    asio::co_spawn(
-        state_->ex,
-        [self = shared_from_this()]() -> net::awaitable<void> {
-          try {
-            co_await self->run();
-          } catch (const std::exception& e) {
-            log::warn("http_detect_failed", {{"error", e.what()}});
-            self->abort();
-          }
-        },
-        asio::detached);
+    // An exception out of detection or the passthrough aborts this
+    // connection only (logged as coroutine_failed what=http_detect).
+    auto self = shared_from_this();
+    net::spawn(state_->ex, runHeld(self), "http_detect", [self] { self->abort(); });
   }
 
   void drain() override {
@@ -71,6 +65,12 @@ class PendingConnection final : public LiveConnection,
   bool busy() const override { return true; }
 
  private:
+  // What net::spawn starts; GCC 12: the parameter is moved into a local
+  // before the first suspension.
+  static net::awaitable<void> runHeld(std::shared_ptr<PendingConnection> self_in) {
+    const std::shared_ptr<PendingConnection> self = std::move(self_in);
+    co_await self->run();
+  }
   void unregister() {
     if (registered_) state_->connections.erase(this);
     registered_ = false;

@@ -15,6 +15,7 @@
 #include "agent/steal/http/http2.h"
 #include "agent/steal/http/pool.h"
 #include "agent/steal/http/tunnel.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::agent::steal::http {
 namespace {
@@ -190,9 +191,9 @@ class Http1Connection final : public LiveConnection,
 
   void start() {
     state_->connections.insert(this);
-    asio::co_spawn(
-        state_->ex, [self = shared_from_this()]() -> net::awaitable<void> { co_await self->run(); },
-        asio::detached);
+    // An exception out of the connection's loop aborts this connection only.
+    auto self = shared_from_this();
+    net::spawn(state_->ex, runHeld(self), "http1_connection", [self] { self->abort(); });
   }
 
   void drain() override {
@@ -214,6 +215,19 @@ class Http1Connection final : public LiveConnection,
   bool busy() const override { return busy_; }
 
  private:
+  // What net::spawn starts: `self` keeps the connection alive meanwhile.
+  // GCC 12: by-value coroutine parameters are moved into locals before the
+  // first suspension.
+  static net::awaitable<void> runHeld(std::shared_ptr<Http1Connection> self_in) {
+    const std::shared_ptr<Http1Connection> self = std::move(self_in);
+    co_await self->run();
+  }
+  static net::awaitable<void> forwardBodyHeld(std::shared_ptr<Http1Connection> self_in,
+                                              std::shared_ptr<Exchange> x_in) {
+    const std::shared_ptr<Http1Connection> self = std::move(self_in);
+    const std::shared_ptr<Exchange> x = std::move(x_in);
+    co_await self->forwardBody(x);
+  }
   net::awaitable<void> run();
   net::awaitable<void> serveRequests();
   net::awaitable<bool> exchange(std::unique_ptr<RequestParser> parser);
@@ -429,12 +443,9 @@ net::awaitable<bool> Http1Connection::exchange(std::unique_ptr<RequestParser> pa
     if (!ec) {
       if (x->has_body) {
         x->body_running = true;
-        asio::co_spawn(
-            state_->ex,
-            [self = shared_from_this(), x]() -> net::awaitable<void> {
-              co_await self->forwardBody(x);
-            },
-            asio::detached);
+        auto self = shared_from_this();
+        net::spawn(state_->ex, forwardBodyHeld(self, x), "http1_request_body",
+                   [self] { self->abort(); });
       } else {
         // The session reads the request up to its end of stream; an
         // upgrade's stream stays open for the raw bytes after a 101.

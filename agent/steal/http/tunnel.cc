@@ -2,6 +2,8 @@
 
 #include <sys/socket.h>
 
+#include "siphon/transport/spawn.h"
+
 namespace siphon::agent::steal::http {
 
 namespace asio = net::asio;
@@ -73,7 +75,10 @@ net::awaitable<void> Tunnel::run() {
   auto ex = co_await asio::this_coro::executor;
   bool other_done = false;
   net::Signal signal(ex);
-  asio::co_spawn(ex, pipe(true), [&other_done, &signal](std::exception_ptr) {
+  // Joined, not detached: the other direction waits for it below. An
+  // exception is reported like net::spawn's, and the tunnel still closes.
+  asio::co_spawn(ex, pipe(true), [&other_done, &signal](std::exception_ptr e) {
+    if (e) net::reportSpawnFailure("tunnel_pipe", e);
     other_done = true;
     signal.notify();
   });
