@@ -38,7 +38,12 @@ namespace siphon::agent::files {
 inline constexpr uint32_t kDefaultDirEntries = 1024;
 inline constexpr uint32_t kMaxDirEntries = 4096;
 
+class FileSystem;
+
 struct FileServiceOptions {
+  // Null: the file helper (AgentConfig::fs_helper_exe), or this process
+  // when that is empty (makeFileSystem, fs_helper.h).
+  std::shared_ptr<FileSystem> fs;
   // 0: the agent's --max-open-files (AgentConfig::max_open_files).
   size_t max_handles_per_session = 0;
 };
