@@ -11,7 +11,9 @@
 // token file: neither may ever come back in an answer.
 //
 // Without root every test skips with the reason.
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -25,6 +27,9 @@
 #include <thread>
 #include <vector>
 
+#include "siphon/client/client.h"
+#include "siphon/status.h"
+#include "siphon/transport/asio.h"
 #include "tests/privileged/harness/pod_harness.h"
 
 namespace siphon {
@@ -288,6 +293,111 @@ TEST_F(FileIdentityTest, TargetlessHasNoCapabilities) {
   EXPECT_NE(init.exit_code, 0) << init;
   Result mem = cli({"fs", "cat", "/dev/mem"});
   EXPECT_NE(mem.exit_code, 0) << mem;
+}
+
+// The agent's file helper: its child whose argv[1] is "fs-helper".
+std::vector<pid_t> helpersOf(pid_t agent) {
+  std::vector<pid_t> out;
+  DIR* d = opendir("/proc");
+  if (d == nullptr) return out;
+  while (dirent* e = readdir(d)) {
+    const pid_t pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    const std::string base = "/proc/" + std::string(e->d_name);
+    const std::string stat = readFile(base + "/stat");
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream rest(stat.substr(paren + 2));
+    char state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid != agent || state == 'Z') continue;
+    const std::string cmdline = readFile(base + "/cmdline");
+    if (cmdline.find(std::string("\0fs-helper\0", 11)) != std::string::npos) out.push_back(pid);
+  }
+  closedir(d);
+  return out;
+}
+
+net::awaitable<absl::StatusOr<v1::FileResponse>> fileCall(
+    const std::shared_ptr<client::Client>& c, const v1::FileRequest& fr) {
+  v1::Request req;
+  *req.mutable_file() = fr;
+  auto r = co_await c->call(std::move(req), std::chrono::seconds(20));
+  if (!r.ok()) co_return r.status();
+  co_return r->file();
+}
+
+v1::FileRequest preadOf(uint64_t fd) {
+  v1::FileRequest r;
+  r.mutable_pread()->set_fd(fd);
+  r.mutable_pread()->set_size(4096);
+  return r;
+}
+
+TEST_F(FileIdentityTest, AKilledHelperFailsItsHandlesAndANewOneServes) {
+  ASSERT_NO_FATAL_FAILURE(startPod(false));
+  ASSERT_NO_FATAL_FAILURE(startAgent(Pod::kSharedPid));
+  const pid_t agent = agent_->child().pid();
+  net::asio::io_context io;
+  client::ClientOptions o;
+  o.endpoints = {endpoint_};
+  o.token = token_;
+  o.client_name = "identity-test";
+  auto c = client::Client::create(io.get_executor(), o);
+  bool finished = false;
+  pid_t first = 0;
+  net::asio::co_spawn(
+      io,
+      [&]() -> net::awaitable<void> {
+        EXPECT_TRUE((co_await c->connect()).ok());
+        v1::FileRequest open;
+        open.mutable_open()->set_path("/etc/hostname-pod");
+        open.mutable_open()->set_flags(O_RDONLY);
+        auto opened = co_await fileCall(c, open);
+        EXPECT_TRUE(opened.ok()) << opened.status();
+        if (!opened.ok()) co_return;
+        const uint64_t fd = opened->opened().fd();
+        auto data = co_await fileCall(c, preadOf(fd));
+        EXPECT_TRUE(data.ok() && data->data().data() == "pod\n");
+        std::vector<pid_t> helpers = helpersOf(agent);
+        EXPECT_EQ(helpers.size(), 1u);
+        if (helpers.size() != 1) co_return;
+        first = helpers[0];
+        ::kill(first, SIGKILL);
+        // Dead (a zombie until the agent notices), so the next call sees it.
+        const auto deadline = Clock::now() + kProcessDeadline;
+        while (Clock::now() < deadline) {
+          const std::string stat = readFile("/proc/" + std::to_string(first) + "/stat");
+          const size_t paren = stat.rfind(')');
+          if (paren == std::string::npos || stat[paren + 2] == 'Z') break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        auto lost = co_await fileCall(c, preadOf(fd));
+        EXPECT_FALSE(lost.ok());
+        EXPECT_EQ(errnoOf(lost.status()), EIO) << lost.status();
+        EXPECT_THAT(std::string(lost.status().message()), HasSubstr("file helper"));
+        auto stale = co_await fileCall(c, preadOf(fd));
+        EXPECT_EQ(errnoOf(stale.status()), EBADF) << stale.status();
+        EXPECT_THAT(std::string(stale.status().message()), HasSubstr("has exited"));
+        // A new helper for the next request.
+        auto again = co_await fileCall(c, open);
+        EXPECT_TRUE(again.ok()) << again.status();
+        if (again.ok()) {
+          auto d2 = co_await fileCall(c, preadOf(again->opened().fd()));
+          EXPECT_TRUE(d2.ok() && d2->data().data() == "pod\n");
+        }
+        c->close();
+        finished = true;
+      },
+      net::asio::detached);
+  io.run();
+  EXPECT_TRUE(finished);
+  std::vector<pid_t> now = helpersOf(agent);
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_NE(now[0], first);
+  EXPECT_THAT(agent_->log(), HasSubstr("fs_helper_lost"));
+  EXPECT_EQ(agent_->child().waitUntil(Clock::now()), std::nullopt) << "the agent is still up";
 }
 
 }  // namespace
