@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "agent/common/root_path.h"
 #include "agent/common/unique_fd.h"
 #include "siphon/status.h"
 
@@ -51,16 +52,10 @@ absl::Status checkDevice(const struct stat& st, std::string_view path) {
   return absl::OkStatus();
 }
 
-UniqueFd openInRoot(int dirfd, const std::string& path, int flags) {
-  struct open_how how {};
-  how.flags = static_cast<uint64_t>(flags) | O_CLOEXEC;
-  how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
-  for (int attempt = 0; attempt < 8; ++attempt) {
-    const long fd = ::syscall(SYS_openat2, dirfd, path.c_str(), &how, sizeof how);
-    if (fd >= 0) return UniqueFd(static_cast<int>(fd));
-    if (errno != EAGAIN && errno != EINTR) break;
-  }
-  return UniqueFd();
+UniqueFd openUnder(int dirfd, const std::string& path, int flags) {
+  UniqueFd fd;
+  (void)openInRoot(dirfd, path, flags, 0, &fd);
+  return fd;
 }
 
 bool sameObject(int fd, const struct stat& st) {
@@ -113,7 +108,7 @@ absl::Status checkOpened(int fd, int flags, int root_fd, std::string_view path,
       absl::StrSplit(absl::string_view(link, static_cast<size_t>(n)), '/', absl::SkipEmpty());
 
   // The target's /proc, if that is the procfs instance the object is in.
-  UniqueFd proc = openInRoot(root_fd, "/proc", O_PATH | O_DIRECTORY);
+  UniqueFd proc = openUnder(root_fd, "/proc", O_PATH | O_DIRECTORY);
   struct stat proc_st {};
   const bool in_target_proc = proc.valid() && ::fstat(proc.get(), &proc_st) == 0 &&
                               proc_st.st_ino == kProcRootIno && proc_st.st_dev == st.st_dev;

@@ -13,9 +13,9 @@
 // Without root every test skips with the reason.
 #include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -319,8 +319,8 @@ std::vector<pid_t> helpersOf(pid_t agent) {
   return out;
 }
 
-net::awaitable<absl::StatusOr<v1::FileResponse>> fileCall(
-    const std::shared_ptr<client::Client>& c, const v1::FileRequest& fr) {
+net::awaitable<absl::StatusOr<v1::FileResponse>> fileCall(const std::shared_ptr<client::Client>& c,
+                                                          const v1::FileRequest& fr) {
   v1::Request req;
   *req.mutable_file() = fr;
   auto r = co_await c->call(std::move(req), std::chrono::seconds(20));
