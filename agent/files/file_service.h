@@ -1,7 +1,8 @@
 // files: the file requests (siphon.v1.FileRequest) inside the target's root.
 //
 // Paths resolve under Target::rootFd() through RootFs (openat2,
-// RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS). --fs-mode decides first
+// RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), in the file helper process with
+// the target's identity (fs_helper.h, file_system.h). --fs-mode decides first
 // (fs_policy.h): off answers PERMISSION_DENIED, ro answers EROFS to every
 // write-like request. Every system call runs on ServiceContext::blocking;
 // the answer is posted back to the event loop and sent with

@@ -17,8 +17,8 @@
 //     `all_processes` is set (--fs-identity root, targetless: powers that
 //     are not the target's own must not read anyone's memory, environment,
 //     maps or fds); and any write to such an entry.
-// A procfs object the check cannot place (a procfs instance other than the
-// target's /proc) is refused when its path names a process at all.
+// A procfs object the check cannot place (in a procfs instance other than
+// the target's /proc) is refused, except a descriptive per-process entry.
 //
 // Threads: pure system calls on the given fds; any thread.
 #pragma once

@@ -240,6 +240,15 @@ TEST_F(FileIdentityTest, NonRootTargetInTheAgentsPidNamespace) {
   EXPECT_NE(create.exit_code, 0) << "uid 1000 cannot create in root's /etc: " << create;
   Result tmp = cliWrite("/tmp/mine", "x");
   EXPECT_NE(tmp.exit_code, 0) << "root's 0755 /tmp: " << tmp;
+  // Where the target may write, what it creates is its own.
+  std::filesystem::create_directories(root_ + "/home/pod");
+  ASSERT_EQ(chown((root_ + "/home/pod").c_str(), kPodUid, kPodUid), 0);
+  Result mine = cliWrite("/home/pod/made", "mine");
+  EXPECT_EQ(mine.exit_code, 0) << mine;
+  struct stat made {};
+  ASSERT_EQ(::stat((root_ + "/home/pod/made").c_str(), &made), 0);
+  EXPECT_EQ(made.st_uid, static_cast<uid_t>(kPodUid)) << "created with the target's uid";
+  EXPECT_EQ(made.st_gid, static_cast<gid_t>(kPodUid));
   expectDevicesRefused();
   // The files the helper created would be the pod's: none were.
   EXPECT_FALSE(std::filesystem::exists(root_ + "/etc/new-file"));
