@@ -93,16 +93,20 @@ bool readAll(int fd, char* buf, size_t size) {
   return true;
 }
 
-// One frame (its length prefix stripped); false on EOF, an error or a
-// length past kMaxFrame.
-bool readFrame(int fd, std::string* out) {
+enum class FrameRead { kOk, kClosed, kMalformed };
+
+// One frame (its length prefix stripped): kClosed on EOF or an error,
+// kMalformed for a length past kMaxFrame.
+FrameRead readFrameOf(int fd, std::string* out) {
   char len[4];
-  if (!readAll(fd, len, 4)) return false;
+  if (!readAll(fd, len, 4)) return FrameRead::kClosed;
   const uint32_t n = static_cast<uint32_t>(getLE(len, 4));
-  if (n > kMaxFrame) return false;
+  if (n > kMaxFrame) return FrameRead::kMalformed;
   out->resize(n);
-  return readAll(fd, out->data(), n);
+  return readAll(fd, out->data(), n) ? FrameRead::kOk : FrameRead::kClosed;
 }
+
+bool readFrame(int fd, std::string* out) { return readFrameOf(fd, out) == FrameRead::kOk; }
 
 bool writeFrame(int fd, const std::string& body) {
   std::string len;
@@ -294,7 +298,9 @@ class Helper : public std::enable_shared_from_this<Helper> {
     lock.unlock();
 
     std::string answer;
-    const bool io_ok = writeFrame(conn.get(), frame) && readFrame(conn.get(), &answer);
+    const FrameRead got =
+        writeFrame(conn.get(), frame) ? readFrameOf(conn.get(), &answer) : FrameRead::kClosed;
+    const bool io_ok = got == FrameRead::kOk;
     Reply reply;
     reply.generation = gen;
     bool parsed = false;
@@ -314,7 +320,8 @@ class Helper : public std::enable_shared_from_this<Helper> {
     }
     lock.lock();
     if (!parsed) {
-      const std::string why = io_ok ? "it answered with a malformed frame" : "its socket closed";
+      const std::string why =
+          got == FrameRead::kClosed ? "its socket closed" : "it answered with a malformed frame";
       loseLocked(gen, why);
       return lostError(why);
     }
