@@ -341,24 +341,27 @@ class Helper : public std::enable_shared_from_this<Helper> {
   }
 
   absl::StatusOr<Credentials> identity() {
+    if (options_.target_pid != 0) {
+      // Another user namespace would need its uid_map and a setns into it;
+      // root of ours would be more than the target's root.
+      struct stat ours {
+      }, theirs{};
+      const std::string ns = absl::StrCat("/proc/", options_.target_pid, "/ns/user");
+      if (::stat("/proc/self/ns/user", &ours) != 0 || ::stat(ns.c_str(), &theirs) != 0) {
+        return lastErrnoStatus("file helper: stat " + ns);
+      }
+      if (ours.st_ino != theirs.st_ino || ours.st_dev != theirs.st_dev) {
+        return protoError(v1::UNIMPLEMENTED,
+                          "file access to a target in another user namespace is not supported "
+                          "yet (the file helper cannot take its identity)");
+      }
+    }
     if (options_.identity == FsIdentity::kRoot) {
       Credentials c;  // ids 0, no groups
       c.cap_effective = c.cap_permitted = kFileCaps;
       return c;
     }
     if (options_.target_pid == 0) return ownIdsWithoutCapabilities();
-    // Another user namespace would need its uid_map, and a setns into it.
-    struct stat ours {
-    }, theirs{};
-    const std::string ns = absl::StrCat("/proc/", options_.target_pid, "/ns/user");
-    if (::stat("/proc/self/ns/user", &ours) != 0 || ::stat(ns.c_str(), &theirs) != 0) {
-      return lastErrnoStatus("file helper: stat " + ns);
-    }
-    if (ours.st_ino != theirs.st_ino || ours.st_dev != theirs.st_dev) {
-      return protoError(v1::UNIMPLEMENTED,
-                        "file access to a target in another user namespace is not supported "
-                        "yet (the file helper cannot take its identity)");
-    }
     return readCredentials(options_.target_pid);
   }
 
