@@ -409,5 +409,26 @@ TEST_F(FileIdentityTest, AKilledHelperFailsItsHandlesAndANewOneServes) {
   EXPECT_EQ(agent_->child().waitUntil(Clock::now()), std::nullopt) << "the agent is still up";
 }
 
+// Another user namespace: the helper cannot take that identity (its ids
+// would need the namespace's uid_map), so file requests are refused rather
+// than served with the agent's uid 0.
+TEST_F(FileIdentityTest, ATargetInAnotherUserNamespaceIsRefused) {
+  pod_.emplace(spawn({unshare_, "--user", "--map-root-user", "/bin/busybox", "sleep", "600"},
+                     std::nullopt, -1, -1));
+  ASSERT_GT(pod_->pid(), 0);
+  const std::string proc = "/proc/" + std::to_string(pod_->pid());
+  const std::string want = std::string("/bin/busybox\0sleep\0", 19) + "600" + std::string(1, '\0');
+  const auto deadline = Clock::now() + kProcessDeadline;
+  while (Clock::now() < deadline && readFile(proc + "/cmdline") != want) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(readFile(proc + "/cmdline"), want);
+  target_ = pod_->pid();
+  ASSERT_NO_FATAL_FAILURE(startAgent(Pod::kSharedPid));
+  Result r = cli({"fs", "cat", "/etc/hostname"});
+  EXPECT_NE(r.exit_code, 0) << r;
+  EXPECT_THAT(r.err, HasSubstr("another user namespace")) << r;
+}
+
 }  // namespace
 }  // namespace siphon
