@@ -356,46 +356,50 @@ TEST_F(FileIdentityTest, AKilledHelperFailsItsHandlesAndANewOneServes) {
   auto c = client::Client::create(io.get_executor(), o);
   bool finished = false;
   pid_t first = 0;
+  auto body = [&]() -> net::awaitable<void> {
+    EXPECT_TRUE((co_await c->connect()).ok());
+    v1::FileRequest open;
+    open.mutable_open()->set_path("/etc/hostname-pod");
+    open.mutable_open()->set_flags(O_RDONLY);
+    auto opened = co_await fileCall(c, open);
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    if (!opened.ok()) co_return;
+    const uint64_t fd = opened->opened().fd();
+    auto data = co_await fileCall(c, preadOf(fd));
+    EXPECT_TRUE(data.ok() && data->data().data() == "pod\n");
+    std::vector<pid_t> helpers = helpersOf(agent);
+    EXPECT_EQ(helpers.size(), 1u);
+    if (helpers.size() != 1) co_return;
+    first = helpers[0];
+    ::kill(first, SIGKILL);
+    // Dead (a zombie until the agent notices), so the next call sees it.
+    const auto deadline = Clock::now() + kProcessDeadline;
+    while (Clock::now() < deadline) {
+      const std::string stat = readFile("/proc/" + std::to_string(first) + "/stat");
+      const size_t paren = stat.rfind(')');
+      if (paren == std::string::npos || stat[paren + 2] == 'Z') break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    auto lost = co_await fileCall(c, preadOf(fd));
+    EXPECT_FALSE(lost.ok());
+    EXPECT_EQ(errnoOf(lost.status()), EIO) << lost.status();
+    EXPECT_THAT(std::string(lost.status().message()), HasSubstr("file helper"));
+    auto stale = co_await fileCall(c, preadOf(fd));
+    EXPECT_EQ(errnoOf(stale.status()), EBADF) << stale.status();
+    EXPECT_THAT(std::string(stale.status().message()), HasSubstr("has exited"));
+    // A new helper for the next request.
+    auto again = co_await fileCall(c, open);
+    EXPECT_TRUE(again.ok()) << again.status();
+    if (again.ok()) {
+      auto d2 = co_await fileCall(c, preadOf(again->opened().fd()));
+      EXPECT_TRUE(d2.ok() && d2->data().data() == "pod\n");
+    }
+  };
+  // Closed whatever the body met, so io.run() returns.
   net::asio::co_spawn(
       io,
       [&]() -> net::awaitable<void> {
-        EXPECT_TRUE((co_await c->connect()).ok());
-        v1::FileRequest open;
-        open.mutable_open()->set_path("/etc/hostname-pod");
-        open.mutable_open()->set_flags(O_RDONLY);
-        auto opened = co_await fileCall(c, open);
-        EXPECT_TRUE(opened.ok()) << opened.status();
-        if (!opened.ok()) co_return;
-        const uint64_t fd = opened->opened().fd();
-        auto data = co_await fileCall(c, preadOf(fd));
-        EXPECT_TRUE(data.ok() && data->data().data() == "pod\n");
-        std::vector<pid_t> helpers = helpersOf(agent);
-        EXPECT_EQ(helpers.size(), 1u);
-        if (helpers.size() != 1) co_return;
-        first = helpers[0];
-        ::kill(first, SIGKILL);
-        // Dead (a zombie until the agent notices), so the next call sees it.
-        const auto deadline = Clock::now() + kProcessDeadline;
-        while (Clock::now() < deadline) {
-          const std::string stat = readFile("/proc/" + std::to_string(first) + "/stat");
-          const size_t paren = stat.rfind(')');
-          if (paren == std::string::npos || stat[paren + 2] == 'Z') break;
-          std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        }
-        auto lost = co_await fileCall(c, preadOf(fd));
-        EXPECT_FALSE(lost.ok());
-        EXPECT_EQ(errnoOf(lost.status()), EIO) << lost.status();
-        EXPECT_THAT(std::string(lost.status().message()), HasSubstr("file helper"));
-        auto stale = co_await fileCall(c, preadOf(fd));
-        EXPECT_EQ(errnoOf(stale.status()), EBADF) << stale.status();
-        EXPECT_THAT(std::string(stale.status().message()), HasSubstr("has exited"));
-        // A new helper for the next request.
-        auto again = co_await fileCall(c, open);
-        EXPECT_TRUE(again.ok()) << again.status();
-        if (again.ok()) {
-          auto d2 = co_await fileCall(c, preadOf(again->opened().fd()));
-          EXPECT_TRUE(d2.ok() && d2->data().data() == "pod\n");
-        }
+        co_await body();
         c->close();
         finished = true;
       },
