@@ -1,6 +1,7 @@
 // siphon-agent: the privileged node-local agent. See README.md for the modes,
 // flags and exit codes.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/capabilities.h"
 #include "agent/common/log.h"
+#include "agent/files/fs_helper.h"
 #include "agent/runtime/resolver.h"
 #include "agent/runtime/runtime_target.h"
 #include "agent/server/admission.h"
@@ -202,6 +204,13 @@ int realMain(int argc, char** argv) {
                  "file access inside the target: ro (writes answer EROFS), rw, or off")
       ->check(CLI::IsMember({"ro", "rw", "off"}))
       ->capture_default_str();
+  std::string fs_identity = "target";
+  app.add_option("--fs-identity", fs_identity,
+                 "whose powers file access has: target (the target's uid, gids and "
+                 "capabilities) or root (uid 0 in the target with only the file capabilities); "
+                 "never any process's memory, environment or fds (docs/SECURITY.md)")
+      ->check(CLI::IsMember({"target", "root"}))
+      ->capture_default_str();
   bool keep_capabilities = false;
   app.add_flag("--keep-capabilities", keep_capabilities,
                "do not drop the capabilities the mode and flags do not need (debugging only; "
@@ -329,11 +338,11 @@ int realMain(int argc, char** argv) {
   if (config.limits.keepalive_timeout.count() <= 0 ||
       config.limits.keepalive_interval.count() <= 0 ||
       config.limits.keepalive_interval * 2 > config.limits.keepalive_timeout) {
-    return fail(kExitUsage, absl::StrCat("--keepalive-interval (",
-                                         config.limits.keepalive_interval.count(),
-                                         " ms) must be positive and at most half of "
-                                         "--keepalive-timeout (",
-                                         config.limits.keepalive_timeout.count(), " ms)"));
+    return fail(kExitUsage,
+                absl::StrCat("--keepalive-interval (", config.limits.keepalive_interval.count(),
+                             " ms) must be positive and at most half of "
+                             "--keepalive-timeout (",
+                             config.limits.keepalive_timeout.count(), " ms)"));
   }
 
   config.limits.max_frame_size = max_frame_kib * 1024;
@@ -361,6 +370,11 @@ int realMain(int argc, char** argv) {
   config.fs_mode = fs_mode == "rw"    ? FsMode::kReadWrite
                    : fs_mode == "off" ? FsMode::kOff
                                       : FsMode::kReadOnly;
+
+  config.fs_identity = fs_identity == "root" ? FsIdentity::kRoot : FsIdentity::kTarget;
+  // File work runs in the file helper, this binary re-executed
+  // (agent/files/fs_helper.h).
+  config.fs_helper_exe = "/proc/self/exe";
 
   if (!token_file.empty()) {
     auto token = readToken(token_file);
@@ -394,9 +408,10 @@ int realMain(int argc, char** argv) {
   // Least privilege (docs/SECURITY.md, "Capabilities"): before anything
   // starts a thread (the runtime's gRPC client, the server's pools), since
   // capabilities are per thread; what opening the target needs is kept.
-  if (auto s = applyCapabilityDrop(config, targeted->parsed()   ? TargetMode::kTargeted
-                                           : ephemeral->parsed() ? TargetMode::kEphemeral
-                                                                 : TargetMode::kTargetless,
+  if (auto s = applyCapabilityDrop(config,
+                                   targeted->parsed()    ? TargetMode::kTargeted
+                                   : ephemeral->parsed() ? TargetMode::kEphemeral
+                                                         : TargetMode::kTargetless,
                                    keep_capabilities);
       !s.ok()) {
     log::error("capabilities_failed", {{"error", sv(s.message())}});
@@ -470,6 +485,12 @@ int realMain(int argc, char** argv) {
 int main(int argc, char** argv) {
   if (argc > 1 && std::string_view(argv[1]) == siphon::agent::steal::kIptablesGuardCommand)
     return siphon::agent::steal::iptablesGuardMain(argc, argv);
+  if (argc > 1 && std::string_view(argv[1]) == siphon::agent::files::kFsHelperCommand)
+    return siphon::agent::files::fsHelperMain(argc, argv);
+  // Not dumpable: the agent's /proc/PID/* (memory, environment, fds) then
+  // need CAP_SYS_PTRACE of whoever opens them, which the file helper, and a
+  // target of the same uid, never have (docs/SECURITY.md, "File identity").
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   // A write to a socket its peer has reset must fail with EPIPE, not kill
   // the agent: Asio's descriptor writes (the passthrough splice, tunnels)
   // use write(), which raises SIGPIPE where send(MSG_NOSIGNAL) would not.

@@ -170,6 +170,12 @@ absl::StatusOr<Plan> planCapabilities(const Needs& needs) {
     keep(CAP_CHOWN, "--fs-mode rw: chown");
     keep(CAP_FSETID, "--fs-mode rw: chmod keeps the setgid bit of another group's file");
   }
+  if (needs.fs_mode != FsMode::kOff) {
+    keep(CAP_SETUID,
+         "--fs-mode: the file helper takes the target's uid (setresuid) before it serves a "
+         "file (passed to it in the ambient set only)");
+    keep(CAP_SETGID, "--fs-mode: the file helper takes the target's gids (setresgid, setgroups)");
+  }
   if (needs.listen_port > 0 && needs.listen_port < 1024) {
     keep(CAP_NET_BIND_SERVICE, "--listen on a port below 1024");
   }
@@ -177,6 +183,7 @@ absl::StatusOr<Plan> planCapabilities(const Needs& needs) {
   // predecessor left (iptables-save and -restore of both flavours); only
   // the iptables backend starts the guard, which enters the netns itself.
   plan.inheritable = (iptables ? kGuardAmbient : kIptablesAmbient) & plan.keep;
+  if (needs.fs_mode != FsMode::kOff) plan.inheritable |= kFsHelperAmbient & plan.keep;
   return plan;
 }
 

@@ -58,6 +58,13 @@ constexpr CapSet kIptablesAmbient = bit(12) /*NET_ADMIN*/ | bit(13) /*NET_RAW*/;
 // The iptables guard (the agent binary re-executed) enters the netns
 // itself (setns: CAP_SYS_ADMIN) and then runs iptables.
 constexpr CapSet kGuardAmbient = kIptablesAmbient | bit(21) /*SYS_ADMIN*/;
+// The file helper (the agent binary re-executed, agent/files/fs_helper.h)
+// takes the target's ids (CAP_SETUID, CAP_SETGID) and keeps of the file
+// capabilities only those the target has itself (or, --fs-identity root,
+// all of them). Never CAP_SYS_PTRACE or CAP_SYS_ADMIN.
+constexpr CapSet kFsHelperAmbient = bit(6) /*SETGID*/ | bit(7) /*SETUID*/ | bit(0) /*CHOWN*/ |
+                                    bit(1) /*DAC_OVERRIDE*/ | bit(2) /*DAC_READ_SEARCH*/ |
+                                    bit(3) /*FOWNER*/ | bit(4) /*FSETID*/;
 
 // Raises `set` into the calling thread's ambient set, one capability at a
 // time, ignoring those that cannot be raised (not permitted or not

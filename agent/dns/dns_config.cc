@@ -8,6 +8,7 @@
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/root_path.h"
 #include "agent/common/unique_fd.h"
 #include "siphon/status.h"
 
@@ -17,15 +18,14 @@ namespace {
 constexpr size_t kMaxResolvConf = 64 * 1024;
 constexpr size_t kMaxHosts = 4 * 1024 * 1024;
 
-int openInRoot(int root_fd, const std::string& path) {
-  struct open_how how {};
-  how.flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
-  how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
-  int fd;
-  do {
-    fd = static_cast<int>(::syscall(SYS_openat2, root_fd, path.c_str(), &how, sizeof(how)));
-  } while (fd < 0 && errno == EINTR);
-  return fd;
+// -1 with errno set, as open(2).
+int openConfig(int root_fd, const std::string& path) {
+  UniqueFd fd;
+  if (int err = openInRoot(root_fd, path, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0, &fd)) {
+    errno = err;
+    return -1;
+  }
+  return fd.release();
 }
 
 bool sameTime(const struct timespec& a, const struct timespec& b) {
@@ -75,7 +75,7 @@ bool RootFile::refresh() {
     return changed;
   };
 
-  UniqueFd fd(openInRoot(root_fd_, path_));
+  UniqueFd fd(openConfig(root_fd_, path_));
   if (!fd.valid()) return missing(lastErrnoStatus(absl::StrCat("open ", path_, " in the target")));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {

@@ -8,9 +8,10 @@
 #include <utility>
 
 #include "agent/common/log.h"
+#include "agent/files/file_system.h"
+#include "agent/files/fs_helper.h"
 #include "agent/files/fs_policy.h"
 #include "agent/files/handles.h"
-#include "agent/files/root_fs.h"
 #include "agent/server/server.h"
 #include "siphon/status.h"
 #include "siphon/text.h"
@@ -26,11 +27,6 @@ v1::FileResponse done() {
   v1::FileResponse r;
   r.mutable_done();
   return r;
-}
-
-Result doneOr(const absl::Status& s) {
-  if (!s.ok()) return s;
-  return done();
 }
 
 uint64_t handleOf(const R& req) {
@@ -60,125 +56,11 @@ uint64_t handleOf(const R& req) {
   }
 }
 
-// Requests on an open file (blocking pool).
-Result onFile(const OpenFile& file, const R& req, uint32_t max_read) {
-  const int fd = file.fd.get();
-  v1::FileResponse r;
-  switch (req.op_case()) {
-    case R::kRead: {
-      auto d = readFd(fd, std::min(req.read().size(), max_read));
-      if (!d.ok()) return d.status();
-      *r.mutable_data() = *std::move(d);
-      return r;
-    }
-    case R::kPread: {
-      auto d = preadFd(fd, std::min(req.pread().size(), max_read), req.pread().offset());
-      if (!d.ok()) return d.status();
-      *r.mutable_data() = *std::move(d);
-      return r;
-    }
-    case R::kWrite: {
-      auto n = writeFd(fd, req.write().data());
-      if (!n.ok()) return n.status();
-      r.mutable_written()->set_written(*n);
-      return r;
-    }
-    case R::kPwrite: {
-      auto n = pwriteFd(fd, req.pwrite().data(), req.pwrite().offset());
-      if (!n.ok()) return n.status();
-      r.mutable_written()->set_written(*n);
-      return r;
-    }
-    case R::kSeek: {
-      auto off = seekFd(fd, req.seek().offset(), req.seek().whence());
-      if (!off.ok()) return off.status();
-      r.mutable_offset()->set_offset(*off);
-      return r;
-    }
-    case R::kFstat: {
-      auto st = fstatFd(fd);
-      if (!st.ok()) return st.status();
-      *r.mutable_stat() = *std::move(st);
-      return r;
-    }
-    case R::kFtruncate:
-      return doneOr(ftruncateFd(fd, req.ftruncate().length()));
-    default:
-      return protoError(v1::INTERNAL, "not a file-handle request");
-  }
-}
-
-// Requests on a path (blocking pool).
-Result onPath(const RootFs& root, const R& req, bool writes_refused) {
-  v1::FileResponse r;
-  switch (req.op_case()) {
-    case R::kStat: {
-      auto st = root.stat(req.stat().path(), req.stat().follow_symlinks());
-      if (!st.ok()) return st.status();
-      *r.mutable_stat() = *std::move(st);
-      return r;
-    }
-    case R::kStatfs: {
-      auto st = root.statfs(req.statfs().path());
-      if (!st.ok()) return st.status();
-      *r.mutable_fs_stat() = *std::move(st);
-      return r;
-    }
-    case R::kAccess:
-      return doneOr(root.access(req.access().path(), req.access().mode(), writes_refused));
-    case R::kReadlink: {
-      auto target = root.readlink(req.readlink().path());
-      if (!target.ok()) return target.status();
-      // A proto3 string must be UTF-8 (the peer's parser rejects it
-      // otherwise); odd bytes become U+FFFD.
-      r.mutable_link()->set_target(toUtf8Lossy(*target));
-      return r;
-    }
-    case R::kMkdir:
-      return doneOr(root.mkdir(req.mkdir().path(), req.mkdir().mode()));
-    case R::kRmdir:
-      return doneOr(root.rmdir(req.rmdir().path()));
-    case R::kUnlink:
-      return doneOr(root.unlink(req.unlink().path()));
-    case R::kRename:
-      return doneOr(root.rename(req.rename().from(), req.rename().to(), req.rename().flags()));
-    case R::kTruncate:
-      return doneOr(root.truncate(req.truncate().path(), req.truncate().length()));
-    case R::kChmod:
-      return doneOr(root.chmod(req.chmod().path(), req.chmod().mode()));
-    case R::kChown:
-      return doneOr(root.chown(req.chown().path(), req.chown().uid(), req.chown().gid(),
-                               req.chown().follow_symlinks()));
-    case R::kUtimens:
-      return doneOr(root.utimens(req.utimens().path(), req.utimens().atime_ns(),
-                                 req.utimens().mtime_ns(), req.utimens().follow_symlinks()));
-    default:
-      return protoError(v1::INTERNAL, "not a path request");
-  }
-}
-
-// open and opendir (blocking pool).
-absl::StatusOr<Handle> openHandle(const RootFs& root, const R& req) {
-  if (req.op_case() == R::kOpendir) {
-    auto fd = root.openDir(req.opendir().path());
-    if (!fd.ok()) return fd.status();
-    auto dir = OpenDir::create(*std::move(fd));
-    if (!dir.ok()) return dir.status();
-    return Handle(*std::move(dir));
-  }
-  auto fd = root.open(req.open().path(), req.open().flags(), req.open().mode());
-  if (!fd.ok()) return fd.status();
-  return Handle(std::make_shared<OpenFile>(*std::move(fd)));
-}
-
-// close and closedir (blocking pool): drops the table's reference. The fd
-// closes here unless a request still running holds it.
+// close and closedir (blocking pool): drops the table's reference. The
+// object closes here unless a request still running holds it.
 Result closeHandle(Handle h) {
-  if (auto* f = std::get_if<std::shared_ptr<OpenFile>>(&h); f != nullptr && f->use_count() == 1) {
-    const int fd = (*f)->fd.release();
-    // Linux releases the fd even when close() fails; the error (EIO, ENOSPC
-    // on NFS...) is still worth reporting. Never retried (see UniqueFd).
-    if (::close(fd) != 0 && errno != EINTR) return lastErrnoStatus("close");
+  if (auto* f = std::get_if<std::shared_ptr<FileObject>>(&h); f != nullptr && f->use_count() == 1) {
+    if (absl::Status s = (*f)->close(); !s.ok()) return s;
   }
   return done();
 }
@@ -187,7 +69,7 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
  public:
   FileService(ServiceContext& ctx, FileServiceOptions options)
       : ctx_(ctx),
-        root_(ctx.target.rootFd()),
+        fs_(options.fs ? options.fs : makeFileSystem(ctx)),
         table_(options.max_handles_per_session != 0 ? options.max_handles_per_session
                                                     : ctx.config.max_open_files) {}
 
@@ -225,10 +107,9 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
         if (req.op_case() == R::kRead || req.op_case() == R::kPread) {
           // Room for the answer before the read: a read the buffer has no
           // room for is refused before it moves the file offset.
-          auto room = reserveRead(*session, id,
-                                  req.op_case() == R::kRead ? req.read().size()
-                                                            : req.pread().size(),
-                                  max_read);
+          auto room = reserveRead(
+              *session, id, req.op_case() == R::kRead ? req.read().size() : req.pread().size(),
+              max_read);
           if (!room.ok()) {
             reply(*session, id, room.status());
             return;
@@ -237,7 +118,7 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
         }
         runBlocking(std::move(session), id,
                     [file = *std::move(file), req = std::move(req), read_size] {
-                      return onFile(*file, req, read_size);
+                      return file->call(req, read_size);
                     });
         return;
       }
@@ -277,8 +158,8 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
       }
       default: {
         const bool writes_refused = ctx_.config.fs_mode == FsMode::kReadOnly;
-        runBlocking(std::move(session), id, [root = root_, req = std::move(req), writes_refused] {
-          return onPath(root, req, writes_refused);
+        runBlocking(std::move(session), id, [fs = fs_, req = std::move(req), writes_refused] {
+          return fs->path(req, writes_refused);
         });
         return;
       }
@@ -310,8 +191,8 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
   // The bytes a read of `wanted` may answer with: at most max_read, and
   // room held for them in the session's buffer (SESSION_BUFFER_FULL when
   // it has none).
-  static absl::StatusOr<uint32_t> reserveRead(AgentSession& session, uint64_t id,
-                                              uint32_t wanted, uint32_t max_read) {
+  static absl::StatusOr<uint32_t> reserveRead(AgentSession& session, uint64_t id, uint32_t wanted,
+                                              uint32_t max_read) {
     auto room = session.session().reserveResponse(id, std::min(wanted, max_read));
     if (!room.ok()) return room.status();
     return static_cast<uint32_t>(*room);
@@ -326,7 +207,7 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
     }
     net::asio::post(ctx_.blocking, [self = shared_from_this(), session = std::move(session), id,
                                     req = std::move(req)]() mutable {
-      absl::StatusOr<Handle> h = openHandle(self->root_, req);
+      absl::StatusOr<Handle> h = self->fs_->open(req);
       net::asio::post(self->ctx_.io,
                       [self, session = std::move(session), id, h = std::move(h)]() mutable {
                         self->finishOpen(*session, id, std::move(h));
@@ -382,7 +263,7 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
   }
 
   ServiceContext& ctx_;
-  RootFs root_;
+  std::shared_ptr<FileSystem> fs_;
   HandleTable table_;  // event loop only
 };
 

@@ -1,7 +1,8 @@
 // files: the file requests (siphon.v1.FileRequest) inside the target's root.
 //
 // Paths resolve under Target::rootFd() through RootFs (openat2,
-// RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS). --fs-mode decides first
+// RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS), in the file helper process with
+// the target's identity (fs_helper.h, file_system.h). --fs-mode decides first
 // (fs_policy.h): off answers PERMISSION_DENIED, ro answers EROFS to every
 // write-like request. Every system call runs on ServiceContext::blocking;
 // the answer is posted back to the event loop and sent with
@@ -38,7 +39,12 @@ namespace siphon::agent::files {
 inline constexpr uint32_t kDefaultDirEntries = 1024;
 inline constexpr uint32_t kMaxDirEntries = 4096;
 
+class FileSystem;
+
 struct FileServiceOptions {
+  // Null: the file helper (AgentConfig::fs_helper_exe), or this process
+  // when that is empty (makeFileSystem, fs_helper.h).
+  std::shared_ptr<FileSystem> fs;
   // 0: the agent's --max-open-files (AgentConfig::max_open_files).
   size_t max_handles_per_session = 0;
 };

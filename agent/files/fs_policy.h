@@ -24,6 +24,9 @@ std::string fileRequestTarget(const v1::FileRequest& request);
 // write, pwrite, mkdir, rmdir, unlink, rename, truncate, ftruncate, chmod,
 // chown, utimens.
 bool isWriteLike(const v1::FileRequest& request);
+// The same decision from the op and (for open) its flags. Exhaustive: an
+// op this build does not name is write-like (fails closed under ro).
+bool isWriteLikeOp(v1::FileRequest::OpCase op, int open_flags);
 
 // OK when `mode` lets the request run. kOff: PERMISSION_DENIED "file access
 // is off (--fs-mode off)" for every request; kReadOnly: a write-like request

@@ -1,8 +1,12 @@
 #include "agent/files/handles.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 
 #include "absl/strings/str_cat.h"
+#include "agent/files/root_fs.h"
 #include "siphon/protocol/limits.h"
 #include "siphon/status.h"
 #include "siphon/text.h"
@@ -19,6 +23,68 @@ std::string handleCtx(std::string_view op, uint64_t handle) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------ OpenFile
+
+absl::StatusOr<v1::FileResponse> OpenFile::call(const v1::FileRequest& req, uint32_t max_read) {
+  using R = v1::FileRequest;
+  const int f = fd.get();
+  v1::FileResponse r;
+  switch (req.op_case()) {
+    case R::kRead: {
+      auto d = readFd(f, std::min(req.read().size(), max_read));
+      if (!d.ok()) return d.status();
+      *r.mutable_data() = *std::move(d);
+      return r;
+    }
+    case R::kPread: {
+      auto d = preadFd(f, std::min(req.pread().size(), max_read), req.pread().offset());
+      if (!d.ok()) return d.status();
+      *r.mutable_data() = *std::move(d);
+      return r;
+    }
+    case R::kWrite: {
+      auto n = writeFd(f, req.write().data());
+      if (!n.ok()) return n.status();
+      r.mutable_written()->set_written(*n);
+      return r;
+    }
+    case R::kPwrite: {
+      auto n = pwriteFd(f, req.pwrite().data(), req.pwrite().offset());
+      if (!n.ok()) return n.status();
+      r.mutable_written()->set_written(*n);
+      return r;
+    }
+    case R::kSeek: {
+      auto off = seekFd(f, req.seek().offset(), req.seek().whence());
+      if (!off.ok()) return off.status();
+      r.mutable_offset()->set_offset(*off);
+      return r;
+    }
+    case R::kFstat: {
+      auto st = fstatFd(f);
+      if (!st.ok()) return st.status();
+      *r.mutable_stat() = *std::move(st);
+      return r;
+    }
+    case R::kFtruncate: {
+      if (auto s = ftruncateFd(f, req.ftruncate().length()); !s.ok()) return s;
+      r.mutable_done();
+      return r;
+    }
+    default:
+      return protoError(v1::INTERNAL, "not a file-handle request");
+  }
+}
+
+absl::Status OpenFile::close() {
+  if (!fd.valid()) return absl::OkStatus();
+  const int f = fd.release();
+  // Linux releases the fd even when close() fails; the error (EIO, ENOSPC
+  // on NFS...) is still worth reporting. Never retried (see UniqueFd).
+  if (::close(f) != 0 && errno != EINTR) return lastErrnoStatus("close");
+  return absl::OkStatus();
+}
 
 // ------------------------------------------------------------ OpenDir
 
@@ -96,24 +162,24 @@ const Handle* HandleTable::find(const std::string& session, uint64_t handle) con
   return h == s->second.handles.end() ? nullptr : &h->second;
 }
 
-absl::StatusOr<std::shared_ptr<OpenFile>> HandleTable::file(const std::string& session,
+absl::StatusOr<std::shared_ptr<FileObject>> HandleTable::file(const std::string& session,
+                                                              uint64_t handle,
+                                                              std::string_view op) const {
+  const Handle* h = find(session, handle);
+  if (h == nullptr || !std::holds_alternative<std::shared_ptr<FileObject>>(*h)) {
+    return errnoStatus(EBADF, handleCtx(op, handle));
+  }
+  return std::get<std::shared_ptr<FileObject>>(*h);
+}
+
+absl::StatusOr<std::shared_ptr<DirObject>> HandleTable::dir(const std::string& session,
                                                             uint64_t handle,
                                                             std::string_view op) const {
   const Handle* h = find(session, handle);
-  if (h == nullptr || !std::holds_alternative<std::shared_ptr<OpenFile>>(*h)) {
+  if (h == nullptr || !std::holds_alternative<std::shared_ptr<DirObject>>(*h)) {
     return errnoStatus(EBADF, handleCtx(op, handle));
   }
-  return std::get<std::shared_ptr<OpenFile>>(*h);
-}
-
-absl::StatusOr<std::shared_ptr<OpenDir>> HandleTable::dir(const std::string& session,
-                                                          uint64_t handle,
-                                                          std::string_view op) const {
-  const Handle* h = find(session, handle);
-  if (h == nullptr || !std::holds_alternative<std::shared_ptr<OpenDir>>(*h)) {
-    return errnoStatus(EBADF, handleCtx(op, handle));
-  }
-  return std::get<std::shared_ptr<OpenDir>>(*h);
+  return std::get<std::shared_ptr<DirObject>>(*h);
 }
 
 absl::StatusOr<Handle> HandleTable::remove(const std::string& session, uint64_t handle, bool is_dir,
@@ -122,7 +188,7 @@ absl::StatusOr<Handle> HandleTable::remove(const std::string& session, uint64_t 
   if (s != sessions_.end()) {
     auto h = s->second.handles.find(handle);
     if (h != s->second.handles.end() &&
-        std::holds_alternative<std::shared_ptr<OpenDir>>(h->second) == is_dir) {
+        std::holds_alternative<std::shared_ptr<DirObject>>(h->second) == is_dir) {
       Handle out = std::move(h->second);
       s->second.handles.erase(h);
       return out;

@@ -26,19 +26,43 @@
 
 namespace siphon::agent::files {
 
-// One open file of a session.
-struct OpenFile {
+// An open file of a session, in whichever FileSystem opened it
+// (file_system.h): an fd of the agent (OpenFile) or a handle in the file
+// helper (fs_helper.h). Thread-safe as the fd calls it makes are.
+class FileObject {
+ public:
+  virtual ~FileObject() = default;  // releases it; an error is dropped
+  // read, pread, write, pwrite, seek, fstat, ftruncate: the request as the
+  // client sent it, its read size already clamped to `max_read`.
+  virtual absl::StatusOr<v1::FileResponse> call(const v1::FileRequest& req, uint32_t max_read) = 0;
+  // The client's close, once no other request holds the object: its error
+  // (EIO, ENOSPC on NFS...). Called at most once; the destructor then does
+  // nothing more.
+  virtual absl::Status close() = 0;
+};
+
+// An open directory of a session, read in batches (see OpenDir::read).
+class DirObject {
+ public:
+  virtual ~DirObject() = default;
+  virtual absl::StatusOr<v1::FileDirEntries> read(uint32_t max_entries, size_t max_bytes) = 0;
+};
+
+// One open file of a session, an fd of this process.
+struct OpenFile : FileObject {
   explicit OpenFile(UniqueFd f) : fd(std::move(f)) {}
+  absl::StatusOr<v1::FileResponse> call(const v1::FileRequest& req, uint32_t max_read) override;
+  absl::Status close() override;
   UniqueFd fd;
 };
 
 // One open directory of a session, read in batches. Thread-safe: two
 // readdir requests on the same handle may run on two pool threads at once.
-class OpenDir {
+class OpenDir : public DirObject {
  public:
   // Takes `fd` (a directory opened O_RDONLY|O_DIRECTORY).
   static absl::StatusOr<std::shared_ptr<OpenDir>> create(UniqueFd fd);
-  ~OpenDir();
+  ~OpenDir() override;
   OpenDir(const OpenDir&) = delete;
   OpenDir& operator=(const OpenDir&) = delete;
 
@@ -48,7 +72,7 @@ class OpenDir {
   // set once the end has been reached: an entry that does not fit is kept
   // for the next call, so eof is exact. Names that are not valid UTF-8
   // (they travel in a proto3 string) have each bad run replaced by U+FFFD.
-  absl::StatusOr<v1::FileDirEntries> read(uint32_t max_entries, size_t max_bytes);
+  absl::StatusOr<v1::FileDirEntries> read(uint32_t max_entries, size_t max_bytes) override;
 
  private:
   explicit OpenDir(DIR* dir) : dir_(dir) {}
@@ -59,7 +83,7 @@ class OpenDir {
   bool eof_ = false;
 };
 
-using Handle = std::variant<std::shared_ptr<OpenFile>, std::shared_ptr<OpenDir>>;
+using Handle = std::variant<std::shared_ptr<FileObject>, std::shared_ptr<DirObject>>;
 
 // Handles per session id. Not thread-safe: the file service uses it on the
 // event loop only.
@@ -75,10 +99,10 @@ class HandleTable {
   // The object behind a handle. EBADF when the session has no such handle,
   // or it is a directory (file()) / a file (dir()). `op` names the call in
   // the message ("pread fd 7: Bad file descriptor").
-  absl::StatusOr<std::shared_ptr<OpenFile>> file(const std::string& session, uint64_t handle,
+  absl::StatusOr<std::shared_ptr<FileObject>> file(const std::string& session, uint64_t handle,
+                                                   std::string_view op) const;
+  absl::StatusOr<std::shared_ptr<DirObject>> dir(const std::string& session, uint64_t handle,
                                                  std::string_view op) const;
-  absl::StatusOr<std::shared_ptr<OpenDir>> dir(const std::string& session, uint64_t handle,
-                                               std::string_view op) const;
   // Takes a handle out of the table (close, closedir); EBADF as above.
   absl::StatusOr<Handle> remove(const std::string& session, uint64_t handle, bool is_dir,
                                 std::string_view op);

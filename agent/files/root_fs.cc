@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/root_path.h"
 #include "siphon/status.h"
 
 // Debian 12's headers predate fchmodat2 (Linux 6.6). Syscall numbers from 424
@@ -23,14 +24,6 @@
 namespace siphon::agent::files {
 namespace {
 
-// openat2 answers EAGAIN when a rename or mount anywhere on the system may
-// have moved the walk (RESOLVE_IN_ROOT re-checks ".." then). A retry almost
-// always succeeds; a bound keeps a target that renames in a tight loop from
-// holding a pool thread forever (the client then sees EAGAIN).
-constexpr int kMaxResolveAttempts = 64;
-
-constexpr uint64_t kResolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
-
 std::string ctx(std::string_view op, std::string_view path) {
   return absl::StrCat(asv(op), " ", asv(path));
 }
@@ -39,26 +32,10 @@ int64_t toNs(const struct timespec& ts) {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-// The errno of openat2 of `path` under `root_fd`, 0 on success (`out` set).
+// The errno of openat2 of `path` under `root_fd`, 0 on success (`out` set);
+// the bounded retry of agent/common/root_path.h.
 int openat2Raw(int root_fd, std::string_view path, int flags, mode_t mode, UniqueFd* out) {
-  // A NUL inside would silently cut the path short.
-  if (path.find('\0') != std::string_view::npos) return EINVAL;
-  if (path.empty()) return ENOENT;
-  const std::string p(path);
-  struct open_how how {};
-  how.flags = static_cast<uint32_t>(flags) | O_CLOEXEC;
-  how.mode = mode;
-  how.resolve = kResolve;
-  for (int attempt = 1;; ++attempt) {
-    const long fd = ::syscall(SYS_openat2, root_fd, p.c_str(), &how, sizeof how);
-    if (fd >= 0) {
-      out->reset(static_cast<int>(fd));
-      return 0;
-    }
-    const int err = errno;
-    if ((err == EAGAIN || err == EINTR) && attempt < kMaxResolveAttempts) continue;
-    return err;
-  }
+  return openInRoot(root_fd, path, flags, mode, out);
 }
 
 absl::StatusOr<v1::FileData> finishRead(int fd, std::string buf, ssize_t n, uint32_t size,

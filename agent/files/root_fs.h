@@ -72,8 +72,8 @@ class RootFs {
   // described itself).
   absl::StatusOr<v1::FileStat> stat(std::string_view path, bool follow) const;
   absl::StatusOr<v1::FsStat> statfs(std::string_view path) const;
-  // faccessat2 on the resolved object with the agent's credentials (root:
-  // read and write pass whatever the mode bits; execute needs an x bit).
+  // faccessat2 on the resolved object with the caller's credentials (the
+  // file helper's: the target's identity, fs_helper.h).
   // With `writes_refused` (--fs-mode ro), W_OK answers EROFS once the path is
   // known to exist, as on a read-only mount.
   absl::Status access(std::string_view path, int mode, bool writes_refused) const;

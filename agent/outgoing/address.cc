@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/root_path.h"
 #include "siphon/status.h"
 
 namespace siphon::agent::outgoing {
@@ -204,17 +205,13 @@ absl::StatusOr<UniqueFd> openInRoot(int root_fd, std::string_view path) {
   if (path.find('\0') != std::string_view::npos) {
     return protoError(v1::INVALID_ARGUMENT, "unix socket path holds a NUL byte");
   }
-  open_how how{};
-  how.flags = O_PATH | O_CLOEXEC;
-  how.resolve = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS;
-  std::string p(path);
-  while (true) {
-    long fd = syscall(SYS_openat2, root_fd, p.c_str(), &how, sizeof(how));
-    if (fd >= 0) return UniqueFd(static_cast<int>(fd));
-    // The kernel answers EAGAIN when a rename raced the walk: try again.
-    if (errno == EINTR || errno == EAGAIN) continue;
-    return lastErrnoStatus(absl::StrCat("open ", p, " inside the target root"));
+  UniqueFd fd;
+  // The bounded EAGAIN retry of agent/common/root_path.h: a target renaming
+  // in a loop cannot hold a pool thread forever.
+  if (int err = siphon::agent::openInRoot(root_fd, path, O_PATH, 0, &fd)) {
+    return errnoStatus(err, absl::StrCat("open ", asv(path), " inside the target root"));
   }
+  return fd;
 }
 
 SockAddr procFdUnixAddress(int path_fd) {

@@ -10,6 +10,11 @@ namespace siphon::agent {
 
 // --fs-mode: what file requests may do inside the target's root.
 enum class FsMode { kReadOnly, kReadWrite, kOff };
+// --fs-identity: whose powers the file helper (agent/files/fs_helper.h) has.
+// kTarget: the target's uid, gids and capabilities; kRoot: uid 0 with only
+// the file capabilities. Either way no /proc entry of another process's
+// memory, environment or fds (docs/SECURITY.md, "File identity").
+enum class FsIdentity { kTarget, kRoot };
 
 struct AgentConfig {
   std::string listen = "0.0.0.0:7140";
@@ -39,6 +44,11 @@ struct AgentConfig {
   // --max-open-files: file and directory handles one session may hold.
   uint32_t max_open_files = 1024;
   FsMode fs_mode = FsMode::kReadOnly;
+  FsIdentity fs_identity = FsIdentity::kTarget;
+  // The binary the file helper is exec'd from (siphon-agent sets
+  // "/proc/self/exe"). Empty: file calls run in the agent's own process
+  // (in-process tests only: the agent's powers, guarded by fs_guard.h alone).
+  std::string fs_helper_exe;
   // --steal-backend: auto (sk_lookup, else iptables), sk_lookup, iptables.
   std::string steal_backend = "auto";
   // --iptables: which iptables the iptables backend uses: auto, nft, legacy.

@@ -31,6 +31,8 @@ Needs needs(TargetMode mode, FsMode fs, std::string backend = "auto", std::strin
 
 constexpr CapSet kNetwork = bit(CAP_SYS_ADMIN) | bit(CAP_NET_ADMIN) | bit(CAP_NET_RAW);
 
+constexpr CapSet kHelperIds = bit(CAP_SETUID) | bit(CAP_SETGID);
+
 TEST(CapabilityNamesTest, NamesKnownAndUnknownCapabilities) {
   EXPECT_EQ(capName(CAP_SYS_ADMIN), "CAP_SYS_ADMIN");
   EXPECT_EQ(capName(CAP_CHOWN), "CAP_CHOWN");
@@ -44,11 +46,12 @@ TEST(CapabilityNamesTest, NamesKnownAndUnknownCapabilities) {
 
 TEST(CapabilityPlanTest, TargetedReadOnlyKeepsNetworkPtraceAndReadSearch) {
   Plan p = planOf(needs(TargetMode::kTargeted, FsMode::kReadOnly));
-  EXPECT_EQ(p.keep, kNetwork | bit(CAP_SYS_PTRACE) | bit(CAP_DAC_READ_SEARCH))
+  EXPECT_EQ(p.keep, kNetwork | bit(CAP_SYS_PTRACE) | bit(CAP_DAC_READ_SEARCH) | kHelperIds)
       << formatCapSet(p.keep);
-  // auto may fall back to iptables, of either flavour: the guard's set.
-  EXPECT_EQ(p.inheritable, kGuardAmbient);
-  EXPECT_EQ(p.reasons.size(), 5u);
+  // auto may fall back to iptables, of either flavour: the guard's set;
+  // the file helper its ids and the file capabilities kept.
+  EXPECT_EQ(p.inheritable, kGuardAmbient | kHelperIds | bit(CAP_DAC_READ_SEARCH));
+  EXPECT_EQ(p.reasons.size(), 7u);
 }
 
 TEST(CapabilityPlanTest, EphemeralNeedsWhatTargetedNeeds) {
@@ -61,10 +64,14 @@ TEST(CapabilityPlanTest, EphemeralNeedsWhatTargetedNeeds) {
 TEST(CapabilityPlanTest, ReadWriteAddsTheOwnerOverrides) {
   Plan p = planOf(needs(TargetMode::kTargeted, FsMode::kReadWrite));
   EXPECT_EQ(p.keep, kNetwork | bit(CAP_SYS_PTRACE) | bit(CAP_DAC_READ_SEARCH) |
-                        bit(CAP_DAC_OVERRIDE) | bit(CAP_FOWNER) | bit(CAP_CHOWN) | bit(CAP_FSETID))
+                        bit(CAP_DAC_OVERRIDE) | bit(CAP_FOWNER) | bit(CAP_CHOWN) | bit(CAP_FSETID) |
+                        kHelperIds)
       << formatCapSet(p.keep);
-  // Nothing of the file service reaches the iptables children.
-  EXPECT_EQ(p.inheritable & bit(CAP_DAC_OVERRIDE), 0u);
+  // The file capabilities are inheritable for the file helper only (the
+  // iptables children raise kIptablesAmbient / kGuardAmbient alone).
+  EXPECT_EQ(p.inheritable & ~(kGuardAmbient | kFsHelperAmbient), 0u);
+  EXPECT_EQ(kIptablesAmbient & kFsHelperAmbient, 0u);
+  EXPECT_EQ(kFsHelperAmbient & (bit(CAP_SYS_PTRACE) | bit(CAP_SYS_ADMIN)), 0u);
 }
 
 TEST(CapabilityPlanTest, FsOffStillReadsTheTargetEnvironment) {
@@ -78,13 +85,13 @@ TEST(CapabilityPlanTest, TargetlessNeedsNoPtrace) {
   Plan off = planOf(needs(TargetMode::kTargetless, FsMode::kOff));
   EXPECT_EQ(off.keep, kNetwork) << formatCapSet(off.keep);
   Plan ro = planOf(needs(TargetMode::kTargetless, FsMode::kReadOnly));
-  EXPECT_EQ(ro.keep, kNetwork | bit(CAP_DAC_READ_SEARCH)) << formatCapSet(ro.keep);
+  EXPECT_EQ(ro.keep, kNetwork | bit(CAP_DAC_READ_SEARCH) | kHelperIds) << formatCapSet(ro.keep);
 }
 
 TEST(CapabilityPlanTest, SkLookupOnlyGivesNoGuardSetns) {
   // No guard; the start-up removal of stale chains still runs iptables.
   Plan p = planOf(needs(TargetMode::kTargeted, FsMode::kReadOnly, "sk_lookup"));
-  EXPECT_EQ(p.inheritable, kIptablesAmbient);
+  EXPECT_EQ(p.inheritable & ~kFsHelperAmbient, kIptablesAmbient);
   EXPECT_FALSE(p.inheritable & bit(CAP_SYS_ADMIN));
   // Capture still needs raw sockets, the mirror SYS_ADMIN and NET_ADMIN.
   EXPECT_EQ(p.keep & kNetwork, kNetwork);
@@ -93,7 +100,7 @@ TEST(CapabilityPlanTest, SkLookupOnlyGivesNoGuardSetns) {
 TEST(CapabilityPlanTest, IptablesBackendLetsTheGuardEnterTheNetns) {
   for (const char* flavor : {"nft", "legacy", "auto"}) {
     Plan p = planOf(needs(TargetMode::kTargeted, FsMode::kReadOnly, "iptables", flavor));
-    EXPECT_EQ(p.inheritable, kGuardAmbient) << flavor;
+    EXPECT_EQ(p.inheritable & ~kFsHelperAmbient, kGuardAmbient) << flavor;
     EXPECT_EQ(p.inheritable & ~p.keep, 0u);
   }
   EXPECT_EQ(kGuardAmbient, bit(CAP_SYS_ADMIN) | bit(CAP_NET_ADMIN) | bit(CAP_NET_RAW));
@@ -114,8 +121,10 @@ TEST(CapabilityPlanTest, NeverKeepsWhatOnlyTheDropNeeds) {
     for (FsMode fs : {FsMode::kReadOnly, FsMode::kReadWrite, FsMode::kOff}) {
       for (const char* backend : {"auto", "sk_lookup", "iptables"}) {
         Plan p = planOf(needs(mode, fs, backend, "auto", 80));
-        for (int cap : {CAP_SETPCAP, CAP_SETUID, CAP_SETGID, CAP_SYS_MODULE, CAP_SETFCAP,
-                        CAP_SYS_CHROOT, CAP_MKNOD, CAP_KILL, CAP_BPF, CAP_PERFMON}) {
+        // CAP_SETUID/SETGID only for the file helper's identity.
+        EXPECT_EQ((p.keep & kHelperIds) != 0, fs != FsMode::kOff) << formatCapSet(p.keep);
+        for (int cap : {CAP_SETPCAP, CAP_SYS_MODULE, CAP_SETFCAP, CAP_SYS_CHROOT, CAP_MKNOD,
+                        CAP_KILL, CAP_BPF, CAP_PERFMON}) {
           EXPECT_FALSE(p.keep & bit(cap)) << capName(cap) << " in " << formatCapSet(p.keep);
         }
         EXPECT_EQ(p.reasons.size(), static_cast<size_t>(__builtin_popcountll(p.keep)));

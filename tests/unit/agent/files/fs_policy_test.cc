@@ -134,5 +134,23 @@ TEST(FsPolicyTest, RequestNames) {
   EXPECT_EQ(fileOpName(v1::FileRequest()), "(none)");
 }
 
+// An op this build does not know (a newer schema's, or one added to the
+// proto without a place here) must fail closed under ro, not pass as a read.
+TEST(FsPolicyTest, UnknownOpIsWriteLike) {
+  const auto unknown = static_cast<v1::FileRequest::OpCase>(999);
+  EXPECT_TRUE(isWriteLikeOp(unknown, O_RDONLY));
+  // Every op the schema names is placed on one side on purpose: the read
+  // ones stay reads.
+  const auto* oneof = v1::FileRequest::descriptor()->FindOneofByName("op");
+  ASSERT_NE(oneof, nullptr);
+  int reads = 0;
+  for (int i = 0; i < oneof->field_count(); ++i) {
+    const auto op = static_cast<v1::FileRequest::OpCase>(oneof->field(i)->number());
+    if (!isWriteLikeOp(op, O_RDONLY)) ++reads;
+  }
+  EXPECT_EQ(reads, 13) << "read-like ops: open O_RDONLY, read, pread, seek, close, stat, fstat, "
+                          "statfs, access, readlink, opendir, readdir, closedir";
+}
+
 }  // namespace
 }  // namespace siphon::agent::files

@@ -85,10 +85,10 @@ TEST(HandleTableTest, AJobHoldingAFileKeepsItsFdOpenPastClose) {
   ASSERT_TRUE(t.add("s", devNull()).ok());
   auto held = t.file("s", 1, "pread");  // what a running job holds
   ASSERT_TRUE(held.ok());
-  const int fd = (*held)->fd.get();
+  const int fd = static_cast<OpenFile&>(**held).fd.get();
   { auto removed = t.remove("s", 1, false, "close"); }
   EXPECT_TRUE(fdIsOpen(fd)) << "no reuse of the number while the job runs";
-  held = absl::StatusOr<std::shared_ptr<OpenFile>>();
+  held = absl::StatusOr<std::shared_ptr<FileObject>>();
   EXPECT_FALSE(fdIsOpen(fd));
 }
 

@@ -1,0 +1,59 @@
+// Where the file service's system calls run: behind this interface, so the
+// protocol logic (file_service.cc: --fs-mode, handles, limits) is the same
+// whoever does the work.
+//
+// Two implementations:
+//   LocalFileSystem  this process, through RootFs and fs_guard.h. The file
+//                    helper serves with it, under the target's identity;
+//                    the agent itself only in in-process tests
+//                    (AgentConfig::fs_helper_exe empty).
+//   HelperFileSystem (fs_helper.h) the requests go to the file helper
+//                    process; what siphon-agent runs.
+//
+// Threads: every call blocks; run them on the blocking pool. Calls from
+// several threads at once are fine.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "agent/files/fs_guard.h"
+#include "agent/files/handles.h"
+#include "agent/files/root_fs.h"
+#include "siphon/v1/files.pb.h"
+
+namespace siphon::agent::files {
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+  // open or opendir: the object behind the new handle (a FileObject for
+  // open, a DirObject for opendir).
+  virtual absl::StatusOr<Handle> open(const v1::FileRequest& req) = 0;
+  // stat, statfs, access, readlink, mkdir, rmdir, unlink, rename, truncate,
+  // chmod, chown, utimens. `writes_refused`: --fs-mode ro (see
+  // RootFs::access).
+  virtual absl::StatusOr<v1::FileResponse> path(const v1::FileRequest& req,
+                                                bool writes_refused) = 0;
+};
+
+// The calls in this process, on paths under `root_fd` (not owned; it must
+// outlive the object), every open checked by fs_guard.h.
+class LocalFileSystem : public FileSystem {
+ public:
+  LocalFileSystem(int root_fd, GuardOptions guard)
+      : root_fd_(root_fd), root_(root_fd), guard_(guard) {}
+  absl::StatusOr<Handle> open(const v1::FileRequest& req) override;
+  absl::StatusOr<v1::FileResponse> path(const v1::FileRequest& req, bool writes_refused) override;
+
+ private:
+  // RootFs::open with the guard's checks before and after.
+  absl::StatusOr<UniqueFd> guardedOpen(std::string_view path, int flags, uint32_t mode,
+                                       bool dir) const;
+
+  int root_fd_;
+  RootFs root_;
+  GuardOptions guard_;
+};
+
+}  // namespace siphon::agent::files

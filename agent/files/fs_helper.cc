@@ -1,0 +1,642 @@
+#include "agent/files/fs_helper.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/fsuid.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "agent/common/capabilities.h"
+#include "agent/common/log.h"
+#include "agent/common/unique_fd.h"
+#include "agent/services/service.h"
+#include "siphon/status.h"
+
+namespace siphon::agent::files {
+namespace {
+
+using R = v1::FileRequest;
+
+enum Kind : uint8_t {
+  kOpen = 1,      // open/opendir -> handle
+  kPath = 2,      // aux: writes_refused
+  kFileCall = 3,  // handle, aux: max_read
+  kReaddir = 4,   // handle, aux: max_bytes (max_entries in the request)
+  kClose = 5,     // handle: the client's close, its error
+  kRelease = 6,   // handle: dropped (session ended), no error
+};
+
+constexpr size_t kRequestHeader = 1 + 4 + 8;
+constexpr size_t kAnswerHeader = 1 + 8;
+// Reads and writes are bounded by --max-frame-size (at most 64 MiB); a
+// length past this is a broken peer, not a big file.
+constexpr uint32_t kMaxFrame = 80u << 20;
+
+constexpr int kRootFd = 3;
+constexpr int kFirstConnFd = 4;
+
+// The file capabilities (CHOWN, DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER,
+// FSETID): the most the helper ever keeps once it took its identity.
+constexpr caps::CapSet kFileCaps =
+    caps::bit(0) | caps::bit(1) | caps::bit(2) | caps::bit(3) | caps::bit(4);
+
+void putU32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void putU64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint64_t getLE(const char* p, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+bool writeAll(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = ::send(fd, data.data(), data.size(), MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+bool readAll(int fd, char* buf, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::read(fd, buf, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    buf += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+enum class FrameRead { kOk, kClosed, kMalformed };
+
+// One frame (its length prefix stripped): kClosed on EOF or an error,
+// kMalformed for a length past kMaxFrame.
+FrameRead readFrameOf(int fd, std::string* out) {
+  char len[4];
+  if (!readAll(fd, len, 4)) return FrameRead::kClosed;
+  const uint32_t n = static_cast<uint32_t>(getLE(len, 4));
+  if (n > kMaxFrame) return FrameRead::kMalformed;
+  out->resize(n);
+  return readAll(fd, out->data(), n) ? FrameRead::kOk : FrameRead::kClosed;
+}
+
+bool readFrame(int fd, std::string* out) { return readFrameOf(fd, out) == FrameRead::kOk; }
+
+bool writeFrame(int fd, const std::string& body) {
+  std::string len;
+  putU32(len, static_cast<uint32_t>(body.size()));
+  return writeAll(fd, len) && writeAll(fd, body);
+}
+
+// ============================================================ helper side
+
+class HelperServer {
+ public:
+  HelperServer(int root_fd, GuardOptions guard) : fs_(root_fd, guard) {}
+
+  // The answer body for a request body.
+  std::string serve(const std::string& frame) {
+    uint64_t handle = 0;
+    absl::StatusOr<v1::FileResponse> r = run(frame, &handle);
+    std::string out;
+    out.push_back(r.ok() ? 1 : 0);
+    putU64(out, handle);
+    if (r.ok()) {
+      r->AppendToString(&out);
+    } else {
+      toProtoError(r.status()).AppendToString(&out);
+    }
+    return out;
+  }
+
+ private:
+  absl::StatusOr<v1::FileResponse> run(const std::string& frame, uint64_t* new_handle) {
+    if (frame.size() < kRequestHeader) return protoError(v1::INVALID_ARGUMENT, "short request");
+    const auto kind = static_cast<Kind>(frame[0]);
+    const auto aux = static_cast<uint32_t>(getLE(frame.data() + 1, 4));
+    const uint64_t handle = getLE(frame.data() + 5, 8);
+    R req;
+    if (!req.ParseFromArray(frame.data() + kRequestHeader,
+                            static_cast<int>(frame.size() - kRequestHeader))) {
+      return protoError(v1::INVALID_ARGUMENT, "malformed request");
+    }
+    switch (kind) {
+      case kOpen: {
+        auto h = fs_.open(req);
+        if (!h.ok()) return h.status();
+        std::lock_guard<std::mutex> lock(mu_);
+        *new_handle = next_++;
+        handles_.emplace(*new_handle, *std::move(h));
+        v1::FileResponse r;
+        r.mutable_opened()->set_fd(*new_handle);
+        return r;
+      }
+      case kPath:
+        return fs_.path(req, aux != 0);
+      case kFileCall: {
+        auto f = find<FileObject>(handle);
+        if (!f) return errnoStatus(EBADF, "file helper handle");
+        return f->call(req, aux);
+      }
+      case kReaddir: {
+        auto d = find<DirObject>(handle);
+        if (!d) return errnoStatus(EBADF, "file helper handle");
+        auto entries = d->read(req.readdir().max_entries(), aux);
+        if (!entries.ok()) return entries.status();
+        v1::FileResponse r;
+        *r.mutable_entries() = *std::move(entries);
+        return r;
+      }
+      case kClose:
+      case kRelease: {
+        Handle h;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          auto it = handles_.find(handle);
+          if (it == handles_.end()) return errnoStatus(EBADF, "file helper handle");
+          h = std::move(it->second);
+          handles_.erase(it);
+        }
+        v1::FileResponse r;
+        r.mutable_done();
+        auto* f = std::get_if<std::shared_ptr<FileObject>>(&h);
+        if (kind == kClose && f != nullptr && f->use_count() == 1) {
+          if (absl::Status s = (*f)->close(); !s.ok()) return s;
+        }
+        return r;
+      }
+    }
+    return protoError(v1::INVALID_ARGUMENT, "unknown file helper request");
+  }
+
+  template <typename T>
+  std::shared_ptr<T> find(uint64_t handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = handles_.find(handle);
+    if (it == handles_.end()) return nullptr;
+    auto* p = std::get_if<std::shared_ptr<T>>(&it->second);
+    return p == nullptr ? nullptr : *p;
+  }
+
+  LocalFileSystem fs_;
+  std::mutex mu_;
+  uint64_t next_ = 1;
+  std::map<uint64_t, Handle> handles_;
+};
+
+bool parseList(std::string_view text, std::vector<uint64_t>* out, bool hex = false) {
+  out->clear();
+  if (text.empty()) return true;
+  for (absl::string_view part : absl::StrSplit(asv(text), ',')) {
+    uint64_t v;
+    if (!(hex ? absl::SimpleHexAtoi(part, &v) : absl::SimpleAtoi(part, &v))) return false;
+    out->push_back(v);
+  }
+  return true;
+}
+
+// Takes `c` (ids and the capability sets wanted) for good. Single-threaded
+// caller: glibc's set*id then only has this thread to change.
+absl::Status takeIdentity(const Credentials& c) {
+  std::vector<gid_t> groups(c.groups.begin(), c.groups.end());
+  if (::setgroups(groups.size(), groups.data()) != 0) return lastErrnoStatus("setgroups");
+  if (::setresgid(c.gid[0], c.gid[1], c.gid[2]) != 0) return lastErrnoStatus("setresgid");
+  if (::setresuid(c.uid[0], c.uid[1], c.uid[2]) != 0) return lastErrnoStatus("setresuid");
+  ::setfsgid(c.gid[3]);
+  ::setfsuid(c.uid[3]);
+  // With KEEP_CAPS off (the agent's securebits, inherited) a uid other than
+  // 0 has already lost every capability; a root target keeps of ours only
+  // the file capabilities it has itself. CAP_SETUID/SETGID go here, so the
+  // identity cannot be changed back.
+  ASSIGN_OR_RETURN(caps::CurrentSets now, caps::currentSets());
+  const caps::CapSet want = c.cap_effective & c.cap_permitted & kFileCaps & now.permitted;
+  RETURN_IF_ERROR(caps::dropFromAll(~want));
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return lastErrnoStatus("PR_SET_NO_NEW_PRIVS");
+  if (::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) return lastErrnoStatus("PR_SET_DUMPABLE");
+  // Checked, not assumed.
+  uid_t r, e, s;
+  gid_t gr, ge, gs;
+  ::getresuid(&r, &e, &s);
+  ::getresgid(&gr, &ge, &gs);
+  if (r != c.uid[0] || e != c.uid[1] || s != c.uid[2] || gr != c.gid[0] || ge != c.gid[1] ||
+      gs != c.gid[2] || static_cast<uint32_t>(::setfsuid(-1)) != c.uid[3] ||
+      static_cast<uint32_t>(::setfsgid(-1)) != c.gid[3]) {
+    return absl::InternalError("the ids did not change as asked");
+  }
+  ASSIGN_OR_RETURN(caps::CurrentSets after, caps::currentSets());
+  if ((after.permitted | after.effective | after.inheritable) & ~want) {
+    return absl::InternalError(
+        absl::StrCat("capabilities left: ", caps::formatCapSet(after.permitted & ~want)));
+  }
+  return absl::OkStatus();
+}
+
+// ============================================================ agent side
+
+class Helper : public std::enable_shared_from_this<Helper> {
+ public:
+  struct Reply {
+    uint64_t generation = 0;
+    uint64_t handle = 0;
+    v1::FileResponse response;
+  };
+
+  explicit Helper(HelperOptions options) : options_(std::move(options)) {}
+  ~Helper() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopLocked();
+  }
+
+  // One request. `generation` 0: whichever helper runs (started if none);
+  // otherwise only the helper that opened `handle`.
+  absl::StatusOr<Reply> call(uint64_t generation, Kind kind, uint32_t aux, uint64_t handle,
+                             const R& req) {
+    std::string frame;
+    frame.push_back(static_cast<char>(kind));
+    putU32(frame, aux);
+    putU64(frame, handle);
+    req.AppendToString(&frame);
+
+    std::unique_lock<std::mutex> lock(mu_);
+    if (generation != 0 && (!running_ || generation != generation_)) {
+      return errnoRefusal(EBADF, "the file helper that held this file has exited; open it again");
+    }
+    if (!running_) {
+      if (absl::Status s = startLocked(); !s.ok()) return s;
+    }
+    const uint64_t gen = generation_;
+    cv_.wait(lock, [&] { return !free_.empty() || !running_ || generation_ != gen; });
+    if (!running_ || generation_ != gen) return lostError("it exited during the request");
+    UniqueFd conn = std::move(free_.back());
+    free_.pop_back();
+    lock.unlock();
+
+    std::string answer;
+    const FrameRead got =
+        writeFrame(conn.get(), frame) ? readFrameOf(conn.get(), &answer) : FrameRead::kClosed;
+    const bool io_ok = got == FrameRead::kOk;
+    Reply reply;
+    reply.generation = gen;
+    bool parsed = false;
+    absl::Status error;
+    if (io_ok && answer.size() >= kAnswerHeader) {
+      reply.handle = getLE(answer.data() + 1, 8);
+      const char* body = answer.data() + kAnswerHeader;
+      const int size = static_cast<int>(answer.size() - kAnswerHeader);
+      if (answer[0] == 1) {
+        parsed = reply.response.ParseFromArray(body, size);
+      } else if (answer[0] == 0) {
+        v1::Error e;
+        parsed = e.ParseFromArray(body, size);
+        error = fromProtoError(e);
+        if (parsed && error.ok()) error = protoError(v1::INTERNAL, "file helper: empty error");
+      }
+    }
+    lock.lock();
+    if (!parsed) {
+      const std::string why =
+          got == FrameRead::kClosed ? "its socket closed" : "it answered with a malformed frame";
+      loseLocked(gen, why);
+      return lostError(why);
+    }
+    if (running_ && generation_ == gen) {
+      free_.push_back(std::move(conn));
+      cv_.notify_one();
+    }
+    if (!error.ok()) return error;
+    return reply;
+  }
+
+ private:
+  static absl::Status lostError(std::string_view why) {
+    return errnoRefusal(EIO, absl::StrCat("the file helper was lost (", asv(why),
+                                          "); its open files are gone, a new one serves the "
+                                          "next request"));
+  }
+
+  absl::StatusOr<Credentials> identity() {
+    if (options_.target_pid != 0) {
+      // Another user namespace would need its uid_map and a setns into it;
+      // root of ours would be more than the target's root.
+      struct stat ours {
+      }, theirs{};
+      const std::string ns = absl::StrCat("/proc/", options_.target_pid, "/ns/user");
+      if (::stat("/proc/self/ns/user", &ours) != 0 || ::stat(ns.c_str(), &theirs) != 0) {
+        return lastErrnoStatus("file helper: stat " + ns);
+      }
+      if (ours.st_ino != theirs.st_ino || ours.st_dev != theirs.st_dev) {
+        return protoError(v1::UNIMPLEMENTED,
+                          "file access to a target in another user namespace is not supported "
+                          "yet (the file helper cannot take its identity)");
+      }
+    }
+    if (options_.identity == FsIdentity::kRoot) {
+      Credentials c;  // ids 0, no groups
+      c.cap_effective = c.cap_permitted = kFileCaps;
+      return c;
+    }
+    if (options_.target_pid == 0) return ownIdsWithoutCapabilities();
+    return readCredentials(options_.target_pid);
+  }
+
+  absl::Status startLocked() {
+    ASSIGN_OR_RETURN(Credentials c, identity());
+    auto join = [](const auto& v) { return absl::StrJoin(v, ","); };
+    std::vector<std::string> argv = {
+        options_.exe,
+        std::string(kFsHelperCommand),
+        absl::StrCat("--conns=", kHelperConnections),
+        absl::StrCat("--uid=", join(c.uid)),
+        absl::StrCat("--gid=", join(c.gid)),
+        absl::StrCat("--groups=", join(c.groups)),
+        absl::StrCat("--caps=", absl::Hex(c.cap_effective), ",", absl::Hex(c.cap_permitted)),
+        absl::StrCat("--all-processes=", options_.all_processes ? 1 : 0)};
+    std::vector<char*> args;
+    for (auto& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    char* envp[] = {nullptr};
+
+    std::vector<UniqueFd> ours, theirs;
+    for (int i = 0; i < kHelperConnections; ++i) {
+      int sv[2];
+      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+        return lastErrnoStatus("file helper: socketpair");
+      }
+      ours.emplace_back(sv[0]);
+      theirs.emplace_back(sv[1]);
+    }
+    int child_fds[kHelperConnections];
+    for (int i = 0; i < kHelperConnections; ++i) child_fds[i] = theirs[i].get();
+    const int root_fd = options_.root_fd;
+
+    const pid_t pid = ::fork();
+    if (pid < 0) return lastErrnoStatus("file helper: fork");
+    if (pid == 0) {
+      // Async-signal-safe calls only (the agent has threads). Everything is
+      // first moved above the numbers it is then given.
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      int high[kHelperConnections + 1];
+      high[0] = fcntl(root_fd, F_DUPFD, 16);
+      for (int i = 0; i < kHelperConnections; ++i) high[i + 1] = fcntl(child_fds[i], F_DUPFD, 16);
+      int devnull = open("/dev/null", O_RDWR);
+      for (int fd : high) {
+        if (fd < 0) _exit(126);
+      }
+      if (devnull < 0) _exit(126);
+      dup2(devnull, 0);
+      dup2(devnull, 1);
+      dup2(high[0], kRootFd);
+      for (int i = 0; i < kHelperConnections; ++i) dup2(high[i + 1], kFirstConnFd + i);
+      close_range(kFirstConnFd + kHelperConnections, ~0U, 0);
+      caps::raiseAmbient(caps::kFsHelperAmbient);
+      execve(args[0], args.data(), envp);
+      const char msg[] = "Eexec of the file helper failed";
+      ssize_t ignored = write(kFirstConnFd, msg, sizeof msg - 1);
+      (void)ignored;
+      _exit(127);
+    }
+    theirs.clear();
+
+    // 'R', or 'E' and why.
+    pollfd p{ours[0].get(), POLLIN, 0};
+    int n;
+    do {
+      n = ::poll(&p, 1, 10000);
+    } while (n < 0 && errno == EINTR);
+    char first = 0;
+    std::string message;
+    if (n > 0 && ::read(ours[0].get(), &first, 1) == 1 && first == 'E') {
+      char buf[512];
+      ssize_t got;
+      while ((got = ::read(ours[0].get(), buf, sizeof buf)) > 0) message.append(buf, got);
+    }
+    if (first != 'R') {
+      ::kill(pid, SIGKILL);
+      reap(pid);
+      log::warn("fs_helper_failed", {{"error", message}});
+      return errnoRefusal(EIO, absl::StrCat("the file helper did not start: ",
+                                            message.empty() ? "no answer" : message));
+    }
+    pid_ = pid;
+    running_ = true;
+    ++generation_;
+    free_ = std::move(ours);
+    log::info("fs_helper_started",
+              {{"pid", static_cast<int64_t>(pid)},
+               {"identity", options_.identity == FsIdentity::kRoot ? "root" : "target"},
+               {"uid", static_cast<int64_t>(c.uid[1])},
+               {"generation", generation_}});
+    return absl::OkStatus();
+  }
+
+  static void reap(pid_t pid) {
+    int status;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+
+  void loseLocked(uint64_t gen, std::string_view why) {
+    if (!running_ || generation_ != gen) return;
+    log::warn("fs_helper_lost", {{"pid", static_cast<int64_t>(pid_)}, {"reason", why}});
+    stopLocked();
+  }
+
+  void stopLocked() {
+    if (!running_) return;
+    ::kill(pid_, SIGKILL);
+    reap(pid_);
+    running_ = false;
+    free_.clear();
+    cv_.notify_all();
+  }
+
+  HelperOptions options_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool running_ = false;
+  pid_t pid_ = -1;
+  uint64_t generation_ = 0;
+  std::vector<UniqueFd> free_;  // idle connections of the running helper
+};
+
+class RemoteFile : public FileObject {
+ public:
+  RemoteFile(std::shared_ptr<Helper> h, uint64_t gen, uint64_t id)
+      : helper_(std::move(h)), gen_(gen), id_(id) {}
+  ~RemoteFile() override {
+    if (!closed_) (void)helper_->call(gen_, kRelease, 0, id_, R());
+  }
+  absl::StatusOr<v1::FileResponse> call(const R& req, uint32_t max_read) override {
+    auto r = helper_->call(gen_, kFileCall, max_read, id_, req);
+    if (!r.ok()) return r.status();
+    return std::move(r->response);
+  }
+  absl::Status close() override {
+    closed_ = true;
+    return helper_->call(gen_, kClose, 0, id_, R()).status();
+  }
+
+ private:
+  std::shared_ptr<Helper> helper_;
+  uint64_t gen_, id_;
+  bool closed_ = false;
+};
+
+class RemoteDir : public DirObject {
+ public:
+  RemoteDir(std::shared_ptr<Helper> h, uint64_t gen, uint64_t id)
+      : helper_(std::move(h)), gen_(gen), id_(id) {}
+  ~RemoteDir() override { (void)helper_->call(gen_, kRelease, 0, id_, R()); }
+  absl::StatusOr<v1::FileDirEntries> read(uint32_t max_entries, size_t max_bytes) override {
+    R req;
+    req.mutable_readdir()->set_max_entries(max_entries);
+    auto r = helper_->call(gen_, kReaddir, static_cast<uint32_t>(max_bytes), id_, req);
+    if (!r.ok()) return r.status();
+    if (!r->response.has_entries()) return protoError(v1::INTERNAL, "file helper: not entries");
+    return std::move(*r->response.mutable_entries());
+  }
+
+ private:
+  std::shared_ptr<Helper> helper_;
+  uint64_t gen_, id_;
+};
+
+class HelperFileSystem : public FileSystem {
+ public:
+  explicit HelperFileSystem(HelperOptions options)
+      : helper_(std::make_shared<Helper>(std::move(options))) {}
+
+  absl::StatusOr<Handle> open(const R& req) override {
+    auto r = helper_->call(0, kOpen, 0, 0, req);
+    if (!r.ok()) return r.status();
+    if (req.op_case() == R::kOpendir) {
+      return Handle(std::shared_ptr<DirObject>(
+          std::make_shared<RemoteDir>(helper_, r->generation, r->handle)));
+    }
+    return Handle(std::shared_ptr<FileObject>(
+        std::make_shared<RemoteFile>(helper_, r->generation, r->handle)));
+  }
+
+  absl::StatusOr<v1::FileResponse> path(const R& req, bool writes_refused) override {
+    auto r = helper_->call(0, kPath, writes_refused ? 1 : 0, 0, req);
+    if (!r.ok()) return r.status();
+    return std::move(r->response);
+  }
+
+ private:
+  std::shared_ptr<Helper> helper_;
+};
+
+}  // namespace
+
+std::shared_ptr<FileSystem> makeHelperFileSystem(HelperOptions options) {
+  return std::make_shared<HelperFileSystem>(std::move(options));
+}
+
+std::shared_ptr<FileSystem> makeFileSystem(ServiceContext& ctx) {
+  const bool targetless = ctx.target.mode() == TargetMode::kTargetless;
+  GuardOptions guard;
+  guard.all_processes = ctx.config.fs_identity == FsIdentity::kRoot || targetless;
+  if (ctx.config.fs_helper_exe.empty()) {
+    return std::make_shared<LocalFileSystem>(ctx.target.rootFd(), guard);
+  }
+  HelperOptions o;
+  o.exe = ctx.config.fs_helper_exe;
+  o.root_fd = ctx.target.rootFd();
+  o.identity = ctx.config.fs_identity;
+  o.target_pid = targetless ? 0 : ctx.target.pid();
+  o.all_processes = guard.all_processes;
+  return makeHelperFileSystem(std::move(o));
+}
+
+int fsHelperMain(int argc, char** argv) {
+  auto fail = [](std::string_view what) {
+    std::string msg = absl::StrCat("E", asv(what));
+    (void)writeAll(kFirstConnFd, msg);
+    std::fprintf(stderr, "siphon-agent fs-helper: %.*s\n", static_cast<int>(what.size()),
+                 what.data());
+    return 1;
+  };
+  Credentials c;
+  bool all_processes = false;
+  int conns = 0;
+  for (int i = 2; i < argc; ++i) {
+    std::string_view a(argv[i]);
+    const size_t eq = a.find('=');
+    if (eq == std::string_view::npos) return fail(absl::StrCat("bad argument ", asv(a)));
+    const std::string_view key = a.substr(0, eq), value = a.substr(eq + 1);
+    std::vector<uint64_t> v;
+    if (key == "--uid" || key == "--gid") {
+      if (!parseList(value, &v) || v.size() != 4) return fail(absl::StrCat("bad ", asv(key)));
+      auto& ids = key == "--uid" ? c.uid : c.gid;
+      for (size_t k = 0; k < 4; ++k) ids[k] = static_cast<uint32_t>(v[k]);
+    } else if (key == "--groups") {
+      if (!parseList(value, &v)) return fail("bad --groups");
+      for (uint64_t g : v) c.groups.push_back(static_cast<uint32_t>(g));
+    } else if (key == "--caps") {
+      if (!parseList(value, &v, true) || v.size() != 2) return fail("bad --caps");
+      c.cap_effective = v[0];
+      c.cap_permitted = v[1];
+    } else if (key == "--all-processes") {
+      all_processes = value == "1";
+    } else if (key == "--conns") {
+      if (!absl::SimpleAtoi(asv(value), &conns) || conns < 1 || conns > 64)
+        return fail("bad --conns");
+    } else {
+      return fail(absl::StrCat("unknown argument ", asv(key)));
+    }
+  }
+  if (conns == 0) return fail("--conns missing");
+  struct stat st {};
+  if (::fstat(kRootFd, &st) != 0 || !S_ISDIR(st.st_mode)) return fail("no root directory at fd 3");
+  if (absl::Status s = takeIdentity(c); !s.ok()) {
+    return fail(absl::StrCat("taking the target's identity: ", asv(sv(s.message()))));
+  }
+  GuardOptions guard;
+  guard.all_processes = all_processes;
+  HelperServer server(kRootFd, guard);
+  if (!writeAll(kFirstConnFd, "R")) return 1;
+  auto serveConn = [&server](int fd) {
+    std::string frame;
+    while (readFrame(fd, &frame)) {
+      if (!writeFrame(fd, server.serve(frame))) break;
+    }
+    // The agent closed (or broke) a connection: it is gone or gave up on
+    // this helper. Nothing else to serve.
+    _exit(0);
+  };
+  // Threads only now: each has the identity taken above.
+  for (int i = 1; i < conns; ++i) std::thread(serveConn, kFirstConnFd + i).detach();
+  serveConn(kFirstConnFd);
+  return 0;
+}
+
+}  // namespace siphon::agent::files
