@@ -35,6 +35,26 @@ void forEachLine(std::string_view text, F f) {
   }
 }
 
+// Calls f(line) for each line of the nat table's section of an
+// iptables-save text (between "*nat" and its COMMIT), comments left out.
+template <typename F>
+void forEachNatLine(std::string_view save, F f) {
+  bool in_nat = false;
+  forEachLine(save, [&](std::string_view line) {
+    if (line.empty() || line[0] == '#') return;
+    if (line[0] == '*') {
+      in_nat = line == "*nat";
+      return;
+    }
+    if (!in_nat) return;
+    if (line == "COMMIT") {
+      in_nat = false;
+      return;
+    }
+    f(line);
+  });
+}
+
 // Whether the rule `spec` jumps (-j) or goes (-g) to `chain`. Tokens split
 // on spaces: chain names cannot hold one, and a quoted comment that
 // happens to contain " -j NAME" would need NAME to be ours exactly.
@@ -95,14 +115,8 @@ ChainNames chainNamesFor(uint64_t netns_inode, std::string_view owner) {
 std::vector<std::string> ownersInSave(std::string_view save, uint64_t netns_inode) {
   const std::string prefix = chainPrefixFor(netns_inode);
   std::set<std::string> owners;
-  bool in_nat = false;
-  forEachLine(save, [&](std::string_view line) {
-    if (line.empty() || line[0] == '#') return;
-    if (line[0] == '*') {
-      in_nat = line == "*nat";
-      return;
-    }
-    if (!in_nat || line[0] != ':') return;
+  forEachNatLine(save, [&](std::string_view line) {
+    if (line[0] != ':') return;
     std::string_view name = line.substr(1, line.find(' ') - 1);
     if (name.substr(0, prefix.size()) != prefix) return;
     name.remove_prefix(prefix.size());
@@ -160,18 +174,7 @@ std::string removePortRules(const ChainNames& c, uint16_t port, uint16_t to_port
 
 NatState parseNatSave(std::string_view save, const ChainNames& chains) {
   NatState state;
-  bool in_nat = false;
-  forEachLine(save, [&](std::string_view line) {
-    if (line.empty() || line[0] == '#') return;
-    if (line[0] == '*') {
-      in_nat = line == "*nat";
-      return;
-    }
-    if (!in_nat) return;
-    if (line == "COMMIT") {
-      in_nat = false;
-      return;
-    }
+  forEachNatLine(save, [&](std::string_view line) {
     if (line[0] == ':') {
       std::string_view name = line.substr(1, line.find(' ') - 1);
       if (name == chains.pre) state.has_pre = true;
