@@ -266,7 +266,9 @@ class HoldingCaptureClient : public protocol::SessionHandler {
       co_return;
     }
     protocol::SessionLimits asked;
-    asked.initial_stream_window = 4096;  // credit runs out after a few packets
+    // The smallest window a session may have (kMinStreamWindow, 16 KiB):
+    // credit runs out after some 15 packets of 1000 bytes.
+    asked.initial_stream_window = protocol::kMinStreamWindow;
     absl::Status s = co_await net::writeFrame(
         socket, protocol::makeHello("holding-capture", tok, protocol::toProto(asked), nullptr));
     auto first = co_await net::readFirstFrame(socket, std::chrono::seconds(10),
@@ -581,7 +583,7 @@ TEST_F(CaptureTest, AClientThatStopsReadingGetsGapsAndCostsTheAgentNothing) {
   // Nothing was reported while the client held its credit; once it reads,
   // the gap comes.
   EXPECT_EQ(holder.state().gaps, 0u);
-  EXPECT_LT(holder.state().records, 10u) << "4 KiB of credit hold a few records";
+  EXPECT_LT(holder.state().records, 20u) << "16 KiB of credit hold some 15 records";
   holder.release();
   ASSERT_TRUE(holder.waitFor([](const auto& s) { return s.gaps > 0; }))
       << "no gap reported; records " << holder.state().records;

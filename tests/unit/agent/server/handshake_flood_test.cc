@@ -263,8 +263,12 @@ void flood(Flood* f, const std::string& agent, int n, int sources, bool mixed) {
     ::inet_pton(AF_INET, src.c_str(), &from.sin_addr);
     ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from), 0)
         << src << ": " << std::strerror(errno);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to), 0)
-        << "connection " << i << ": " << std::strerror(errno);
+    // ECONNRESET: the agent accepted and reset it (past a cap) before this
+    // thread came back from connect(), which a loaded machine allows; the
+    // socket is then closed by the agent, as closedByAgent() sees.
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&to), sizeof to) != 0) {
+      ASSERT_EQ(errno, ECONNRESET) << "connection " << i << ": " << std::strerror(errno);
+    }
     f->fds.push_back(fd);
     f->source_of.push_back(i % sources);
     const Kind kind = mixed ? static_cast<Kind>(i % 3) : Kind::kIdle;
