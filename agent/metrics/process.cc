@@ -74,15 +74,19 @@ ProcessStats readProcessStats() {
   if (auto t = parseStatCpuTicks(readSmallFile("/proc/self/stat")); t && ticks > 0) {
     st.cpu_seconds = static_cast<double>(*t) / static_cast<double>(ticks);
   }
-  if (DIR* d = ::opendir("/proc/self/fd")) {
-    uint64_t n = 0;
-    while (dirent* e = ::readdir(d)) {
-      if (e->d_name[0] != '.') ++n;
-    }
-    ::closedir(d);
-    st.open_fds = n > 0 ? n - 1 : 0;  // not the directory's own fd
-  }
+  st.open_fds = countOpenFds();
   return st;
+}
+
+uint64_t countOpenFds() {
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d == nullptr) return 0;
+  uint64_t n = 0;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] != '.') ++n;
+  }
+  ::closedir(d);
+  return n > 0 ? n - 1 : 0;  // not the directory's own fd
 }
 
 }  // namespace siphon::agent::metrics

@@ -17,6 +17,11 @@ struct ProcessStats {
 // Reads /proc/self/{statm,stat,fd}; fields it cannot read stay 0.
 ProcessStats readProcessStats();
 
+// Descriptors this process holds open (entries of /proc/self/fd, less the
+// one reading it); 0 when it cannot be read. Also the admission's fd
+// reserve check (agent/server/admission.h).
+uint64_t countOpenFds();
+
 // /proc/self/statm: "size resident shared ..." in pages.
 std::optional<uint64_t> parseStatmResidentPages(std::string_view statm);
 // /proc/self/stat: utime and stime (fields 14 and 15, after the "(comm)"

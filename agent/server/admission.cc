@@ -1,7 +1,5 @@
 #include "agent/server/admission.h"
 
-#include <dirent.h>
-
 #include <algorithm>
 #include <utility>
 
@@ -65,17 +63,6 @@ void HandshakeSlots::release(const std::string& source) {
 
 FdBudget fdBudgetFor(uint64_t soft_limit) {
   return {soft_limit, std::max<uint64_t>(kMinFdReserve, soft_limit / 4)};
-}
-
-uint64_t countOpenFds() {
-  DIR* d = ::opendir("/proc/self/fd");
-  if (d == nullptr) return 0;
-  uint64_t n = 0;
-  while (dirent* e = ::readdir(d)) {
-    if (e->d_name[0] != '.') ++n;
-  }
-  ::closedir(d);
-  return n > 0 ? n - 1 : 0;  // not the directory's own descriptor
 }
 
 absl::StatusOr<FdLimits> raiseFdLimit() {

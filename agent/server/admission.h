@@ -5,7 +5,7 @@
 // one past a cap, or one that would eat into the descriptors kept for the
 // sessions, is closed at once (docs/SECURITY.md#handshake-admission).
 //
-// No I/O but countOpenFds() and the RLIMIT_NOFILE helpers. Threads: one
+// No I/O but the RLIMIT_NOFILE helpers (the fd count is metrics::countOpenFds()). Threads: one
 // HandshakeSlots is used from one thread (the server's event loop).
 #pragma once
 
@@ -81,10 +81,6 @@ struct FdBudget {
 };
 inline constexpr uint64_t kMinFdReserve = 32;
 FdBudget fdBudgetFor(uint64_t soft_limit);
-
-// Descriptors this process holds open (entries of /proc/self/fd, less the
-// one reading it); 0 when it cannot be read.
-uint64_t countOpenFds();
 
 // The soft RLIMIT_NOFILE the agent raises itself to at start-up: this, or
 // the hard limit when lower. Never lowered.

@@ -8,6 +8,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
+#include "agent/metrics/process.h"
 #include "siphon/protocol/handshake.h"
 #include "siphon/status.h"
 #include "siphon/transport/frame_io.h"
@@ -540,7 +541,7 @@ void Server::admit(net::tcp::socket socket) {
   // The descriptors are counted only for a connection the caps let
   // through: under a flood the caps turn most away without reading /proc.
   // The accepted socket is among those counted.
-  if (slot.held() && fd_budget_.limit > 0 && !fd_budget_.admits(countOpenFds())) {
+  if (slot.held() && fd_budget_.limit > 0 && !fd_budget_.admits(metrics::countOpenFds())) {
     slot.release();
     why = HandshakeSlots::Refusal::kFdReserve;
   }

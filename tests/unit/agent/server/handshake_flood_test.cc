@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/metrics/process.h"
 #include "agent/server/admission.h"
 #include "siphon/client/client.h"
 #include "siphon/protocol/codec.h"
@@ -91,7 +92,7 @@ TEST(HandshakeSlots, FdBudgetKeepsAQuarterForSessions) {
   EXPECT_TRUE(b.admits(767));
   EXPECT_FALSE(b.admits(768));
   EXPECT_EQ(fdBudgetFor(64).reserve, kMinFdReserve);
-  EXPECT_GT(countOpenFds(), 2u);  // at least stdin, stdout, stderr
+  EXPECT_GT(metrics::countOpenFds(), 2u);  // at least stdin, stdout, stderr
 }
 
 // ------------------------------------------------------------ the binary
