@@ -8,7 +8,7 @@ PKGS=(
   libboost-dev libboost-system-dev
   libprotobuf-dev protobuf-compiler
   libabsl-dev libfmt-dev libspdlog-dev libcli11-dev
-  libbpf-dev bpftool clang llvm libclang-rt-14-dev
+  libbpf-dev bpftool clang llvm libclang-rt-14-dev lld
   libelf-dev zlib1g-dev
   libnl-3-dev libnl-route-3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev

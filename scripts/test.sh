@@ -19,9 +19,58 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j2
 phase "the build"
 
-# A short, bounded libFuzzer pass over the frame decoder and handshake
-# (clang build in build-fuzz/). It runs before ctest so that ctest's summary
-# is the last thing printed. Skip it with SIPHON_SKIP_FUZZ=1.
+# The sanitizer trees (scripts/sanitize.sh, clang) build in the background,
+# niced, while the fuzzing pass and the tests run: the tests leave about one
+# of the two cores idle, and the builds are most of the run's CPU time. ASan
+# builds first, then TSan; each writes its exit status to a file the
+# foreground waits for. Skip both with SIPHON_SKIP_SANITIZE=1.
+sanitize=1
+[ "${SIPHON_SKIP_SANITIZE:-0}" = 1 ] && sanitize=0
+san_state="build/sanitizer-builds"
+builder=""
+if [ "$sanitize" = 1 ]; then
+  rm -rf "$san_state"
+  mkdir -p "$san_state"
+  # set -m: the builder gets its own process group (in this session, so
+  # that nice still ranks it below the tests), which the trap can kill whole.
+  set -m
+  (
+    for san in asan tsan; do
+      rc=0
+      nice -n 10 bash scripts/sanitize.sh --build-only "$san" \
+        >"$san_state/$san.log" 2>&1 || rc=$?
+      echo "$rc" >"$san_state/$san.rc"
+      [ "$rc" = 0 ] || exit "$rc"
+    done
+  ) &
+  builder=$!
+  set +m
+  # A failed phase ends the script: stop the builds with it.
+  trap '[ -n "$builder" ] && kill -- "-$builder" 2>/dev/null || true' EXIT
+fi
+
+# wait_built SAN: waits for the background build of SAN; fails (printing its
+# log's end) if it failed.
+wait_built() {
+  local rc_file="$san_state/$1.rc"
+  while [ ! -f "$rc_file" ]; do
+    if ! kill -0 "$builder" 2>/dev/null && [ ! -f "$rc_file" ]; then
+      echo "test.sh: the $1 build stopped without a status" >&2
+      tail -n 60 "$san_state/$1.log" >&2 || true
+      return 1
+    fi
+    sleep 2
+  done
+  if [ "$(cat "$rc_file")" != 0 ]; then
+    echo "test.sh: the $1 build failed:" >&2
+    tail -n 60 "$san_state/$1.log" >&2
+    return 1
+  fi
+  phase "the $1 build"
+}
+
+# A short, bounded libFuzzer pass over the parsers, the frame decoder and the
+# handshake (clang build in build-fuzz/). Skip it with SIPHON_SKIP_FUZZ=1.
 if [ "${SIPHON_SKIP_FUZZ:-0}" != 1 ]; then
   bash scripts/fuzz.sh --ci
   phase "fuzzing"
@@ -30,11 +79,16 @@ fi
 ctest --test-dir build --output-on-failure -j2 "$@"
 phase "the tests"
 
-# The same tests again under sanitizers (scripts/sanitize.sh): ASan+UBSan over
-# every test in build-asan/, TSan over the unit tests in build-tsan/. The
-# ctest args above apply there too. About 28 minutes on two cores, most of it
-# the two builds; skip with SIPHON_SKIP_SANITIZE=1.
-if [ "${SIPHON_SKIP_SANITIZE:-0}" != 1 ]; then
-  bash scripts/sanitize.sh all "$@"
+# The same tests again under sanitizers: ASan+UBSan over every test in
+# build-asan/, TSan over the unit tests in build-tsan/. The ctest args above
+# apply there too.
+if [ "$sanitize" = 1 ]; then
+  wait_built asan
+  rc=0
+  bash scripts/sanitize.sh --test-only asan "$@" || rc=$?
+  wait_built tsan
+  bash scripts/sanitize.sh --test-only tsan "$@" || rc=$?
+  builder=""
   phase "the sanitizer runs"
+  exit "$rc"
 fi

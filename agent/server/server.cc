@@ -632,7 +632,8 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
                 {{"peer", peer}, {"code", errorCodeName(code)}, {"reason", message}, {"count", n}});
     }
     metrics_.errorSent(code, metrics::ErrorFrame::kReject);
-    co_await net::writeFrame(socket, protocol::makeReject(code, message));
+    // Best effort: the peer may be gone already, and the socket closes either way.
+    (void)co_await net::writeFrame(socket, protocol::makeReject(code, message));
     net::error_code ignored;
     socket.shutdown(net::tcp::socket::shutdown_both, ignored);
     socket.close(ignored);

@@ -19,6 +19,13 @@
 namespace siphon::agent::steal {
 namespace {
 
+// NLMSG_OK with the types spelled out: glibc's macro compares the unsigned
+// nlmsg_len with the int length left, which clang's -Wsign-compare rejects.
+bool messageFits(const nlmsghdr* h, int left) {
+  return left >= static_cast<int>(sizeof(nlmsghdr)) && h->nlmsg_len >= sizeof(nlmsghdr) &&
+         h->nlmsg_len <= static_cast<unsigned>(left);
+}
+
 // The states of a connection's server side once the listener has answered
 // the SYN. Asking for TCP_SYN_RECV also dumps the request sockets of
 // handshakes in progress (TCP_NEW_SYN_RECV). Not TCP_LISTEN (the
@@ -79,7 +86,7 @@ absl::StatusOr<std::vector<inet_diag_msg>> dumpConnections(int fd, int family, u
   for (;;) {
     ASSIGN_OR_RETURN(size_t len, receive(fd, buf, what));
     int left = static_cast<int>(len);
-    for (auto* h = reinterpret_cast<nlmsghdr*>(buf.data()); NLMSG_OK(h, left);
+    for (auto* h = reinterpret_cast<nlmsghdr*>(buf.data()); messageFits(h, left);
          h = NLMSG_NEXT(h, left)) {
       // Stale answers of an earlier, abandoned request on this socket.
       if (h->nlmsg_seq != seq) continue;
@@ -117,7 +124,7 @@ absl::StatusOr<int> destroyOne(int fd, const inet_diag_msg& msg, uint32_t seq) {
   for (;;) {
     ASSIGN_OR_RETURN(size_t len, receive(fd, buf, "receive SOCK_DESTROY answer"));
     int left = static_cast<int>(len);
-    for (auto* h = reinterpret_cast<nlmsghdr*>(buf.data()); NLMSG_OK(h, left);
+    for (auto* h = reinterpret_cast<nlmsghdr*>(buf.data()); messageFits(h, left);
          h = NLMSG_NEXT(h, left)) {
       if (h->nlmsg_seq != seq || h->nlmsg_type != NLMSG_ERROR) continue;
       return -static_cast<const nlmsgerr*>(NLMSG_DATA(h))->error;

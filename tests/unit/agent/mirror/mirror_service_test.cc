@@ -406,8 +406,10 @@ TEST_F(MirrorServiceTest, SlowClientLosesOnlyItsOwnCopyAndGapsAddUp) {
     bool fast_done = false;
     asio::co_spawn(
         ex,
-        [&]() -> net::awaitable<void> {
-          fast_t = co_await readAll(fast_streams->got[0].first);
+        // The streams by init-capture: clang 14 cannot capture a structured
+        // binding implicitly.
+        [&, streams = fast_streams]() -> net::awaitable<void> {
+          fast_t = co_await readAll(streams->got[0].first);
           fast_done = true;
         },
         asio::detached);
