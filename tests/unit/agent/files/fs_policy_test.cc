@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <vector>
 
@@ -137,12 +138,30 @@ TEST(FsPolicyTest, RequestNames) {
 // An op this build does not know (a newer schema's, or one added to the
 // proto without a place here) must fail closed under ro, not pass as a read.
 TEST(FsPolicyTest, UnknownOpIsWriteLike) {
-  const auto unknown = static_cast<v1::FileRequest::OpCase>(999);
-  EXPECT_TRUE(isWriteLikeOp(unknown, O_RDONLY));
-  // Every op the schema names is placed on one side on purpose: the read
-  // ones stay reads.
   const auto* oneof = v1::FileRequest::descriptor()->FindOneofByName("op");
   ASSERT_NE(oneof, nullptr);
+  // The unknown op is a number no field of the oneof has, inside the range
+  // of OpCase's values (an enum without a fixed type holds 0..2^k-1 for the
+  // smallest 2^k above its largest enumerator; a value outside is undefined
+  // behaviour, which clang's UBSan reports).
+  int largest = 0;
+  for (int i = 0; i < oneof->field_count(); ++i) {
+    largest = std::max(largest, oneof->field(i)->number());
+  }
+  int range = 1;
+  while (range <= largest) range <<= 1;
+  int number = range - 1;
+  auto named = [&](int n) {
+    for (int i = 0; i < oneof->field_count(); ++i) {
+      if (oneof->field(i)->number() == n) return true;
+    }
+    return false;
+  };
+  while (number > 0 && named(number)) --number;
+  ASSERT_GT(number, 0) << "every value of OpCase's range is an op";
+  EXPECT_TRUE(isWriteLikeOp(static_cast<v1::FileRequest::OpCase>(number), O_RDONLY));
+  // Every op the schema names is placed on one side on purpose: the read
+  // ones stay reads.
   int reads = 0;
   for (int i = 0; i < oneof->field_count(); ++i) {
     const auto op = static_cast<v1::FileRequest::OpCase>(oneof->field(i)->number());

@@ -631,10 +631,11 @@ TEST(Http1Engine, IdleConnectionsCloseAfterTheIdleTimeout) {
 }
 
 TEST(Http1Engine, StopAbortsRequestsUnderWay) {
-  AppServer app(appAnswering(nullptr));
-  EngineHarness h(app.port());
+  // Before the harness: its session threads read them until it joins them.
   std::atomic<bool> has_request{false};
   std::atomic<bool> checked{false};
+  AppServer app(appAnswering(nullptr));
+  EngineHarness h(app.port());
   h.router.session = [&](int fd, RequestHead) {
     Peer peer(fd);
     peer.readRequest();
