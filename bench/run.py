@@ -18,15 +18,19 @@ Topology (all namespaces made here, removed on exit, even on failure):
 Run by scripts/bench.sh, which builds in Release first.
 """
 import argparse
+import hashlib
 import json
 import os
 import re
 import secrets
 import shutil
+import socket
 import signal
 import statistics
 import subprocess
+import struct
 import sys
+import threading
 import time
 from contextlib import ExitStack
 
@@ -612,6 +616,69 @@ http {{
         self.record("agent idle RSS with one session", "MiB", {"siphon": summary([rss])},
                     {"absolute_max": 16})
 
+    def isolation(self):
+        """One session reading a 64 MiB file (`siphon fs cat`) while other
+        clients misbehave and a stopped consumer holds its stream, against
+        the same read alone, interleaved. tests/privileged/isolation checks
+        that it stays byte-exact; this measures how fast it stays."""
+        path = os.path.join(self.tmp, "isolation.bin")
+        with open(path, "wb") as f:
+            f.write(os.urandom(64 << 20))
+        with open(path, "rb") as f:
+            want = hashlib.sha256(f.read()).hexdigest()
+        token = open(self.token_file).read().strip()
+        # The agent in this namespace, so this process's sockets reach it.
+        agent, endpoint = self.start_agent(netns="")
+        port = int(endpoint.rsplit(":", 1)[1])
+        endless = self.procs.start(["socat", "-U", "TCP-LISTEN:5301,reuseaddr,fork",
+                                    "OPEN:/dev/zero"], netns=self.pod, stderr=subprocess.DEVNULL)
+        self.wait_port(self.pod, 5301)
+
+        def read_once():
+            t0 = time.perf_counter()
+            r = subprocess.run([self.cli_bin, "--agent", endpoint, "--token-file",
+                                self.token_file, "fs", "cat", path], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, timeout=300)
+            secs = time.perf_counter() - t0
+            if r.returncode != 0 or hashlib.sha256(r.stdout).hexdigest() != want:
+                raise RuntimeError(f"siphon fs cat: exit {r.returncode}, "
+                                   f"{len(r.stdout)} bytes: {r.stderr.decode()[-500:]}")
+            return (64 << 20) / 1e6 / secs
+
+        values = {"baseline": [], "siphon": []}
+        try:
+            for rep in range(self.reps):
+                values["baseline"].append(read_once())
+                # X: a consumer that read some of its stream and stopped.
+                x = subprocess.Popen([self.cli_bin, "--agent", endpoint, "--token-file",
+                                      self.token_file, "--client-name", "x", "connect",
+                                      "127.0.0.1:5301"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL)
+                got = 0
+                while got < (4 << 20):
+                    chunk = x.stdout.read1(1 << 20)
+                    if not chunk:
+                        raise RuntimeError("siphon connect (X) ended early")
+                    got += len(chunk)
+                x.send_signal(signal.SIGSTOP)
+                load = Misbehavers(port, token)
+                load.start()
+                try:
+                    values["siphon"].append(read_once())
+                finally:
+                    load.stop()
+                    x.kill()
+                    x.wait()
+                log(f"isolation rep {rep + 1}/{self.reps}: alone {values['baseline'][-1]:.0f}, "
+                    f"with misbehaving clients {values['siphon'][-1]:.0f} MB/s "
+                    f"({load.rounds} garbage rounds)")
+        finally:
+            self.procs.stop(endless)
+            self.procs.stop(agent)
+        self.record("files: 64 MiB read while other clients misbehave (vs the same read alone)",
+                    "MB/s", {"siphon": summary(values["siphon"]),
+                             "baseline": summary(values["baseline"])}, {"baseline": 0.5})
+
     def services(self):
         """Files and DNS through the agent (bench/service_bench.cc) against
         local stat/read and c-ares inside the pod."""
@@ -667,6 +734,116 @@ http {{
             self.procs.stop(agent)
 
 
+def _pb_field(number, payload):
+    """A length-delimited protobuf field (wire type 2)."""
+    def varint(n):
+        out = b""
+        while True:
+            b, n = n & 0x7F, n >> 7
+            out += bytes([b | (0x80 if n else 0)])
+            if not n:
+                return out
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def _frame(body):
+    return struct.pack(">I", len(body)) + body
+
+
+def hello_frame(name, token):
+    """Frame{hello: Hello{version{1, 0}, client_name, auth_token}}, encoded
+    by hand (proto/siphon/v1): enough for a handshake from Python."""
+    version = b"\x08\x01"  # major = 1 (minor 0 is the default)
+    hello = _pb_field(1, version) + _pb_field(2, name.encode()) + _pb_field(3, token.encode())
+    return _frame(_pb_field(2, hello))
+
+
+def goaway_frame():
+    return _frame(_pb_field(8, b"\x08\x15"))  # Goaway{code: CANCELLED (21)}
+
+
+class Misbehavers:
+    """The misbehaving clients of tests/privileged/isolation, as load:
+    garbage before and after a handshake, handshakes held half-sent,
+    connect/disconnect churn (plain, clean Goaway, cut), until stop()."""
+
+    def __init__(self, port, token):
+        self.port, self.token = port, token
+        self.stop_flag = threading.Event()
+        self.rounds = 0
+        self.stalled = []
+        self.threads = [threading.Thread(target=self.garbage, daemon=True),
+                        threading.Thread(target=self.churn, daemon=True)]
+
+    def connect(self):
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        s.settimeout(10)
+        return s
+
+    @staticmethod
+    def drain(s):
+        try:
+            while s.recv(65536):
+                pass
+        except OSError:
+            pass
+        s.close()
+
+    def garbage(self):
+        payloads = [b"GET / HTTP/1.1\r\nHost: agent\r\n\r\n",
+                    struct.pack(">I", 0xFFFFFFF0) + b"xxxx",
+                    struct.pack(">I", 16) + b"\xff" * 16]
+        while not self.stop_flag.is_set():
+            self.rounds += 1
+            for p in payloads:
+                try:
+                    s = self.connect()
+                    s.sendall(p)
+                    self.drain(s)
+                except OSError:
+                    pass
+            try:
+                s = self.connect()
+                s.sendall(hello_frame("garbage", self.token))
+                s.recv(65536)  # the Welcome
+                s.sendall(struct.pack(">I", 0x7FFFFFFF))
+                self.drain(s)
+            except OSError:
+                pass
+            time.sleep(0.02)
+
+    def churn(self):
+        n = 0
+        while not self.stop_flag.is_set():
+            n += 1
+            try:
+                s = self.connect()
+                if n % 3:
+                    s.sendall(hello_frame("churn", self.token))
+                    s.recv(65536)
+                    if n % 3 == 1:
+                        s.sendall(goaway_frame())
+                s.close()
+            except OSError:
+                pass
+            time.sleep(0.005)
+
+    def start(self):
+        for _ in range(8):
+            s = self.connect()
+            s.sendall(struct.pack(">I", 100)[:2])
+            self.stalled.append(s)
+        for t in self.threads:
+            t.start()
+
+    def stop(self):
+        self.stop_flag.set()
+        for t in self.threads:
+            t.join()
+        for s in self.stalled:
+            s.close()
+
+
 def markdown(results, meta):
     lines = [f"Measured {meta['date']} on {meta['machine']}, `{meta['command']}`.", "",
              "| scenario | siphon | direct / baseline | peer | ratios (target) |",
@@ -707,7 +884,7 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     groups = [g for g in args.only.split(",") if g] or [
         "bulk", "bulk8", "http", "short", "filtered", "idle", "forward", "startup", "rss",
-        "services", "mirror"]
+        "services", "mirror", "isolation"]
     with ExitStack() as stack:
         procs = Procs()
         stack.callback(procs.close)
@@ -737,6 +914,8 @@ def main():
             b.services()
         if "mirror" in groups:
             b.mirror()
+        if "isolation" in groups:
+            b.isolation()
         cpu = ""
         with open("/proc/cpuinfo") as f:
             m = re.search(r"model name\s*:\s*(.*)", f.read())

@@ -12,8 +12,9 @@
 # Usage: scripts/fetch-containerd-protos.sh [DEST]
 #   DEST defaults to $SIPHON_PROTO_CACHE or /var/cache/siphon/containerd-protos.
 # Idempotent: a DEST holding a complete copy (DEST/.complete) is left alone.
-# agent/runtime/CMakeLists.txt reads DEST, and runs this script into the build
-# directory when install-deps.sh did not fill the default DEST.
+# scripts/install-deps.sh runs it; agent/runtime/CMakeLists.txt only reads
+# DEST (-DSIPHON_CONTAINERD_PROTO_DIR, else $SIPHON_PROTO_CACHE, else the
+# default) and stops with a message naming this script when it is missing.
 set -euo pipefail
 
 dest="${1:-${SIPHON_PROTO_CACHE:-/var/cache/siphon/containerd-protos}}"

@@ -34,10 +34,14 @@ PKGS=(
 )
 
 # containerd's .proto files, for the agent's gRPC client generated at build
-# time: unpacked from Debian's Go source packages into /var/cache/siphon, not
-# installed (see the script). Without root, CMake fetches them into build/.
-if [ "$(id -u)" -eq 0 ]; then
+# time: unpacked from Debian's Go source packages into /var/cache/siphon (or
+# $SIPHON_PROTO_CACHE), not installed (see the script). CMake only reads
+# them, and stops with a message naming this script when they are missing.
+if [ "$(id -u)" -eq 0 ] || [ -n "${SIPHON_PROTO_CACHE:-}" ]; then
   bash "$(dirname "${BASH_SOURCE[0]}")/fetch-containerd-protos.sh"
+elif [ ! -f /var/cache/siphon/containerd-protos/.complete ]; then
+  echo "install-deps: containerd's .proto files are missing; run as root, or set" \
+    "SIPHON_PROTO_CACHE=DIR (configure then reads DIR)" >&2
 fi
 
 missing=()

@@ -65,20 +65,25 @@ absl::Status parseFormat(std::string_view name, Format* out) {
   return absl::OkStatus();
 }
 
-absl::Status init(Format format, std::string_view level) {
-  Level l;
-  if (level == "debug" || level == "trace") {
-    l = Level::kDebug;
-  } else if (level == "info") {
-    l = Level::kInfo;
-  } else if (level == "warn" || level == "warning") {
-    l = Level::kWarn;
-  } else if (level == "error") {
-    l = Level::kError;
+absl::Status parseLevel(std::string_view name, Level* out) {
+  if (name == "debug" || name == "trace") {
+    *out = Level::kDebug;
+  } else if (name == "info") {
+    *out = Level::kInfo;
+  } else if (name == "warn" || name == "warning") {
+    *out = Level::kWarn;
+  } else if (name == "error") {
+    *out = Level::kError;
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown log level '", asv(level), "' (want debug, info, warn or error)"));
+        absl::StrCat("unknown log level '", asv(name), "' (want debug, info, warn or error)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status init(Format format, std::string_view level) {
+  Level l;
+  if (absl::Status s = parseLevel(level, &l); !s.ok()) return s;
   g_format = format;
   g_level = l;
   return absl::OkStatus();

@@ -21,6 +21,8 @@ enum class Level { kDebug, kInfo, kWarn, kError };
 
 absl::Status init(Format format, std::string_view level);
 absl::Status parseFormat(std::string_view name, Format* out);
+// "debug" (or "trace"), "info", "warn" (or "warning"), "error".
+absl::Status parseLevel(std::string_view name, Level* out);
 
 struct Field {
   Field(std::string_view k, std::string_view v) : key(k), value(v), quoted(true) {}

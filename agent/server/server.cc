@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
 #include "agent/metrics/process.h"
+#include "agent/server/accept_decision.h"
 #include "siphon/protocol/handshake.h"
 #include "siphon/status.h"
 #include "siphon/transport/frame_io.h"
@@ -656,23 +657,42 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
     co_return;
   }
   const v1::Hello& hello = first->frame.hello();
-  auto version = protocol::negotiateVersion(hello.version(), protocol::currentVersion());
-  if (!version.ok()) {
-    co_await reject(v1::UNSUPPORTED_VERSION, std::string(version.status().message()));
+  // The decision has no I/O (accept_decision.h); what it needs is gathered
+  // here, every session only when a new one would pass --max-sessions.
+  auto view = [](AgentSession& s) {
+    return SessionView{.id = s.id(),
+                       .resume_token = s.resumeToken(),
+                       .detached = s.detached(),
+                       .received = s.session().receivedCount(),
+                       .streams = s.streamCount(),
+                       .created = s.created()};
+  };
+  AcceptState state;
+  state.agent_version = protocol::currentVersion();
+  state.insecure_no_auth = config_.insecure_no_auth;
+  state.token = config_.token;
+  state.draining = draining_;
+  state.max_sessions = config_.max_sessions;
+  state.session_grace = config_.limits.session_grace;
+  state.limits = config_.limits;
+  state.session_count = sessions_.size();
+  if (hello.has_resume()) {
+    if (auto it = sessions_.find(hello.resume().session_id()); it != sessions_.end()) {
+      state.resumed = view(*it->second);
+    }
+  }
+  std::vector<SessionView> views;
+  if (!hello.has_resume() && sessions_.size() >= config_.max_sessions) {
+    for (const auto& [id, s] : sessions_) views.push_back(view(*s));
+    state.sessions = views;
+  }
+  const AcceptDecision decision = decideAccept(hello, state);
+  if (decision.kind == AcceptDecision::Kind::kReject) {
+    co_await reject(decision.code, decision.message);
+    if (!decision.resume_outcome.empty()) metrics_.resume(decision.resume_outcome);
     co_return;
   }
-  if (!config_.insecure_no_auth &&
-      !protocol::constantTimeEquals(hello.auth_token(), config_.token)) {
-    co_await reject(v1::UNAUTHENTICATED, "wrong or missing token");
-    co_return;
-  }
-  if (draining_ && !hello.has_resume()) {
-    // A resume still gets in: its connections in flight are what the drain
-    // waits for.
-    co_await reject(v1::AGENT_DRAINING, "the agent is draining; connect to another agent");
-    co_return;
-  }
-
+  const v1::Version* version = &decision.version;
   v1::Frame welcome_frame;
   v1::Welcome& welcome = *welcome_frame.mutable_welcome();
   *welcome.mutable_version() = *version;
@@ -682,22 +702,8 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
 
   std::shared_ptr<AgentSession> session;
   uint64_t attachment = 0;
-  if (hello.has_resume()) {
-    auto it = sessions_.find(hello.resume().session_id());
-    if (it == sessions_.end()) {
-      co_await reject(
-          v1::SESSION_EXPIRED,
-          absl::StrCat("session ", hello.resume().session_id(), " is unknown or expired (grace ",
-                       config_.limits.session_grace.count(), " ms)"));
-      metrics_.resume("unknown_session");
-      co_return;
-    }
-    session = it->second;
-    if (!protocol::constantTimeEquals(hello.resume().resume_token(), session->resumeToken())) {
-      co_await reject(v1::UNAUTHENTICATED, "wrong resume token");
-      metrics_.resume("bad_token");
-      co_return;
-    }
+  if (decision.resume) {
+    session = sessions_.at(hello.resume().session_id());
     session->detachForResume();
     absl::Status s =
         session->session().resume(hello.resume().last_seq_received(), protocol::Clock::now());
@@ -713,16 +719,16 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
     // the later one wins (attach() refuses this one then).
     attachment = session->session().attachment();
   } else {
-    if (sessions_.size() >= config_.max_sessions && !evictEmptyDetachedSession()) {
-      co_await reject(v1::TOO_MANY_SESSIONS,
-                      absl::StrCat(protocol::limitReached("session", config_.max_sessions,
-                                                          "--max-sessions"),
-                                   "; a session that ends makes room"));
-      co_return;
+    if (decision.kind == AcceptDecision::Kind::kEvict) {
+      const std::shared_ptr<AgentSession> evicted = sessions_.at(decision.evict_session_id);
+      log::warn("session_evicted",
+                {{"session", evicted->id()},
+                 {"client", evicted->clientName()},
+                 {"reason", "session limit reached; it was detached and had sent nothing"}});
+      evicted->end("evicted: detached with nothing to resume, at the session limit");
     }
-    auto limits = protocol::negotiateLimits(hello.requested_limits(), config_.limits);
-    session =
-        std::make_shared<AgentSession>(*this, newId(8), newId(24), hello.client_name(), limits);
+    session = std::make_shared<AgentSession>(*this, newId(8), newId(24), hello.client_name(),
+                                             decision.limits);
     sessions_[session->id()] = session;
   }
   welcome.set_session_id(session->id());
@@ -765,27 +771,6 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
              {"peer", peer},
              {"version", protocol::versionString(*version)}});
   session->attach(std::move(socket), std::move(first->leftover), attachment);
-}
-
-bool Server::evictEmptyDetachedSession() {
-  // A client that completes handshakes and drops them without a word would
-  // otherwise fill --max-sessions with detached sessions for the whole
-  // grace period and lock every other client out. A detached session whose
-  // client never sent a sequenced frame (no request, no stream, no
-  // subscription) holds nothing a resume could save: it goes first, oldest
-  // first. Sessions holding anything are never evicted.
-  std::shared_ptr<AgentSession> oldest;
-  for (const auto& [id, s] : sessions_) {
-    if (!s->detached() || s->session().receivedCount() != 0 || s->streamCount() != 0) continue;
-    if (!oldest || s->created() < oldest->created()) oldest = s;
-  }
-  if (!oldest) return false;
-  log::warn("session_evicted",
-            {{"session", oldest->id()},
-             {"client", oldest->clientName()},
-             {"reason", "session limit reached; it was detached and had sent nothing"}});
-  oldest->end("evicted: detached with nothing to resume, at the session limit");
-  return true;
 }
 
 void Server::handleRequest(std::shared_ptr<AgentSession> session, v1::Request request) {

@@ -215,10 +215,6 @@ class Server {
   void shutdown(int exit_code, std::string_view reason);
   void startDrain(std::string_view reason);
   net::awaitable<void> watchDrain(std::string reason);
-  // At --max-sessions: ends the oldest detached session that never sent a
-  // request or opened anything (nothing a resume could save); false if
-  // there is none.
-  bool evictEmptyDetachedSession();
   // Streams of every session plus what the services still relay.
   size_t inFlight() const;
   v1::InfoResponse info(const AgentSession& session) const;

@@ -146,13 +146,17 @@ class AgentEnvTest : public ::testing::Test {
   // new namespace.
   void waitForPod() {
     const std::string comm_path = "/proc/" + std::to_string(pod_.pid()) + "/comm";
-    const auto deadline = Clock::now() + kProcessDeadline;
-    while (Clock::now() < deadline) {
-      if (readFile(comm_path) == "sleep\n" && netnsInodeOf(pod_.pid()) == netns_->inode()) return;
-      if (pod_.waitUntil(Clock::now())) FAIL() << "the pod process exited";
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    FAIL() << "pod process " << pod_.pid() << " never ran sleep in " << netns_->name();
+    bool exited = false;
+    const bool ran = fakes::eventually(
+        [&] {
+          if (readFile(comm_path) == "sleep\n" && netnsInodeOf(pod_.pid()) == netns_->inode())
+            return true;
+          exited = pod_.waitUntil(Clock::now()).has_value();
+          return exited;
+        },
+        kProcessDeadline);
+    if (exited) FAIL() << "the pod process exited";
+    if (!ran) FAIL() << "pod process " << pod_.pid() << " never ran sleep in " << netns_->name();
   }
 
   Result cli(const std::vector<std::string>& args, const std::string& token_file = "") {
@@ -278,10 +282,8 @@ TEST_F(AgentEnvTest, SecondConcurrentClient) {
   // not wait for.
   held.close();
   int sessions = -1;
-  const auto deadline = Clock::now() + std::chrono::seconds(20);
-  while (Clock::now() < deadline && (sessions = sessionsNow()) != 1) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  fakes::eventually([&] { return (sessions = sessionsNow()) == 1; }, std::chrono::seconds(20),
+                    std::chrono::milliseconds(50));
   EXPECT_EQ(sessions, 1);
 }
 

@@ -189,10 +189,7 @@ class AgentCapsTest : public CapsTest, public ::testing::WithParamInterface<Agen
     ASSERT_TRUE(pod_->created());
     target_ = spawn({"ip", "netns", "exec", pod_->name(), "sleep", "600"}, std::nullopt, -1, -1);
     const std::string comm = "/proc/" + std::to_string(target_.pid()) + "/comm";
-    const auto deadline = Clock::now() + kProcessDeadline;
-    while (readFile(comm) != "sleep\n" && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    fakes::eventually([&] { return readFile(comm) == "sleep\n"; }, kProcessDeadline);
     ASSERT_EQ(readFile(comm), "sleep\n");
   }
 

@@ -340,11 +340,9 @@ class CaptureTest : public ::testing::Test {
 
     // The target: any process of the pod; its netns is what the agent captures in.
     target_ = spawn({"ip", "netns", "exec", pod_->name(), "sleep", "3600"}, std::nullopt, -1, -1);
-    const auto deadline = Clock::now() + kProcessDeadline;
-    while (netnsInodeOf(target_.pid()) != pod_->inode()) {
-      ASSERT_LT(Clock::now(), deadline) << "the pod's process never entered " << pod_->name();
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    ASSERT_TRUE(fakes::eventually([&] { return netnsInodeOf(target_.pid()) == pod_->inode(); },
+                                  kProcessDeadline))
+        << "the pod's process never entered " << pod_->name();
     agent_.emplace(
         std::vector<std::string>{"--listen", "127.0.0.1:0", "--token-file", token_file_,
                                  "--first-client-timeout", "120s", "--log-level", "debug",

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tests/privileged/harness/pod_harness.h"
+#include "tests/privileged/harness/privileged_test.h"
 
 namespace siphon {
 namespace {
@@ -64,15 +65,18 @@ bool resolvesOnHost(const std::string& name) {
   return rc == 0;
 }
 
-class DnsTest : public ::testing::Test {
+class DnsTest : public PrivilegedTest {
  protected:
+  DnsTest() : PrivilegedTest(kSkipReason) {}
+
   void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << kSkipReason;
+    PrivilegedTest::SetUp();
+    if (IsSkipped()) return;
     if (access(kDnsmasq, X_OK) != 0 || access(kBusybox, X_OK) != 0) {
       GTEST_SKIP() << "needs " << kDnsmasq << " and " << kBusybox
                    << " (dnsmasq-base, busybox-static: scripts/install-deps.sh)";
     }
-    dir_.emplace();
+    dir_ = &dir();
     token_file_ = dir_->file("token", "tok-" + randomHex(32) + "\n");
     root_ = dir_->path() + "/root";
     std::filesystem::create_directories(root_ + "/bin");
@@ -81,8 +85,9 @@ class DnsTest : public ::testing::Test {
     writeRootFile("etc/resolv.conf", kResolvConf);
     writeRootFile("etc/hosts", kHosts);
 
-    netns_.emplace();
+    netns_ = &addNetns();
     ASSERT_TRUE(netns_->created());
+    showOnFailure("dnsmasq log", [this] { return readFile(dir_->path() + "/dnsmasq.log"); });
     ASSERT_NO_FATAL_FAILURE(startDnsmasq());
     ASSERT_NO_FATAL_FAILURE(startPod());
 
@@ -90,14 +95,8 @@ class DnsTest : public ::testing::Test {
                                             "--first-client-timeout", "30s", "targeted", "--pid",
                                             std::to_string(pod_.pid())},
                    cleanEnv(), dir_->path() + "/agent.log");
+    showOnFailure("agent log", [this] { return agent_->log(); });
     ASSERT_TRUE(agent_->ready(&endpoint_));
-  }
-
-  void TearDown() override {
-    if (!HasFailure()) return;
-    if (agent_) std::cerr << "--- agent log\n" << agent_->log() << "---\n";
-    if (dir_)
-      std::cerr << "--- dnsmasq log\n" << readFile(dir_->path() + "/dnsmasq.log") << "---\n";
   }
 
   // Replaces a file of the pod's root with a new one (a new inode, as
@@ -173,10 +172,10 @@ class DnsTest : public ::testing::Test {
   }
 
   // Destroyed in reverse: agent, pod, dnsmasq, namespace, directory.
-  std::optional<TempDir> dir_;
+  TempDir* dir_ = nullptr;  // PrivilegedTest's
   std::string token_file_;
   std::string root_;
-  std::optional<NetNs> netns_;
+  NetNs* netns_ = nullptr;  // PrivilegedTest's
   Child dnsmasq_;
   Child pod_;
   std::optional<Agent> agent_;
@@ -202,13 +201,12 @@ TEST_F(DnsTest, OutgoingConnectionsToANameUseThePodsDns) {
                      std::nullopt, -1, -1);
   ASSERT_GT(echo.pid(), 0);
   // Ready once it listens: its socket in the pod's /proc/net/tcp (port 0x1B5F).
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  bool listening = false;
-  while (!listening && Clock::now() < deadline) {
-    Result tcp = run({"ip", "netns", "exec", netns_->name(), "cat", "/proc/net/tcp"});
-    listening = tcp.out.find(":1B5F 00000000:0000 0A") != std::string::npos;
-    if (!listening) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  const bool listening = fakes::eventually(
+      [&] {
+        Result tcp = run({"ip", "netns", "exec", netns_->name(), "cat", "/proc/net/tcp"});
+        return tcp.out.find(":1B5F 00000000:0000 0A") != std::string::npos;
+      },
+      std::chrono::seconds(10), std::chrono::milliseconds(20));
   ASSERT_TRUE(listening) << "socat did not start listening in the pod";
   EXPECT_FALSE(resolvesOnHost("echo.pod.example"));
 

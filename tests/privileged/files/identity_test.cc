@@ -422,10 +422,7 @@ TEST_F(FileIdentityTest, ATargetInAnotherUserNamespaceIsRefused) {
   ASSERT_GT(pod_->pid(), 0);
   const std::string proc = "/proc/" + std::to_string(pod_->pid());
   const std::string want = std::string("/bin/busybox\0sleep\0", 19) + "600" + std::string(1, '\0');
-  const auto deadline = Clock::now() + kProcessDeadline;
-  while (Clock::now() < deadline && readFile(proc + "/cmdline") != want) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  fakes::eventually([&] { return readFile(proc + "/cmdline") == want; }, kProcessDeadline);
   ASSERT_EQ(readFile(proc + "/cmdline"), want);
   target_ = pod_->pid();
   ASSERT_NO_FATAL_FAILURE(startAgent(Pod::kSharedPid));

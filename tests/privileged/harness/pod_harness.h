@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/fakes/eventually.h"
 #include "tests/fakes/sanitizers.h"
 
 namespace siphon::harness {

@@ -551,12 +551,9 @@ class Nginx {
 // after answering it); the last value.
 template <typename T>
 T eventually(const std::function<T()>& get, const T& want) {
-  const auto deadline = Clock::now() + std::chrono::seconds(5);
-  T got = get();
-  while (got != want && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    got = get();
-  }
+  T got;
+  fakes::eventually([&] { return (got = get()) == want; }, std::chrono::seconds(5),
+                    std::chrono::milliseconds(20));
   return got;
 }
 

@@ -5,7 +5,7 @@
 // A "pod" network namespace holds the target (a sleep) and a TCP server that
 // sends an endless byte pattern to whoever connects. One agent targets the
 // sleep. Session Y reads a 64 MiB file through the agent (`siphon fs cat`),
-// first alone (the baseline), then while, at the same time:
+// first alone, then while, at the same time:
 //   - raw TCP clients send garbage to the agent's listener: bytes that are
 //     not a frame, a frame header with an absurd length, undecodable frame
 //     bytes, and the same after a valid handshake; and connections that
@@ -14,13 +14,15 @@
 //     few MiB and is stopped (SIGSTOP): a consumer that no longer reads;
 //   - a client connects and disconnects in a loop: plain TCP, a full
 //     handshake ended cleanly, and a full handshake cut without a word.
-// Y must arrive byte-exact at a speed comparable with the baseline (the
-// best of five runs each, printed), every garbage connection must end with
-// its typed error (and the agent must log it), and X, continued, must go on
-// receiving its stream byte-exact.
+// Y must arrive byte-exact each time, every garbage connection must end
+// with its typed error (and the agent must log it), and X, continued, must
+// go on receiving its stream byte-exact. How fast Y goes meanwhile is a
+// benchmark, not a test: bench/run.py --only isolation measures it against
+// Y alone in the same run.
 //
-// Every kernel object has a unique name and an RAII owner; every socket of
-// the test has a timeout. Without root every test skips with the reason.
+// Every kernel object has a unique name and an owner (harness::
+// PrivilegedTest); every socket of the test has a timeout. Without root
+// every test skips with the reason.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gmock/gmock.h>
@@ -46,6 +48,7 @@
 #include "siphon/protocol/codec.h"
 #include "siphon/protocol/handshake.h"
 #include "tests/privileged/harness/pod_harness.h"
+#include "tests/privileged/harness/privileged_test.h"
 #include "tests/privileged/harness/traffic.h"
 
 namespace siphon {
@@ -214,16 +217,19 @@ std::string lengthPrefix(uint32_t n) {
   return std::string(reinterpret_cast<const char*>(&be), 4);
 }
 
-class IsolationTest : public ::testing::Test {
+class IsolationTest : public PrivilegedTest {
  protected:
+  IsolationTest() : PrivilegedTest(kSkipReason) {}
+
   void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << kSkipReason;
+    PrivilegedTest::SetUp();
+    if (IsSkipped()) return;
     rlimit rl{8192, 8192};
     ::setrlimit(RLIMIT_NOFILE, &rl);
-    dir_.emplace();
+    dir_ = &dir();
     token_ = "tok-" + randomHex(32);
     token_file_ = dir_->file("token", token_ + "\n");
-    netns_.emplace();
+    netns_ = &addNetns();
     ASSERT_TRUE(netns_->created());
     endless_.emplace(netns_->name());
 
@@ -243,31 +249,24 @@ class IsolationTest : public ::testing::Test {
 
     pod_ = spawn({"ip", "netns", "exec", netns_->name(), "sleep", "600"}, std::nullopt, -1, -1);
     ASSERT_GT(pod_.pid(), 0);
-    const auto deadline = Clock::now() + kProcessDeadline;
-    while (Clock::now() < deadline) {
-      if (readFile("/proc/" + std::to_string(pod_.pid()) + "/comm") == "sleep\n" &&
-          netnsInodeOf(pod_.pid()) == netns_->inode()) {
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    fakes::eventually(
+        [&] {
+          return readFile("/proc/" + std::to_string(pod_.pid()) + "/comm") == "sleep\n" &&
+                 netnsInodeOf(pod_.pid()) == netns_->inode();
+        },
+        kProcessDeadline);
     ASSERT_EQ(netnsInodeOf(pod_.pid()), netns_->inode());
 
     agent_.emplace(std::vector<std::string>{"--listen", "127.0.0.1:0", "--token-file", token_file_,
                                             "--first-client-timeout", "60s", "--log-level", "debug",
                                             "targeted", "--pid", std::to_string(pod_.pid())},
                    cleanEnv(), dir_->path() + "/agent.log");
+    showOnFailure("agent log (last 20000 bytes)", [this] {
+      std::string log = agent_->log();
+      return log.substr(log.size() > 20000 ? log.size() - 20000 : 0);
+    });
     ASSERT_TRUE(agent_->ready(&endpoint_));
     agent_port_ = static_cast<uint16_t>(std::stoul(endpoint_.substr(endpoint_.rfind(':') + 1)));
-  }
-
-  void TearDown() override {
-    if (HasFailure() && agent_) {
-      std::string log = agent_->log();
-      // The interesting part: everything but the per-connection noise.
-      std::cerr << "--- agent log (last 20000 bytes)\n"
-                << log.substr(log.size() > 20000 ? log.size() - 20000 : 0) << "---\n";
-    }
   }
 
   std::vector<std::string> cli(const std::vector<std::string>& args) const {
@@ -294,16 +293,13 @@ class IsolationTest : public ::testing::Test {
     return protocol::encodeFrame(protocol::makeHello(name, token_, v1::Limits(), nullptr));
   }
 
-  // Y: the whole file through `siphon fs cat`, to a file; the seconds it
-  // took, or a failure.
-  ::testing::AssertionResult readFileThroughAgent(double* seconds) {
+  // Y: the whole file through `siphon fs cat`, to a file, compared.
+  ::testing::AssertionResult readFileThroughAgent() {
     const std::string out_path = dir_->path() + "/y.out";
     Fd out(::open(out_path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     Fd err(::open((dir_->path() + "/y.err").c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    const auto t0 = Clock::now();
     Child y = spawn(cli({"fs", "cat", file_path_}), cleanEnv(), out.get(), err.get());
-    auto code = y.waitUntil(t0 + kProcessDeadline);
-    *seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    auto code = y.waitUntil(Clock::now() + kProcessDeadline);
     if (code != 0) {
       return ::testing::AssertionFailure() << "siphon fs cat exited " << code.value_or(-1) << ": "
                                            << readFile(dir_->path() + "/y.err");
@@ -318,25 +314,11 @@ class IsolationTest : public ::testing::Test {
     return ::testing::AssertionSuccess();
   }
 
-  // The best throughput of `runs` transfers, in MiB/s; every one checked.
-  double bestOf(int runs, const char* what) {
-    double best = 0;
-    for (int i = 0; i < runs; ++i) {
-      double s = 0;
-      ::testing::AssertionResult ok = readFileThroughAgent(&s);
-      EXPECT_TRUE(ok) << what << " run " << i;
-      if (!ok) continue;
-      const double mibs = (kFileSize / double(1 << 20)) / s;
-      std::cerr << what << " run " << i << ": " << mibs << " MiB/s (" << s << " s)\n";
-      best = std::max(best, mibs);
-    }
-    return best;
-  }
-
-  // Destroyed in reverse: agent, pod, server, namespace, directory.
-  std::optional<TempDir> dir_;
+  // Destroyed in reverse: agent, pod, server; then (PrivilegedTest) the
+  // namespace and the directory.
+  TempDir* dir_ = nullptr;
   std::string token_, token_file_;
-  std::optional<NetNs> netns_;
+  NetNs* netns_ = nullptr;
   std::optional<EndlessServer> endless_;
   std::string file_content_, file_path_;
   Child pod_;
@@ -352,8 +334,8 @@ struct GarbageCase {
 };
 
 TEST_F(IsolationTest, MisbehavingClientsDoNotSlowOrChangeAnotherSession) {
-  // ---- the baseline: Y alone.
-  const double alone = bestOf(5, "Y alone");
+  // ---- Y alone.
+  ASSERT_TRUE(readFileThroughAgent()) << "Y alone";
 
   // ---- X: reads a few MiB of its endless stream, then stops reading.
   Proc x(cli({"--client-name", "x", "connect", "127.0.0.1:" + std::to_string(endless_->port())}),
@@ -472,7 +454,8 @@ TEST_F(IsolationTest, MisbehavingClientsDoNotSlowOrChangeAnotherSession) {
   });
 
   // ---- Y again, with all of that going on.
-  const double loaded = bestOf(5, "Y with misbehaving clients");
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(readFileThroughAgent()) << "Y with misbehaving clients, run " << i;
   const uint64_t x_sent_mid = endless_->sent();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const uint64_t x_sent_end = endless_->sent();
@@ -481,10 +464,8 @@ TEST_F(IsolationTest, MisbehavingClientsDoNotSlowOrChangeAnotherSession) {
   churn.join();
   stalled.clear();
 
-  std::cerr << "Y alone: " << alone << " MiB/s; with misbehaving clients: " << loaded
-            << " MiB/s (ratio " << loaded / alone << "); " << garbage_rounds << " garbage rounds, "
-            << churn_rounds << " connect/disconnect rounds\n";
-  EXPECT_GE(loaded / alone, 0.5) << "alone " << alone << " MiB/s, loaded " << loaded << " MiB/s";
+  std::cerr << garbage_rounds << " garbage rounds, " << churn_rounds
+            << " connect/disconnect rounds\n";
 
   // Every garbage connection got its typed error, then the close.
   EXPECT_GT(garbage_rounds.load(), 0);
@@ -522,8 +503,7 @@ TEST_F(IsolationTest, MisbehavingClientsDoNotSlowOrChangeAnotherSession) {
   x.signal(SIGKILL);
 
   // The agent is still there for everyone.
-  double s = 0;
-  EXPECT_TRUE(readFileThroughAgent(&s));
+  EXPECT_TRUE(readFileThroughAgent());
 }
 
 }  // namespace

@@ -254,15 +254,15 @@ class MirrorTest : public ::testing::Test {
         std::nullopt, -1, -1);
     ASSERT_GT(httpd_.pid(), 0);
     const auto deadline = Clock::now() + kProcessDeadline;
-    while (Clock::now() < deadline &&
-           !(netnsInodeOf(httpd_.pid()) == pod_->inode() &&
-             readFile("/proc/" + std::to_string(httpd_.pid()) + "/comm") == "busybox\n")) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
+    fakes::eventually(
+        [&] {
+          return netnsInodeOf(httpd_.pid()) == pod_->inode() &&
+                 readFile("/proc/" + std::to_string(httpd_.pid()) + "/comm") == "busybox\n";
+        },
+        deadline - Clock::now());
     std::string got;
-    while (Clock::now() < deadline && (got = curl()) != "original\n") {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    fakes::eventually([&] { return (got = curl()) == "original\n"; }, deadline - Clock::now(),
+                      std::chrono::milliseconds(20));
     ASSERT_EQ(got, "original\n");
   }
 
@@ -428,10 +428,8 @@ TEST_F(MirrorTest, AConnectionOpenBeforeTheMirrorIsJoinedMidStream) {
   ASSERT_GE(c.get(), 0) << std::strerror(errno);
   const std::string before = "bytes sent before the mirror\n";
   ASSERT_TRUE(writeAll(c.get(), before));
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (app.received() < before.size() && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  fakes::eventually([&] { return app.received() >= before.size(); }, std::chrono::seconds(10),
+                    std::chrono::milliseconds(5));
   ASSERT_EQ(app.received(), before.size());
 
   Proc* m = mirror({std::to_string(kSinkPort)});
@@ -526,12 +524,9 @@ TEST_F(MirrorTest, SigkillOfTheAgentLeavesNoProgramBehind) {
   agent_->child().kill();
   // The links go as the dead process's fds are released, which the kernel
   // may finish a little after the process is reaped: look again a while.
-  std::vector<std::string> left = tcxPrograms(pod_->name());
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (!left.empty() && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    left = tcxPrograms(pod_->name());
-  }
+  std::vector<std::string> left;
+  fakes::eventually([&] { return (left = tcxPrograms(pod_->name())).empty(); },
+                    std::chrono::seconds(10), std::chrono::milliseconds(20));
   EXPECT_EQ(left, std::vector<std::string>{});
   for (const char* dev : {"lo", "vpod"}) {
     Result net = run({"ip", "netns", "exec", pod_->name(), "bpftool", "net", "show", "dev", dev});

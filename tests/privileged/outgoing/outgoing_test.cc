@@ -141,13 +141,19 @@ class OutgoingTest : public ::testing::Test {
     // `ip netns exec` enters the namespace, then execs the command (same
     // PID): wait until the PID runs it inside the namespace.
     const std::string comm_path = "/proc/" + std::to_string(pod_.pid()) + "/comm";
-    const auto deadline = Clock::now() + kProcessDeadline;
-    while (Clock::now() < deadline) {
-      if (readFile(comm_path) == comm && netnsInodeOf(pod_.pid()) == netns_->inode()) return;
-      if (pod_.waitUntil(Clock::now())) FAIL() << "the pod process exited";
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    bool exited = false;
+    const bool ran = fakes::eventually(
+        [&] {
+          if (readFile(comm_path) == comm && netnsInodeOf(pod_.pid()) == netns_->inode())
+            return true;
+          exited = pod_.waitUntil(Clock::now()).has_value();
+          return exited;
+        },
+        kProcessDeadline);
+    if (exited) FAIL() << "the pod process exited";
+    if (!ran) {
+      FAIL() << "pod process " << pod_.pid() << " never ran " << comm << " in " << netns_->name();
     }
-    FAIL() << "pod process " << pod_.pid() << " never ran " << comm << " in " << netns_->name();
   }
 
   void startAgent() {

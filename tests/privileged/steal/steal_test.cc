@@ -629,12 +629,8 @@ TEST_P(StealTest, AgentKilledMidStealLeavesNothingBehind) {
   EXPECT_THAT(s->err, HasSubstr("lost"));
   // The guard (iptables) may still be finishing its last command.
   std::string left;
-  const auto deadline = Clock::now() + std::chrono::seconds(5);
-  do {
-    left = leftovers();
-    if (left.empty()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  } while (Clock::now() < deadline);
+  fakes::eventually([&] { return (left = leftovers()).empty(); }, std::chrono::seconds(5),
+                    std::chrono::milliseconds(20));
   EXPECT_EQ(left, "");
 }
 

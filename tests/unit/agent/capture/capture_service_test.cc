@@ -20,6 +20,7 @@
 #include "siphon/client/client.h"
 #include "siphon/status.h"
 #include "siphon/transport/spawn.h"
+#include "tests/fakes/eventually.h"
 #include "tests/fakes/fake_packet_source.h"
 #include "tests/fakes/in_process_agent.h"
 
@@ -211,9 +212,7 @@ TEST_F(CaptureServiceTest, TheSessionsEndClosesTheCapture) {
     co_return;  // withClient closes the session
   });
   // The agent handles the Goaway on its own thread.
-  for (int i = 0; i < 500 && !source_->closed; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  fakes::eventually([&] { return source_->closed.load(); }, std::chrono::seconds(5));
   EXPECT_TRUE(source_->closed);
 }
 

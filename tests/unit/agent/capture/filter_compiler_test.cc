@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/capture/capture_spec.h"
 #include "siphon/status.h"
+#include "tests/fakes/eventually.h"
 
 namespace siphon::agent::capture {
 namespace {
@@ -114,9 +115,8 @@ TEST(FilterCompiler, DeadlineAnswersTimeoutAndRunningCompilesAreBounded) {
     EXPECT_EQ(errorCodeOf(second.status()), v1::RESOURCE_EXHAUSTED) << second.status();
   });
   held.release();
-  for (int i = 0; i < 1000 && compiler.runningForTest() != 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
+  fakes::eventually([&] { return compiler.runningForTest() == 0; }, std::chrono::seconds(5),
+                    std::chrono::milliseconds(5));
   EXPECT_EQ(compiler.runningForTest(), 0u);
 }
 

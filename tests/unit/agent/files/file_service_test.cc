@@ -17,6 +17,7 @@
 #include "agent/server/server.h"
 #include "siphon/client/client.h"
 #include "siphon/status.h"
+#include "tests/fakes/eventually.h"
 #include "tests/fakes/fake_proc_fs.h"
 #include "tests/fakes/in_process_agent.h"
 #include "tests/unit/agent/files/files_test_util.h"
@@ -315,10 +316,7 @@ TEST_F(FileServiceTest, SessionEndClosesItsFiles) {
   });
   // The agent closes them on its own threads; 20 s only turns a hang into
   // a failure.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (fdsOpenOn(held) != 0 && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(10));
-  }
+  fakes::eventually([&] { return fdsOpenOn(held) == 0; }, std::chrono::seconds(20));
   EXPECT_EQ(fdsOpenOn(held), 0);
 }
 

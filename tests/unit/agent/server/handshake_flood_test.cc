@@ -35,6 +35,7 @@
 #include "siphon/protocol/handshake.h"
 #include "siphon/transport/stream.h"
 #include "tests/fakes/echo_server.h"
+#include "tests/fakes/eventually.h"
 #include "tests/fakes/in_process_agent.h"
 #include "tests/fakes/loopback.h"
 #include "tests/privileged/harness/pod_harness.h"
@@ -218,13 +219,12 @@ Accounting scrapeAccounting(const std::string& metrics) {
 // Polls the metrics until the agent has accounted for `n` connections (a
 // hang guard of 60 s, not a timing check).
 bool waitAccounted(const std::string& metrics, double n, Accounting* out) {
-  const auto deadline = Clock::now() + std::chrono::seconds(60) * fakes::kSanitizerSlowdown;
-  while (Clock::now() < deadline) {
-    *out = scrapeAccounting(metrics);
-    if (out->pending >= 0 && out->global >= 0 && out->seen() >= n) return true;
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  return false;
+  return fakes::eventually(
+      [&] {
+        *out = scrapeAccounting(metrics);
+        return out->pending >= 0 && out->global >= 0 && out->seen() >= n;
+      },
+      std::chrono::seconds(60) * fakes::kSanitizerSlowdown, milliseconds(20));
 }
 
 sockaddr_in endpointOf(const std::string& host_port) {
@@ -461,14 +461,14 @@ TEST_F(HandshakeFloodTest, TheDeadlineClosesSilentPeersAndTheLogStaysLogarithmic
   Flood f;
   flood(&f, agent_.listen, kConnections, 1, true);
   // Until every one is closed (a hang guard, 60 s).
-  const auto deadline = Clock::now() + std::chrono::seconds(60) * fakes::kSanitizerSlowdown;
   int closed = 0;
-  while (Clock::now() < deadline) {
-    closed = 0;
-    for (int fd : f.fds) closed += closedByAgent(fd);
-    if (closed == kConnections) break;
-    std::this_thread::sleep_for(milliseconds(50));
-  }
+  fakes::eventually(
+      [&] {
+        closed = 0;
+        for (int fd : f.fds) closed += closedByAgent(fd);
+        return closed == kConnections;
+      },
+      std::chrono::seconds(60) * fakes::kSanitizerSlowdown, milliseconds(50));
   ASSERT_EQ(closed, kConnections) << "connections still open past the deadline";
   Accounting acc = scrapeAccounting(agent_.metrics);
   EXPECT_EQ(acc.pending, 0);

@@ -12,6 +12,7 @@
 #include "siphon/protocol/handshake.h"
 #include "siphon/status.h"
 #include "siphon/transport/frame_io.h"
+#include "tests/fakes/eventually.h"
 #include "tests/fakes/fake_proc_fs.h"
 #include "tests/fakes/in_process_agent.h"
 
@@ -353,12 +354,12 @@ TEST_F(RawHandshakeTest, SessionLimitMakesRoomFromSessionsCutAfterTheHandshake) 
   // The agent sees each cut when it reads the EOF: until then the session
   // is attached and not evictable.
   absl::StatusOr<v1::Frame> f = absl::InternalError("not run");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  do {
-    f = exchange(protocol::encodeFrame(protocol::makeHello("new", kToken, {}, nullptr)));
-    if (f.ok() && f->has_welcome()) break;
-    std::this_thread::sleep_for(milliseconds(20));
-  } while (std::chrono::steady_clock::now() < deadline);
+  fakes::eventually(
+      [&] {
+        f = exchange(protocol::encodeFrame(protocol::makeHello("new", kToken, {}, nullptr)));
+        return f.ok() && f->has_welcome();
+      },
+      std::chrono::seconds(5), milliseconds(20));
   ASSERT_TRUE(f.ok()) << f.status();
   EXPECT_TRUE(f->has_welcome()) << f->ShortDebugString();
 }

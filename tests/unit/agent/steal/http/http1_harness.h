@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "agent/steal/http/engine.h"
+#include "tests/fakes/eventually.h"
 
 namespace siphon::agent::steal::http::testing {
 
@@ -226,14 +227,10 @@ inline int connectTo(uint16_t port) {
   return fd;
 }
 
+// fakes::eventually with this harness's defaults: 10 s, every 5 ms.
 inline bool eventually(const std::function<bool()>& done,
                        std::chrono::milliseconds within = std::chrono::seconds(10)) {
-  const auto deadline = Clock::now() + within;
-  while (!done()) {
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return true;
+  return fakes::eventually(done, within, std::chrono::milliseconds(5));
 }
 
 // Threads that each own a socket; joined (their sockets shut down first)

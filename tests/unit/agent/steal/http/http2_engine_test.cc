@@ -19,6 +19,7 @@
 #include "agent/common/log.h"
 #include "agent/outgoing/address.h"
 #include "agent/steal/http/http2.h"
+#include "tests/fakes/eventually.h"
 #include "tests/unit/agent/steal/http/http2_test_peer.h"
 
 namespace siphon::agent::steal::http {
@@ -303,11 +304,8 @@ class Http2EngineTest : public ::testing::Test {
 
   // Waits (bounded: a hang guard) until `pred` holds, checked on the loop.
   bool eventually(std::function<bool()> pred) {
-    for (int i = 0; i < 2000; ++i) {
-      if (onLoop(pred)) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return false;
+    return fakes::eventually([&] { return onLoop(pred); }, std::chrono::seconds(10),
+                             std::chrono::milliseconds(5));
   }
 
   asio::io_context io_;
