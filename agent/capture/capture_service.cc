@@ -9,8 +9,6 @@
 #include "agent/capture/capture_spec.h"
 #include "agent/common/log.h"
 #include "agent/netns/netns_worker.h"
-#include "agent/outgoing/session_host.h"
-#include "agent/server/server.h"
 #include "siphon/protocol/codec.h"
 #include "siphon/status.h"
 #include "siphon/transport/spawn.h"
@@ -32,7 +30,7 @@ class CaptureService : public StreamService {
                                                    options_.max_filter_compiles)),
         active_(std::make_shared<size_t>(0)) {}
 
-  void open(std::shared_ptr<AgentSession> session, v1::StreamOpen open) override {
+  void open(std::shared_ptr<SessionHost> session, v1::StreamOpen open) override {
     const uint64_t id = open.stream_id();
     const protocol::Session& s = session->session();
     auto refuse = [&](const absl::Status& why) {
@@ -69,8 +67,9 @@ class CaptureService : public StreamService {
     so.finish_delay = std::chrono::milliseconds(2 * spec->block_timeout_ms + 10);
     ++*active_;
     so.on_end = [active = active_] { --*active; };
-    auto host = std::make_shared<outgoing::SessionHost>(session);
-    auto stream = std::make_shared<CaptureStream>(ctx_.io.get_executor(), id, host, std::move(so));
+    HostRef host(session);
+    auto stream =
+        std::make_shared<CaptureStream>(ctx_.io.get_executor(), id, session, std::move(so));
     // Registered before the source is open, so a Reset or the session's end
     // meanwhile ends it (the source is closed as soon as it arrives).
     session->registerStream(id, stream);
@@ -104,8 +103,7 @@ class CaptureService : public StreamService {
   static net::awaitable<void> openSource(NetnsWorker& netns,
                                          std::function<SourceOr(const CaptureSpec&)> opener_in,
                                          std::shared_ptr<FilterCompiler> compiler_in,
-                                         std::shared_ptr<outgoing::SessionHost> host_in,
-                                         std::shared_ptr<CaptureStream> stream_in,
+                                         HostRef host_in, std::shared_ptr<CaptureStream> stream_in,
                                          CaptureSpec spec_in) {
     // GCC 12 drops by-value coroutine parameters the body never names.
     const auto opener = std::move(opener_in);
@@ -145,7 +143,7 @@ class CaptureService : public StreamService {
           co_return;
         }
       }
-      protocol::Session* s = host->session();
+      protocol::Session* s = host.session();
       if (s == nullptr) {
         stream->close();
         co_return;
@@ -154,11 +152,11 @@ class CaptureService : public StreamService {
       accept.set_stream_id(stream->streamId());
       if (!s->acceptStream(std::move(accept)).ok()) {
         // The client reset it meanwhile.
-        host->release(stream->streamId());
+        host.release(stream->streamId());
         stream->close();
         co_return;
       }
-      host->wake();
+      host.wake();
       stream->start(*std::move(source));
     } catch (const std::exception& e) {
       stream->reset(

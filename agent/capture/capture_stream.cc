@@ -22,7 +22,7 @@ constexpr int kFinishTurns = 32;
 }  // namespace
 
 CaptureStream::CaptureStream(asio::any_io_executor ex, uint64_t stream_id,
-                             std::shared_ptr<outgoing::PumpHost> host, Options options)
+                             std::weak_ptr<SessionHost> host, Options options)
     : ex_(ex),
       id_(stream_id),
       host_(std::move(host)),
@@ -70,7 +70,7 @@ void CaptureStream::start(std::unique_ptr<PacketSource> source) {
 }
 
 void CaptureStream::trySendHeader() {
-  protocol::Session* s = host_->session();
+  protocol::Session* s = host_.session();
   if (s == nullptr) {
     stop("session ended");
     return;
@@ -79,14 +79,14 @@ void CaptureStream::trySendHeader() {
   // it. Until then the kernel's ring holds what comes (a full ring shows up
   // in the kernel's drop count, reported as a gap).
   if (s->sendCredit(id_, header_.size()) < header_.size()) return;  // onWritable()
-  host_->sent(id_, header_.size());
+  host_.sent(id_, header_.size());
   absl::Status st = s->sendData(id_, header_);
   if (!st.ok()) {
     fail(st);
     return;
   }
   header_sent_ = true;
-  host_->wake();
+  host_.wake();
   armWait();
 }
 
@@ -111,7 +111,7 @@ void CaptureStream::armWait() {
 void CaptureStream::readTurn() {
   if (dead_ || !source_) return;
   auto self = shared_from_this();
-  protocol::Session* s = host_->session();
+  protocol::Session* s = host_.session();
   if (s == nullptr) {
     stop("session ended");
     return;
@@ -119,7 +119,7 @@ void CaptureStream::readTurn() {
   bool more = false;
   if (!readSome(*s, &more)) return;
   pollKernelDrops(*s, /*force=*/false);
-  host_->wake();
+  host_.wake();
   if (more) {
     // The budget ran out with packets left: let the loop serve others, then
     // go on without waiting for a readiness that may already have passed.
@@ -164,7 +164,7 @@ void CaptureStream::onPacket(const Packet& packet) {
     return;
   }
   flushGaps(s);
-  host_->sent(id_, size);
+  host_.sent(id_, size);
   absl::Status st = s.sendData(id_, record(packet));
   if (!st.ok()) {
     // Within the credit just checked, on an open stream: cannot fail.
@@ -204,14 +204,14 @@ void CaptureStream::flushGaps(protocol::Session& s) {
   for (v1::StreamGap& gap : ledger_.take(id_)) {
     log::debug("capture_gap",
                {{"stream", id_}, {"packets", gap.packets()}, {"bytes", gap.bytes()}});
-    host_->gap(id_, gap.bytes());
+    host_.gap(id_, gap.bytes());
     (void)s.sendGap(std::move(gap));  // STREAM_CLOSED only once the stream is gone
   }
 }
 
 void CaptureStream::onData(std::string_view payload) {
   // The client has nothing to say on a capture: take it and grant the credit back.
-  if (protocol::Session* s = host_->session()) s->consumed(id_, payload.size());
+  if (protocol::Session* s = host_.session()) s->consumed(id_, payload.size());
 }
 
 void CaptureStream::onHalfClose() {
@@ -236,7 +236,7 @@ void CaptureStream::onHalfClose() {
 }
 
 void CaptureStream::finish() {
-  protocol::Session* s = host_->session();
+  protocol::Session* s = host_.session();
   if (s == nullptr) {
     stop("session ended");
     return;
@@ -253,22 +253,22 @@ void CaptureStream::finish() {
   }
   flushGaps(*s);
   (void)s->halfClose(id_);
-  host_->wake();
-  host_->release(id_);
+  host_.wake();
+  host_.release(id_);
   stop("client finished");
 }
 
 void CaptureStream::onReset(const v1::Error& error) {
   if (dead_) return;
   auto self = shared_from_this();
-  host_->release(id_);
+  host_.release(id_);
   stop(absl::StrCat("client reset: ", error.message()));
 }
 
 void CaptureStream::onWritable() {
   if (dead_ || !started_) return;
   auto self = shared_from_this();
-  protocol::Session* s = host_->session();
+  protocol::Session* s = host_.session();
   if (s == nullptr) return;
   if (!header_sent_) {
     trySendHeader();
@@ -276,7 +276,7 @@ void CaptureStream::onWritable() {
   }
   if (!reportable(*s)) return;
   flushGaps(*s);
-  host_->wake();
+  host_.wake();
 }
 
 void CaptureStream::close() { stop("session ended"); }
@@ -284,11 +284,11 @@ void CaptureStream::close() { stop("session ended"); }
 void CaptureStream::reset(v1::Error error) {
   if (dead_) return;
   auto self = shared_from_this();
-  if (host_->session()) {
-    host_->reset(id_, error);
-    host_->wake();
+  if (host_.session()) {
+    host_.reset(id_, error);
+    host_.wake();
   }
-  host_->release(id_);
+  host_.release(id_);
   stop(error.message());
 }
 

@@ -44,7 +44,6 @@
 
 #include "agent/capture/gap_ledger.h"
 #include "agent/capture/packet_source.h"
-#include "agent/outgoing/socket_pump.h"
 #include "agent/services/service.h"
 #include "siphon/protocol/session.h"
 #include "siphon/transport/asio.h"
@@ -80,8 +79,8 @@ class CaptureStream : public StreamEndpoint,
     GapLedger::Totals dropped;
   };
 
-  CaptureStream(net::asio::any_io_executor ex, uint64_t stream_id,
-                std::shared_ptr<outgoing::PumpHost> host, Options options);
+  CaptureStream(net::asio::any_io_executor ex, uint64_t stream_id, std::weak_ptr<SessionHost> host,
+                Options options);
   ~CaptureStream() override;
 
   // The stream is accepted and `source` open: send the header, capture.
@@ -119,7 +118,7 @@ class CaptureStream : public StreamEndpoint,
 
   net::asio::any_io_executor ex_;
   uint64_t id_;
-  std::shared_ptr<outgoing::PumpHost> host_;
+  HostRef host_;
   Options options_;
   net::asio::posix::stream_descriptor wait_fd_;
   net::asio::steady_timer finish_timer_;

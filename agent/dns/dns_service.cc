@@ -7,7 +7,6 @@
 #include "agent/dns/dns_config.h"
 #include "agent/dns/resolver.h"
 #include "agent/netns/netns_worker.h"
-#include "agent/server/server.h"
 #include "siphon/status.h"
 
 namespace siphon::agent {
@@ -30,7 +29,7 @@ class DnsService : public RequestService {
   DnsService(ServiceContext& ctx, absl::StatusOr<std::unique_ptr<dns::Resolver>> resolver)
       : ctx_(ctx), resolver_(std::move(resolver)) {}
 
-  void handle(std::shared_ptr<AgentSession> session, v1::Request request) override {
+  void handle(std::shared_ptr<SessionHost> session, v1::Request request) override {
     const uint64_t id = request.request_id();
     if (!resolver_.ok()) {
       reply(session, id, "", resolver_.status());
@@ -51,7 +50,7 @@ class DnsService : public RequestService {
   }
 
  private:
-  static void reply(const std::shared_ptr<AgentSession>& session, uint64_t id,
+  static void reply(const std::shared_ptr<SessionHost>& session, uint64_t id,
                     const std::string& what, absl::StatusOr<v1::DnsResponse> result) {
     v1::Response r;
     r.set_request_id(id);

@@ -12,7 +12,6 @@
 #include "agent/files/fs_helper.h"
 #include "agent/files/fs_policy.h"
 #include "agent/files/handles.h"
-#include "agent/server/server.h"
 #include "siphon/status.h"
 #include "siphon/text.h"
 
@@ -73,7 +72,7 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
         table_(options.max_handles_per_session != 0 ? options.max_handles_per_session
                                                     : ctx.config.max_open_files) {}
 
-  void handle(std::shared_ptr<AgentSession> session, v1::Request request) override {
+  void handle(std::shared_ptr<SessionHost> session, v1::Request request) override {
     const uint64_t id = request.request_id();
     R req = std::move(*request.mutable_file());
     if (absl::Status s = checkFsMode(ctx_.config.fs_mode, req); !s.ok()) {
@@ -178,7 +177,7 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
   // from the event loop. The job, and what it holds (an open file), is
   // destroyed on the pool thread.
   template <typename Job>
-  void runBlocking(std::shared_ptr<AgentSession> session, uint64_t id, Job job) {
+  void runBlocking(std::shared_ptr<SessionHost> session, uint64_t id, Job job) {
     net::asio::post(ctx_.blocking, [io = &ctx_.io, session = std::move(session), id,
                                     job = std::move(job)]() mutable {
       Result r = job();
@@ -191,14 +190,14 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
   // The bytes a read of `wanted` may answer with: at most max_read, and
   // room held for them in the session's buffer (SESSION_BUFFER_FULL when
   // it has none).
-  static absl::StatusOr<uint32_t> reserveRead(AgentSession& session, uint64_t id, uint32_t wanted,
+  static absl::StatusOr<uint32_t> reserveRead(SessionHost& session, uint64_t id, uint32_t wanted,
                                               uint32_t max_read) {
     auto room = session.session().reserveResponse(id, std::min(wanted, max_read));
     if (!room.ok()) return room.status();
     return static_cast<uint32_t>(*room);
   }
 
-  void startOpen(std::shared_ptr<AgentSession> session, uint64_t id, R req) {
+  void startOpen(std::shared_ptr<SessionHost> session, uint64_t id, R req) {
     if (table_.full(session->id())) {
       absl::Status full = errnoRefusal(EMFILE, table_.limitText());
       session->logLimitHit(full);
@@ -216,7 +215,7 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
   }
 
   // On the event loop, once open() returned.
-  void finishOpen(AgentSession& session, uint64_t id, absl::StatusOr<Handle> h) {
+  void finishOpen(SessionHost& session, uint64_t id, absl::StatusOr<Handle> h) {
     if (!h.ok()) {
       reply(session, id, h.status());
       return;
@@ -249,7 +248,7 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
     });
   }
 
-  static void reply(AgentSession& session, uint64_t id, Result r) {
+  static void reply(SessionHost& session, uint64_t id, Result r) {
     v1::Response response;
     response.set_request_id(id);
     if (r.ok()) {

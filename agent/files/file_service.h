@@ -6,7 +6,7 @@
 // (fs_policy.h): off answers PERMISSION_DENIED, ro answers EROFS to every
 // write-like request. Every system call runs on ServiceContext::blocking;
 // the answer is posted back to the event loop and sent with
-// AgentSession::respond(). Handles live per session (handles.h) and are
+// SessionHost::respond(). Handles live per session (handles.h) and are
 // closed when the session ends.
 //
 // Answers, besides the errno of the call itself:

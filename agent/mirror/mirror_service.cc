@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
-#include "agent/server/server.h"
 #include "siphon/status.h"
 
 namespace siphon::agent::mirror {
@@ -62,7 +61,7 @@ struct Budget {
 class MirrorStream final : public StreamEndpoint,
                            public std::enable_shared_from_this<MirrorStream> {
  public:
-  MirrorStream(std::weak_ptr<AgentSession> session, uint64_t id, std::shared_ptr<Budget> budget,
+  MirrorStream(std::weak_ptr<SessionHost> session, uint64_t id, std::shared_ptr<Budget> budget,
                MirrorServiceStats& stats)
       : session_(std::move(session)), id_(id), budget_(std::move(budget)), stats_(stats) {}
 
@@ -188,7 +187,7 @@ class MirrorStream final : public StreamEndpoint,
     queue_.push_back(std::move(item));
   }
 
-  void send(AgentSession& s, std::string record) {
+  void send(SessionHost& s, std::string record) {
     stats_.delivered_bytes += record.size() - 1;
     s.countSent(id_, record.size() - 1);  // the payload, without the direction byte
     absl::Status sent = s.session().sendData(id_, std::move(record));
@@ -256,7 +255,7 @@ class MirrorStream final : public StreamEndpoint,
     queue_.clear();
   }
 
-  std::weak_ptr<AgentSession> session_;
+  std::weak_ptr<SessionHost> session_;
   uint64_t id_;
   std::shared_ptr<Budget> budget_;
   MirrorServiceStats& stats_;
@@ -276,7 +275,7 @@ struct Subscription {
   bool both = false;
   bool active = false;  // the source has the port
   std::string session_id;
-  std::weak_ptr<AgentSession> session;
+  std::weak_ptr<SessionHost> session;
   std::shared_ptr<Budget> budget = std::make_shared<Budget>();
   // Streams of this subscription by connection; a dead one stays until the
   // connection closes so a reset stream is not opened again.
@@ -297,7 +296,7 @@ class MirrorServiceImpl final : public MirrorService,
     source_.reset();
   }
 
-  void handle(std::shared_ptr<AgentSession> session, v1::Request request) override {
+  void handle(std::shared_ptr<SessionHost> session, v1::Request request) override {
     if (request.has_mirror()) {
       subscribe(std::move(session), request.request_id(), request.mirror());
     } else if (request.has_unsubscribe()) {
@@ -341,7 +340,7 @@ class MirrorServiceImpl final : public MirrorService,
   MirrorServiceStats stats() const override { return stats_; }
 
  private:
-  void subscribe(std::shared_ptr<AgentSession> session, uint64_t request_id,
+  void subscribe(std::shared_ptr<SessionHost> session, uint64_t request_id,
                  const v1::MirrorSubscribe& req) {
     if (req.port() == 0 || req.port() > 65535) {
       session->respondError(
@@ -369,7 +368,7 @@ class MirrorServiceImpl final : public MirrorService,
     const bool first_on_port = port_refs_[port]++ == 0;
     const uint64_t generation = generation_;
     auto self = shared_from_this();
-    std::weak_ptr<AgentSession> weak = session;
+    std::weak_ptr<SessionHost> weak = session;
     asio::post(strand_, [self, weak, id, port, first_on_port, request_id, generation] {
       absl::Status s = self->ensureSourceOnStrand(generation);
       if (s.ok() && first_on_port) s = self->source_->addPort(port);
@@ -379,7 +378,7 @@ class MirrorServiceImpl final : public MirrorService,
     });
   }
 
-  void subscribed(std::weak_ptr<AgentSession> weak, uint64_t id, uint16_t port, uint64_t request_id,
+  void subscribed(std::weak_ptr<SessionHost> weak, uint64_t id, uint16_t port, uint64_t request_id,
                   const absl::Status& status) {
     auto session = weak.lock();
     auto it = subs_.find(id);
@@ -403,7 +402,7 @@ class MirrorServiceImpl final : public MirrorService,
     session->respond(std::move(r));
   }
 
-  void unsubscribe(AgentSession& session, uint64_t request_id, uint64_t id) {
+  void unsubscribe(SessionHost& session, uint64_t request_id, uint64_t id) {
     if (!ownsSubscription(id, session.id())) {
       session.respondError(
           request_id,

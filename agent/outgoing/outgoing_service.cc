@@ -16,9 +16,7 @@
 #include "agent/common/log.h"
 #include "agent/netns/netns_worker.h"
 #include "agent/outgoing/address.h"
-#include "agent/outgoing/session_host.h"
-#include "agent/outgoing/socket_pump.h"
-#include "agent/server/server.h"
+#include "agent/streams/socket_pump.h"
 #include "siphon/status.h"
 #include "siphon/transport/spawn.h"
 
@@ -26,6 +24,7 @@ namespace siphon::agent::outgoing {
 namespace {
 
 namespace asio = net::asio;
+using streams::SocketPump;
 using Clock = std::chrono::steady_clock;
 
 // "10.0.0.1:80", "[::1]:80", "db.svc:5432".
@@ -78,7 +77,7 @@ absl::StatusOr<std::vector<SockAddr>> resolveName(const std::string& name, uint1
 // One connect, from StreamOpen to Accept (or Reset). Owned by its coroutine.
 class Connect {
  public:
-  Connect(ServiceContext& ctx, OutgoingOptions options, std::shared_ptr<SessionHost> host,
+  Connect(ServiceContext& ctx, OutgoingOptions options, HostRef host,
           std::shared_ptr<SocketPump> pump, v1::OutgoingConnect request)
       : ctx_(ctx),
         options_(options),
@@ -341,7 +340,7 @@ class Connect {
   }
 
   void accepted(const SockAddr* local, const SockAddr* remote) {
-    protocol::Session* s = host_->session();
+    protocol::Session* s = host_.session();
     if (s == nullptr || pump_->dead()) {
       pump_->close();
       return;
@@ -352,11 +351,11 @@ class Connect {
     if (remote != nullptr) *accept.mutable_remote() = toProto(*remote);
     if (!s->acceptStream(std::move(accept)).ok()) {
       // The client reset it meanwhile.
-      host_->release(pump_->streamId());
+      host_.release(pump_->streamId());
       pump_->close();
       return;
     }
-    host_->wake();
+    host_.wake();
     log::debug("outgoing_connected",
                {{"stream", pump_->streamId()},
                 {"to", remote != nullptr ? formatAddress(*remote) : req_.unix_path()}});
@@ -365,7 +364,7 @@ class Connect {
 
   ServiceContext& ctx_;
   OutgoingOptions options_;
-  std::shared_ptr<SessionHost> host_;
+  HostRef host_;
   std::shared_ptr<SocketPump> pump_;
   v1::OutgoingConnect req_;
   Clock::time_point deadline_;
@@ -401,7 +400,7 @@ class OutgoingService : public StreamService {
  public:
   OutgoingService(ServiceContext& ctx, OutgoingOptions options) : ctx_(ctx), options_(options) {}
 
-  void open(std::shared_ptr<AgentSession> session, v1::StreamOpen open) override {
+  void open(std::shared_ptr<SessionHost> session, v1::StreamOpen open) override {
     const uint64_t id = open.stream_id();
     v1::OutgoingConnect req = std::move(*open.mutable_outgoing());
     if (auto why = invalid(req)) {
@@ -432,8 +431,8 @@ class OutgoingService : public StreamService {
         po.label = req.unix_path();
         break;
     }
-    auto host = std::make_shared<SessionHost>(session);
-    auto pump = std::make_shared<SocketPump>(ctx_.io.get_executor(), id, host, std::move(po));
+    HostRef host(session);
+    auto pump = std::make_shared<SocketPump>(ctx_.io.get_executor(), id, session, std::move(po));
     // Registered before the connect finishes, so a Reset or the session's
     // end during the connect closes the socket at once.
     session->registerStream(id, pump);

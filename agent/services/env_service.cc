@@ -1,7 +1,6 @@
 #include "agent/services/env_service.h"
 
 #include "agent/common/log.h"
-#include "agent/server/server.h"
 #include "agent/target/environ.h"
 #include "siphon/status.h"
 
@@ -12,7 +11,7 @@ class EnvService : public RequestService {
  public:
   explicit EnvService(ServiceContext& ctx) : ctx_(ctx) {}
 
-  void handle(std::shared_ptr<AgentSession> session, v1::Request request) override {
+  void handle(std::shared_ptr<SessionHost> session, v1::Request request) override {
     // /proc reads block: never on the event loop.
     net::asio::post(ctx_.blocking, [this, session, request = std::move(request)]() mutable {
       // The runtime's env was resolved at start-up (agent/runtime/) and never

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "agent/server/config.h"
+#include "agent/services/session_host.h"
 #include "agent/target/proc_fs.h"
 #include "agent/target/target.h"
 #include "siphon/transport/asio.h"
@@ -22,7 +23,6 @@
 
 namespace siphon::agent {
 
-class AgentSession;
 class NetnsWorker;
 namespace metrics {
 class AgentMetrics;
@@ -61,7 +61,9 @@ class RequestService {
   virtual ~RequestService() = default;
   // Answers `request` exactly once with session->respond(), now or later
   // (from the event loop). Errors go in Response.error (siphon::toProtoError).
-  virtual void handle(std::shared_ptr<AgentSession> session, v1::Request request) = 0;
+  // A service that answers later holds the session (shared, or weak when the
+  // answer may be dropped with it); it never learns what implements it.
+  virtual void handle(std::shared_ptr<SessionHost> session, v1::Request request) = 0;
   // Services that take Request{unsubscribe}: whether subscription `id` is
   // this service's and belongs to `session_id` (the registry routes the
   // unsubscribe to its owner).
@@ -118,7 +120,7 @@ class StreamService {
   // Opens the stream: accept it (session->session().acceptStream) and
   // register an endpoint (session->registerStream), or reset it with a
   // typed error. May finish later, from the event loop.
-  virtual void open(std::shared_ptr<AgentSession> session, v1::StreamOpen open) = 0;
+  virtual void open(std::shared_ptr<SessionHost> session, v1::StreamOpen open) = 0;
   // The agent starts draining (SIGTERM): streams that hold nothing the
   // target needs (a capture) end now, so the drain does not wait for them;
   // new ones are refused with AGENT_DRAINING.

@@ -1,7 +1,6 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "agent/server/server.h"
 #include "agent/services/service.h"
 #include "siphon/status.h"
 
@@ -13,7 +12,7 @@ class UnsubscribeRouter final : public RequestService {
   explicit UnsubscribeRouter(std::vector<std::shared_ptr<RequestService>> services)
       : services_(std::move(services)) {}
 
-  void handle(std::shared_ptr<AgentSession> session, v1::Request request) override {
+  void handle(std::shared_ptr<SessionHost> session, v1::Request request) override {
     const uint64_t id = request.unsubscribe().subscription_id();
     for (auto& s : services_) {
       if (s->ownsSubscription(id, session->id())) {

@@ -12,14 +12,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
+#include "agent/metrics/agent_metrics.h"
 #include "agent/netns/netns_worker.h"
 #include "agent/outgoing/address.h"
-#include "agent/outgoing/session_host.h"
-#include "agent/outgoing/socket_pump.h"
-#include "agent/server/server.h"
 #include "agent/steal/http/engine.h"
 #include "agent/steal/passthrough.h"
 #include "agent/steal/subscriptions.h"
+#include "agent/streams/socket_pump.h"
 #include "siphon/status.h"
 #include "siphon/transport/spawn.h"
 
@@ -122,7 +121,7 @@ class StealServiceImpl final : public StealService,
     if (steering_) steering_->stop();
   }
 
-  void handle(std::shared_ptr<AgentSession> session, v1::Request request) override {
+  void handle(std::shared_ptr<SessionHost> session, v1::Request request) override {
     if (request.has_steal()) {
       subscribe(std::move(session), request.request_id(), request.steal());
     } else if (request.has_unsubscribe()) {
@@ -297,7 +296,7 @@ class StealServiceImpl final : public StealService,
                                              const http::RequestHead& head,
                                              uint64_t connection_request) override {
     const Subscription* sub = table_.find(route.subscription_id);
-    std::shared_ptr<AgentSession> session = sub ? liveSession(sub->session_id) : nullptr;
+    std::shared_ptr<SessionHost> session = sub ? liveSession(sub->session_id) : nullptr;
     if (!sub || !session) {
       return protoError(v1::UNAVAILABLE, "the session that stole this request is gone");
     }
@@ -323,11 +322,11 @@ class StealServiceImpl final : public StealService,
                                           {"error", sv(id.status().message())}});
       return id.status();
     }
-    outgoing::SocketPump::Options opt;
-    opt.kind = outgoing::SocketPump::Kind::kStream;
+    streams::SocketPump::Options opt;
+    opt.kind = streams::SocketPump::Kind::kStream;
     opt.label = absl::StrCat(outgoing::formatAddress(conn.source), " ", head.method, " ",
                              head.target.substr(0, 200));
-    RETURN_IF_ERROR(pumpStream(*session, *id, std::move(pump_end), opt));
+    RETURN_IF_ERROR(pumpStream(session, *id, std::move(pump_end), opt));
     log::debug("steal_request", {{"session", session->id()},
                                  {"stream", *id},
                                  {"subscription", sub->id},
@@ -361,7 +360,7 @@ class StealServiceImpl final : public StealService,
   }
 
  private:
-  void subscribe(std::shared_ptr<AgentSession> session, uint64_t request_id,
+  void subscribe(std::shared_ptr<SessionHost> session, uint64_t request_id,
                  const v1::StealSubscribe& req) {
     if (req.port() == 0 || req.port() > 65535) {
       session->respondError(
@@ -395,7 +394,7 @@ class StealServiceImpl final : public StealService,
     const uint64_t id = sub->id;
     const bool flush = req.flush_connections();
     auto self = shared_from_this();
-    std::weak_ptr<AgentSession> weak = session;
+    std::weak_ptr<SessionHost> weak = session;
     asio::post(strand_, [self, weak, id, port, flush, request_id] {
       int flushed = -1;
       absl::Status s = self->ensureSteering();
@@ -418,7 +417,7 @@ class StealServiceImpl final : public StealService,
     });
   }
 
-  void subscribed(std::weak_ptr<AgentSession> weak, uint64_t id, uint16_t port, uint64_t request_id,
+  void subscribed(std::weak_ptr<SessionHost> weak, uint64_t id, uint16_t port, uint64_t request_id,
                   const absl::Status& status, const std::string& backend, int flushed) {
     auto session = weak.lock();
     const Subscription* sub = table_.find(id);
@@ -457,7 +456,7 @@ class StealServiceImpl final : public StealService,
     session->respond(std::move(r));
   }
 
-  void unsubscribe(std::shared_ptr<AgentSession> session, uint64_t request_id,
+  void unsubscribe(std::shared_ptr<SessionHost> session, uint64_t request_id,
                    const v1::Unsubscribe& req) {
     auto removed = table_.remove(req.subscription_id(), session->id());
     if (!removed.ok()) {
@@ -470,7 +469,7 @@ class StealServiceImpl final : public StealService,
                                      {"reason", "unsubscribe"}});
     // Answer once the application has its port back.
     auto self = shared_from_this();
-    std::weak_ptr<AgentSession> weak = session;
+    std::weak_ptr<SessionHost> weak = session;
     const uint16_t port = removed->port;
     const bool active = removed->active;
     asio::post(strand_, [self, weak, port, active, request_id] {
@@ -492,11 +491,10 @@ class StealServiceImpl final : public StealService,
 
   // Joins `fd` to the agent-opened stream `id` of `session` with a
   // SocketPump. A socket the pump cannot take resets the stream.
-  absl::Status pumpStream(AgentSession& session, uint64_t id, UniqueFd fd,
-                          const outgoing::SocketPump::Options& opt) {
-    auto pump = std::make_shared<outgoing::SocketPump>(
-        ctx_.io.get_executor(), id,
-        std::make_shared<outgoing::SessionHost>(session.shared_from_this()), opt);
+  absl::Status pumpStream(const std::shared_ptr<SessionHost>& host, uint64_t id, UniqueFd fd,
+                          const streams::SocketPump::Options& opt) {
+    SessionHost& session = *host;
+    auto pump = std::make_shared<streams::SocketPump>(ctx_.io.get_executor(), id, host, opt);
     absl::Status attached = pump->attach(std::move(fd));
     if (!attached.ok()) {
       session.resetStream(id, toProtoError(attached));
@@ -507,7 +505,7 @@ class StealServiceImpl final : public StealService,
     return attached;
   }
 
-  std::shared_ptr<AgentSession> liveSession(const std::string& session_id) const {
+  std::shared_ptr<SessionHost> liveSession(const std::string& session_id) const {
     auto it = sessions_.find(session_id);
     if (it == sessions_.end()) return nullptr;
     auto session = it->second.lock();
@@ -551,7 +549,7 @@ class StealServiceImpl final : public StealService,
     auto it = overlaps_.find(id);
     if (it == overlaps_.end() || it->second.pending.requests() == 0) return;
     const Subscription* sub = table_.find(id);
-    std::shared_ptr<AgentSession> session = sub ? liveSession(sub->session_id) : nullptr;
+    std::shared_ptr<SessionHost> session = sub ? liveSession(sub->session_id) : nullptr;
     if (!session) {
       overlaps_.erase(it);
       return;
@@ -715,7 +713,7 @@ class StealServiceImpl final : public StealService,
       engine_->serve(std::move(fd), http::ConnectionInfo{peer, *original, port});
       return;
     }
-    std::shared_ptr<AgentSession> session;
+    std::shared_ptr<SessionHost> session;
     if (sub) {
       auto it = sessions_.find(sub->session_id);
       if (it != sessions_.end()) session = it->second.lock();
@@ -745,11 +743,11 @@ class StealServiceImpl final : public StealService,
     // Bytes leave as the session delivers them; batching already happened
     // in the frames. Nagle would hold a small answer for the client's ACK.
     noDelay(fd.get());
-    outgoing::SocketPump::Options opt;
-    opt.kind = outgoing::SocketPump::Kind::kStream;
+    streams::SocketPump::Options opt;
+    opt.kind = streams::SocketPump::Kind::kStream;
     opt.tcp = true;
     opt.label = outgoing::formatAddress(peer);
-    if (!pumpStream(*session, *id, std::move(fd), opt).ok()) return;
+    if (!pumpStream(session, *id, std::move(fd), opt).ok()) return;
     log::debug("steal_connection", {{"session", session->id()},
                                     {"stream", *id},
                                     {"source", outgoing::formatAddress(peer)},
@@ -814,7 +812,7 @@ class StealServiceImpl final : public StealService,
 
   // Event loop.
   SubscriptionTable table_;
-  std::map<std::string, std::weak_ptr<AgentSession>> sessions_;
+  std::map<std::string, std::weak_ptr<SessionHost>> sessions_;
   std::vector<std::shared_ptr<asio::posix::stream_descriptor>> acceptors_;
   Steering* io_steering_ = nullptr;  // set once the steering exists
   std::string io_backend_;           // its name(), copied on the strand

@@ -82,22 +82,37 @@ class ClientSide : public protocol::SessionHandler {
 
 // The agent side: routes the stream's frames to the capture like
 // AgentSession does, and is its host.
-class AgentSide : public protocol::SessionHandler, public outgoing::PumpHost {
+class AgentSide : public protocol::SessionHandler, public SessionHost {
  public:
   AgentSide(protocol::Session& s, std::function<void()> wake)
       : session_(s), wake_(std::move(wake)) {}
 
   std::shared_ptr<CaptureStream> stream;
   bool released = false;
-  bool ended = false;
+  bool is_ended = false;
   std::vector<v1::StreamOpen> opens;
 
-  protocol::Session* session() override { return ended ? nullptr : &session_; }
-  void wake() override { wake_(); }
-  void release(uint64_t) override {
+  // SessionHost: what the capture stream uses of it.
+  const std::string& id() const override { return id_; }
+  const std::string& clientName() const override { return id_; }
+  bool ended() const override { return is_ended; }
+  protocol::Session& session() override { return session_; }
+  void respond(v1::Response) override {}
+  void registerStream(uint64_t, std::shared_ptr<StreamEndpoint>) override {}
+  void unregisterStream(uint64_t) override {
     released = true;
     stream.reset();
   }
+  absl::StatusOr<uint64_t> openStream(v1::StreamOpen open) override {
+    return session_.openStream(std::move(open));
+  }
+  void resetStream(uint64_t id, const v1::Error& error) override {
+    session_.resetStream(id, error);
+  }
+  void wake() override { wake_(); }
+  void countSent(uint64_t, uint64_t) override {}
+  void countGap(uint64_t, uint64_t) override {}
+  void logLimitHit(const absl::Status&) override {}
 
   void onStreamOpen(v1::StreamOpen open) override { opens.push_back(std::move(open)); }
   void onStreamData(uint64_t id, std::string_view payload) override {
@@ -118,6 +133,7 @@ class AgentSide : public protocol::SessionHandler, public outgoing::PumpHost {
   }
 
  private:
+  std::string id_ = "capture-test";
   protocol::Session& session_;
   std::function<void()> wake_;
 };
@@ -438,7 +454,7 @@ TEST_F(CaptureStreamTest, ClientResetClosesTheSourceAndSendsNothing) {
 TEST_F(CaptureStreamTest, SessionEndClosesTheSource) {
   build();
   auto stream = startCapture();
-  agent_->ended = true;
+  agent_->is_ended = true;
   stream->close();
   EXPECT_TRUE(source_->closed);
   EXPECT_TRUE(stream->dead());

@@ -76,7 +76,7 @@ v1::Request sessionsReq() {
 // describes what each session subscribed, as the real one does.
 class FakeStealService : public RequestService {
  public:
-  void handle(std::shared_ptr<AgentSession> session, v1::Request request) override {
+  void handle(std::shared_ptr<SessionHost> session, v1::Request request) override {
     subscribed_[session->id()] = request.steal().port();
     v1::Response r;
     r.set_request_id(request.request_id());

@@ -42,37 +42,13 @@
 #include "agent/common/unique_fd.h"
 #include "agent/outgoing/address.h"
 #include "agent/services/service.h"
+#include "agent/services/session_host.h"
 #include "siphon/protocol/session.h"
 #include "siphon/transport/asio.h"
 
-namespace siphon::agent::outgoing {
+namespace siphon::agent::streams {
 
-// The session side of a pump: where its stream lives. The agent's
-// implementation wraps an AgentSession; tests wire two protocol::Sessions.
-class PumpHost {
- public:
-  virtual ~PumpHost() = default;
-  // The session carrying the stream; nullptr once it has ended.
-  virtual protocol::Session* session() = 0;
-  // Frames were queued from outside a session callback: send them.
-  virtual void wake() = 0;
-  // The stream is over: stop routing its frames to the pump.
-  virtual void release(uint64_t stream_id) = 0;
-  // Resets the stream with `error` (the agent's host also counts it).
-  virtual void reset(uint64_t stream_id, const v1::Error& error) {
-    if (protocol::Session* s = session()) s->resetStream(stream_id, error);
-  }
-  // Operations (metrics, `siphon sessions`): `n` payload bytes went to the
-  // client on the stream; a gap of `bytes` was reported on it.
-  virtual void sent(uint64_t stream_id, uint64_t n) {
-    (void)stream_id;
-    (void)n;
-  }
-  virtual void gap(uint64_t stream_id, uint64_t bytes) {
-    (void)stream_id;
-    (void)bytes;
-  }
-};
+using outgoing::SockAddr;
 
 class SocketPump : public StreamEndpoint, public std::enable_shared_from_this<SocketPump> {
  public:
@@ -92,7 +68,9 @@ class SocketPump : public StreamEndpoint, public std::enable_shared_from_this<So
   };
   static constexpr size_t kReadChunk = 64 * 1024;
 
-  SocketPump(net::asio::any_io_executor ex, uint64_t stream_id, std::shared_ptr<PumpHost> host,
+  // `host`: the session the stream lives on (weak: the pump never keeps an
+  // ended session alive).
+  SocketPump(net::asio::any_io_executor ex, uint64_t stream_id, std::weak_ptr<SessionHost> host,
              Options options);
   ~SocketPump() override;
 
@@ -160,7 +138,7 @@ class SocketPump : public StreamEndpoint, public std::enable_shared_from_this<So
 
   net::asio::posix::stream_descriptor sock_;
   uint64_t id_;
-  std::shared_ptr<PumpHost> host_;
+  HostRef host_;
   Options opt_;
 
   bool started_ = false;
@@ -180,4 +158,4 @@ class SocketPump : public StreamEndpoint, public std::enable_shared_from_this<So
   uint64_t dropped_ = 0;
 };
 
-}  // namespace siphon::agent::outgoing
+}  // namespace siphon::agent::streams

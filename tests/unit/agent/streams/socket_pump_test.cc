@@ -4,7 +4,7 @@
 // (agent and client) joined by a pipe that moves takeWrites() bytes into the
 // other's onBytes(). The event loop is driven with poll() until nothing
 // moves, so no result depends on timing.
-#include "agent/outgoing/socket_pump.h"
+#include "agent/streams/socket_pump.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -23,10 +23,14 @@
 #include "siphon/protocol/session.h"
 #include "siphon/status.h"
 
-namespace siphon::agent::outgoing {
+namespace siphon::agent::streams {
 namespace {
 
 namespace asio = net::asio;
+using outgoing::formatAddress;
+using outgoing::ipAddress;
+using outgoing::localAddress;
+using outgoing::toProto;
 
 // ------------------------------------------------------------ sockets
 
@@ -170,22 +174,37 @@ class ClientSide : public protocol::SessionHandler {
 
 // The agent side: routes frames to pumps like AgentSession does, and is
 // every pump's host.
-class AgentSide : public protocol::SessionHandler, public PumpHost {
+class AgentSide : public protocol::SessionHandler, public SessionHost {
  public:
   AgentSide(protocol::Session& s, std::function<void()> wake)
       : session_(s), wake_(std::move(wake)) {}
 
   std::map<uint64_t, std::shared_ptr<SocketPump>> pumps;
   std::set<uint64_t> released;
-  bool ended = false;
+  bool is_ended = false;
   std::vector<v1::StreamOpen> opens;
 
-  protocol::Session* session() override { return ended ? nullptr : &session_; }
-  void wake() override { wake_(); }
-  void release(uint64_t id) override {
+  // SessionHost: what a pump uses of it.
+  const std::string& id() const override { return id_; }
+  const std::string& clientName() const override { return id_; }
+  bool ended() const override { return is_ended; }
+  protocol::Session& session() override { return session_; }
+  void respond(v1::Response) override {}
+  void registerStream(uint64_t, std::shared_ptr<StreamEndpoint>) override {}
+  void unregisterStream(uint64_t id) override {
     released.insert(id);
     pumps.erase(id);
   }
+  absl::StatusOr<uint64_t> openStream(v1::StreamOpen open) override {
+    return session_.openStream(std::move(open));
+  }
+  void resetStream(uint64_t id, const v1::Error& error) override {
+    session_.resetStream(id, error);
+  }
+  void wake() override { wake_(); }
+  void countSent(uint64_t, uint64_t) override {}
+  void countGap(uint64_t, uint64_t) override {}
+  void logLimitHit(const absl::Status&) override {}
 
   void onStreamOpen(v1::StreamOpen open) override { opens.push_back(std::move(open)); }
   void onStreamData(uint64_t id, std::string_view payload) override {
@@ -217,6 +236,7 @@ class AgentSide : public protocol::SessionHandler, public PumpHost {
     auto it = pumps.find(id);
     return it == pumps.end() ? nullptr : it->second.get();
   }
+  std::string id_ = "pump-test";
   protocol::Session& session_;
   std::function<void()> wake_;
 };
@@ -746,4 +766,4 @@ TEST_F(SocketPumpTest, CloseDuringAConnectCancelsTheWait) {
       << "a dead pump takes no socket";
 }
 }  // namespace
-}  // namespace siphon::agent::outgoing
+}  // namespace siphon::agent::streams

@@ -1,4 +1,4 @@
-#include "agent/outgoing/socket_pump.h"
+#include "agent/streams/socket_pump.h"
 
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -11,9 +11,16 @@
 #include "siphon/protocol/codec.h"
 #include "siphon/status.h"
 
-namespace siphon::agent::outgoing {
+namespace siphon::agent::streams {
 
 namespace asio = net::asio;
+using outgoing::forFamily;
+using outgoing::formatAddress;
+using outgoing::fromProto;
+using outgoing::localAddress;
+using outgoing::socketError;
+using outgoing::toProto;
+using outgoing::wireError;
 
 namespace {
 
@@ -24,8 +31,8 @@ constexpr size_t kDatagramFrameOverhead = 96;
 
 }  // namespace
 
-SocketPump::SocketPump(asio::any_io_executor ex, uint64_t stream_id, std::shared_ptr<PumpHost> host,
-                       Options options)
+SocketPump::SocketPump(asio::any_io_executor ex, uint64_t stream_id,
+                       std::weak_ptr<SessionHost> host, Options options)
     : sock_(std::move(ex)), id_(stream_id), host_(std::move(host)), opt_(std::move(options)) {}
 
 SocketPump::~SocketPump() = default;
@@ -100,7 +107,7 @@ size_t SocketPump::maxMessage(protocol::Session& s) const {
 
 void SocketPump::readMore() {
   if (dead_ || !started_ || read_done_ || read_armed_ || wants_credit_) return;
-  protocol::Session* s = host_->session();
+  protocol::Session* s = host_.session();
   if (s == nullptr) {
     close();
     return;
@@ -112,7 +119,7 @@ void SocketPump::readMore() {
     more = opt_.kind == Kind::kStream ? readBytes(*s, &queued) : readMessage(*s, &queued);
   }
   // Also when the stream just ended: its last Data and HalfClose must go.
-  if (queued) host_->wake();
+  if (queued) host_.wake();
   // Out of reads for this turn but more may be there: come back through
   // the reactor so other sockets get their turn.
   if (more && !dead_ && !read_done_) armRead();
@@ -134,7 +141,7 @@ bool SocketPump::readBytes(protocol::Session& s, bool* queued) {
   if (n > 0) {
     std::string buf(scratch.get(), static_cast<size_t>(n));
     bytes_in_ += static_cast<uint64_t>(n);
-    host_->sent(id_, static_cast<uint64_t>(n));
+    host_.sent(id_, static_cast<uint64_t>(n));
     absl::Status st = s.sendData(id_, std::move(buf));
     if (!st.ok()) {
       reset(wireError(v1::INTERNAL, absl::StrCat("stream ", id_, ": ", st.message())));
@@ -216,7 +223,7 @@ bool SocketPump::readMessage(protocol::Session& s, bool* queued) {
   if (n < 0) return readFailed(errno);
   buf.resize(static_cast<size_t>(n));
   bytes_in_ += static_cast<uint64_t>(n);
-  host_->sent(id_, static_cast<uint64_t>(n));
+  host_.sent(id_, static_cast<uint64_t>(n));
   absl::Status st;
   if (opt_.kind == Kind::kDatagram) {
     v1::StreamDatagram d;
@@ -280,9 +287,9 @@ void SocketPump::onData(std::string_view payload) {
       // A datagram or record goes whole.
       const size_t taken = opt_.kind == Kind::kStream ? static_cast<size_t>(n) : payload.size();
       bytes_out_ += static_cast<uint64_t>(n);
-      if (protocol::Session* s = host_->session()) {
+      if (protocol::Session* s = host_.session()) {
         s->consumed(id_, taken);
-        host_->wake();
+        host_.wake();
       }
       payload.remove_prefix(taken);
       if (payload.empty()) return;
@@ -357,9 +364,9 @@ void SocketPump::flushWrites() {
     }
   }
   if (done > 0) {
-    if (protocol::Session* s = host_->session()) {
+    if (protocol::Session* s = host_.session()) {
       s->consumed(id_, done);
-      host_->wake();
+      host_.wake();
     }
   }
   if (out_.empty() && peer_closed_ && !write_done_) {
@@ -388,7 +395,7 @@ void SocketPump::maybeFinish() {
   if (dead_ || opt_.udp || !read_done_ || !write_done_) return;
   // Both directions are closed: the session already forgot the stream.
   dead_ = true;
-  host_->release(id_);
+  host_.release(id_);
   closeSocket(false);
 }
 
@@ -397,11 +404,11 @@ void SocketPump::reset(v1::Error error) {
   auto self = shared_from_this();
   dead_ = true;
   log::debug("outgoing_stream_failed", {{"stream", id_}, {"error", error.message()}});
-  if (host_->session()) {
-    host_->reset(id_, error);
-    host_->wake();
+  if (host_.session()) {
+    host_.reset(id_, error);
+    host_.wake();
   }
-  host_->release(id_);
+  host_.release(id_);
   closeSocket(opt_.tcp);
 }
 
@@ -410,7 +417,7 @@ void SocketPump::onReset(const v1::Error& error) {
   if (dead_) return;
   dead_ = true;
   log::debug("outgoing_stream_reset", {{"stream", id_}, {"error", error.message()}});
-  host_->release(id_);
+  host_.release(id_);
   // The client aborted the stream: the target's peer sees an abort too (RST).
   closeSocket(opt_.tcp);
 }
@@ -432,4 +439,4 @@ void SocketPump::closeSocket(bool abortive) {
   sock_.close(ignored);
 }
 
-}  // namespace siphon::agent::outgoing
+}  // namespace siphon::agent::streams

@@ -1,0 +1,165 @@
+// The file service against a fake session host (tests/fakes/agent/): no
+// server, no client, no socket. Requests go straight to handle(); the
+// answers come back through the host once the blocking pool has run them.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <memory>
+
+#include "agent/files/file_service.h"
+#include "siphon/status.h"
+#include "tests/fakes/agent/fake_session_host.h"
+#include "tests/fakes/agent/service_harness.h"
+#include "tests/unit/agent/files/files_test_util.h"
+
+namespace siphon::agent::files {
+namespace {
+
+using fakes::FakeSessionHost;
+using fakes::ServiceHarness;
+
+v1::Request fileReq(uint64_t id, v1::FileRequest f) {
+  v1::Request r;
+  r.set_request_id(id);
+  *r.mutable_file() = std::move(f);
+  return r;
+}
+v1::FileRequest openReq(const std::string& path, int flags) {
+  v1::FileRequest r;
+  r.mutable_open()->set_path(path);
+  r.mutable_open()->set_flags(flags);
+  return r;
+}
+v1::FileRequest preadReq(uint64_t fd, uint32_t size, int64_t offset) {
+  v1::FileRequest r;
+  r.mutable_pread()->set_fd(fd);
+  r.mutable_pread()->set_size(size);
+  r.mutable_pread()->set_offset(offset);
+  return r;
+}
+v1::FileRequest closeReq(uint64_t fd) {
+  v1::FileRequest r;
+  r.mutable_close()->set_fd(fd);
+  return r;
+}
+
+// How many of this process's fds are open on `path`.
+int fdsOpenOn(const std::string& path) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    std::error_code rec;
+    if (std::filesystem::read_symlink(e.path(), rec) == path) ++n;
+  }
+  return n;
+}
+
+AgentConfig withMode(FsMode mode, size_t max_open_files = 64) {
+  AgentConfig c;
+  c.fs_mode = mode;
+  c.max_open_files = max_open_files;
+  return c;
+}
+
+class FileServiceHostTest : public ::testing::Test {
+ protected:
+  void build(AgentConfig config) {
+    harness_ = std::make_unique<ServiceHarness>(std::move(config), tree_.root());
+    service_ = makeFileService(harness_->ctx());
+  }
+  void TearDown() override {
+    service_.reset();
+    harness_.reset();
+  }
+
+  // Sends `f` as request `id` from `host` and waits for its answer.
+  v1::Response call(const std::shared_ptr<FakeSessionHost>& host, uint64_t id, v1::FileRequest f) {
+    EXPECT_FALSE(host->response(id).has_value()) << "request ids are unique per host";
+    service_->handle(host, fileReq(id, std::move(f)));
+    EXPECT_TRUE(harness_->runUntil([&] { return host->response(id).has_value(); }))
+        << "no answer to request " << id;
+    auto r = host->response(id);
+    return r ? *r : v1::Response{};
+  }
+
+  testing::ScratchTree tree_;
+  std::unique_ptr<ServiceHarness> harness_;
+  std::shared_ptr<RequestService> service_;
+};
+
+TEST_F(FileServiceHostTest, OpenPreadCloseAnswerThroughTheHost) {
+  tree_.file("etc/hostname", "pod-host\n");
+  build(withMode(FsMode::kReadOnly));
+  auto host = std::make_shared<FakeSessionHost>("s1");
+  v1::Response opened = call(host, 1, openReq("/etc/hostname", O_RDONLY));
+  ASSERT_TRUE(opened.file().has_opened()) << opened.DebugString();
+  const uint64_t fd = opened.file().opened().fd();
+
+  v1::Response data = call(host, 2, preadReq(fd, 4, 4));
+  ASSERT_TRUE(data.file().has_data()) << data.DebugString();
+  EXPECT_EQ(data.file().data().data(), "host");
+
+  EXPECT_TRUE(call(host, 3, closeReq(fd)).file().has_done());
+  v1::Response again = call(host, 4, preadReq(fd, 1, 0));
+  EXPECT_EQ(again.error().errno_value(), EBADF) << "closed";
+  EXPECT_EQ(host->responses.size(), 4u) << "one answer per request";
+}
+
+TEST_F(FileServiceHostTest, HandlesBelongToTheirSessionAndEndWithIt) {
+  tree_.file("a", "alpha");
+  build(withMode(FsMode::kReadOnly));
+  auto a = std::make_shared<FakeSessionHost>("session-a");
+  auto b = std::make_shared<FakeSessionHost>("session-b");
+  const uint64_t fd = call(a, 1, openReq("/a", O_RDONLY)).file().opened().fd();
+  ASSERT_NE(fd, 0u);
+  EXPECT_EQ(call(b, 1, preadReq(fd, 1, 0)).error().errno_value(), EBADF)
+      << "another session's handle";
+  service_->sessionEnded("session-a");
+  EXPECT_EQ(call(a, 2, preadReq(fd, 1, 0)).error().errno_value(), EBADF)
+      << "closed with its session";
+}
+
+TEST_F(FileServiceHostTest, ModesRefuseBeforeAnythingRuns) {
+  tree_.file("w", "x");
+  build(withMode(FsMode::kReadOnly));
+  auto host = std::make_shared<FakeSessionHost>();
+  EXPECT_EQ(call(host, 1, openReq("/w", O_WRONLY)).error().errno_value(), EROFS);
+
+  service_.reset();
+  harness_.reset();
+  build(withMode(FsMode::kOff));
+  auto other = std::make_shared<FakeSessionHost>();
+  EXPECT_EQ(call(other, 1, openReq("/w", O_RDONLY)).error().code(), v1::PERMISSION_DENIED);
+
+  v1::Response none = call(other, 2, v1::FileRequest{});
+  EXPECT_NE(none.error().code(), v1::OK) << "a request with no op is refused";
+}
+
+TEST_F(FileServiceHostTest, TheOpenFilesLimitIsLoggedOnTheHost) {
+  tree_.file("f", "1");
+  build(withMode(FsMode::kReadOnly, /*max_open_files=*/1));
+  auto host = std::make_shared<FakeSessionHost>();
+  ASSERT_TRUE(call(host, 1, openReq("/f", O_RDONLY)).file().has_opened());
+  v1::Response full = call(host, 2, openReq("/f", O_RDONLY));
+  EXPECT_EQ(full.error().errno_value(), EMFILE) << full.DebugString();
+  ASSERT_EQ(host->limit_hits.size(), 1u) << "the service reports its own limit";
+  EXPECT_EQ(errnoOf(host->limit_hits[0]), EMFILE);
+}
+
+TEST_F(FileServiceHostTest, TheEndOfTheSessionClosesItsFiles) {
+  tree_.file("held", "x");
+  build(withMode(FsMode::kReadOnly));
+  const std::string path = tree_.inRoot("held");
+  auto host = std::make_shared<FakeSessionHost>("ending");
+  ASSERT_TRUE(call(host, 1, openReq("/held", O_RDONLY)).file().has_opened());
+  ASSERT_EQ(fdsOpenOn(path), 1);
+  host->end();
+  service_->sessionEnded("ending");
+  // The close runs on the blocking pool.
+  EXPECT_TRUE(harness_->runUntil([&] { return fdsOpenOn(path) == 0; }));
+}
+
+}  // namespace
+}  // namespace siphon::agent::files

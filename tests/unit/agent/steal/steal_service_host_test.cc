@@ -1,0 +1,213 @@
+// The steal service against fake session hosts and a fake steering: the
+// request checks, the subscription bookkeeping (PORT_BUSY, ownership, the
+// session's end giving the port back, `siphon sessions`), the drain's
+// refusal, and one stolen connection delivered as a stream the agent opens
+// on the host. No agent server, no root.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/unique_fd.h"
+#include "agent/outgoing/address.h"
+#include "agent/steal/steal_service.h"
+#include "siphon/status.h"
+#include "tests/fakes/agent/fake_session_host.h"
+#include "tests/fakes/agent/service_harness.h"
+
+namespace siphon::agent::steal {
+namespace {
+
+using fakes::FakePeer;
+using fakes::FakeSessionHost;
+using fakes::ServiceHarness;
+
+// What the service asked of the kernel (calls come from the blocking pool).
+struct Kernel {
+  std::mutex mu;
+  std::vector<std::string> calls;
+  uint16_t listener_port = 0;
+  std::atomic<uint16_t> original_port{0};
+
+  void record(std::string s) {
+    std::lock_guard<std::mutex> l(mu);
+    calls.push_back(std::move(s));
+  }
+  bool saw(const std::string& s) {
+    std::lock_guard<std::mutex> l(mu);
+    return std::find(calls.begin(), calls.end(), s) != calls.end();
+  }
+};
+
+class RecordingSteering : public Steering {
+ public:
+  explicit RecordingSteering(std::shared_ptr<Kernel> k) : k_(std::move(k)) {}
+  std::string_view name() const override { return "recording"; }
+  absl::Status addPort(uint16_t port) override {
+    k_->record(absl::StrCat("add ", port));
+    return absl::OkStatus();
+  }
+  absl::Status removePort(uint16_t port) override {
+    k_->record(absl::StrCat("remove ", port));
+    return absl::OkStatus();
+  }
+  absl::Status exempt(int) override { return absl::OkStatus(); }
+  void unexempt(int) override {}
+  absl::StatusOr<SockAddr> originalDestination(int fd) override {
+    ASSIGN_OR_RETURN(SockAddr a, outgoing::localAddress(fd));
+    reinterpret_cast<sockaddr_in*>(&a.storage)->sin_port = htons(k_->original_port);
+    return a;
+  }
+  void stop() override { k_->record("stop"); }
+
+ private:
+  std::shared_ptr<Kernel> k_;
+};
+
+v1::Request stealReq(uint64_t id, uint32_t port) {
+  v1::Request r;
+  r.set_request_id(id);
+  r.mutable_steal()->set_port(port);
+  return r;
+}
+v1::Request unsubscribeReq(uint64_t id, uint64_t subscription) {
+  v1::Request r;
+  r.set_request_id(id);
+  r.mutable_unsubscribe()->set_subscription_id(subscription);
+  return r;
+}
+
+class StealServiceHostTest : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    a_->end();
+    b_->end();
+    service_->agentStopping();
+    harness_.poll();
+  }
+
+  // `request` from `host`, and its answer once it came (10 s hang guard).
+  v1::Response call(const std::shared_ptr<FakeSessionHost>& host, v1::Request request) {
+    const uint64_t id = request.request_id();
+    EXPECT_FALSE(host->response(id).has_value()) << "request ids are unique per host";
+    service_->handle(host, std::move(request));
+    EXPECT_TRUE(harness_.runUntil([&] { return host->response(id).has_value(); }));
+    auto r = host->response(id);
+    return r ? *r : v1::Response{};
+  }
+
+  ServiceHarness harness_;
+  std::shared_ptr<Kernel> kernel_ = std::make_shared<Kernel>();
+  std::shared_ptr<StealService> service_ = makeStealService(
+      harness_.ctx(),
+      [k = kernel_](const Listeners& l) -> absl::StatusOr<std::unique_ptr<Steering>> {
+        k->listener_port = l.v4_port;  // read once Subscribed is back
+        return std::make_unique<RecordingSteering>(k);
+      },
+      [](uint16_t) -> absl::StatusOr<int> { return 0; });
+  std::shared_ptr<FakeSessionHost> a_ = std::make_shared<FakeSessionHost>("session-a", "alice");
+  std::shared_ptr<FakeSessionHost> b_ = std::make_shared<FakeSessionHost>("session-b", "bob");
+};
+
+TEST_F(StealServiceHostTest, RequestsAreCheckedBeforeTheSteeringStarts) {
+  v1::Response zero = call(a_, stealReq(1, 0));
+  EXPECT_EQ(zero.error().code(), v1::INVALID_ARGUMENT) << zero.DebugString();
+  v1::Response big = call(a_, stealReq(2, 70000));
+  EXPECT_EQ(big.error().code(), v1::INVALID_ARGUMENT);
+
+  v1::Request bad_filter = stealReq(3, 8080);
+  bad_filter.mutable_steal()->mutable_http_filter();  // no test set
+  v1::Response f = call(a_, std::move(bad_filter));
+  EXPECT_EQ(f.error().code(), v1::INVALID_ARGUMENT) << f.DebugString();
+  EXPECT_EQ(f.error().message().rfind("steal port 8080: ", 0), 0u) << f.error().message();
+
+  std::lock_guard<std::mutex> l(kernel_->mu);
+  EXPECT_TRUE(kernel_->calls.empty()) << "nothing reached the kernel";
+}
+
+TEST_F(StealServiceHostTest, SubscriptionsAreExclusiveOwnedAndEndWithTheirSession) {
+  v1::Response ok = call(a_, stealReq(1, 8080));
+  ASSERT_TRUE(ok.has_subscribed()) << ok.DebugString();
+  const uint64_t sub = ok.subscribed().subscription_id();
+  EXPECT_EQ(ok.subscribed().backend(), "recording");
+  EXPECT_TRUE(kernel_->saw("add 8080"));
+  EXPECT_TRUE(service_->ownsSubscription(sub, "session-a"));
+  EXPECT_FALSE(service_->ownsSubscription(sub, "session-b"));
+
+  v1::Response busy = call(b_, stealReq(1, 8080));
+  EXPECT_EQ(busy.error().code(), v1::PORT_BUSY) << busy.DebugString();
+
+  google::protobuf::RepeatedPtrField<v1::SubscriptionSummary> listed;
+  service_->describeSubscriptions("session-a", &listed);
+  ASSERT_EQ(listed.size(), 1);
+  EXPECT_EQ(listed[0].port(), 8080u);
+  EXPECT_EQ(listed[0].kind(), "steal");
+  EXPECT_EQ(listed[0].backend(), "recording");
+
+  v1::Response not_yours = call(b_, unsubscribeReq(2, sub));
+  EXPECT_TRUE(not_yours.has_error()) << "bob cannot give alice's port back";
+
+  a_->end();
+  service_->sessionEnded("session-a");
+  ASSERT_TRUE(harness_.runUntil([&] { return kernel_->saw("remove 8080"); }));
+  EXPECT_FALSE(service_->ownsSubscription(sub, "session-a"));
+  v1::Response now = call(b_, stealReq(3, 8080));
+  EXPECT_TRUE(now.has_subscribed()) << "the port is free again: " << now.DebugString();
+}
+
+TEST_F(StealServiceHostTest, UnsubscribeAnswersOnceThePortIsBack) {
+  const uint64_t sub = call(a_, stealReq(1, 9090)).subscribed().subscription_id();
+  ASSERT_NE(sub, 0u);
+  v1::Response r = call(a_, unsubscribeReq(2, sub));
+  EXPECT_TRUE(r.has_unsubscribed()) << r.DebugString();
+  EXPECT_TRUE(kernel_->saw("remove 9090")) << "removed before the answer";
+  google::protobuf::RepeatedPtrField<v1::SubscriptionSummary> listed;
+  service_->describeSubscriptions("session-a", &listed);
+  EXPECT_TRUE(listed.empty());
+}
+
+TEST_F(StealServiceHostTest, ADrainRefusesNewSubscriptions) {
+  service_->agentDraining();
+  v1::Response r = call(a_, stealReq(1, 8080));
+  EXPECT_EQ(r.error().code(), v1::AGENT_DRAINING) << r.DebugString();
+}
+
+TEST_F(StealServiceHostTest, AStolenConnectionBecomesAStreamOnTheHost) {
+  FakePeer peer(*a_);
+  ASSERT_TRUE(call(a_, stealReq(1, 8080)).has_subscribed());
+  kernel_->original_port = 8080;
+  UniqueFd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons(kernel_->listener_port);
+  ASSERT_EQ(::connect(client.get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+
+  ASSERT_TRUE(harness_.runUntil([&] {
+    peer.pipe();
+    return !peer.opens.empty();
+  }));
+  ASSERT_EQ(a_->opened.size(), 1u) << "opened through the host, which counts its kind";
+  const v1::StreamOpen& open = peer.opens[0];
+  EXPECT_TRUE(open.has_stolen());
+  EXPECT_EQ(open.stolen().destination().port(), 8080u);
+  EXPECT_NE(a_->endpoint(open.stream_id()), nullptr) << "its pump is registered";
+
+  ASSERT_EQ(::send(client.get(), "GET /", 5, 0), 5);
+  EXPECT_TRUE(harness_.runUntil([&] {
+    peer.pipe();
+    return peer.data[open.stream_id()] == "GET /";
+  })) << peer.data[open.stream_id()];
+}
+
+}  // namespace
+}  // namespace siphon::agent::steal
