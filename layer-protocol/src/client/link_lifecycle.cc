@@ -156,9 +156,9 @@ LinkLifecycle::Step LinkLifecycle::next(protocol::TimePoint now) {
                                                            absl::StrJoin(failures_, "; "))));
     case Goal::kResume:
       if (now >= deadline_) {
-        return fail(protoError(errorCodeOf(last_), absl::StrCat("no resume within ",
-                                                                within_.count(),
-                                                                " ms: ", last_.message())));
+        return fail(protoError(
+            errorCodeOf(last_),
+            absl::StrCat("no resume within ", within_.count(), " ms: ", last_.message())));
       }
       return dial(now);
     case Goal::kMove:

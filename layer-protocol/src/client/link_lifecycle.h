@@ -83,7 +83,8 @@ class LinkLifecycle {
   const std::vector<std::string>& order() const { return order_; }
 
  private:
-  LinkLifecycle(Goal goal, std::vector<std::string> order) : goal_(goal), order_(std::move(order)) {}
+  LinkLifecycle(Goal goal, std::vector<std::string> order)
+      : goal_(goal), order_(std::move(order)) {}
 
   Step dial(protocol::TimePoint now);
   Step failed(const absl::Status& why, protocol::TimePoint now);

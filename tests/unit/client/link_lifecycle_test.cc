@@ -175,13 +175,12 @@ TEST(LinkLifecycleTest, ConnectPassesAFullAgentAndSaysSoWhenAllAre) {
             fail(v1::TOO_MANY_SESSIONS, "no agent took the session: a:1: session limit; b:2")},
        });
   // With one endpoint, full is the answer.
-  play(LinkLifecycle::connect({"a:1"}),
-       {
-           {start(), dial("a:1")},
-           {dialed(), hello("a:1")},
-           {handshake(protoError(v1::AGENT_DRAINING, "draining")),
-            fail(v1::AGENT_DRAINING, "draining")},
-       });
+  play(LinkLifecycle::connect({"a:1"}), {
+                                            {start(), dial("a:1")},
+                                            {dialed(), hello("a:1")},
+                                            {handshake(protoError(v1::AGENT_DRAINING, "draining")),
+                                             fail(v1::AGENT_DRAINING, "draining")},
+                                        });
 }
 
 // ------------------------------------------------------------- resume
@@ -235,8 +234,7 @@ TEST(LinkLifecycleTest, ABoundedResumeLimitsEachAttemptToWhatIsLeft) {
            {dialed(milliseconds(100)), hello("a:1", true, milliseconds(1000))},
            {handshake(unavailable("cut"), milliseconds(300)), wait(milliseconds(100))},
            {waited(milliseconds(400)), dial("a:1", milliseconds(600))},
-           {dialFailed(unavailable("a:1: no answer"), milliseconds(999)),
-            wait(milliseconds(200))},
+           {dialFailed(unavailable("a:1: no answer"), milliseconds(999)), wait(milliseconds(200))},
            {waited(milliseconds(1200)), fail(v1::UNAVAILABLE, "no resume within 1000 ms")},
        });
 }
@@ -259,8 +257,8 @@ TEST(LinkLifecycleTest, AMoveTriesTheOthersInOrderThenTheOneLeft) {
 }
 
 TEST(LinkLifecycleTest, AMoveFromADrainingAgentNeverGoesBackToIt) {
-  auto lifecycle = LinkLifecycle::move({"a:1", "b:2"}, "a:1", /*draining=*/true,
-                                       milliseconds(1000), kBackoff);
+  auto lifecycle =
+      LinkLifecycle::move({"a:1", "b:2"}, "a:1", /*draining=*/true, milliseconds(1000), kBackoff);
   EXPECT_EQ(lifecycle.order(), (std::vector<std::string>{"b:2"}));
   // Rounds with backoff until the deadline; the last round's failures say why.
   play(std::move(lifecycle),
@@ -308,8 +306,7 @@ TEST(LinkLifecycleTest, AfterATransportEnds) {
 }
 
 TEST(LinkLifecycleTest, ALostLinkIsAgentLostNamingItsCause) {
-  absl::Status expired =
-      linkLostStatus("a:1", protoError(v1::SESSION_EXPIRED, "no such session"));
+  absl::Status expired = linkLostStatus("a:1", protoError(v1::SESSION_EXPIRED, "no such session"));
   EXPECT_EQ(errorCodeOf(expired), v1::AGENT_LOST);
   EXPECT_NE(expired.message().find("the session expired (SESSION_EXPIRED): the agent at a:1"),
             absl::string_view::npos)
