@@ -86,6 +86,8 @@ struct FailoverEvent {
 
 class Client;
 struct Link;
+class LinkLifecycle;
+struct LinkBackoff;
 
 // What a stream delivers, in arrival order (ClientStream::readEvent): one
 // Data frame's payload, or a gap in it.
@@ -130,6 +132,9 @@ class ClientStream {
   net::awaitable<absl::Status> writeDatagram(v1::SocketAddress peer, std::string payload);
   absl::Status halfClose();
   void reset(v1::ErrorCode code, std::string_view message);
+  // The peer's StreamAccept (outgoing: the agent-side and remote addresses);
+  // set once openStream() answered.
+  const std::optional<v1::StreamAccept>& accepted() const { return accepted_; }
 
   // Direct delivery, the zero-copy alternative to read() for a consumer
   // that can take bytes at once (a non-blocking socket): while nothing is
@@ -172,6 +177,17 @@ class Client : public std::enable_shared_from_this<Client> {
   // The current session's (it changes with a failover).
   const v1::Welcome& welcome() const;
   std::string endpoint() const;
+  net::asio::any_io_executor executor() const { return ex_; }
+  // The current session's largest file read (a pread's size above it is
+  // refused by the agent).
+  uint32_t maxReadSize() const;
+
+  // File handles (this client's numbers): OK while `handle` is open on a
+  // live session, else EBADF saying why (closed, or its session is lost).
+  absl::Status handleStatus(uint64_t handle) const;
+  // Closes `handle` (a directory's with `directory`) without waiting for
+  // the answer; nothing when it is not open or its session is gone.
+  void closeHandleNoWait(uint64_t handle, bool directory);
 
   // A unary request. The response's error (if any) comes back as a status.
   // During a failover it waits (within `timeout`) for the new session.
@@ -262,14 +278,15 @@ class Client : public std::enable_shared_from_this<Client> {
   net::awaitable<absl::Status> handshake(
       Link& link, net::Stream& socket, bool resume, std::string* leftover,
       std::chrono::milliseconds limit = std::chrono::milliseconds(0));
-  // Dial and handshake: a new Link on `endpoint`.
-  net::awaitable<absl::StatusOr<std::shared_ptr<Link>>> open(const std::string& endpoint,
-                                                             net::Stream* socket,
-                                                             std::string* leftover);
+  // Carries out a LinkLifecycle's steps (dial, handshake, wait): the Link
+  // it reached (`resuming`, or a new one), or why not.
+  struct Reached;
+  net::awaitable<absl::StatusOr<Reached>> runLifecycle(LinkLifecycle plan,
+                                                       std::shared_ptr<Link> resuming);
+  LinkBackoff backoff() const;
   void start(std::shared_ptr<Link> link, net::Stream socket, std::string leftover);
   net::awaitable<void> runTransports(std::shared_ptr<Client> self, std::shared_ptr<Link> link,
                                      net::Stream socket, std::string leftover);
-  net::awaitable<absl::StatusOr<std::pair<net::Stream, std::string>>> reconnect(Link& link);
   bool canFailover() const;
   std::shared_ptr<Link> linkOf(uint64_t generation) const;
   // Starts failover() detached (net::spawn); an exception ends the session.

@@ -1,0 +1,151 @@
+// Files of the target, under its root (the agent resolves every path with
+// openat2 RESOLVE_IN_ROOT: no ".." or symlink leaves it). Failures are
+// kErrno statuses with the Linux errno (errors.h): ENOENT, EACCES, EROFS
+// (an agent run with --fs-mode ro), EMFILE (its --max-open-files)...
+//
+// A File or Directory is a handle on the agent that belongs to the session
+// that opened it: it dies with that session. After a failover to another
+// agent, or once the session is lost, every call on it answers EBADF (its
+// message names the agent); it is never reopened behind the program's back.
+// alive() says so without a round trip. A handle not closed is closed when
+// its last copy goes (without waiting for the answer).
+//
+// Pipelining: startPread()/startPwrite() queue their request at once and
+// return a Pending answer, so many can be in flight (readFile() and
+// writeFile() keep `depth` of them). Plain read()/write() use the file
+// offset: have one of those in flight at a time.
+//
+// Threads: as the Target's (target.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "siphon/client/pending.h"
+#include "siphon/client/target.h"
+
+namespace siphon::client {
+
+struct FileStat {
+  uint64_t dev = 0;
+  uint64_t ino = 0;
+  uint32_t mode = 0;  // st_mode: type and permission bits
+  uint64_t nlink = 0;
+  uint32_t uid = 0;
+  uint32_t gid = 0;
+  uint64_t rdev = 0;
+  int64_t size = 0;
+  int64_t blksize = 0;
+  int64_t blocks = 0;
+  int64_t atime_ns = 0;
+  int64_t mtime_ns = 0;
+  int64_t ctime_ns = 0;
+  bool isDirectory() const;
+  bool isRegular() const;
+  bool isSymlink() const;
+};
+
+struct FsStat {
+  uint64_t type = 0, bsize = 0, blocks = 0, bfree = 0, bavail = 0, files = 0, ffree = 0,
+           namelen = 0, frsize = 0, flags = 0;
+};
+
+struct DirEntry {
+  std::string name;
+  uint64_t ino = 0;
+  uint32_t type = 0;  // DT_* value
+};
+
+// What a read returned: the bytes, and whether the end of the file was seen.
+struct FileData {
+  std::string data;
+  bool eof = false;
+};
+
+struct HandleState;
+
+class File {
+ public:
+  File() = default;
+  // This client's number for the handle (also in the agent's logs).
+  uint64_t handle() const;
+  // OK while the handle can be used; EBADF once closed or its session lost.
+  absl::Status alive() const;
+
+  net::awaitable<absl::StatusOr<FileData>> read(uint32_t size);
+  net::awaitable<absl::StatusOr<FileData>> pread(int64_t offset, uint32_t size);
+  net::awaitable<absl::StatusOr<uint64_t>> write(std::string data);
+  net::awaitable<absl::StatusOr<uint64_t>> pwrite(int64_t offset, std::string data);
+  Pending<FileData> startPread(int64_t offset, uint32_t size);
+  Pending<uint64_t> startPwrite(int64_t offset, std::string data);
+  net::awaitable<absl::StatusOr<int64_t>> seek(int64_t offset, int whence);
+  net::awaitable<absl::StatusOr<FileStat>> stat();
+  net::awaitable<absl::Status> truncate(int64_t length);
+  net::awaitable<absl::Status> close();
+
+ private:
+  friend class Files;
+  explicit File(std::shared_ptr<HandleState> state) : state_(std::move(state)) {}
+  std::shared_ptr<HandleState> state_;
+};
+
+class Directory {
+ public:
+  Directory() = default;
+  uint64_t handle() const;
+  absl::Status alive() const;
+  // The next entries (at most `max_entries`, 0: the agent's choice); an
+  // empty vector at the end.
+  net::awaitable<absl::StatusOr<std::vector<DirEntry>>> next(uint32_t max_entries = 0);
+  net::awaitable<absl::Status> close();
+
+ private:
+  friend class Files;
+  explicit Directory(std::shared_ptr<HandleState> state) : state_(std::move(state)) {}
+  std::shared_ptr<HandleState> state_;
+};
+
+class Files {
+ public:
+  explicit Files(const Target& target);
+
+  // open(2) flags and mode (O_RDONLY is 0).
+  net::awaitable<absl::StatusOr<File>> open(std::string path, int flags = 0, uint32_t mode = 0);
+  net::awaitable<absl::StatusOr<Directory>> openDirectory(std::string path);
+  // Every entry of the directory at `path` ("." and ".." too, as the kernel
+  // lists them).
+  net::awaitable<absl::StatusOr<std::vector<DirEntry>>> readdir(std::string path);
+
+  // The whole file: preads `chunk` bytes each (0: the agent's read limit),
+  // `depth` of them in flight.
+  net::awaitable<absl::StatusOr<std::string>> readFile(std::string path, size_t depth = 8,
+                                                       uint32_t chunk = 0);
+  // Creates or truncates `path`, then pwrites `data`, `depth` in flight.
+  net::awaitable<absl::Status> writeFile(std::string path, std::string data, uint32_t mode = 0644,
+                                         size_t depth = 8);
+
+  net::awaitable<absl::StatusOr<FileStat>> stat(std::string path);
+  net::awaitable<absl::StatusOr<FileStat>> lstat(std::string path);
+  net::awaitable<absl::StatusOr<FsStat>> statfs(std::string path);
+  net::awaitable<absl::Status> access(std::string path, int mode);
+  net::awaitable<absl::StatusOr<std::string>> readlink(std::string path);
+  net::awaitable<absl::Status> mkdir(std::string path, uint32_t mode = 0755);
+  net::awaitable<absl::Status> rmdir(std::string path);
+  net::awaitable<absl::Status> unlink(std::string path);
+  net::awaitable<absl::Status> rename(std::string from, std::string to, uint32_t flags = 0);
+  net::awaitable<absl::Status> truncate(std::string path, int64_t length);
+  net::awaitable<absl::Status> chmod(std::string path, uint32_t mode);
+  net::awaitable<absl::Status> chown(std::string path, int64_t uid, int64_t gid,
+                                     bool follow_symlinks = true);
+  net::awaitable<absl::Status> utimens(std::string path, int64_t atime_ns, int64_t mtime_ns,
+                                       bool follow_symlinks = true);
+
+ private:
+  std::shared_ptr<TargetCore> core_;
+};
+
+}  // namespace siphon::client

@@ -1,0 +1,348 @@
+// Calls: unary requests and stream opens on the current Link, this client's
+// numbers for file handles and subscriptions (mapped per Link), and what a
+// Link's session hands on about them (answers, opens, notices, draining).
+#include <errno.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "client/link.h"
+#include "siphon/status.h"
+
+namespace siphon::client {
+
+using net::asio::steady_timer;
+
+namespace {
+
+// The file or directory handle a file request names, with the operation's
+// name (for errors), or nullopt; and the same field set.
+#define SIPHON_HANDLE_OPS(X)                                                             \
+  X(kRead, read, fd) X(kPread, pread, fd) X(kWrite, write, fd) X(kPwrite, pwrite, fd)    \
+  X(kSeek, seek, fd) X(kClose, close, fd) X(kFstat, fstat, fd) X(kFtruncate, ftruncate, fd) \
+  X(kReaddir, readdir, dir) X(kClosedir, closedir, dir)
+
+std::optional<uint64_t> handleOf(const v1::FileRequest& f, std::string_view* op) {
+  switch (f.op_case()) {
+#define X(kCase, name, field) \
+  case v1::FileRequest::kCase: \
+    *op = #name;               \
+    return f.name().field();
+    SIPHON_HANDLE_OPS(X)
+#undef X
+    default:
+      return std::nullopt;
+  }
+}
+
+void setHandle(v1::FileRequest& f, uint64_t value) {
+  switch (f.op_case()) {
+#define X(kCase, name, field)             \
+  case v1::FileRequest::kCase:            \
+    f.mutable_##name()->set_##field(value); \
+    return;
+    SIPHON_HANDLE_OPS(X)
+#undef X
+    default:
+      return;
+  }
+}
+#undef SIPHON_HANDLE_OPS
+
+bool opensHandle(const v1::Request& r) {
+  return r.has_file() && (r.file().has_open() || r.file().has_opendir());
+}
+bool closesHandle(const v1::Request& r) {
+  return r.has_file() && (r.file().has_close() || r.file().has_closedir());
+}
+bool subscribes(const v1::Request& r) { return r.has_steal() || r.has_mirror(); }
+
+// The client's number for an agent's handle or subscription id: the agent's
+// own on the first session (so logs on both sides agree), a number above
+// every one handed out so far on later ones.
+template <typename Map>
+uint64_t clientId(const Map& used, uint64_t agent_id, uint64_t generation, uint64_t* next) {
+  if (generation == 1 && used.count(agent_id) == 0) {
+    *next = std::max(*next, agent_id);
+    return agent_id;
+  }
+  do {
+    ++*next;
+  } while (used.count(*next) != 0);
+  return *next;
+}
+
+}  // namespace
+
+std::shared_ptr<Link> Client::linkOf(uint64_t generation) const {
+  if (link_ && link_->generation == generation) return link_;
+  for (const auto& weak : retiring_) {
+    auto l = weak.lock();
+    if (l && l->generation == generation) return l;
+  }
+  return nullptr;
+}
+
+net::awaitable<absl::StatusOr<v1::Response>> Client::call(v1::Request request,
+                                                          std::chrono::milliseconds timeout) {
+  if (!lost_.ok()) co_return lost_;
+  if (!link_) co_return protoError(v1::FAILED_PRECONDITION, "not connected");
+  const auto deadline = steady_timer::clock_type::now() + timeout;
+  if (!co_await waitForMove(deadline)) {
+    if (!lost_.ok()) co_return lost_;
+    co_return protoError(v1::TIMEOUT, absl::StrCat("no agent to send request to within ",
+                                                   timeout.count(), " ms: moving to another"));
+  }
+  std::shared_ptr<Link> link = link_;
+
+  // Handles are this client's numbers: a handle of a lost session stays
+  // invalid, and a handle goes to the session that opened it.
+  std::optional<uint64_t> handle;
+  if (request.has_file()) {
+    std::string_view op;
+    handle = handleOf(request.file(), &op);
+    auto it = handle ? handles_.find(*handle) : handles_.end();
+    if (it != handles_.end()) {
+      link = linkOf(it->second.generation);
+      if (!link || !link->lost.ok()) {
+        std::string where = it->second.endpoint;
+        if (closesHandle(request)) handles_.erase(it);
+        co_return errnoStatus(
+            EBADF, absl::StrCat(asv(op), " fd ", *handle, " (opened on the agent at ", where,
+                                ", whose session is lost; handles are never reopened behind "
+                                "your back)"));
+      }
+      setHandle(*request.mutable_file(), it->second.agent_fd);
+    } else if (handle && link->generation != 1) {
+      co_return errnoStatus(EBADF, absl::StrCat(asv(op), " fd ", *handle));
+    }
+    // Else, on the first session, a handle this client did not hand out
+    // goes as given: the agent judges it.
+  }
+  // Subscription ids, too, are this client's (the same rules).
+  std::optional<uint64_t> unsubscribing;
+  if (request.has_unsubscribe()) {
+    const uint64_t id = request.unsubscribe().subscription_id();
+    auto it = subscriptions_.find(id);
+    if (it != subscriptions_.end()) {
+      link = linkOf(it->second.generation);
+      if (!link || !link->lost.ok()) {
+        // It did not come back after a failover: nothing holds it any more.
+        subscriptions_.erase(it);
+        v1::Response r;
+        r.mutable_unsubscribed();
+        co_return r;
+      }
+      request.mutable_unsubscribe()->set_subscription_id(it->second.agent_id);
+      unsubscribing = id;
+    } else if (link->generation != 1) {
+      co_return protoError(v1::NOT_FOUND, absl::StrCat("no subscription ", id, " in this client"));
+    }
+  }
+  const bool opens = opensHandle(request);
+  const bool closes = closesHandle(request);
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - steady_timer::clock_type::now());
+  auto response = co_await callOn(link, std::move(request),
+                                  std::max(left, std::chrono::milliseconds(1)), 0);
+  if (closes) handles_.erase(*handle);
+  if (unsubscribing && (response.ok() || errorCodeOf(response.status()) == v1::NOT_FOUND)) {
+    auto it = subscriptions_.find(*unsubscribing);
+    if (it != subscriptions_.end()) {
+      link->subscription_ids.erase(it->second.agent_id);
+      subscriptions_.erase(it);
+    }
+  }
+  if (opens && response.ok() && response->has_file() && response->file().has_opened()) {
+    const uint64_t h = clientId(handles_, response->file().opened().fd(), link->generation,
+                                &next_handle_);
+    handles_[h] = Handle{link->generation, response->file().opened().fd(), link->endpoint};
+    response->mutable_file()->mutable_opened()->set_fd(h);
+  }
+  co_return response;
+}
+
+absl::Status Client::handleStatus(uint64_t handle) const {
+  auto it = handles_.find(handle);
+  if (it == handles_.end()) return errnoStatus(EBADF, absl::StrCat("fd ", handle, " is not open"));
+  auto link = linkOf(it->second.generation);
+  if (!link || !link->lost.ok()) {
+    return errnoStatus(EBADF, absl::StrCat("fd ", handle, " (opened on the agent at ",
+                                           it->second.endpoint,
+                                           ", whose session is lost; handles are never reopened "
+                                           "behind your back)"));
+  }
+  return absl::OkStatus();
+}
+
+void Client::closeHandleNoWait(uint64_t handle, bool directory) {
+  auto it = handles_.find(handle);
+  if (it == handles_.end()) return;
+  const uint64_t agent_fd = it->second.agent_fd;
+  auto link = linkOf(it->second.generation);
+  handles_.erase(it);
+  if (!link || !link->lost.ok() || !link->session || closing_) return;
+  v1::Request request;
+  if (directory) {
+    request.mutable_file()->mutable_closedir()->set_dir(agent_fd);
+  } else {
+    request.mutable_file()->mutable_close()->set_fd(agent_fd);
+  }
+  // Its answer finds no pending call and is dropped.
+  if (link->session->sendRequest(std::move(request)).ok()) link->wake();
+}
+
+net::awaitable<absl::StatusOr<v1::Response>> Client::callOn(std::shared_ptr<Link> link_in,
+                                                            v1::Request request,
+                                                            std::chrono::milliseconds timeout,
+                                                            uint64_t subscription) {
+  const std::shared_ptr<Link> link = std::move(link_in);
+  if (!link->lost.ok()) co_return link->lost;
+  auto pending = std::make_shared<Pending>(ex_);
+  if (subscribes(request)) {
+    pending->subscribe = true;
+    pending->subscription = subscription;
+    pending->request = request;
+  }
+  auto id = link->session->sendRequest(std::move(request));
+  if (!id.ok()) co_return id.status();
+  link->pending[*id] = pending;
+  link->wake();
+  auto deadline = steady_timer::clock_type::now() + timeout;
+  while (!pending->result && steady_timer::clock_type::now() < deadline) {
+    co_await pending->done.wait(deadline);
+  }
+  link->pending.erase(*id);
+  if (!pending->result) {
+    co_return protoError(v1::TIMEOUT, absl::StrCat("no response to request ", *id, " within ",
+                                                   timeout.count(), " ms"));
+  }
+  co_return std::move(*pending->result);
+}
+
+net::awaitable<absl::StatusOr<std::shared_ptr<ClientStream>>> Client::openStream(
+    v1::StreamOpen open) {
+  if (!lost_.ok()) co_return lost_;
+  if (!link_) co_return protoError(v1::FAILED_PRECONDITION, "not connected");
+  (void)co_await waitForMove(steady_timer::clock_type::now() + options_.failover_timeout);
+  if (!lost_.ok()) co_return lost_;
+  const std::shared_ptr<Link> link = link_;
+  if (!link->lost.ok()) co_return link->lost;
+  auto id = link->session->openStream(std::move(open));
+  if (!id.ok()) co_return id.status();
+  auto stream = std::make_shared<ClientStream>(shared_from_this(), link, *id);
+  link->add(*id, stream);
+  link->wake();
+  while (!stream->accepted_ && stream->error_.ok()) co_await stream->writable_.wait();
+  if (!stream->error_.ok()) {
+    link->streams.erase(*id);
+    co_return stream->error_;
+  }
+  co_return stream;
+}
+
+absl::Status Client::acceptStream(ClientStream& stream) {
+  Link& link = *stream.link_;
+  if (!link.lost.ok()) return link.lost;
+  v1::StreamAccept accept;
+  accept.set_stream_id(stream.id());
+  RETURN_IF_ERROR(link.session->acceptStream(std::move(accept)));
+  link.wake();
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------- from the Links
+
+void Client::onResponse(Link& link, v1::Response response) {
+  auto it = link.pending.find(response.request_id());
+  if (it == link.pending.end()) return;  // timed out meanwhile
+  Pending& p = *it->second;
+  if (response.has_error() && response.error().code() != v1::OK) {
+    p.result = fromProtoError(response.error());
+  } else {
+    if (p.subscribe && response.has_subscribed()) {
+      // Mapped now, in the same dispatch: a stream of this subscription may
+      // follow in the very next frame.
+      const uint64_t agent_id = response.subscribed().subscription_id();
+      const uint64_t id = p.subscription != 0
+                              ? p.subscription
+                              : clientId(subscriptions_, agent_id, link.generation,
+                                         &next_subscription_);
+      subscriptions_[id] = Subscription{std::move(p.request), link.generation, agent_id};
+      link.subscription_ids[agent_id] = id;
+      response.mutable_subscribed()->set_subscription_id(id);
+    }
+    p.result = std::move(response);
+  }
+  p.done.notify();
+}
+
+namespace {
+
+// The subscription (the agent's id) a stream the agent opens belongs to;
+// nullopt for kinds that belong to none.
+std::optional<uint64_t> subscriptionOf(const v1::StreamOpen& open) {
+  if (open.has_stolen()) return open.stolen().subscription_id();
+  if (open.has_mirrored()) return open.mirrored().subscription_id();
+  if (open.has_stolen_request()) return open.stolen_request().subscription_id();
+  return std::nullopt;
+}
+
+void setSubscription(v1::StreamOpen& open, uint64_t id) {
+  if (open.has_stolen()) open.mutable_stolen()->set_subscription_id(id);
+  if (open.has_mirrored()) open.mutable_mirrored()->set_subscription_id(id);
+  if (open.has_stolen_request()) open.mutable_stolen_request()->set_subscription_id(id);
+}
+
+}  // namespace
+
+void Client::onNotice(Link& link, v1::SubscriptionNotice notice) {
+  if (&link != link_.get() || !on_notice_) return;
+  // In this client's ids, as everything else it hands out (taken_by stays
+  // the agent's: it is usually another client's).
+  auto it = link.subscription_ids.find(notice.subscription_id());
+  notice.set_subscription_id(it == link.subscription_ids.end() ? 0 : it->second);
+  on_notice_(notice);
+}
+
+void Client::onStreamOpen(Link& link, v1::StreamOpen open) {
+  auto stream =
+      std::make_shared<ClientStream>(shared_from_this(), link.shared_from_this(), open.stream_id());
+  // Registered before anything else: frames that come before the acceptor
+  // takes it (a mirror's gaps) or while it is parked wait in it.
+  link.add(open.stream_id(), stream);
+  const std::optional<uint64_t> agent_id = subscriptionOf(open);
+  if (agent_id && link.resubscribing && !link.subscription_ids.contains(*agent_id)) {
+    link.parked.emplace_back(std::move(stream), std::move(open));
+    return;
+  }
+  handOver(link, std::move(stream), std::move(open));
+}
+
+void Client::handOver(Link& link, std::shared_ptr<ClientStream> stream, v1::StreamOpen open) {
+  if (const std::optional<uint64_t> agent_id = subscriptionOf(open)) {
+    auto it = link.subscription_ids.find(*agent_id);
+    // Unknown: 0, which no subscription of this client has.
+    setSubscription(open, it == link.subscription_ids.end() ? 0 : it->second);
+  }
+  if (!acceptor_) {
+    stream->reset(v1::UNIMPLEMENTED, "this client accepts no streams");
+    return;
+  }
+  acceptor_(std::move(stream), std::move(open));
+}
+
+void Client::onDraining(Link& link, v1::Draining draining) {
+  if (&link == link_.get() && !moving_ && canFailover()) {
+    FailoverEvent event;
+    event.from = link.endpoint;
+    event.reason = absl::StrCat("draining (", draining.reason(), ")");
+    event.draining = true;
+    event.streams = link.openStreams();
+    spawnFailover(link.shared_from_this(), std::move(event), std::move(draining));
+    return;
+  }
+  if (&link == link_.get() && on_draining_) on_draining_(draining);
+}
+
+}  // namespace siphon::client
