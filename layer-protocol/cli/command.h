@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "siphon/client/client.h"
+#include "siphon/client/target.h"
 #include "siphon/transport/asio.h"
 
 namespace siphon::cli {
@@ -21,6 +22,9 @@ namespace siphon::cli {
 // What a command gets to work with.
 struct CommandEnv {
   std::shared_ptr<client::Client> client;
+  // The typed API over `client` (its calls time out after `timeout`);
+  // commands call the library through it.
+  client::Target target;
   bool json = false;
   std::chrono::milliseconds timeout{10000};  // per request
 };

@@ -53,7 +53,8 @@ net::awaitable<int> run(client::ClientOptions options, CommandRun command, bool 
   }
   int rc = kExitError;
   try {
-    CommandEnv env{client, json, timeout};
+    CommandEnv env{client, client::Target::over(client), json, timeout};
+    env.target.setCallTimeout(timeout);
     rc = co_await command(env);
   } catch (const std::exception& e) {
     printError(e.what());

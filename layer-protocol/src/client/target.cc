@@ -227,7 +227,9 @@ Target Target::create(net::asio::any_io_executor ex, TargetOptions o) {
   c.tls_cert = std::move(o.tls_cert);
   c.tls_key = std::move(o.tls_key);
   c.tls_server_name = std::move(o.tls_server_name);
-  return over(Client::create(std::move(ex), std::move(c)));
+  Target target = over(Client::create(std::move(ex), std::move(c)));
+  target.setCallTimeout(o.call_timeout);
+  return target;
 }
 
 Target Target::over(std::shared_ptr<Client> client) {
@@ -250,6 +252,8 @@ void Target::setEventHandler(std::function<void(const LinkEvent&)> handler) {
 absl::Status Target::lostStatus() const { return core_->client->lostStatus(); }
 
 std::string Target::endpoint() const { return core_->client->endpoint(); }
+
+void Target::setCallTimeout(std::chrono::milliseconds timeout) { core_->timeout = timeout; }
 
 std::shared_ptr<Client> Target::client() const { return core_->client; }
 

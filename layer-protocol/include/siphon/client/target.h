@@ -48,6 +48,9 @@ struct TargetOptions {
   bool reconnect = true;  // resume after a transport cut
   bool failover = true;   // move to another endpoint (with two or more)
   std::chrono::milliseconds failover_timeout{30000};
+  // How long one call (a file operation, a lookup, a subscribe...) may take
+  // before it fails with kTimeout; Target::setCallTimeout changes it.
+  std::chrono::milliseconds call_timeout{30000};
   // TLS: PEM CA certificates the agent's certificate must chain to, and this
   // client's certificate and key for an agent that asks for one. Empty: TCP.
   std::string tls_ca;
@@ -119,6 +122,8 @@ class Target {
   // Non-OK (kAgentLost) once the session is gone for good.
   absl::Status lostStatus() const;
   std::string endpoint() const;  // of the current agent
+  // For the calls made from now on (TargetOptions::call_timeout).
+  void setCallTimeout(std::chrono::milliseconds timeout);
 
   net::awaitable<absl::StatusOr<TargetInfo>> info();
   net::awaitable<absl::StatusOr<std::vector<SessionInfo>>> sessions();
