@@ -16,6 +16,9 @@ Topology (all namespaces made here, removed on exit, even on failure):
           -> node server   (the same two hops, socat -b 262144)
 
 Run by scripts/bench.sh, which builds in Release first.
+
+Over 600 lines: every benchmark and its baselines are driven from here so
+that one run measures them all on the same machine state.
 """
 import argparse
 import hashlib

@@ -38,6 +38,8 @@
 // Exit status: 0 with the JSON; 1 when anything failed (agent unreachable,
 // rejected token, a request that failed or answered wrongly, a baseline
 // error): a message on stderr and no number at all; 2 for a usage error.
+//
+// Over 600 lines: each scenario's siphon run and its baseline are kept side by side so they measure the same thing.
 #include <ares.h>
 #include <arpa/inet.h>
 #include <dirent.h>

@@ -100,7 +100,7 @@ class CaptureService : public StreamService {
   // Opens the source inside the target's netns, compiles the filter off
   // the NetnsWorker and installs it, then accepts the stream and starts the
   // capture, or resets it with the reason.
-  static net::awaitable<void> openSource(NetnsWorker& netns,
+  static net::awaitable<void> openSource(NetnsRunner& netns,
                                          std::function<SourceOr(const CaptureSpec&)> opener_in,
                                          std::shared_ptr<FilterCompiler> compiler_in,
                                          HostRef host_in, std::shared_ptr<CaptureStream> stream_in,

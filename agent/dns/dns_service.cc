@@ -77,7 +77,7 @@ std::shared_ptr<RequestService> makeDnsService(ServiceContext& ctx) {
   // Sockets come from the NetnsWorker, so they live in the target's network
   // namespace. socketSync blocks, which is fine here: it is called on the
   // resolver's thread, never on the event loop.
-  NetnsWorker& netns = ctx.netns;
+  NetnsRunner& netns = ctx.netns;
   auto resolver = dns::Resolver::start(dns::makeRootConfigSource(ctx.target.rootFd()),
                                        [&netns](int domain, int type, int protocol) {
                                          return netns.socketSync(domain, type, protocol);

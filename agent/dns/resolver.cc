@@ -1,3 +1,9 @@
+// The resolver: c-ares on a thread of its own, with sockets made inside the
+// target's netns, the search list and ndots applied as the target's libc
+// would, and one answer per request. Over 600 lines because c-ares' callbacks,
+// the jobs and the channels they use form one state machine on one thread;
+// the parsing of resolv.conf and the hosts file is in resolv_conf.cc and
+// hosts_file.cc.
 #include "agent/dns/resolver.h"
 
 #include <ares.h>

@@ -1,3 +1,8 @@
+// The file helper: the agent's binary re-executed with the target's
+// identity and root to do the file work (fs_helper.h, docs/SECURITY.md),
+// and the agent side that talks to it. Over 600 lines because both ends of its small
+// private protocol (frames, credentials, the served connections) live here
+// so they cannot drift apart.
 #include "agent/files/fs_helper.h"
 
 #include <fcntl.h>

@@ -5,7 +5,6 @@
 #include <netlink/msg.h>
 #include <netlink/netlink.h>
 #include <netlink/socket.h>
-#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <time.h>
@@ -14,14 +13,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
-#include <future>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
 #include "agent/common/unique_fd.h"
+#include "agent/netns/netns_thread.h"
 #include "loader/mirror_loader.h"
 #include "siphon/status.h"
 #include "siphon/v1/streams.pb.h"
@@ -54,7 +52,7 @@ struct MirrorEngine::Impl : ConnectionEvents {
   NlSock links;  // rtnetlink link events of the target's netns
   UniqueFd wake;  // eventfd: ports changed, or stop
   UniqueFd epoll;
-  std::thread thread;
+  NetnsThread thread;  // the engine's: inside the target's netns
   std::atomic<bool> stop{false};
   std::atomic<size_t> queued{0};
 
@@ -218,10 +216,8 @@ struct MirrorEngine::Impl : ConnectionEvents {
 
   // ---- the thread ----
 
-  absl::Status setUp(int netns_fd) {
-    if (netns_fd >= 0 && ::setns(netns_fd, CLONE_NEWNET) != 0) {
-      return lastErrnoStatus("mirror: enter the target's network namespace");
-    }
+  // On the engine's thread, inside the target's netns.
+  absl::Status setUp() {
     bpf::MirrorLoader::Options lo;
     lo.ring_bytes = options.ring_bytes;
     auto loaded = bpf::MirrorLoader::load(lo);
@@ -344,22 +340,13 @@ absl::StatusOr<std::unique_ptr<MirrorEngine>> MirrorEngine::start(int netns_fd,
   impl->options = std::move(options);
   impl->deliver = std::move(deliver);
   impl->table = std::make_unique<ConnectionTable>(impl->options.table, *impl);
-  std::promise<absl::Status> ready;
-  auto started = ready.get_future();
   Impl* raw = impl.get();
-  impl->thread = std::thread([raw, netns_fd, ready = std::move(ready)]() mutable {
-    absl::Status s = raw->setUp(netns_fd);
-    const bool ok = s.ok();
-    ready.set_value(std::move(s));
-    if (!ok) return;
-    raw->publishStats();
-    raw->run();
-  });
-  absl::Status s = started.get();
-  if (!s.ok()) {
-    impl->thread.join();
-    return s;
-  }
+  ASSIGN_OR_RETURN(impl->thread, NetnsThread::start(
+                                     netns_fd, "mirror", [raw] { return raw->setUp(); },
+                                     [raw] {
+                                       raw->publishStats();
+                                       raw->run();
+                                     }));
   return std::unique_ptr<MirrorEngine>(new MirrorEngine(std::move(impl)));
 }
 
@@ -369,7 +356,7 @@ MirrorEngine::~MirrorEngine() {
   impl_->stop.store(true);
   uint64_t one = 1;
   (void)!::write(impl_->wake.get(), &one, sizeof(one));
-  if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->thread.join();
   // Every loss the copy had, in one line (the sessions got each as a gap).
   const MirrorEngineStats st = stats();
   log::info("mirror_capture_stopped",

@@ -1,3 +1,9 @@
+// The mirror service: subscriptions of sessions to mirrored ports, and the
+// fan-out of each mirrored connection to every subscribed session as its
+// own stream, with a per-copy budget and explicit gaps. Over 600 lines
+// because one class owns the subscriptions and the connections they see
+// (the event loop and the strand share it; see the sections below); the
+// capture itself is mirror_engine.cc, reassembly reassembly.cc.
 #include "agent/mirror/mirror_service.h"
 
 #include <cerrno>

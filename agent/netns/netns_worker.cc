@@ -1,7 +1,6 @@
 #include "agent/netns/netns_worker.h"
 
 #include <fcntl.h>
-#include <sched.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -14,27 +13,17 @@ namespace siphon::agent {
 
 absl::StatusOr<std::unique_ptr<NetnsWorker>> NetnsWorker::start(int netns_fd) {
   std::unique_ptr<NetnsWorker> w(new NetnsWorker());
-  std::promise<absl::Status> entered;
-  auto ready = entered.get_future();
   NetnsWorker* self = w.get();
-  w->thread_ = std::thread([self, netns_fd, &entered] {
-    absl::Status s;
-    if (netns_fd >= 0 && ::setns(netns_fd, CLONE_NEWNET) != 0) {
-      s = lastErrnoStatus("setns into the target's network namespace (needs CAP_SYS_ADMIN)");
-    }
-    if (s.ok()) {
-      struct stat st;
-      if (::stat("/proc/thread-self/ns/net", &st) == 0) self->inode_ = st.st_ino;
-    }
-    bool ok = s.ok();
-    entered.set_value(std::move(s));
-    if (ok) self->loop();
-  });
-  absl::Status s = ready.get();
-  if (!s.ok()) {
-    w->thread_.join();
-    return s;
-  }
+  ASSIGN_OR_RETURN(
+      w->thread_,
+      NetnsThread::start(
+          netns_fd, "netns worker",
+          [self] {
+            struct stat st;
+            if (::stat("/proc/thread-self/ns/net", &st) == 0) self->inode_ = st.st_ino;
+            return absl::OkStatus();
+          },
+          [self] { self->loop(); }));
   return w;
 }
 
@@ -44,7 +33,7 @@ NetnsWorker::~NetnsWorker() {
     stopping_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  thread_.join();
 }
 
 void NetnsWorker::post(std::function<void()> task) {
@@ -69,7 +58,7 @@ void NetnsWorker::loop() {
   }
 }
 
-absl::StatusOr<UniqueFd> NetnsWorker::socketSync(int domain, int type, int protocol) {
+absl::StatusOr<UniqueFd> NetnsRunner::socketSync(int domain, int type, int protocol) {
   return run<absl::StatusOr<UniqueFd>>([=]() -> absl::StatusOr<UniqueFd> {
     int fd = ::socket(domain, type | SOCK_CLOEXEC | SOCK_NONBLOCK, protocol);
     if (fd < 0) return lastErrnoStatus("socket in the target's network namespace");
@@ -77,7 +66,7 @@ absl::StatusOr<UniqueFd> NetnsWorker::socketSync(int domain, int type, int proto
   });
 }
 
-net::awaitable<absl::StatusOr<UniqueFd>> NetnsWorker::socket(int domain, int type, int protocol) {
+net::awaitable<absl::StatusOr<UniqueFd>> NetnsRunner::socket(int domain, int type, int protocol) {
   co_return co_await runAsync<absl::StatusOr<UniqueFd>>(
       [=]() -> absl::StatusOr<UniqueFd> {
         int fd = ::socket(domain, type | SOCK_CLOEXEC | SOCK_NONBLOCK, protocol);

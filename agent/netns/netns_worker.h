@@ -1,5 +1,5 @@
-// NetnsWorker: a thread that entered the target's network namespace once
-// (setns) and creates sockets there. A socket keeps the namespace it was
+// NetnsRunner and NetnsWorker: a thread that entered the target's network
+// namespace once (setns, through NetnsThread) and creates sockets there. A socket keeps the namespace it was
 // created in for life, so everything after creation (connect, read, write)
 // happens on the ordinary event loop. Never call setns on an event-loop
 // thread: it would move every socket that loop creates afterwards.
@@ -19,23 +19,20 @@
 
 #include "absl/status/statusor.h"
 #include "agent/common/unique_fd.h"
+#include "agent/netns/netns_thread.h"
 #include "siphon/transport/asio.h"
 
 namespace siphon::agent {
 
-class NetnsWorker {
+// What the agent's services see of the netns thread (ServiceContext::netns):
+// tasks run inside the target's network namespace, one at a time, in order.
+// NetnsWorker is the agent's; a test may inject another.
+class NetnsRunner {
  public:
-  // Starts the worker in the namespace of `netns_fd` (an fd of
-  // /proc/PID/ns/net); -1 keeps the caller's namespace (targetless).
-  // PERMISSION_DENIED when setns is not allowed (needs CAP_SYS_ADMIN).
-  static absl::StatusOr<std::unique_ptr<NetnsWorker>> start(int netns_fd);
-  ~NetnsWorker();
+  virtual ~NetnsRunner() = default;
 
-  NetnsWorker(const NetnsWorker&) = delete;
-  NetnsWorker& operator=(const NetnsWorker&) = delete;
-
-  // Runs `task` on the worker (inside the namespace) and blocks until it is
-  // done. For start-up code and blocking-pool threads, never the event loop.
+  // Runs `task` inside the namespace and blocks until it is done. For
+  // start-up code and blocking-pool threads, never the event loop.
   template <typename T>
   T run(std::function<T()> task) {
     std::promise<T> p;
@@ -44,8 +41,8 @@ class NetnsWorker {
     return f.get();
   }
 
-  // Runs `task` on the worker and resumes the calling coroutine on `ex`
-  // with its result. The event loop does not block.
+  // Runs `task` inside the namespace and resumes the calling coroutine on
+  // `ex` with its result. The event loop does not block.
   // `task` by reference: GCC 12 destroys a by-value parameter built from a
   // temporary lambda twice. The caller's temporary lives through co_await.
   template <typename T>
@@ -72,15 +69,36 @@ class NetnsWorker {
   absl::StatusOr<UniqueFd> socketSync(int domain, int type, int protocol);
   net::awaitable<absl::StatusOr<UniqueFd>> socket(int domain, int type, int protocol);
 
-  // The namespace's inode, as the worker sees it (/proc/thread-self/ns/net).
-  uint64_t netnsInode() const { return inode_; }
+  // The namespace's inode, as the runner's thread sees it
+  // (/proc/thread-self/ns/net).
+  virtual uint64_t netnsInode() const = 0;
+
+ protected:
+  // Queues `task` for the thread inside the namespace.
+  virtual void post(std::function<void()> task) = 0;
+};
+
+// The agent's NetnsRunner: one thread (a NetnsThread) that entered the
+// target's network namespace once and runs the queued tasks.
+class NetnsWorker final : public NetnsRunner {
+ public:
+  // Starts the worker in the namespace of `netns_fd` (an fd of
+  // /proc/PID/ns/net); -1 keeps the caller's namespace (targetless).
+  // PERMISSION_DENIED when setns is not allowed (needs CAP_SYS_ADMIN).
+  static absl::StatusOr<std::unique_ptr<NetnsWorker>> start(int netns_fd);
+  ~NetnsWorker() override;
+
+  NetnsWorker(const NetnsWorker&) = delete;
+  NetnsWorker& operator=(const NetnsWorker&) = delete;
+
+  uint64_t netnsInode() const override { return inode_; }
 
  private:
   NetnsWorker() = default;
-  void post(std::function<void()> task);
+  void post(std::function<void()> task) override;
   void loop();
 
-  std::thread thread_;
+  NetnsThread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> tasks_;

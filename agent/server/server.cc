@@ -1,3 +1,9 @@
+// The agent's Server: listening, admission and the handshake, request
+// dispatch, drain and shutdown. Over 600 lines because these share the
+// server's state on one event loop (the session table, the drain deadline,
+// the handshake slots) and are easiest to check read together; the pure
+// parts are elsewhere: the accept decision (accept_decision.cc), admission
+// limits (admission.cc), a session (agent_session.cc).
 #include "agent/server/server.h"
 
 #include <sys/random.h>

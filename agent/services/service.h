@@ -23,7 +23,7 @@
 
 namespace siphon::agent {
 
-class NetnsWorker;
+class NetnsRunner;
 namespace metrics {
 class AgentMetrics;
 }
@@ -43,7 +43,7 @@ struct ServiceContext {
   net::asio::thread_pool& blocking;  // blocking calls (files, /proc) run here
   const Target& target;
   ProcFs& procfs;
-  NetnsWorker& netns;  // creates sockets inside the target's netns
+  NetnsRunner& netns;  // creates sockets inside the target's netns (a NetnsWorker)
   const AgentConfig& config;
   // Resolves a name as the target would (its resolv.conf and hosts, queries
   // from its netns). Set by the DNS service when it starts; empty otherwise.

@@ -1,3 +1,11 @@
+// The steal service: subscriptions (ports, HTTP filters), the steering that
+// brings the ports' connections to the agent (sk_lookup or iptables), and
+// the routing of each stolen connection (to a subscribed session, or on to
+// the original destination). Over 600 lines because one class,
+// StealServiceImpl, owns the subscriptions, the steering and the live
+// connections, shared by the event loop and the steering strand (the
+// sections are marked below); the backends are steal_backends.cc, the
+// socket pump agent/streams/socket_pump.cc.
 #include "agent/steal/steal_service.h"
 
 #include <arpa/inet.h>
@@ -63,7 +71,7 @@ void abortiveClose(UniqueFd fd) {
 // netns (from another namespace bpf_sk_assign succeeds but the handshake
 // never completes). iptables: REDIRECT delivers to the address the packet
 // came in on, hence the wildcard.
-absl::StatusOr<UniqueFd> makeListener(NetnsWorker& netns, int family, uint16_t* port) {
+absl::StatusOr<UniqueFd> makeListener(NetnsRunner& netns, int family, uint16_t* port) {
   ASSIGN_OR_RETURN(UniqueFd fd, netns.socketSync(family, SOCK_STREAM, IPPROTO_TCP));
   int one = 1;
   if (family == AF_INET6 &&

@@ -1,3 +1,9 @@
+// The protocol session without I/O (siphon/protocol/session.h): receiving
+// and dispatching frames, sequencing, acks and resume, flow control, and the
+// write queue. Over 600 lines because these are one state machine whose
+// invariants (every sequenced frame delivered exactly once across a resume;
+// the buffered bytes bounded) span receiving and sending; the codec and the
+// handshake are codec.cc and handshake.cc.
 #include "siphon/protocol/session.h"
 
 #include <algorithm>

@@ -1,3 +1,8 @@
+// HTTP/1 filtered steals: the connection that parses requests off a stolen
+// connection, routes each one (to the client or on to the original
+// destination) and writes the responses back in order. Over 600 lines
+// because the parser, the exchange and the pipelining order share one
+// connection's state; the routing decision itself is in the engine.
 #include "agent/steal/http/http1.h"
 
 #include <strings.h>

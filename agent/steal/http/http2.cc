@@ -31,6 +31,9 @@
 //     with GOAWAY too, rather than a silent close.
 // After that GOAWAY nothing more the client sends is read into nghttp2;
 // the connection closes once it is sent (kCloseLinger at most).
+//
+// Over 600 lines: nghttp2's callbacks, the per-stream exchanges and the
+// peer bounds (docs/SECURITY.md) share one connection's session state.
 #include "agent/steal/http/http2.h"
 
 #include <nghttp2/nghttp2.h>

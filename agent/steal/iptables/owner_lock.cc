@@ -1,6 +1,5 @@
 #include "agent/steal/iptables/owner_lock.h"
 
-#include <sched.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -11,32 +10,26 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "agent/netns/netns_thread.h"
 #include "agent/steal/iptables/iptables_rules.h"
 #include "siphon/status.h"
 
 namespace siphon::agent::steal {
 namespace {
 
-// A unix socket made in the netns `netns_fd`: setns moves only the calling
-// thread, and a socket keeps the netns it was created in (its abstract
-// names are that netns').
+// A unix socket made in the netns `netns_fd` (its abstract names are that
+// netns'): a socket keeps the netns it was created in.
 absl::StatusOr<UniqueFd> unixSocketIn(int netns_fd) {
-  int fd = -1;
-  int err = 0;
-  std::thread t([&] {
-    if (setns(netns_fd, CLONE_NEWNET) != 0) {
-      err = errno;
-      return;
-    }
-    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) err = errno;
-  });
-  t.join();
-  if (fd < 0) return errnoStatus(err, "iptables owner lock: socket in the target's netns");
-  return UniqueFd(fd);
+  UniqueFd fd;
+  RETURN_IF_ERROR(runInNetns(netns_fd, "iptables owner lock", [&]() -> absl::Status {
+    const int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0) return lastErrnoStatus("iptables owner lock: socket in the target's netns");
+    fd = UniqueFd(s);
+    return absl::OkStatus();
+  }));
+  return fd;
 }
 
 }  // namespace

@@ -16,6 +16,8 @@
 // Every kernel object has a unique name and an RAII owner, so a failed
 // assertion still kills the processes and deletes the namespaces. Without
 // root every test skips with the reason.
+//
+// Over 600 lines: one area's end-to-end cases sharing the namespaces, servers and agent below.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gmock/gmock.h>

@@ -22,6 +22,8 @@
 // Every kernel object has a unique name and an RAII owner; every socket of
 // the test has a timeout, so a bug fails a test instead of hanging it.
 // Without root every test skips with the reason.
+//
+// Over 600 lines: one scenario family's cases sharing the namespaces, agent and cut proxy below.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gmock/gmock.h>

@@ -4,6 +4,8 @@
 // IPv4 and IPv6; crash safety with a stand-in agent killed by SIGKILL.
 // Nothing here touches the host's own tables: every iptables command runs
 // inside the test's namespaces.
+//
+// Over 600 lines: one backend's cases (both flavours) sharing the namespace fixture below.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>

@@ -15,6 +15,8 @@
 // Every kernel object has a unique name and an RAII owner, so a failed
 // assertion still closes sockets, kills children and deletes the namespaces.
 // Without root every test skips with the reason.
+//
+// Over 600 lines: one backend's cases sharing the namespace fixture below.
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
 #include <fcntl.h>

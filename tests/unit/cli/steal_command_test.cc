@@ -5,6 +5,8 @@
 // CLI writes back. A small HTTP/1.1 server in the test is the --to. The
 // agent runs on a thread of its own; so does each connection of the local
 // server.
+//
+// Over 600 lines: the scripted agent these cases share is most of it.
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,6 +1,8 @@
 // Session: two Session objects (client and agent) joined by a test pipe that
 // moves takeWrites() bytes into the other's onBytes(). Requests, streams,
 // flow control, limits, keepalive and the protocol errors a peer can cause.
+//
+// Over 600 lines: one state machine's cases sharing the session pair below.
 #include "siphon/protocol/session.h"
 
 #include <gtest/gtest.h>

@@ -274,7 +274,7 @@ TEST_F(CaptureServiceTest, AHangingFilterCompileBlocksNoNetnsOperation) {
     std::lock_guard<std::mutex> l(held->mu);
     return held->started;
   };
-  NetnsWorker& netns = agent_.server().serviceContext().netns;
+  NetnsRunner& netns = agent_.server().serviceContext().netns;
   withClient([&](const std::shared_ptr<client::Client>& c) -> net::awaitable<void> {
     auto ex = co_await asio::this_coro::executor;
     absl::Status refused;
@@ -298,7 +298,7 @@ TEST_F(CaptureServiceTest, AHangingFilterCompileBlocksNoNetnsOperation) {
     };
     net::spawn(
         ex,
-        [](NetnsWorker* w, std::function<int()>* j) -> net::awaitable<void> {
+        [](NetnsRunner* w, std::function<int()>* j) -> net::awaitable<void> {
           co_await w->runAsync(*j);
         }(&netns, &job),
         "netns_job");

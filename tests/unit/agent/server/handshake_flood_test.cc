@@ -11,6 +11,8 @@
 // The flood's outcome is read after the agent has accounted for every
 // connection (its metrics: pending + rejected = connections made), so no
 // assertion depends on how fast it is; the waits are hang guards.
+//
+// Over 600 lines: the flood, the slow peers and the accounting share one agent process and its counters.
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <gtest/gtest.h>

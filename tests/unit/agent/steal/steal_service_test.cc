@@ -5,6 +5,8 @@
 // the rest is real: subscriptions, the accept loop, stolen streams to a
 // real client with flow control and half-close, passthrough, release of
 // ports when a session unsubscribes or ends.
+//
+// Over 600 lines: one service's cases sharing the in-process agent below.
 #include "agent/steal/steal_service.h"
 
 #include <arpa/inet.h>

@@ -4,6 +4,8 @@
 // (agent and client) joined by a pipe that moves takeWrites() bytes into the
 // other's onBytes(). The event loop is driven with poll() until nothing
 // moves, so no result depends on timing.
+//
+// Over 600 lines: one component's cases (TCP, unix, UDP, backpressure, ends) sharing the session pair below.
 #include "agent/streams/socket_pump.h"
 
 #include <arpa/inet.h>

@@ -1,6 +1,8 @@
 // The HTTP/1 side of the HTTP engine, end to end on loopback: a real client
 // (raw sockets, or curl), the engine on its loop, an application server and
 // a session end written here.
+//
+// Over 600 lines: one engine's cases sharing the harness below.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <sys/wait.h>

@@ -2,6 +2,8 @@
 // requests carrying "x-steal", fake sessions on the StolenRequest
 // socketpairs (threads speaking HTTP/1.1), an h2c application server
 // (http2_test_peer.h), and HTTP/2 clients (ours, nghttp, h2load).
+//
+// Over 600 lines: one engine's cases sharing the harness below.
 #include <gtest/gtest.h>
 #include <strings.h>
 #include <sys/socket.h>
