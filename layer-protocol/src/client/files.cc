@@ -101,6 +101,19 @@ v1::FileRequest pwriteRequest(uint64_t fd, int64_t offset, std::string data) {
   return f;
 }
 
+v1::FileRequest statRequest(std::string path, bool follow_symlinks) {
+  v1::FileRequest f;
+  f.mutable_stat()->set_path(std::move(path));
+  f.mutable_stat()->set_follow_symlinks(follow_symlinks);
+  return f;
+}
+
+absl::StatusOr<FileStat> statOf(FileResult r, std::string_view what) {
+  if (!r.ok()) return r.status();
+  if (!r->has_stat()) return wrongKind(what);
+  return statFrom(r->stat());
+}
+
 // Pipelined calls: started detached, answered into a slot. Requests go out
 // in the order they were started (spawn queues them on the executor).
 net::awaitable<void> runPread(std::shared_ptr<HandleState> state_in, int64_t offset, uint32_t size,
@@ -124,6 +137,14 @@ net::awaitable<void> runPwrite(std::shared_ptr<HandleState> state_in, int64_t of
   }
   slot->set(writtenFrom(
       co_await fileCall(state->core, pwriteRequest(state->handle, offset, std::move(data)))));
+}
+
+net::awaitable<void> runStat(std::shared_ptr<TargetCore> core_in, std::string path,
+                             bool follow_symlinks, std::shared_ptr<PendingSlot<FileStat>> slot_in) {
+  const auto core = std::move(core_in);
+  const auto slot = std::move(slot_in);
+  slot->set(statOf(co_await fileCall(core, statRequest(std::move(path), follow_symlinks)),
+                   follow_symlinks ? "stat" : "lstat"));
 }
 
 template <typename T>
@@ -243,6 +264,12 @@ absl::Status Directory::alive() const {
 }
 
 net::awaitable<absl::StatusOr<std::vector<DirEntry>>> Directory::next(uint32_t max_entries) {
+  auto batch = co_await nextBatch(max_entries);
+  if (!batch.ok()) co_return batch.status();
+  co_return std::move(batch->entries);
+}
+
+net::awaitable<absl::StatusOr<DirBatch>> Directory::nextBatch(uint32_t max_entries) {
   const auto state = state_;
   if (!state || state->closed) co_return closedStatus(handle());
   v1::FileRequest f;
@@ -251,8 +278,11 @@ net::awaitable<absl::StatusOr<std::vector<DirEntry>>> Directory::next(uint32_t m
   auto r = co_await fileCall(state->core, std::move(f));
   if (!r.ok()) co_return r.status();
   if (!r->has_entries()) co_return wrongKind("readdir");
-  std::vector<DirEntry> out;
-  for (const v1::DirEntry& e : r->entries().entries()) out.push_back({e.name(), e.ino(), e.type()});
+  DirBatch out;
+  out.eof = r->entries().eof();
+  for (const v1::DirEntry& e : r->entries().entries()) {
+    out.entries.push_back({e.name(), e.ino(), e.type()});
+  }
   co_return out;
 }
 
@@ -268,6 +298,8 @@ net::awaitable<absl::Status> Directory::close() {
 // ------------------------------------------------------------------ Files
 
 Files::Files(const Target& target) : core_(target.core()) {}
+
+uint32_t Files::maxReadSize() const { return core_->client->maxReadSize(); }
 
 net::awaitable<absl::StatusOr<File>> Files::open(std::string path, int flags, uint32_t mode) {
   const auto core = core_;
@@ -296,10 +328,12 @@ net::awaitable<absl::StatusOr<std::vector<DirEntry>>> Files::readdir(std::string
   if (!dir.ok()) co_return dir.status();
   std::vector<DirEntry> all;
   while (true) {
-    auto some = co_await dir->next();
+    auto some = co_await dir->nextBatch();
     if (!some.ok()) co_return some.status();
-    if (some->empty()) break;
-    for (auto& e : *some) all.push_back(std::move(e));
+    for (auto& e : some->entries) all.push_back(std::move(e));
+    // An empty batch is the end too, whatever its flag says: asking again
+    // would only get the same.
+    if (some->eof || some->entries.empty()) break;
   }
   CO_RETURN_IF_ERROR(co_await dir->close());
   co_return all;
@@ -387,23 +421,24 @@ net::awaitable<absl::Status> Files::writeFile(std::string path, std::string data
 }
 
 net::awaitable<absl::StatusOr<FileStat>> Files::stat(std::string path) {
-  v1::FileRequest f;
-  f.mutable_stat()->set_path(std::move(path));
-  f.mutable_stat()->set_follow_symlinks(true);
-  auto r = co_await fileCall(core_, std::move(f));
-  if (!r.ok()) co_return r.status();
-  if (!r->has_stat()) co_return wrongKind("stat");
-  co_return statFrom(r->stat());
+  co_return statOf(co_await fileCall(core_, statRequest(std::move(path), true)), "stat");
 }
 
 net::awaitable<absl::StatusOr<FileStat>> Files::lstat(std::string path) {
-  v1::FileRequest f;
-  f.mutable_stat()->set_path(std::move(path));
-  f.mutable_stat()->set_follow_symlinks(false);
-  auto r = co_await fileCall(core_, std::move(f));
-  if (!r.ok()) co_return r.status();
-  if (!r->has_stat()) co_return wrongKind("lstat");
-  co_return statFrom(r->stat());
+  co_return statOf(co_await fileCall(core_, statRequest(std::move(path), false)), "lstat");
+}
+
+Pending<FileStat> Files::startStat(std::string path) {
+  auto slot = std::make_shared<PendingSlot<FileStat>>(core_->ex);
+  net::spawn(core_->ex, runStat(core_, std::move(path), true, slot), "client_stat", failSlot(slot));
+  return Pending<FileStat>(slot);
+}
+
+Pending<FileStat> Files::startLstat(std::string path) {
+  auto slot = std::make_shared<PendingSlot<FileStat>>(core_->ex);
+  net::spawn(core_->ex, runStat(core_, std::move(path), false, slot), "client_lstat",
+             failSlot(slot));
+  return Pending<FileStat>(slot);
 }
 
 net::awaitable<absl::StatusOr<FsStat>> Files::statfs(std::string path) {

@@ -323,5 +323,71 @@ TEST_F(TypedApiTest, OutgoingTcpWithHalfClose) {
   });
 }
 
+// Directory batches carry the agent's exact end flag, stats pipeline (their
+// answers in any order), and the read limit is the session's.
+TEST_F(TypedApiTest, DirectoryBatchesPipelinedStatsAndTheReadLimit) {
+  for (int i = 0; i < 5; ++i) tree_.file("list/f" + std::to_string(i), std::string(i, 'x'));
+  tree_.symlink("list/link", "f3");
+  agent::AgentConfig config;
+  config.token = kToken;
+  config.fs_mode = agent::FsMode::kReadOnly;
+  config.limits.max_read_size = 4096;
+  auto procfs = std::make_unique<fakes::RootedProcFs>(tree_.root());
+  procfs->setSelfPid(kSelfPid);
+  procfs->addProcess(kSelfPid, fakes::FakeProcess{});
+  agent::TargetSpec spec;
+  spec.mode = agent::TargetMode::kTargetless;
+  a_.start(config, std::move(procfs), spec);
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    Target target = Target::create(ex, options({a_.address()}));
+    EXPECT_TRUE((co_await target.connect()).ok());
+    Files files(target);
+    EXPECT_EQ(files.maxReadSize(), 4096u);
+
+    // 5 files, the link, "." and "..": four batches of two, the last one
+    // (and only it) at the end.
+    auto dir = co_await files.openDirectory("/list");
+    EXPECT_TRUE(dir.ok()) << dir.status();
+    if (!dir.ok()) co_return;
+    std::vector<std::string> names;
+    std::vector<bool> eofs;
+    for (int i = 0; i < 10; ++i) {
+      auto batch = co_await dir->nextBatch(2);
+      EXPECT_TRUE(batch.ok()) << batch.status();
+      if (!batch.ok()) break;
+      EXPECT_LE(batch->entries.size(), 2u);
+      for (const auto& e : batch->entries) names.push_back(e.name);
+      eofs.push_back(batch->eof);
+      if (batch->eof) break;
+    }
+    EXPECT_EQ(eofs, (std::vector<bool>{false, false, false, true}));
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, (std::vector<std::string>{".", "..", "f0", "f1", "f2", "f3", "f4", "link"}));
+    EXPECT_TRUE((co_await dir->close()).ok());
+
+    // lstat of every name in flight at once, plus one that is not there;
+    // taken last to first.
+    std::vector<Pending<FileStat>> stats;
+    for (int i = 0; i < 5; ++i) stats.push_back(files.startLstat("/list/f" + std::to_string(i)));
+    stats.push_back(files.startLstat("/list/link"));
+    stats.push_back(files.startLstat("/list/missing"));
+    auto missing = co_await stats[6].get();
+    EXPECT_EQ(errnoValue(missing.status()), ENOENT) << missing.status();
+    auto link = co_await stats[5].get();
+    EXPECT_TRUE(link.ok() && link->isSymlink()) << link.status();
+    for (int i = 4; i >= 0; --i) {
+      auto st = co_await stats[i].get();
+      EXPECT_TRUE(st.ok() && st->isRegular()) << st.status();
+      EXPECT_EQ(st.ok() ? st->size : -1, i);
+    }
+    // startStat follows the link to f3.
+    Pending<FileStat> follow = files.startStat("/list/link");
+    auto followed = co_await follow.get();
+    EXPECT_TRUE(followed.ok() && followed->isRegular()) << followed.status();
+    EXPECT_EQ(followed.ok() ? followed->size : -1, 3);
+    target.close();
+  });
+}
+
 }  // namespace
 }  // namespace siphon::client

@@ -10,10 +10,11 @@
 // alive() says so without a round trip. A handle not closed is closed when
 // its last copy goes (without waiting for the answer).
 //
-// Pipelining: startPread()/startPwrite() queue their request at once and
-// return a Pending answer, so many can be in flight (readFile() and
-// writeFile() keep `depth` of them). Plain read()/write() use the file
-// offset: have one of those in flight at a time.
+// Pipelining: startPread()/startPwrite() (and Files::startStat()/
+// startLstat()) queue their request at once and return a Pending answer, so
+// many can be in flight (readFile() and writeFile() keep `depth` of them).
+// Plain read()/write() use the file offset: have one of those in flight at a
+// time.
 //
 // Threads: as the Target's (target.h).
 #pragma once
@@ -60,6 +61,14 @@ struct DirEntry {
   uint32_t type = 0;  // DT_* value
 };
 
+// One answer of a directory read: at most the entries asked for, and
+// whether they reach the end of the directory (the agent says so exactly:
+// no further read is needed to learn it).
+struct DirBatch {
+  std::vector<DirEntry> entries;
+  bool eof = false;
+};
+
 // What a read returned: the bytes, and whether the end of the file was seen.
 struct FileData {
   std::string data;
@@ -101,6 +110,9 @@ class Directory {
   // The next entries (at most `max_entries`, 0: the agent's choice); an
   // empty vector at the end.
   net::awaitable<absl::StatusOr<std::vector<DirEntry>>> next(uint32_t max_entries = 0);
+  // The same, with the agent's end-of-directory flag: a listing can stop at
+  // the batch that has `eof` rather than ask once more.
+  net::awaitable<absl::StatusOr<DirBatch>> nextBatch(uint32_t max_entries = 0);
   net::awaitable<absl::Status> close();
 
  private:
@@ -116,6 +128,11 @@ class Files {
   // open(2) flags and mode (O_RDONLY is 0).
   net::awaitable<absl::StatusOr<File>> open(std::string path, int flags = 0, uint32_t mode = 0);
   net::awaitable<absl::StatusOr<Directory>> openDirectory(std::string path);
+  // The largest read (read, pread) one request may carry on the current
+  // session: the agent's --max-read-size. A larger one is answered short.
+  // Writes of this size fit in a frame too.
+  uint32_t maxReadSize() const;
+
   // Every entry of the directory at `path` ("." and ".." too, as the kernel
   // lists them).
   net::awaitable<absl::StatusOr<std::vector<DirEntry>>> readdir(std::string path);
@@ -130,6 +147,9 @@ class Files {
 
   net::awaitable<absl::StatusOr<FileStat>> stat(std::string path);
   net::awaitable<absl::StatusOr<FileStat>> lstat(std::string path);
+  // stat()/lstat() queued at once (pipelining, above): many paths in flight.
+  Pending<FileStat> startStat(std::string path);
+  Pending<FileStat> startLstat(std::string path);
   net::awaitable<absl::StatusOr<FsStat>> statfs(std::string path);
   net::awaitable<absl::Status> access(std::string path, int mode);
   net::awaitable<absl::StatusOr<std::string>> readlink(std::string path);
