@@ -53,8 +53,13 @@ void addSessionsCommands(CLI::App& app, std::vector<Command>& out);  // sessions
 void printError(std::string_view message);
 // Writes `out` to stdout; kExitError when stdout fails.
 int printOutput(const std::string& out);
+// Reports a failed call of the typed API (env.target, client::Dns...):
+// prints "<what> failed: CODE: message" (requestFailure(), exit_codes.h) and
+// returns its exit code. `what` names the operation ("env", "fs stat /etc").
+int reportFailure(std::string_view what, const absl::Status& status);
 // Sends one request and maps a failure to a message and an exit code
 // (printed here). `what` names the operation ("env", "fs stat /etc").
+// For commands not on the typed API yet; new code calls env.target.
 net::awaitable<absl::StatusOr<v1::Response>> callOrReport(const CommandEnv& env,
                                                           v1::Request request,
                                                           std::string_view what, int* exit_code);

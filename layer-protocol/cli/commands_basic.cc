@@ -1,28 +1,40 @@
 // `siphon info` and `siphon env`.
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "cli/command.h"
 #include "cli/exit_codes.h"
 #include "cli/output.h"
+#include "siphon/client/env.h"
+#include "siphon/client/target.h"
 
 namespace siphon::cli {
+namespace {
+
+struct EnvFlags {
+  std::vector<std::string> include, exclude;
+};
+
+net::awaitable<int> runInfo(const CommandEnv& env) {
+  auto info = co_await env.target.info();
+  if (!info.ok()) co_return reportFailure("info", info.status());
+  co_return printOutput(env.json ? infoJson(*info) : infoText(*info));
+}
+
+net::awaitable<int> runEnv(const CommandEnv& env, std::shared_ptr<EnvFlags> flags) {
+  client::Env target_env(env.target);
+  auto vars = co_await target_env.get(flags->include, flags->exclude);
+  if (!vars.ok()) co_return reportFailure("env", vars.status());
+  co_return printOutput(env.json ? envJson(*vars) : envText(*vars));
+}
+
+}  // namespace
 
 void addBasicCommands(CLI::App& app, std::vector<Command>& out) {
   CLI::App* info = app.add_subcommand("info", "The agent, its target and its sessions");
-  out.push_back({info, [](const CommandEnv& env) -> net::awaitable<int> {
-                   v1::Request req;
-                   req.mutable_info();
-                   int rc = kExitOk;
-                   auto r = co_await callOrReport(env, std::move(req), "info", &rc);
-                   if (!r.ok()) co_return rc;
-                   if (!r->has_info()) {
-                     printError("info failed: the agent answered with another kind of response");
-                     co_return kExitError;
-                   }
-                   co_return printOutput(env.json ? infoJson(r->info()) : infoText(r->info()));
-                 }});
+  out.push_back({info, runInfo});
 
-  struct EnvFlags {
-    std::vector<std::string> include, exclude;
-  };
   auto flags = std::make_shared<EnvFlags>();
   CLI::App* env = app.add_subcommand("env", "The target process's environment");
   env->add_option("--include", flags->include,
@@ -32,20 +44,9 @@ void addBasicCommands(CLI::App& app, std::vector<Command>& out) {
                   "Leave out variables whose name matches this glob; repeatable; wins over "
                   "--include")
       ->allow_extra_args(false);
-  out.push_back({env, [flags](const CommandEnv& e) -> net::awaitable<int> {
-                   v1::Request req;
-                   for (const auto& g : flags->include) req.mutable_env()->add_include(g);
-                   for (const auto& g : flags->exclude) req.mutable_env()->add_exclude(g);
-                   if (!req.has_env()) req.mutable_env();
-                   int rc = kExitOk;
-                   auto r = co_await callOrReport(e, std::move(req), "env", &rc);
-                   if (!r.ok()) co_return rc;
-                   if (!r->has_env()) {
-                     printError("env failed: the agent answered with another kind of response");
-                     co_return kExitError;
-                   }
-                   co_return printOutput(e.json ? envJson(r->env()) : envText(r->env()));
-                 }});
+  // A plain lambda: the coroutine is a free function with by-value
+  // parameters (GCC 12 and lambda coroutines' captures, cli/command.h).
+  out.push_back({env, [flags](const CommandEnv& e) { return runEnv(e, flags); }});
 }
 
 }  // namespace siphon::cli

@@ -7,86 +7,91 @@
 // A DNS failure (NXDOMAIN, NODATA, TIMEOUT, SERVFAIL, REFUSED) is one line on
 // stderr, "siphon: dns lookup NAME: NXDOMAIN", and exit code 1; with --json
 // the document (with its status) is printed as well.
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
 #include "cli/json_writer.h"
-#include "siphon/status.h"
+#include "siphon/client/dns.h"
 
 namespace siphon::cli {
 namespace {
 
-// "NXDOMAIN" for DNS_NXDOMAIN; "OK" for DNS_OK.
-std::string statusName(v1::DnsStatus status) {
-  if (!v1::DnsStatus_IsValid(status) || status == v1::DNS_STATUS_UNSPECIFIED) {
-    return absl::StrCat("UNKNOWN_", static_cast<int>(status));
-  }
-  std::string name = v1::DnsStatus_Name(status);
-  constexpr std::string_view kPrefix = "DNS_";
-  if (name.compare(0, kPrefix.size(), kPrefix) == 0) name.erase(0, kPrefix.size());
-  return name;
-}
+struct Flags {
+  std::string name;
+  std::string family;
+  std::string address;
+};
 
-std::string lines(const google::protobuf::RepeatedPtrField<std::string>& items) {
+std::string lines(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& i : items) absl::StrAppend(&out, i, "\n");
   return out;
 }
 
-std::string lookupJson(const std::string& name, const v1::DnsResponse& r) {
+std::string lookupJson(const std::string& name, const client::DnsAnswer& a) {
   JsonWriter w;
   w.beginObject();
   w.key("name").value(name);
-  w.key("status").value(absl::AsciiStrToLower(statusName(r.status())));
-  w.key("canonical_name").value(r.names_size() > 0 ? r.names(0) : std::string());
+  w.key("status").value(absl::AsciiStrToLower(client::dnsResultName(a.result)));
+  w.key("canonical_name").value(a.names.empty() ? std::string() : a.names.front());
   w.key("addresses").beginArray();
-  for (const auto& a : r.addresses()) w.value(a);
+  for (const auto& address : a.addresses) w.value(address);
   w.endArray();
-  w.key("ttl").value(r.ttl());
+  w.key("ttl").value(a.ttl);
   w.endObject();
   return w.take();
 }
 
-std::string reverseJson(const std::string& address, const v1::DnsResponse& r) {
+std::string reverseJson(const std::string& address, const client::DnsAnswer& a) {
   JsonWriter w;
   w.beginObject();
   w.key("address").value(address);
-  w.key("status").value(absl::AsciiStrToLower(statusName(r.status())));
+  w.key("status").value(absl::AsciiStrToLower(client::dnsResultName(a.result)));
   w.key("names").beginArray();
-  for (const auto& n : r.names()) w.value(n);
+  for (const auto& n : a.names) w.value(n);
   w.endArray();
-  w.key("ttl").value(r.ttl());
+  w.key("ttl").value(a.ttl);
   w.endObject();
   return w.take();
 }
 
-// Sends the request and prints its answer. `what` is "dns lookup NAME".
-net::awaitable<int> runDns(const CommandEnv& env, v1::Request req, std::string what, bool reverse,
-                           std::string subject) {
-  int rc = kExitOk;
-  auto r = co_await callOrReport(env, std::move(req), what, &rc);
-  if (!r.ok()) co_return rc;
-  if (!r->has_dns()) {
-    printError(absl::StrCat(what, " failed: the agent answered with another kind of response"));
-    co_return kExitError;
-  }
-  const v1::DnsResponse& dns = r->dns();
-  const bool ok = dns.status() == v1::DNS_OK;
+// Prints an answer. `what` is "dns lookup NAME"; `subject` the name or address.
+int printAnswer(const CommandEnv& env, const absl::StatusOr<client::DnsAnswer>& answer,
+                const std::string& what, bool reverse, const std::string& subject) {
+  if (!answer.ok()) return reportFailure(what, answer.status());
   std::string out;
   if (env.json) {
-    out = reverse ? reverseJson(subject, dns) : lookupJson(subject, dns);
-  } else if (ok) {
-    out = reverse ? lines(dns.names()) : lines(dns.addresses());
+    out = reverse ? reverseJson(subject, *answer) : lookupJson(subject, *answer);
+  } else if (answer->ok()) {
+    out = reverse ? lines(answer->names) : lines(answer->addresses);
   }
-  rc = out.empty() ? kExitOk : printOutput(out);
-  if (!ok) {
-    printError(absl::StrCat(what, ": ", statusName(dns.status())));
-    co_return kExitError;
+  const int rc = out.empty() ? kExitOk : printOutput(out);
+  if (!answer->ok()) {
+    printError(absl::StrCat(what, ": ", client::dnsResultName(answer->result)));
+    return kExitError;
   }
-  co_return rc;
+  return rc;
+}
+
+net::awaitable<int> runLookup(const CommandEnv& env, std::shared_ptr<Flags> flags) {
+  const client::AddressFamily family = flags->family == "4"   ? client::AddressFamily::kIpv4
+                                       : flags->family == "6" ? client::AddressFamily::kIpv6
+                                                              : client::AddressFamily::kAny;
+  client::Dns dns(env.target);
+  auto answer = co_await dns.lookup(flags->name, family);
+  co_return printAnswer(env, answer, absl::StrCat("dns lookup ", flags->name), false, flags->name);
+}
+
+net::awaitable<int> runReverse(const CommandEnv& env, std::shared_ptr<Flags> flags) {
+  client::Dns dns(env.target);
+  auto answer = co_await dns.reverse(flags->address);
+  co_return printAnswer(env, answer, absl::StrCat("dns reverse ", flags->address), true,
+                        flags->address);
 }
 
 }  // namespace
@@ -96,11 +101,6 @@ void addDnsCommands(CLI::App& app, std::vector<Command>& out) {
       "dns", "Resolve names as the target resolves them (its resolv.conf, hosts file and network)");
   dns->require_subcommand(1);
 
-  struct Flags {
-    std::string name;
-    std::string family;
-    std::string address;
-  };
   auto flags = std::make_shared<Flags>();
 
   CLI::App* lookup = dns->add_subcommand(
@@ -108,27 +108,14 @@ void addDnsCommands(CLI::App& app, std::vector<Command>& out) {
   lookup->add_option("NAME", flags->name, "Name to resolve")->required();
   lookup->add_option("--family", flags->family, "4 (A) or 6 (AAAA); both when not given")
       ->check(CLI::IsMember({"4", "6"}));
-  out.push_back({lookup, [flags](const CommandEnv& env) -> net::awaitable<int> {
-                   v1::Request req;
-                   auto* l = req.mutable_dns()->mutable_lookup();
-                   l->set_name(flags->name);
-                   if (flags->family == "4") l->set_family(v1::ADDRESS_FAMILY_INET);
-                   if (flags->family == "6") l->set_family(v1::ADDRESS_FAMILY_INET6);
-                   co_return co_await runDns(env, std::move(req),
-                                             absl::StrCat("dns lookup ", flags->name), false,
-                                             flags->name);
-                 }});
+  // Plain lambdas: the coroutines are free functions with by-value
+  // parameters (GCC 12 and lambda coroutines, cli/command.h).
+  out.push_back({lookup, [flags](const CommandEnv& env) { return runLookup(env, flags); }});
 
   CLI::App* reverse =
       dns->add_subcommand("reverse", "Names of the address IP (/etc/hosts first, then PTR)");
   reverse->add_option("IP", flags->address, "IPv4 or IPv6 address")->required();
-  out.push_back({reverse, [flags](const CommandEnv& env) -> net::awaitable<int> {
-                   v1::Request req;
-                   req.mutable_dns()->mutable_reverse()->set_address(flags->address);
-                   co_return co_await runDns(env, std::move(req),
-                                             absl::StrCat("dns reverse ", flags->address), true,
-                                             flags->address);
-                 }});
+  out.push_back({reverse, [flags](const CommandEnv& env) { return runReverse(env, flags); }});
 }
 
 }  // namespace siphon::cli

@@ -77,15 +77,17 @@ int printOutput(const std::string& out) {
   return kExitOk;
 }
 
+int reportFailure(std::string_view what, const absl::Status& status) {
+  Failure f = requestFailure(what, status);
+  printError(f.message);
+  return f.exit_code;
+}
+
 net::awaitable<absl::StatusOr<v1::Response>> callOrReport(const CommandEnv& env,
                                                           v1::Request request,
                                                           std::string_view what, int* exit_code) {
   auto response = co_await env.client->call(std::move(request), env.timeout);
-  if (!response.ok()) {
-    Failure f = requestFailure(std::string(what), response.status());
-    printError(f.message);
-    *exit_code = f.exit_code;
-  }
+  if (!response.ok()) *exit_code = reportFailure(what, response.status());
   co_return response;
 }
 

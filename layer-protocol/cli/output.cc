@@ -9,38 +9,33 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cli/json_writer.h"
-#include "siphon/protocol/handshake.h"
-#include "siphon/v1/handshake.pb.h"
 
 namespace siphon::cli {
 namespace {
 
-std::vector<std::string> featureNames(const v1::InfoResponse& info) {
+std::vector<std::string> featureNames(const client::TargetInfo& info) {
   std::vector<std::string> names;
-  for (int f : info.features()) names.push_back(featureName(f));
+  for (const std::string& f : info.features) names.push_back(featureName(f));
   return names;
 }
 
-std::vector<const v1::EnvVar*> sortedVars(const v1::EnvResponse& env) {
-  std::vector<const v1::EnvVar*> vars;
-  for (const auto& v : env.vars()) vars.push_back(&v);
-  // The agent sends them sorted; sorting here keeps the output stable
-  // whatever the agent does.
-  std::stable_sort(vars.begin(), vars.end(),
-                   [](const v1::EnvVar* a, const v1::EnvVar* b) { return a->name() < b->name(); });
-  return vars;
+std::vector<const client::EnvVar*> sortedVars(const std::vector<client::EnvVar>& vars) {
+  std::vector<const client::EnvVar*> sorted;
+  for (const auto& v : vars) sorted.push_back(&v);
+  // The library sorts them; sorting here keeps the output stable whatever
+  // it is given.
+  std::stable_sort(
+      sorted.begin(), sorted.end(),
+      [](const client::EnvVar* a, const client::EnvVar* b) { return a->name < b->name; });
+  return sorted;
 }
 
 }  // namespace
 
-std::string featureName(int feature) {
-  if (!v1::Feature_IsValid(feature) || feature == v1::FEATURE_UNSPECIFIED) {
-    return absl::StrCat("unknown_", feature);
-  }
-  std::string name = v1::Feature_Name(static_cast<v1::Feature>(feature));
+std::string featureName(std::string_view feature) {
   constexpr std::string_view kPrefix = "FEATURE_";
-  if (name.compare(0, kPrefix.size(), kPrefix) == 0) name.erase(0, kPrefix.size());
-  return absl::AsciiStrToLower(name);
+  if (feature.substr(0, kPrefix.size()) == kPrefix) feature.remove_prefix(kPrefix.size());
+  return absl::AsciiStrToLower(absl::string_view(feature.data(), feature.size()));
 }
 
 std::string netnsName(uint64_t inode) { return absl::StrCat("net:[", inode, "]"); }
@@ -55,22 +50,18 @@ std::string formatUptime(int64_t ms) {
   return absl::StrFormat("%dd%02dh%02dm", s / 86400, (s / 3600) % 24, (s / 60) % 60);
 }
 
-std::string infoText(const v1::InfoResponse& info) {
-  const auto& t = info.target();
+std::string infoText(const client::TargetInfo& info) {
   std::vector<std::pair<std::string, std::string>> rows = {
-      {"agent_version", info.agent_version()},
-      {"protocol_version", protocol::versionString(info.protocol_version())},
-      {"session_id", info.session_id()},
-      {"target", t.mode()},
-      {"pid", absl::StrCat(t.pid())},
-      {"netns", netnsName(t.netns_inode())},
+      {"agent_version", info.agent_version}, {"protocol_version", info.protocol_version},
+      {"session_id", info.session_id},       {"target", info.mode},
+      {"pid", absl::StrCat(info.pid)},       {"netns", netnsName(info.netns_inode)},
   };
-  if (!t.container_id().empty()) rows.emplace_back("container_id", t.container_id());
-  if (!t.runtime().empty()) rows.emplace_back("runtime", t.runtime());
+  if (!info.container_id.empty()) rows.emplace_back("container_id", info.container_id);
+  if (!info.runtime.empty()) rows.emplace_back("runtime", info.runtime);
   rows.emplace_back("features", absl::StrJoin(featureNames(info), ", "));
-  rows.emplace_back("sessions", absl::StrCat(info.sessions()));
-  rows.emplace_back("hostname", info.hostname());
-  rows.emplace_back("uptime", formatUptime(info.uptime_ms()));
+  rows.emplace_back("sessions", absl::StrCat(info.sessions));
+  rows.emplace_back("hostname", info.hostname);
+  rows.emplace_back("uptime", formatUptime(info.uptime_ms));
 
   size_t width = 0;
   for (const auto& [k, v] : rows) width = std::max(width, k.size());
@@ -81,42 +72,41 @@ std::string infoText(const v1::InfoResponse& info) {
   return out;
 }
 
-std::string infoJson(const v1::InfoResponse& info) {
-  const auto& t = info.target();
+std::string infoJson(const client::TargetInfo& info) {
   JsonWriter w;
   w.beginObject();
-  w.key("agent_version").value(info.agent_version());
-  w.key("protocol_version").value(protocol::versionString(info.protocol_version()));
-  w.key("session_id").value(info.session_id());
+  w.key("agent_version").value(info.agent_version);
+  w.key("protocol_version").value(info.protocol_version);
+  w.key("session_id").value(info.session_id);
   w.key("target").beginObject();
-  w.key("mode").value(t.mode());
-  w.key("pid").value(t.pid());
-  w.key("netns_inode").value(t.netns_inode());
-  w.key("netns").value(netnsName(t.netns_inode()));
-  w.key("container_id").value(t.container_id());
-  w.key("runtime").value(t.runtime());
+  w.key("mode").value(info.mode);
+  w.key("pid").value(info.pid);
+  w.key("netns_inode").value(info.netns_inode);
+  w.key("netns").value(netnsName(info.netns_inode));
+  w.key("container_id").value(info.container_id);
+  w.key("runtime").value(info.runtime);
   w.endObject();
   w.key("features").beginArray();
   for (const auto& name : featureNames(info)) w.value(name);
   w.endArray();
-  w.key("sessions").value(info.sessions());
-  w.key("hostname").value(info.hostname());
-  w.key("uptime_ms").value(info.uptime_ms());
+  w.key("sessions").value(info.sessions);
+  w.key("hostname").value(info.hostname);
+  w.key("uptime_ms").value(info.uptime_ms);
   w.endObject();
   return w.take();
 }
 
-std::string envText(const v1::EnvResponse& env) {
+std::string envText(const std::vector<client::EnvVar>& vars) {
   std::string out;
-  for (const v1::EnvVar* v : sortedVars(env))
-    absl::StrAppend(&out, v->name(), "=", v->value(), "\n");
+  for (const client::EnvVar* v : sortedVars(vars))
+    absl::StrAppend(&out, v->name, "=", v->value, "\n");
   return out;
 }
 
-std::string envJson(const v1::EnvResponse& env) {
+std::string envJson(const std::vector<client::EnvVar>& vars) {
   JsonWriter w;
   w.beginObject();
-  for (const v1::EnvVar* v : sortedVars(env)) w.key(v->name()).value(v->value());
+  for (const client::EnvVar* v : sortedVars(vars)) w.key(v->name).value(v->value);
   w.endObject();
   return w.take();
 }

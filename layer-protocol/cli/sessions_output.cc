@@ -11,26 +11,25 @@
 
 namespace siphon::cli {
 
-std::string subscriptionText(const v1::SubscriptionSummary& sub) {
-  std::string out = absl::StrCat(sub.kind(), " ", sub.port());
-  if (!sub.filter().empty()) absl::StrAppend(&out, " [", sub.filter(), "]");
-  if (sub.both_directions()) absl::StrAppend(&out, " both");
+std::string subscriptionText(const client::SessionSubscription& sub) {
+  std::string out = absl::StrCat(sub.kind, " ", sub.port);
+  if (!sub.filter.empty()) absl::StrAppend(&out, " [", sub.filter, "]");
+  if (sub.both_directions) absl::StrAppend(&out, " both");
   return out;
 }
 
-std::string sessionsText(const v1::SessionsResponse& r) {
+std::string sessionsText(const std::vector<client::SessionInfo>& sessions) {
   using Row = std::array<std::string, 9>;
   std::vector<Row> rows;
   rows.push_back({"", "SESSION", "CLIENT", "AGE", "STATE", "STREAMS", "BYTES_IN", "BYTES_OUT",
                   "SUBSCRIPTIONS"});
-  for (const v1::SessionSummary& s : r.sessions()) {
+  for (const client::SessionInfo& s : sessions) {
     std::vector<std::string> subs;
-    for (const auto& sub : s.subscriptions()) subs.push_back(subscriptionText(sub));
-    std::string state = s.state().empty() ? (s.attached() ? "attached" : "detached") : s.state();
-    rows.push_back({s.current() ? "*" : "", s.session_id(),
-                    s.client_name().empty() ? "-" : s.client_name(), formatUptime(s.age_ms()),
-                    state, absl::StrCat(s.streams()), absl::StrCat(s.bytes_in()),
-                    absl::StrCat(s.bytes_out()), subs.empty() ? "-" : absl::StrJoin(subs, ", ")});
+    for (const auto& sub : s.subscriptions) subs.push_back(subscriptionText(sub));
+    rows.push_back({s.current ? "*" : "", s.session_id, s.client_name.empty() ? "-" : s.client_name,
+                    formatUptime(s.age_ms), s.state, absl::StrCat(s.streams),
+                    absl::StrCat(s.bytes_in), absl::StrCat(s.bytes_out),
+                    subs.empty() ? "-" : absl::StrJoin(subs, ", ")});
   }
   std::array<size_t, 9> width{};
   for (const Row& row : rows) {
@@ -52,29 +51,29 @@ std::string sessionsText(const v1::SessionsResponse& r) {
   return out;
 }
 
-std::string sessionsJson(const v1::SessionsResponse& r) {
+std::string sessionsJson(const std::vector<client::SessionInfo>& sessions) {
   JsonWriter w;
   w.beginObject();
   w.key("sessions").beginArray();
-  for (const v1::SessionSummary& s : r.sessions()) {
+  for (const client::SessionInfo& s : sessions) {
     w.beginObject();
-    w.key("session_id").value(s.session_id());
-    w.key("client_name").value(s.client_name());
-    w.key("age_ms").value(s.age_ms());
-    w.key("state").value(s.state().empty() ? (s.attached() ? "attached" : "detached") : s.state());
-    w.key("current").value(s.current());
-    w.key("streams").value(s.streams());
-    w.key("bytes_in").value(s.bytes_in());
-    w.key("bytes_out").value(s.bytes_out());
+    w.key("session_id").value(s.session_id);
+    w.key("client_name").value(s.client_name);
+    w.key("age_ms").value(s.age_ms);
+    w.key("state").value(s.state);
+    w.key("current").value(s.current);
+    w.key("streams").value(s.streams);
+    w.key("bytes_in").value(s.bytes_in);
+    w.key("bytes_out").value(s.bytes_out);
     w.key("subscriptions").beginArray();
-    for (const auto& sub : s.subscriptions()) {
+    for (const auto& sub : s.subscriptions) {
       w.beginObject();
-      w.key("id").value(sub.subscription_id());
-      w.key("kind").value(sub.kind());
-      w.key("port").value(sub.port());
-      w.key("filter").value(sub.filter());
-      w.key("backend").value(sub.backend());
-      w.key("both_directions").value(sub.both_directions());
+      w.key("id").value(sub.id);
+      w.key("kind").value(sub.kind);
+      w.key("port").value(sub.port);
+      w.key("filter").value(sub.filter);
+      w.key("backend").value(sub.backend);
+      w.key("both_directions").value(sub.both_directions);
       w.endObject();
     }
     w.endArray();

@@ -1,4 +1,6 @@
 // The typed DNS and env APIs (siphon/client/dns.h, env.h).
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "client/target_core.h"
 #include "siphon/client/dns.h"
@@ -99,6 +101,10 @@ net::awaitable<absl::StatusOr<std::vector<EnvVar>>> Env::get(std::vector<std::st
   if (!r->has_env()) co_return wrongKind("env");
   std::vector<EnvVar> out;
   for (const v1::EnvVar& v : r->env().vars()) out.push_back({v.name(), v.value()});
+  // The agent sends them sorted; sorting here keeps the promise whatever
+  // the agent does (stable: a name twice keeps the agent's order).
+  std::stable_sort(out.begin(), out.end(),
+                   [](const EnvVar& a, const EnvVar& b) { return a.name < b.name; });
   co_return out;
 }
 

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/target_core.h"
 #include "siphon/client/errors.h"
+#include "siphon/protocol/handshake.h"
 #include "siphon/status.h"
 
 namespace siphon::client {
@@ -45,6 +46,19 @@ absl::Status wrongKind(std::string_view what) {
   return protoError(v1::INTERNAL,
                     absl::StrCat(asv(what), ": the agent answered with another kind of response"));
 }
+
+namespace {
+
+// Repeated enums keep values this build does not know (proto3): those are
+// named by their number rather than Feature_Name()'s empty string.
+std::string featureName(int feature) {
+  if (!v1::Feature_IsValid(feature) || feature == v1::FEATURE_UNSPECIFIED) {
+    return absl::StrCat("UNKNOWN_", feature);
+  }
+  return v1::Feature_Name(static_cast<v1::Feature>(feature));
+}
+
+}  // namespace
 
 // ------------------------------------------------------------- TargetCore
 
@@ -257,7 +271,7 @@ void Target::setCallTimeout(std::chrono::milliseconds timeout) { core_->timeout 
 
 std::shared_ptr<Client> Target::client() const { return core_->client; }
 
-net::awaitable<absl::StatusOr<TargetInfo>> Target::info() {
+net::awaitable<absl::StatusOr<TargetInfo>> Target::info() const {
   const std::shared_ptr<TargetCore> core = core_;
   v1::Request request;
   request.mutable_info();
@@ -267,19 +281,21 @@ net::awaitable<absl::StatusOr<TargetInfo>> Target::info() {
   const v1::InfoResponse& i = r->info();
   TargetInfo out;
   out.agent_version = i.agent_version();
+  out.protocol_version = protocol::versionString(i.protocol_version());
   out.session_id = i.session_id();
   out.hostname = i.hostname();
   out.mode = i.target().mode();
   out.pid = i.target().pid();
+  out.netns_inode = i.target().netns_inode();
   out.container_id = i.target().container_id();
   out.runtime = i.target().runtime();
   out.sessions = i.sessions();
   out.uptime_ms = i.uptime_ms();
-  for (int f : i.features()) out.features.push_back(v1::Feature_Name(static_cast<v1::Feature>(f)));
+  for (int f : i.features()) out.features.push_back(featureName(f));
   co_return out;
 }
 
-net::awaitable<absl::StatusOr<std::vector<SessionInfo>>> Target::sessions() {
+net::awaitable<absl::StatusOr<std::vector<SessionInfo>>> Target::sessions() const {
   const std::shared_ptr<TargetCore> core = core_;
   v1::Request request;
   request.mutable_sessions();
@@ -291,7 +307,8 @@ net::awaitable<absl::StatusOr<std::vector<SessionInfo>>> Target::sessions() {
     SessionInfo info;
     info.session_id = s.session_id();
     info.client_name = s.client_name();
-    info.state = s.state();
+    // Agents before `state` said only `attached`.
+    info.state = !s.state().empty() ? s.state() : s.attached() ? "attached" : "detached";
     info.age_ms = s.age_ms();
     info.current = s.current();
     info.streams = s.streams();
@@ -299,6 +316,10 @@ net::awaitable<absl::StatusOr<std::vector<SessionInfo>>> Target::sessions() {
     info.bytes_out = s.bytes_out();
     info.stolen_ports.assign(s.stolen_ports().begin(), s.stolen_ports().end());
     info.mirrored_ports.assign(s.mirrored_ports().begin(), s.mirrored_ports().end());
+    for (const v1::SubscriptionSummary& sub : s.subscriptions()) {
+      info.subscriptions.push_back({sub.subscription_id(), sub.kind(), sub.port(), sub.filter(),
+                                    sub.backend(), sub.both_directions()});
+    }
     out.push_back(std::move(info));
   }
   co_return out;

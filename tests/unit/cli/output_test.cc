@@ -2,42 +2,40 @@
 
 #include <gtest/gtest.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 namespace siphon::cli {
 namespace {
 
-v1::InfoResponse sampleInfo() {
-  v1::InfoResponse info;
-  info.set_agent_version("0.1.0");
-  info.mutable_protocol_version()->set_major(1);
-  info.mutable_protocol_version()->set_minor(0);
-  info.set_session_id("s-42");
-  info.mutable_target()->set_mode("targeted");
-  info.mutable_target()->set_pid(1234);
-  info.mutable_target()->set_netns_inode(4026532281);
-  info.add_features(v1::FEATURE_INFO);
-  info.add_features(v1::FEATURE_ENV);
-  info.add_features(v1::FEATURE_OUTGOING_TCP);
-  info.set_sessions(2);
-  info.set_hostname("node-1");
-  info.set_uptime_ms(65'000);
+client::TargetInfo sampleInfo() {
+  client::TargetInfo info;
+  info.agent_version = "0.1.0";
+  info.protocol_version = "1.0";
+  info.session_id = "s-42";
+  info.mode = "targeted";
+  info.pid = 1234;
+  info.netns_inode = 4026532281;
+  info.features = {"FEATURE_INFO", "FEATURE_ENV", "FEATURE_OUTGOING_TCP"};
+  info.sessions = 2;
+  info.hostname = "node-1";
+  info.uptime_ms = 65'000;
   return info;
 }
 
-v1::EnvResponse envOf(std::initializer_list<std::pair<const char*, std::string>> vars) {
-  v1::EnvResponse env;
-  for (const auto& [name, value] : vars) {
-    auto* v = env.add_vars();
-    v->set_name(name);
-    v->set_value(value);
-  }
+std::vector<client::EnvVar> envOf(std::initializer_list<std::pair<const char*, std::string>> vars) {
+  std::vector<client::EnvVar> env;
+  for (const auto& [name, value] : vars) env.push_back({name, value});
   return env;
 }
 
 TEST(FeatureName, LowerCaseWithoutPrefix) {
-  EXPECT_EQ(featureName(v1::FEATURE_ENV), "env");
-  EXPECT_EQ(featureName(v1::FEATURE_STEAL_HTTP_FILTER), "steal_http_filter");
-  EXPECT_EQ(featureName(999), "unknown_999");
-  EXPECT_EQ(featureName(v1::FEATURE_UNSPECIFIED), "unknown_0");
+  EXPECT_EQ(featureName("FEATURE_ENV"), "env");
+  EXPECT_EQ(featureName("FEATURE_STEAL_HTTP_FILTER"), "steal_http_filter");
+  // The typed API's names for values this build does not know.
+  EXPECT_EQ(featureName("UNKNOWN_999"), "unknown_999");
+  EXPECT_EQ(featureName("UNKNOWN_0"), "unknown_0");
 }
 
 TEST(FormatUptime, Ranges) {
@@ -65,8 +63,8 @@ TEST(InfoText, AlignedKeyValueLines) {
 
 TEST(InfoText, ContainerAndRuntimeWhenKnown) {
   auto info = sampleInfo();
-  info.mutable_target()->set_container_id("abc123");
-  info.mutable_target()->set_runtime("containerd");
+  info.container_id = "abc123";
+  info.runtime = "containerd";
   const std::string text = infoText(info);
   EXPECT_NE(text.find("container_id      abc123\n"), std::string::npos) << text;
   EXPECT_NE(text.find("runtime           containerd\n"), std::string::npos) << text;
@@ -102,7 +100,7 @@ TEST(EnvText, SortedNameValueLines) {
   EXPECT_EQ(envText(env), "A=x=y\nEMPTY=\nPATH=/bin\n");
 }
 
-TEST(EnvText, Empty) { EXPECT_EQ(envText(v1::EnvResponse()), ""); }
+TEST(EnvText, Empty) { EXPECT_EQ(envText({}), ""); }
 
 TEST(EnvJson, ObjectOfEscapedValues) {
   auto env = envOf({{"Z", "caf\xC3\xA9"}, {"B", "line1\nline2\t\"q\"\x01"}, {"A", ""}});
@@ -114,7 +112,7 @@ TEST(EnvJson, ObjectOfEscapedValues) {
             "}\n");
 }
 
-TEST(EnvJson, Empty) { EXPECT_EQ(envJson(v1::EnvResponse()), "{}\n"); }
+TEST(EnvJson, Empty) { EXPECT_EQ(envJson({}), "{}\n"); }
 
 }  // namespace
 }  // namespace siphon::cli

@@ -80,15 +80,29 @@ struct LinkEvent {
 
 struct TargetInfo {
   std::string agent_version;
+  std::string protocol_version;  // the session's, "1.0"
   std::string session_id;
   std::string hostname;
-  std::string mode;  // "targeted", "ephemeral", "targetless"
-  int32_t pid = 0;
+  std::string mode;          // "targeted", "ephemeral", "targetless"
+  int32_t pid = 0;           // targetless: the agent's own
+  uint64_t netns_inode = 0;  // of the target's network namespace
   std::string container_id;
   std::string runtime;
-  uint32_t sessions = 0;
+  uint32_t sessions = 0;  // live sessions on the agent, this one included
   int64_t uptime_ms = 0;
-  std::vector<std::string> features;  // "FEATURE_FILES", ...
+  // "FEATURE_FILES", ... as the protocol names them; "UNKNOWN_<n>" for a
+  // feature this build does not know (an agent newer than the client).
+  std::vector<std::string> features;
+};
+
+// A steal or mirror subscription of a session (SessionInfo).
+struct SessionSubscription {
+  uint64_t id = 0;
+  std::string kind;  // "steal" or "mirror"
+  uint32_t port = 0;
+  std::string filter;            // a filtered steal's, readable ("header x-user: ^me$"); else empty
+  std::string backend;           // "sk_lookup", "iptables", "tc"
+  bool both_directions = false;  // mirror: the responses too
 };
 
 // A session on the agent (Target::sessions()).
@@ -97,12 +111,13 @@ struct SessionInfo {
   std::string client_name;
   std::string state;  // "attached" or "detached"
   int64_t age_ms = 0;
-  bool current = false;  // the session that asked
-  uint32_t streams = 0;
-  uint64_t bytes_in = 0;
-  uint64_t bytes_out = 0;
+  bool current = false;    // the session that asked
+  uint32_t streams = 0;    // open streams
+  uint64_t bytes_in = 0;   // stream payload from its client
+  uint64_t bytes_out = 0;  // stream payload to its client
   std::vector<uint32_t> stolen_ports;
   std::vector<uint32_t> mirrored_ports;
+  std::vector<SessionSubscription> subscriptions;
 };
 
 class Target {
@@ -125,8 +140,12 @@ class Target {
   // For the calls made from now on (TargetOptions::call_timeout).
   void setCallTimeout(std::chrono::milliseconds timeout);
 
-  net::awaitable<absl::StatusOr<TargetInfo>> info();
-  net::awaitable<absl::StatusOr<std::vector<SessionInfo>>> sessions();
+  // The agent, its target and this session. Fails as any call does
+  // (kTimeout after the call timeout, kAgentLost...).
+  net::awaitable<absl::StatusOr<TargetInfo>> info() const;
+  // Every session the agent holds, attached or detached, this one marked
+  // `current`.
+  net::awaitable<absl::StatusOr<std::vector<SessionInfo>>> sessions() const;
 
   // The generic requests and streams underneath (siphon/client/client.h).
   std::shared_ptr<Client> client() const;
