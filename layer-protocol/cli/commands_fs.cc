@@ -436,6 +436,12 @@ net::awaitable<int> rm(const CommandEnv& env, const std::string& path, bool recu
     printError(absl::StrCat(what, ": refusing to remove the root directory"));
     co_return kExitError;
   }
+  // Like rm(1) too: "/tmp/.." names the parent (here the root), "x/." the
+  // directory itself; a recursive remove of either is refused.
+  if (is_dir && endsInDotOrDotDot(path)) {
+    printError(absl::StrCat(what, ": refusing to remove '.' or '..' (name the directory itself)"));
+    co_return kExitError;
+  }
   const absl::Status s = co_await removeTree(files, path, is_dir);
   if (!s.ok()) co_return report(what, s);
   co_return kExitOk;

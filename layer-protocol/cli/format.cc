@@ -226,6 +226,13 @@ bool isRootLike(std::string_view path) {
   return true;
 }
 
+bool endsInDotOrDotDot(std::string_view path) {
+  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
+  const size_t slash = path.rfind('/');
+  const std::string_view last = slash == std::string_view::npos ? path : path.substr(slash + 1);
+  return last == "." || last == "..";
+}
+
 std::vector<std::string> pathPrefixes(std::string_view path) {
   std::vector<std::string> out;
   std::string prefix = !path.empty() && path[0] == '/' ? "/" : "";

@@ -97,6 +97,10 @@ std::string joinPath(std::string_view dir, std::string_view name);
 // "/.", "//./..", ".."): the root itself, as the agent resolves ".." at the
 // root to the root. A path with a named part ("/tmp/..") is not.
 bool isRootLike(std::string_view path);
+// Whether the last named part of `path` is "." or ".." ("/tmp/..", "a/./",
+// "."): rm(1) refuses to remove those, as "/tmp/.." is the target's root
+// (or another directory than the one named) however it is spelt.
+bool endsInDotOrDotDot(std::string_view path);
 
 // The directories `mkdir -p` makes, outermost first: "/a//b/./c" gives
 // "/a", "/a/b", "/a/b/c"; "a/b" gives "a", "a/b". Empty and "." parts are

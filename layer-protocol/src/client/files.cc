@@ -2,6 +2,8 @@
 #include "siphon/client/files.h"
 
 #include <fcntl.h>
+
+#include <cerrno>
 #include <sys/stat.h>
 
 #include <deque>
@@ -408,6 +410,9 @@ net::awaitable<absl::Status> Files::writeFile(std::string path, std::string data
     auto written = co_await head.answer.get();
     if (!written.ok()) {
       failure = written.status();
+    } else if (*written == 0) {
+      // Nothing taken and no error: asking again could loop for ever.
+      failure = errnoStatus(EIO, absl::StrCat("pwrite at offset ", head.offset, " wrote nothing"));
     } else if (*written < head.size) {
       // A short write: the rest again, by itself.
       const size_t at = head.offset + *written;

@@ -212,6 +212,15 @@ TEST(IsRootLike, OnlySlashesDotsAndDotDots) {
   }
 }
 
+TEST(EndsInDotOrDotDot, TheLastNamedPartOnly) {
+  for (const char* p : {".", "..", "/tmp/..", "/tmp/.", "a/./", "a/..//", "/.."}) {
+    EXPECT_TRUE(endsInDotOrDotDot(p)) << "'" << p << "'";
+  }
+  for (const char* p : {"", "/", "/tmp", "/tmp/../x", "a/...", "/.a", "..b", "./x"}) {
+    EXPECT_FALSE(endsInDotOrDotDot(p)) << "'" << p << "'";
+  }
+}
+
 TEST(PathPrefixes, OutermostFirstSkippingEmptyAndDotParts) {
   using V = std::vector<std::string>;
   EXPECT_EQ(pathPrefixes("/a//b/./c"), (V{"/a", "/a/b", "/a/b/c"}));
