@@ -2,10 +2,9 @@
 #include "siphon/client/files.h"
 
 #include <fcntl.h>
-
-#include <cerrno>
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <deque>
 
 #include "absl/strings/str_cat.h"
