@@ -19,14 +19,14 @@ constexpr size_t kChunk = 64 * 1024;
 
 void Bridge::start() {
   auto ex = local.get_executor();
-  stream->setSink([weak = weak_from_this()](std::string_view payload) -> size_t {
+  stream.setSink([weak = weak_from_this()](std::string_view payload) -> size_t {
     auto b = weak.lock();
     return b ? b->sendDirect(payload) : 0;
   });
   // A pump that throws ends this bridged connection, both sides.
   auto fail = [self = shared_from_this()] {
     self->abortLocal();
-    self->stream->reset(v1::INTERNAL, "the bridge failed");
+    self->stream.reset(client::ErrorCode::kInternal, "the bridge failed");
   };
   net::spawn(ex, localToStream(shared_from_this()), "bridge_local_to_stream", fail);
   net::spawn(ex, streamToLocal(shared_from_this()), "bridge_stream_to_local", fail);
@@ -84,7 +84,8 @@ void abortSocket(net::tcp::socket& s) {
 }
 
 void Bridge::localFailed(const net::error_code& ec) {
-  stream->reset(v1::CANCELLED, absl::StrCat("the local connection failed: ", ec.message()));
+  stream.reset(client::ErrorCode::kCancelled,
+               absl::StrCat("the local connection failed: ", ec.message()));
   abortLocal();
 }
 
@@ -108,7 +109,7 @@ net::awaitable<void> Bridge::localToStream(std::shared_ptr<Bridge> bridge) {
                                                  asio::redirect_error(net::use_awaitable, ec));
     if (ec == asio::error::eof) {
       // The local side is done sending; the other side may still answer.
-      absl::Status s = b->stream->halfClose();
+      absl::Status s = b->stream.halfClose();
       if (!s.ok()) b->halfCloseFailed(s);
       break;
     }
@@ -116,7 +117,7 @@ net::awaitable<void> Bridge::localToStream(std::shared_ptr<Bridge> bridge) {
       b->localFailed(ec);
       break;
     }
-    absl::Status s = co_await b->stream->write(buf.substr(0, n));
+    absl::Status s = co_await b->stream.write(buf.substr(0, n));
     if (!s.ok()) {
       b->streamFailed(s);
       break;
@@ -129,7 +130,7 @@ net::awaitable<void> Bridge::localToStream(std::shared_ptr<Bridge> bridge) {
 net::awaitable<void> Bridge::streamToLocal(std::shared_ptr<Bridge> bridge) {
   const std::shared_ptr<Bridge> b = std::move(bridge);
   while (true) {
-    auto chunk = co_await b->stream->read();
+    auto chunk = co_await b->stream.read();
     if (!chunk.ok()) {
       b->streamFailed(chunk.status());
       break;

@@ -1,4 +1,5 @@
-// A local TCP socket joined to a stream of the session, both ways, with TCP
+// A local TCP socket joined to a connection of the session (an outgoing
+// one, or a stolen one: siphon/client/connections.h), both ways, with TCP
 // semantics: EOF one way becomes a half-close the other way (a client that
 // shuts down writing still gets its whole answer), and a failure on one side
 // is an abort on the other (RST, or a stream reset), never a clean end that
@@ -16,7 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "siphon/client/client.h"
+#include "siphon/client/connections.h"
 #include "siphon/transport/asio.h"
 
 namespace siphon::cli {
@@ -36,7 +37,7 @@ net::awaitable<absl::Status> connectLocal(net::tcp::socket& socket,
 
 class Bridge : public std::enable_shared_from_this<Bridge> {
  public:
-  Bridge(net::tcp::socket local_socket, std::shared_ptr<client::ClientStream> s)
+  Bridge(net::tcp::socket local_socket, client::Connection s)
       : local(std::move(local_socket)), stream(std::move(s)) {}
   virtual ~Bridge() = default;
 
@@ -48,7 +49,7 @@ class Bridge : public std::enable_shared_from_this<Bridge> {
   void abortLocal() { abortSocket(local); }
 
   net::tcp::socket local;
-  std::shared_ptr<client::ClientStream> stream;
+  client::Connection stream;
   uint64_t to_stream = 0;  // bytes from the local socket into the stream
   uint64_t to_local = 0;   // bytes from the stream to the local socket
 
@@ -69,7 +70,7 @@ class Bridge : public std::enable_shared_from_this<Bridge> {
   static net::awaitable<void> streamToLocal(std::shared_ptr<Bridge> bridge);
   void directionDone();
   // Stream bytes straight to the local socket while streamToLocal() holds
-  // nothing (see ClientStream::setSink): no copy, no hop through the queue.
+  // nothing (see Connection::setSink): no copy, no hop through the queue.
   size_t sendDirect(std::string_view payload);
 
   int running_ = 2;

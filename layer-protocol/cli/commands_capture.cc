@@ -1,21 +1,20 @@
 // `siphon capture`: packets matching a pcap filter, captured inside the
-// target's network namespace by the agent (StreamOpen{capture}), written as
-// a pcap file (a ksniff equivalent).
+// target's network namespace by the agent (siphon/client/capture.h),
+// written as a pcap file (a ksniff equivalent).
 //
 //   siphon capture [-i any|NAME] [-s SNAPLEN] [-c COUNT] -w FILE|- [FILTER...]
 //
-// The stream's chunks are the file: the global header, then one record per
-// chunk; they are written as they come. -w - writes to stdout (for
+// The capture's pieces are the file: the global header, then one record per
+// piece; they are written as they come. -w - writes to stdout (for
 // `| tshark -r -`, `| wireshark -k -i -`). A reader slower than the traffic
 // never slows the target: the agent drops what the client has no credit
 // for and says so.
 //
-// Ending: SIGINT/SIGTERM (or COUNT records written) half-closes the stream;
-// the agent sends what it still holds and half-closes back; the file is
-// complete, exit 0. A second signal resets the stream and ends at once (the
-// file still holds whole records), exit 128+N.
+// Ending (signals: long_running.h): SIGINT/SIGTERM (or COUNT records
+// written) finishes the capture; the agent sends what it still holds and
+// ends it; the file is complete, exit 0. A second signal stops it at once
+// (the file still holds whole records), exit 128+N.
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,12 +30,17 @@
 #include "cli/capture_file.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
+#include "cli/long_running.h"
+#include "siphon/client/capture.h"
+#include "siphon/client/errors.h"
 #include "siphon/status.h"
 
 namespace siphon::cli {
 namespace {
 
 namespace asio = net::asio;
+using client::CaptureEvent;
+using client::ErrorCode;
 
 constexpr uint32_t kCaptureWindow = 4 * 1024 * 1024;
 
@@ -47,12 +51,6 @@ struct CaptureFlags {
   std::string write;     // FILE, or "-" for stdout
   std::vector<std::string> filter;
 };
-
-// A lost session is "agent unreachable"; anything the agent said about the
-// capture itself (a bad filter, no such interface) is a plain error.
-int captureExitCode(const absl::Status& s) {
-  return errorCodeOf(s) == v1::AGENT_LOST ? kExitUnreachable : kExitError;
-}
 
 // Where the pcap bytes go. A pipe or socket is written asynchronously (a
 // slow reader must not stop the event loop, which also answers the agent's
@@ -128,81 +126,77 @@ net::awaitable<int> runCapture(const CommandEnv& env, const CaptureFlags& flags)
     co_return kExitUsage;
   }
 
-  v1::StreamOpen open;
   // Packets come in bursts (a TCP window's worth of 64 KiB GRO packets in
   // one ring block) and the agent drops what does not fit the credit at that
   // moment: a window as large as a stream's may grow absorbs them.
-  open.set_initial_window(kCaptureWindow);
-  v1::CaptureStart* start = open.mutable_capture();
-  start->set_interface(flags.interface);
-  start->set_filter(filter);
-  start->set_snaplen(flags.snaplen);
-  auto opened = co_await env.client->openStream(std::move(open));
-  if (!opened.ok()) {
+  client::CaptureSpec spec;
+  spec.interface = flags.interface;
+  spec.filter = filter;
+  spec.snaplen = flags.snaplen;
+  spec.window = kCaptureWindow;
+  auto started = co_await client::Capture::start(env.target, std::move(spec));
+  if (!started.ok()) {
     // The agent's words name the filter or interface and libpcap's reason.
-    printError(absl::StrCat("capture: ", opened.status().message()));
-    co_return captureExitCode(opened.status());
+    // A lost session is "agent unreachable"; anything the agent said about
+    // the capture itself (a bad filter, no such interface) a plain error.
+    printError(absl::StrCat("capture: ", started.status().message()));
+    co_return streamExitCode(started.status());
   }
-  std::shared_ptr<client::ClientStream> stream = *opened;
+  client::Capture capture = *std::move(started);
 
   // Opened once the agent accepted, as tcpdump does: a bad filter leaves no
   // empty file behind.
   Output out(ex);
   if (absl::Status s = out.open(flags.write); !s.ok()) {
-    stream->reset(v1::CANCELLED, "the client cannot write its output");
+    capture.stop(ErrorCode::kCancelled, "the client cannot write its output");
     printError(absl::StrCat("capture: ", s.message()));
     co_return kExitError;
   }
 
   // A reader of stdout that goes away (`| head`) ends the capture; it is
-  // not a signal to die of.
-  ::signal(SIGPIPE, SIG_IGN);
-  asio::signal_set signals(ex, SIGINT, SIGTERM);
-  bool stopping = false;  // we half-closed: what comes now is the rest
-  int aborted_by = 0;     // a second signal: the stream was reset by us
+  // not a signal to die of (LongRunning::start ignores SIGPIPE).
+  LongRunning run(env, "capture");
+  bool stopping = false;  // finished: what comes now is the rest
+  int aborted_by = 0;     // a second signal: stopped by us
   auto stop = [&] {
     if (stopping) return;
     stopping = true;
-    (void)stream->halfClose();
+    (void)capture.finish();
   };
-  std::function<void(net::error_code, int)> on_signal = [&](net::error_code ec, int signo) {
-    if (ec) return;
-    if (!stopping) {
-      stop();
-      signals.async_wait(on_signal);
-      return;
-    }
+  run.on_stop = [&](int) { stop(); };
+  run.on_end = [&](int signo) {
     aborted_by = signo;
-    stream->reset(v1::CANCELLED, "interrupted twice");
+    capture.stop(ErrorCode::kCancelled, "interrupted twice");
   };
-  signals.async_wait(on_signal);
+  run.start();
 
   std::optional<PcapHeader> header;
   CaptureTotals totals;
   int rc = kExitOk;
   while (true) {
-    auto event = co_await stream->readEvent();
+    auto event = co_await capture.next();
     if (!event.ok()) {
       if (aborted_by == 0) {
         printError(absl::StrCat("capture: ", event.status().message()));
-        rc = captureExitCode(event.status());
+        rc = streamExitCode(event.status());
       }
       break;
     }
-    if (!event->has_value()) break;  // the agent half-closed: the capture is complete
-    if (const auto& gap = (*event)->gap) {
+    if (!event->has_value()) break;  // the agent ended it: the capture is complete
+    const CaptureEvent& e = **event;
+    if (e.kind == CaptureEvent::Kind::kGap) {
       // Packets after COUNT were never wanted: their loss is no news.
       if (flags.count > 0 && totals.packets >= flags.count) continue;
-      std::fputs(gapLine(gap->packets(), gap->bytes()).c_str(), stderr);
-      if (gap->bytes() > 0) {
-        totals.slow_packets += gap->packets();
-        totals.slow_bytes += gap->bytes();
+      std::fputs(gapLine(e.gap_packets, e.gap_bytes).c_str(), stderr);
+      if (e.gap_bytes > 0) {
+        totals.slow_packets += e.gap_packets;
+        totals.slow_bytes += e.gap_bytes;
       } else {
-        totals.kernel_packets += gap->packets();
+        totals.kernel_packets += e.gap_packets;
       }
       continue;
     }
-    const std::string& bytes = (*event)->data;
+    const std::string& bytes = e.bytes;
     const bool is_header = !header.has_value();
     absl::Status valid;
     if (is_header) {
@@ -213,7 +207,7 @@ net::awaitable<int> runCapture(const CommandEnv& env, const CaptureFlags& flags)
       valid = checkPcapRecord(bytes, *header);
     }
     if (!valid.ok()) {
-      stream->reset(v1::PROTOCOL_ERROR, sv(valid.message()));
+      capture.stop(ErrorCode::kProtocolError, std::string(valid.message()));
       printError(absl::StrCat("capture: ", valid.message()));
       rc = kExitError;
       break;
@@ -223,8 +217,8 @@ net::awaitable<int> runCapture(const CommandEnv& env, const CaptureFlags& flags)
     if (!is_header && flags.count > 0 && totals.packets >= flags.count) continue;
     absl::Status w = co_await out.write(bytes);
     if (!w.ok()) {
-      stream->reset(v1::CANCELLED, "the client's output is closed");
-      if (errnoOf(w) == EPIPE) break;  // the reader of stdout is done: so are we
+      capture.stop(ErrorCode::kCancelled, "the client's output is closed");
+      if (client::errnoValue(w) == EPIPE) break;  // the reader of stdout is done: so are we
       printError(absl::StrCat("capture: ", flags.write == "-" ? "stdout" : flags.write, ": ",
                               w.message()));
       rc = kExitError;
@@ -241,8 +235,7 @@ net::awaitable<int> runCapture(const CommandEnv& env, const CaptureFlags& flags)
     if (flags.count > 0 && totals.packets == flags.count) stop();
   }
 
-  net::error_code ignored;
-  signals.cancel(ignored);
+  run.finish();
   if (absl::Status c = out.close(); !c.ok() && rc == kExitOk) {
     printError(absl::StrCat("capture: ", flags.write, ": ", c.message()));
     rc = kExitError;

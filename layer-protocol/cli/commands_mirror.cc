@@ -1,16 +1,18 @@
 // `siphon mirror`: a copy of every TCP connection to a port of the target
-// (MirrorSubscribe). The application keeps serving its connections; this
-// client gets their bytes, read-only, one stream per connection
-// (StreamOpen{mirrored}), and prints them or replays them.
+// (a mirror Subscription, siphon/client/subscriptions.h). The application
+// keeps serving its connections; this client gets their bytes, read-only,
+// one MirroredConnection each, and prints them or replays them.
 //
 //   siphon mirror --port P [--to HOST:PORT | --stdout] [--both]
 //
 // Order of events:
-//  1. The stream acceptor is set and the signals armed before the subscribe;
-//     streams that arrive before its answer wait (not yet accepted).
+//  1. The signals are armed and the session's events taken (long_running.h)
+//     before the subscribe; connections that arrive before its answer wait
+//     in the Subscription (not yet accepted).
 //  2. "mirror: port P ..." once subscribed (scripts wait for it).
-//  3. Per mirrored connection: accept at once (the agent has no credit to
-//     send before, and what it cannot send becomes gaps), an "opened" line,
+//  3. Per mirrored connection: accepted as the Subscription hands it out
+//     (the agent has no credit to send before, and what it cannot send
+//     becomes gaps), an "opened" line,
 //     then its records in order: to stdout (mirror_output.h, StdoutFramer:
 //     markers between runs), or with --to, the client->server bytes to a
 //     fresh connection to HOST:PORT per mirrored connection (its answers
@@ -19,8 +21,8 @@
 //  4. First SIGINT/SIGTERM: unsubscribe, end the streams, give the replays
 //     a moment to write what they hold, the summary, exit 0. A second
 //     signal ends the replays at once.
-//  5. With several --agent: after a move to another agent (client.h,
-//     failover) the port is mirrored there under the same subscription, and
+//  5. With several --agent: after a move to another agent (target.h,
+//     kMoved) the port is mirrored there under the same subscription, and
 //     that agent's connections arrive as new streams; one "agent A ...;
 //     moved to agent B" line.
 //
@@ -30,7 +32,6 @@
 // queues (LineWriter), each replay through a bounded queue of its own; what
 // does not fit is dropped and said in a line (and in the summary), never
 // silently.
-#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -43,13 +44,16 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
 #include "cli/line_writer.h"
+#include "cli/long_running.h"
 #include "cli/mirror_output.h"
 #include "cli/steal_spec.h"
-#include "siphon/status.h"
+#include "siphon/client/errors.h"
+#include "siphon/client/subscriptions.h"
 #include "siphon/transport/spawn.h"
 
 namespace siphon::cli {
@@ -57,6 +61,10 @@ namespace {
 
 namespace asio = net::asio;
 using Clock = asio::steady_timer::clock_type;
+using client::Direction;
+using client::ErrorCode;
+using client::MirrorEvent;
+using client::SubscriptionEvent;
 
 // Raw bytes that may wait for stdout before chunks are dropped.
 constexpr size_t kStdoutQueueBytes = 16 << 20;
@@ -75,10 +83,6 @@ struct MirrorFlags {
   bool both = false;
   MirrorSpec spec;  // set by the subcommand's callback
 };
-
-std::string statusText(const absl::Status& s) {
-  return absl::StrCat(errorCodeName(errorCodeOf(s)), ": ", s.message());
-}
 
 // The replay of one connection's client->server bytes to the --to server:
 // a connection of its own, a writer draining a bounded queue, a reader
@@ -286,7 +290,7 @@ class Replay : public std::enable_shared_from_this<Replay> {
 // One mirrored connection.
 struct Mirrored {
   MirrorConnection conn;
-  std::shared_ptr<client::ClientStream> stream;
+  client::MirroredConnection mirrored;
   MirrorCounts counts;
   std::shared_ptr<Replay> replay;
   // stdout: bytes not written since the last line about it, per direction.
@@ -294,59 +298,38 @@ struct Mirrored {
 };
 
 struct MirrorState {
-  MirrorState(asio::any_io_executor ex, const CommandEnv& env, MirrorSpec s)
-      : client(env.client),
-        json(env.json),
+  MirrorState(const CommandEnv& env, MirrorSpec s)
+      : json(env.json),
         timeout(env.timeout),
         spec(std::move(s)),
-        done(ex),
-        signals(ex, SIGINT, SIGTERM) {
+        run(env, "mirror", [this](std::string line) { print(std::move(line)); }) {
     if (!spec.to) out = std::make_unique<LineWriter>(STDOUT_FILENO, kStdoutQueueBytes);
   }
 
-  std::shared_ptr<client::Client> client;
   bool json;
   std::chrono::milliseconds timeout;
   MirrorSpec spec;
   std::vector<net::tcp::endpoint> endpoints;  // of --to
-  // Only runMirror waits on it (net::Signal is one timer: one waiter).
-  net::Signal done;
-  asio::signal_set signals;
-
-  uint64_t subscription = 0;  // ours, once subscribed
-  bool started = false;
-  std::vector<std::pair<std::shared_ptr<client::ClientStream>, v1::StreamOpen>> waiting;
-  std::map<uint64_t, std::shared_ptr<Mirrored>> live;  // by connection id
-  size_t starting = 0;  // spawned serve coroutines that have not run yet
-  uint64_t next_connection = 0;
-  MirrorTotals totals;
-
-  bool stop_requested = false;  // first signal
-  bool ending = false;          // second signal
-  absl::Status lost;            // the session is gone for good
 
   // stderr lines, and (without --to) the raw bytes on stdout: threads of
   // their own, so neither can stall the streams this loop reads.
   LineWriter err{STDERR_FILENO};
   std::unique_ptr<LineWriter> out;
   StdoutFramer framer;
+  // Signals, the session's events, the main loop's wake-up: only runMirror
+  // waits on it.
+  LongRunning run;
+
+  client::Subscription subscription;
+  bool subscribed = false;
+  std::map<uint64_t, std::shared_ptr<Mirrored>> live;  // by connection id
+  size_t starting = 0;  // spawned serve coroutines that have not run yet
+  uint64_t next_connection = 0;
+  MirrorTotals totals;
 
   void print(std::string line) { err.write(std::move(line)); }
 
-  void sessionLost(const absl::Status& s) {
-    if (!lost.ok()) return;
-    lost = s;
-    done.notify();
-  }
-  // AGENT_LOST on one stream or call: only the client's own loss counts (a
-  // failover may have moved it on).
-  void checkLost(const absl::Status& s) {
-    if (errorCodeOf(s) == v1::AGENT_LOST && !client->lostStatus().ok()) {
-      sessionLost(client->lostStatus());
-    }
-  }
-
-  void writeStdout(Mirrored& c, v1::Direction d, std::string_view bytes) {
+  void writeStdout(Mirrored& c, Direction d, std::string_view bytes) {
     const int i = directionIndex(d);
     if (out->tryWrite(framer.frame(c.conn, d, bytes))) {
       reportUnwritten(c, d);
@@ -358,18 +341,18 @@ struct MirrorState {
   }
   // One line per run of chunks stdout could not take, once it takes one
   // again (or the connection ends).
-  void reportUnwritten(Mirrored& c, v1::Direction d) {
+  void reportUnwritten(Mirrored& c, Direction d) {
     uint64_t& n = c.unwritten[directionIndex(d)];
     if (n == 0) return;
     print(notWrittenLine(c.conn, d, n, json));
     n = 0;
   }
 
-  // Ends every stream (stop, lost session); their coroutines print the rest.
+  // Ends every copy (stop, lost session); their coroutines print the rest.
   void resetAll(std::string_view why) {
     std::vector<std::shared_ptr<Mirrored>> all;
     for (auto& [id, c] : live) all.push_back(c);
-    for (auto& c : all) c->stream->reset(v1::CANCELLED, why);
+    for (auto& c : all) c->mirrored.stop(ErrorCode::kCancelled, why);
   }
   void abortReplays() {
     for (auto& [id, c] : live) {
@@ -379,18 +362,25 @@ struct MirrorState {
   bool busy() const { return !live.empty() || starting > 0; }
 };
 
-// One mirrored connection, from its StreamOpen to its end.
+// How a copy ended, for its closed line: a record the agent got wrong is
+// said as such, the rest as closeReason() words them.
+std::string endReason(const absl::Status& end) {
+  if (client::errorCode(end) == ErrorCode::kProtocolError &&
+      absl::StartsWith(end.message(), "malformed mirror record")) {
+    return absl::StrCat("malformed record from the agent: ", end.message());
+  }
+  return closeReason(end);
+}
+
+// One mirrored connection, from its event to its end.
 net::awaitable<void> serveMirrored(std::shared_ptr<MirrorState> state,
-                                   std::shared_ptr<client::ClientStream> stream_in,
-                                   v1::StreamOpen open_in) {
+                                   client::MirroredConnection mirrored) {
   const std::shared_ptr<MirrorState> st = std::move(state);
-  const std::shared_ptr<client::ClientStream> stream = std::move(stream_in);
-  const v1::StreamOpen open = std::move(open_in);
   auto ex = co_await asio::this_coro::executor;
 
   auto c = std::make_shared<Mirrored>();
-  c->conn = mirrorConnection(++st->next_connection, open.mirrored());
-  c->stream = stream;
+  c->conn = mirrorConnection(++st->next_connection, mirrored);
+  c->mirrored = std::move(mirrored);
   st->live[c->conn.id] = c;
   --st->starting;
   ++st->totals.connections;
@@ -398,12 +388,9 @@ net::awaitable<void> serveMirrored(std::shared_ptr<MirrorState> state,
 
   absl::Status end;  // OK: the agent's half-close
   std::string reason;
-  if (st->ending || st->stop_requested) {
-    stream->reset(v1::CANCELLED, "siphon mirror is ending");
+  if (st->run.stopRequested()) {
+    c->mirrored.stop(ErrorCode::kCancelled, "siphon mirror is ending");
     reason = "mirror stopped";
-  } else if (absl::Status a = st->client->acceptStream(*stream); !a.ok()) {
-    st->checkLost(a);
-    reason = absl::StrCat("ended before it was accepted: ", statusText(a));
   }
 
   if (reason.empty() && st->spec.to) {
@@ -420,52 +407,44 @@ net::awaitable<void> serveMirrored(std::shared_ptr<MirrorState> state,
 
   uint64_t handled = 0;
   while (reason.empty()) {
-    // readEvent() returns at once while events are queued: let the other
+    // next() returns at once while events are queued: let the other
     // connections and the replay writers run now and then.
     if (++handled % 64 == 0) co_await asio::post(ex, net::use_awaitable);
-    auto event = co_await stream->readEvent();
+    auto event = co_await c->mirrored.next();
     if (!event.ok()) {
       end = event.status();
       break;
     }
     if (!*event) break;
-    const client::StreamEvent& e = **event;
-    if (e.gap) {
-      const v1::Direction d = e.gap->direction();
-      c->counts.gaps[directionIndex(d)] += e.gap->bytes();
-      st->print(gapLine(c->conn, d, e.gap->bytes(), st->json));
-      // The replay server gets the bytes on both sides of the hole (the
-      // gap line says where it is); stdout gets a marker naming it.
-      if (st->out) st->framer.lost(c->conn, d, e.gap->bytes());
-      continue;
-    }
-    auto record = parseMirrorRecord(e.data);
-    if (!record.ok()) {
-      reason = absl::StrCat("malformed record from the agent: ", record.status().message());
-      stream->reset(v1::PROTOCOL_ERROR, reason);
-      break;
-    }
-    const v1::Direction d = record->direction;
-    if (record->fin) {
-      if (d == v1::CLIENT_TO_SERVER && c->replay) c->replay->finish();
-      continue;
-    }
-    c->counts.bytes[directionIndex(d)] += record->bytes.size();
-    if (c->replay) {
-      if (d == v1::CLIENT_TO_SERVER) c->replay->push(record->bytes);
-    } else if (d == v1::CLIENT_TO_SERVER || st->spec.both) {
-      st->writeStdout(*c, d, record->bytes);
+    const MirrorEvent& e = **event;
+    const Direction d = e.direction;
+    switch (e.kind) {
+      case MirrorEvent::Kind::kGap:
+        c->counts.gaps[directionIndex(d)] += e.gap_bytes;
+        st->print(gapLine(c->conn, d, e.gap_bytes, st->json));
+        // The replay server gets the bytes on both sides of the hole (the
+        // gap line says where it is); stdout gets a marker naming it.
+        if (st->out) st->framer.lost(c->conn, d, e.gap_bytes);
+        break;
+      case MirrorEvent::Kind::kFin:
+        if (d == Direction::kClientToServer && c->replay) c->replay->finish();
+        break;
+      case MirrorEvent::Kind::kData:
+        c->counts.bytes[directionIndex(d)] += e.bytes.size();
+        if (c->replay) {
+          if (d == Direction::kClientToServer) c->replay->push(e.bytes);
+        } else if (d == Direction::kClientToServer || st->spec.both) {
+          st->writeStdout(*c, d, e.bytes);
+        }
+        break;
     }
   }
-  if (reason.empty()) reason = closeReason(end);
-  // The agent reads nothing on the stream: our half-close only lets both
-  // sides forget it.
-  if (end.ok()) (void)stream->halfClose();
-  st->checkLost(end);
+  if (reason.empty()) reason = endReason(end);
+  st->run.checkLost(end);
 
   if (c->replay) {
     c->replay->finish();
-    const auto wait = st->stop_requested ? std::chrono::milliseconds(kStopGrace) : st->timeout;
+    const auto wait = st->run.stopRequested() ? std::chrono::milliseconds(kStopGrace) : st->timeout;
     co_await c->replay->waitDone(Clock::now() + wait);
     if (!c->replay->done()) {
       c->replay->abort();
@@ -475,110 +454,59 @@ net::awaitable<void> serveMirrored(std::shared_ptr<MirrorState> state,
     c->counts.not_replayed = c->replay->dropped();
   }
   if (st->out) {
-    st->reportUnwritten(*c, v1::CLIENT_TO_SERVER);
-    st->reportUnwritten(*c, v1::SERVER_TO_CLIENT);
+    st->reportUnwritten(*c, Direction::kClientToServer);
+    st->reportUnwritten(*c, Direction::kServerToClient);
     st->framer.forget(c->conn.id);
   }
   addCounts(st->totals.counts, c->counts);
   st->print(closedLine(c->conn, c->counts, reason, c->replay != nullptr, st->json));
   st->live.erase(c->conn.id);
-  st->done.notify();
+  st->run.notify();
 }
 
-void spawnServe(const std::shared_ptr<MirrorState>& st,
-                std::shared_ptr<client::ClientStream> stream, v1::StreamOpen open) {
-  ++st->starting;
-  // A connection that throws is reset; the others go on.
-  net::spawn(st->signals.get_executor(), serveMirrored(st, stream, std::move(open)),
-             "mirror_connection", [stream] { stream->reset(v1::INTERNAL, "the client failed"); });
+// What the Subscription hands out, in order, until it is over (given back,
+// lost, or not made again after a move).
+net::awaitable<void> serveSubscription(std::shared_ptr<MirrorState> state) {
+  const std::shared_ptr<MirrorState> st = std::move(state);
+  auto ex = co_await asio::this_coro::executor;
+  while (true) {
+    auto e = co_await st->subscription.next();
+    if (!e.ok()) break;
+    if (e->kind != SubscriptionEvent::Kind::kMirrored) continue;  // the session's: onLinkEvent
+    ++st->starting;
+    client::MirroredConnection mirrored = e->mirrored;
+    // A connection that throws is reset; the others go on.
+    net::spawn(ex, serveMirrored(st, std::move(e->mirrored)), "mirror_connection",
+               [mirrored]() mutable { mirrored.stop(ErrorCode::kInternal, "the client failed"); });
+  }
+  st->run.notify();
 }
 
-// The client's stream acceptor: runs inside the client's dispatch, so it
-// only starts (or parks) the work.
-void onStreamOpen(const std::shared_ptr<MirrorState>& st,
-                  std::shared_ptr<client::ClientStream> stream, v1::StreamOpen open) {
-  if (!open.has_mirrored()) {
-    stream->reset(v1::UNIMPLEMENTED, "siphon mirror accepts mirrored connections only");
+// Draining and moves, as lines. After a move (several --agent) the port is
+// mirrored again on the new agent under the same subscription; its
+// connections come as new ones.
+void onLinkEvent(MirrorState& st, const client::LinkEvent& e) {
+  using Kind = client::LinkEvent::Kind;
+  if (e.kind == Kind::kDraining) {
+    st.print(mirrorDrainingLine(e.reason, st.json));
     return;
   }
-  if (!st->started) {
-    st->waiting.emplace_back(std::move(stream), std::move(open));
-    return;
-  }
-  if (open.mirrored().subscription_id() != st->subscription) {
-    stream->reset(v1::NOT_FOUND, absl::StrCat("no subscription ", open.mirrored().subscription_id(),
-                                              " in this client"));
-    return;
-  }
-  spawnServe(st, std::move(stream), std::move(open));
-}
-
-void armSignals(const std::shared_ptr<MirrorState>& st) {
-  st->signals.async_wait([weak = std::weak_ptr<MirrorState>(st)](net::error_code ec, int) {
-    auto s = weak.lock();
-    if (ec || !s) return;
-    if (!s->stop_requested) {
-      s->stop_requested = true;
-      armSignals(s);  // a second one ends the replays at once
-    } else {
-      s->ending = true;
-      s->abortReplays();
-    }
-    s->done.notify();
-  });
-}
-
-void setHandlers(const CommandEnv& env, const std::shared_ptr<MirrorState>& st) {
-  std::weak_ptr<MirrorState> weak = st;
-  env.client->setStreamAcceptor(
-      [weak](std::shared_ptr<client::ClientStream> stream, v1::StreamOpen open) {
-        if (auto s = weak.lock()) {
-          onStreamOpen(s, std::move(stream), std::move(open));
-        } else {
-          stream->reset(v1::CANCELLED, "siphon mirror has ended");
-        }
-      });
-  env.client->setDrainingHandler([weak](const v1::Draining& d) {
-    if (auto s = weak.lock()) s->print(mirrorDrainingLine(d.reason(), s->json));
-  });
-  // Failover (several --agent): the port is mirrored again on the new
-  // agent under the same subscription id; its connections come as new
-  // streams.
-  env.client->setFailoverHandler([weak](const client::FailoverEvent& e) {
-    auto s = weak.lock();
-    if (!s) return;
-    AgentMove move{e.from, e.to, e.reason, e.draining, e.streams, 0, 0};
-    s->print(movedLine(move, s->json));
-    for (const auto& [id, status] : e.subscriptions) {
-      if (status.ok()) continue;
-      s->print(remirrorFailedLine(s->spec.port, e.to, statusText(status), s->json));
-      s->sessionLost(protoError(
-          v1::FAILED_PRECONDITION,
-          absl::StrCat("port ", s->spec.port, " could not be mirrored again on agent ", e.to)));
-    }
-  });
-  env.client->setResumedHandler([weak](const absl::Status& cut) {
-    if (auto s = weak.lock()) {
-      s->print(resumedLine(s->client->endpoint(), std::string(cut.message()), s->json));
-    }
-  });
-  env.client->setLostHandler([weak](const absl::Status& s) {
-    if (auto state = weak.lock()) state->sessionLost(s);
-  });
-}
-
-void clearHandlers(const CommandEnv& env) {
-  env.client->setStreamAcceptor(nullptr);
-  env.client->setLostHandler(nullptr);
-  env.client->setDrainingHandler(nullptr);
-  env.client->setFailoverHandler(nullptr);
-  env.client->setResumedHandler(nullptr);
+  if (e.kind != Kind::kMoved) return;
+  AgentMove move{e.from, e.to, e.reason, e.draining, e.streams, 0, 0};
+  st.print(movedLine(move, st.json));
+  if (!st.subscribed) return;
+  const absl::Status status = st.subscription.status();
+  if (status.ok()) return;
+  st.subscribed = false;
+  st.print(remirrorFailedLine(st.spec.port, e.to, statusText(status), st.json));
+  st.run.end(absl::FailedPreconditionError(
+      absl::StrCat("port ", st.spec.port, " could not be mirrored again on agent ", e.to)));
 }
 
 // The subscribe failed: one line, the exit code.
 int subscribeFailed(const MirrorState& st, const absl::Status& s) {
   const std::string what = absl::StrCat("mirror port ", st.spec.port);
-  if (errorCodeOf(s) == v1::UNIMPLEMENTED) {
+  if (client::errorCode(s) == ErrorCode::kUnimplemented) {
     printError(absl::StrCat(what, " failed: this agent does not mirror (", statusText(s),
                             "); it needs a siphon-agent with the mirror service"));
     return kExitError;
@@ -590,7 +518,7 @@ int subscribeFailed(const MirrorState& st, const absl::Status& s) {
 
 net::awaitable<int> runMirror(const CommandEnv& env, const MirrorSpec& spec) {
   auto ex = co_await asio::this_coro::executor;
-  auto st = std::make_shared<MirrorState>(ex, env, spec);
+  auto st = std::make_shared<MirrorState>(env, spec);
 
   // Resolve --to first: a typo fails before the agent starts copying.
   if (spec.to) {
@@ -606,69 +534,62 @@ net::awaitable<int> runMirror(const CommandEnv& env, const MirrorSpec& spec) {
     for (const auto& r : results) st->endpoints.push_back(r.endpoint());
   }
 
-  // A closed stdout (| head) is a write error, not a signal to die of.
-  ::signal(SIGPIPE, SIG_IGN);
-  armSignals(st);
-  setHandlers(env, st);
+  std::weak_ptr<MirrorState> weak = st;
+  // A second signal ends the replays at once.
+  st->run.on_end = [weak](int) {
+    if (auto s = weak.lock()) s->abortReplays();
+  };
+  st->run.on_event = [weak](const client::LinkEvent& e) {
+    if (auto s = weak.lock()) onLinkEvent(*s, e);
+  };
+  st->run.start();
 
-  v1::Request request;
-  request.mutable_mirror()->set_port(spec.port);
-  request.mutable_mirror()->set_both_directions(spec.both);
-  auto response = co_await env.client->call(std::move(request), env.timeout);
-  absl::Status failed = response.status();
-  if (response.ok() && !response->has_subscribed()) {
-    failed = protoError(v1::INTERNAL, "the agent answered without a subscription");
+  client::Subscriptions subscriptions(env.target);
+  auto sub = co_await subscriptions.mirror(client::MirrorSpec{spec.port, spec.both});
+  if (!sub.ok()) {
+    st->run.finish();
+    co_return subscribeFailed(*st, sub.status());
   }
-  net::error_code ignored;
-  if (!failed.ok()) {
-    clearHandlers(env);
-    for (auto& [stream, open] : st->waiting) stream->reset(v1::CANCELLED, "siphon mirror failed");
-    st->waiting.clear();
-    st->signals.cancel(ignored);
-    co_return subscribeFailed(*st, failed);
-  }
-  st->subscription = response->subscribed().subscription_id();
-  st->started = true;
-  st->print(mirroringLine(spec, response->subscribed().backend(), st->subscription, st->json));
-  auto waiting = std::move(st->waiting);
-  st->waiting.clear();
-  for (auto& [stream, open] : waiting) onStreamOpen(st, std::move(stream), std::move(open));
+  st->subscription = *std::move(sub);
+  st->subscribed = true;
+  st->print(mirroringLine(spec, st->subscription.backend(), st->subscription.id(), st->json));
+  net::spawn(ex, serveSubscription(st), "mirror_subscription");
 
-  while (!st->stop_requested && st->lost.ok()) co_await st->done.wait();
+  while (st->run.running()) co_await st->run.wait();
 
   int exit_code = kExitOk;
-  if (st->lost.ok()) {
-    v1::Request unsubscribe;
-    unsubscribe.mutable_unsubscribe()->set_subscription_id(st->subscription);
-    auto r = co_await env.client->call(std::move(unsubscribe), env.timeout);
-    if (!r.ok()) st->checkLost(r.status());
-    if (!r.ok() && st->lost.ok() && errorCodeOf(r.status()) != v1::NOT_FOUND) {
-      Failure f = requestFailure(absl::StrCat("unsubscribe port ", spec.port), r.status());
+  if (st->run.lost().ok()) {
+    st->subscribed = false;
+    absl::Status s = co_await st->subscription.unsubscribe();
+    if (!s.ok()) st->run.checkLost(s);
+    if (!s.ok() && st->run.lost().ok()) {
+      Failure f = requestFailure(absl::StrCat("unsubscribe port ", spec.port), s);
       st->err.flush();  // keep the order of the lines before it
       printError(f.message);
       exit_code = f.exit_code;
     }
   }
-  // New streams are refused from now on; the open ones end, their replays
-  // get kStopGrace to write what they hold.
-  env.client->setStreamAcceptor(nullptr);
-  st->resetAll(st->lost.ok() ? "siphon mirror stopped" : "the session with the agent is lost");
+  // New connections are refused from now on (the subscription is over);
+  // the open ones end, their replays get kStopGrace to write what they hold.
+  st->resetAll(st->run.lost().ok() ? "siphon mirror stopped"
+                                   : "the session with the agent is lost");
   const auto grace_end = Clock::now() + kStopGrace;
-  while (st->busy() && !st->ending && Clock::now() < grace_end) co_await st->done.wait(grace_end);
+  while (st->busy() && !st->run.ending() && Clock::now() < grace_end) {
+    co_await st->run.wait(grace_end);
+  }
   st->abortReplays();
-  while (st->busy()) co_await st->done.wait();
+  while (st->busy()) co_await st->run.wait();
 
-  clearHandlers(env);
-  st->signals.cancel(ignored);
+  st->run.finish();
   if (st->out) {
     st->out->flush();
     if (size_t left = st->out->queuedBytes(); left > 0) st->print(stdoutLeftLine(left, st->json));
   }
   st->print(mirrorSummaryLine(st->totals, spec.to.has_value(), st->json));
-  if (!st->lost.ok()) {
+  if (!st->run.lost().ok()) {
     st->err.flush();
-    printError(absl::StrCat("mirror: ", st->lost.message()));
-    exit_code = errorCodeOf(st->lost) == v1::AGENT_LOST ? kExitUnreachable : kExitError;
+    st->run.reportLost();
+    exit_code = st->run.exitCode(exit_code);
   }
   co_return exit_code;
 }

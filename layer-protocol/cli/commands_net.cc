@@ -1,6 +1,6 @@
 // `siphon connect` and `siphon forward`: connections made by the agent from
-// inside the target (StreamOpen{outgoing}), joined to stdin/stdout or to
-// local TCP connections.
+// inside the target (siphon/client/connections.h), joined to stdin/stdout or
+// to local TCP connections.
 //
 //   siphon connect [--udp] HOST:PORT        stdin -> connection -> stdout (like nc)
 //   siphon connect --unix PATH [--seqpacket]
@@ -8,8 +8,11 @@
 //
 // Flow control is end to end: a slow stdout or local client stops the reads
 // of the stream, which stops the agent reading the target-side socket.
+//
+// Signals and the session's loss (long_running.h): connect ends at the first
+// SIGINT/SIGTERM with exit 128+N; forward stops listening at the first and
+// exits 0, or, when the session is lost for good, exits 3 with one line.
 #include <fcntl.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -23,8 +26,10 @@
 #include "cli/bridge.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
+#include "cli/long_running.h"
 #include "cli/options.h"
-#include "siphon/status.h"
+#include "siphon/client/connections.h"
+#include "siphon/client/errors.h"
 #include "siphon/transport/session_transport.h"
 #include "siphon/transport/spawn.h"
 
@@ -33,6 +38,7 @@ namespace {
 
 namespace asio = net::asio;
 using asio::posix::stream_descriptor;
+using client::ErrorCode;
 
 constexpr size_t kChunk = 64 * 1024;
 // The largest UDP payload (IPv4: 65535 - 8 - 20): one stdin read is one
@@ -43,12 +49,6 @@ constexpr size_t kMaxDatagram = 65507;
 std::string hostPort(const std::string& host, uint32_t port) {
   if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
   return absl::StrCat(host, ":", port);
-}
-
-// Exit code for a failed stream: a lost session is "agent unreachable",
-// anything the agent said about the connection itself is a plain error.
-int streamExitCode(const absl::Status& s) {
-  return errorCodeOf(s) == v1::AGENT_LOST ? kExitUnreachable : kExitError;
 }
 
 // Asio makes descriptors it waits on non-blocking, which would stay so for
@@ -83,10 +83,9 @@ struct ConnectFlags {
 
 // Both directions of `siphon connect` and how they ended.
 struct ConnectState : std::enable_shared_from_this<ConnectState> {
-  explicit ConnectState(asio::any_io_executor ex)
-      : in(ex), out(ex), done(ex), idle(ex), signals(ex, SIGINT, SIGTERM) {}
+  explicit ConnectState(asio::any_io_executor ex) : in(ex), out(ex), done(ex), idle(ex) {}
 
-  std::shared_ptr<client::ClientStream> stream;
+  client::Connection stream;
   bool messages = false;  // one stdin read = one datagram / record
   bool udp = false;
   std::chrono::milliseconds wait{1000};
@@ -94,7 +93,6 @@ struct ConnectState : std::enable_shared_from_this<ConnectState> {
   stream_descriptor out;
   net::Signal done;
   asio::steady_timer idle;
-  asio::signal_set signals;
   int running = 2;
   bool stdin_done = false;
   bool finished_by_us = false;  // our own reset (UDP idle, a signal): not an error
@@ -125,7 +123,7 @@ struct ConnectState : std::enable_shared_from_this<ConnectState> {
       auto self = weak.lock();
       if (ec || !self) return;
       self->finished_by_us = true;
-      self->stream->reset(v1::CANCELLED, "done: no reply within the wait");
+      self->stream.reset(ErrorCode::kCancelled, "done: no reply within the wait");
     });
   }
 };
@@ -140,15 +138,14 @@ net::awaitable<void> stdinToStream(std::shared_ptr<ConnectState> state) {
     if (ec == asio::error::eof || (!ec && n == 0)) break;
     if (ec) {
       if (ec != asio::error::operation_aborted) {
-        st->stream->reset(v1::CANCELLED, "the client's stdin failed");
-        st->fail(protoError(v1::INTERNAL, absl::StrCat("read stdin: ", ec.message())), kExitError);
+        st->stream.reset(ErrorCode::kCancelled, "the client's stdin failed");
+        st->fail(absl::InternalError(absl::StrCat("read stdin: ", ec.message())), kExitError);
       }
       st->finishedOne();
       co_return;
     }
-    std::string chunk = buf.substr(0, n);
-    absl::Status s = st->messages ? co_await st->stream->writeMessage(std::move(chunk))
-                                  : co_await st->stream->write(std::move(chunk));
+    // Message kinds (UDP, seqpacket) send one read as one datagram.
+    absl::Status s = co_await st->stream.write(buf.substr(0, n));
     if (!s.ok()) {
       st->fail(s, streamExitCode(s));
       st->finishedOne();
@@ -157,7 +154,7 @@ net::awaitable<void> stdinToStream(std::shared_ptr<ConnectState> state) {
   }
   st->stdin_done = true;
   // "No more from me" (TCP FIN on the target side); replies keep coming.
-  absl::Status s = st->stream->halfClose();
+  absl::Status s = st->stream.halfClose();
   if (!s.ok()) st->fail(s, streamExitCode(s));
   st->armIdle();
   st->finishedOne();
@@ -166,7 +163,7 @@ net::awaitable<void> stdinToStream(std::shared_ptr<ConnectState> state) {
 net::awaitable<void> streamToStdout(std::shared_ptr<ConnectState> state) {
   const std::shared_ptr<ConnectState> st = std::move(state);
   while (true) {
-    auto chunk = co_await st->stream->read();
+    auto chunk = co_await st->stream.read();
     if (!chunk.ok()) {
       st->fail(chunk.status(), streamExitCode(chunk.status()));
       break;
@@ -176,8 +173,8 @@ net::awaitable<void> streamToStdout(std::shared_ptr<ConnectState> state) {
     co_await asio::async_write(st->out, asio::buffer(**chunk),
                                asio::redirect_error(net::use_awaitable, ec));
     if (ec) {
-      st->stream->reset(v1::CANCELLED, "the client's stdout is closed");
-      st->fail(protoError(v1::INTERNAL, absl::StrCat("write stdout: ", ec.message())), kExitError);
+      st->stream.reset(ErrorCode::kCancelled, "the client's stdout is closed");
+      st->fail(absl::InternalError(absl::StrCat("write stdout: ", ec.message())), kExitError);
       break;
     }
     st->armIdle();
@@ -187,49 +184,52 @@ net::awaitable<void> streamToStdout(std::shared_ptr<ConnectState> state) {
 
 net::awaitable<int> runConnect(const CommandEnv& env, const ConnectFlags& flags) {
   auto ex = co_await asio::this_coro::executor;
-  v1::StreamOpen open;
-  v1::OutgoingConnect* o = open.mutable_outgoing();
-  std::string what;
-  if (!flags.unix_path.empty()) {
-    o->set_protocol(flags.seqpacket ? v1::OutgoingConnect::UNIX_SEQPACKET
-                                    : v1::OutgoingConnect::UNIX_STREAM);
-    o->set_unix_path(flags.unix_path);
-  } else {
-    std::string host, port;
-    // Checked at parse time (connect's callback); cannot fail here.
-    (void)net::splitHostPort(flags.address, &host, &port);
-    o->set_protocol(flags.udp ? v1::OutgoingConnect::UDP : v1::OutgoingConnect::TCP);
-    o->set_host(host);
-    o->set_port(static_cast<uint32_t>(std::stoul(port)));
-  }
-
+  client::Connections connections(env.target);
+  absl::StatusOr<client::Connection> connection;
   auto state = std::make_shared<ConnectState>(ex);
   state->messages = flags.udp || flags.seqpacket;
   state->udp = flags.udp;
   state->wait = *parseDuration(flags.wait);
 
-  auto stream = co_await env.client->openStream(std::move(open));
-  if (!stream.ok()) {
+  if (!flags.unix_path.empty()) {
+    if (flags.seqpacket) {
+      connection = co_await connections.connectSeqpacket(flags.unix_path);
+    } else {
+      connection = co_await connections.connectUnix(flags.unix_path);
+    }
+  } else {
+    std::string host, port;
+    // Checked at parse time (connect's callback); cannot fail here.
+    (void)net::splitHostPort(flags.address, &host, &port);
+    const auto port_number = static_cast<uint16_t>(std::stoul(port));
+    if (flags.udp) {
+      connection = co_await connections.connectUdp(host, port_number);
+    } else {
+      connection = co_await connections.connectTcp(host, port_number);
+    }
+  }
+  if (!connection.ok()) {
     // The agent's message names the connection and the reason ("connect
     // 10.0.0.1:80 from the target: Connection refused").
-    printError(sv(stream.status().message()));
-    co_return streamExitCode(stream.status());
+    printError(std::string(connection.status().message()));
+    co_return streamExitCode(connection.status());
   }
-  state->stream = *stream;
+  state->stream = *std::move(connection);
 
-  // A closed pipe on stdout is an error to report, not a signal to die of.
-  ::signal(SIGPIPE, SIG_IGN);
+  // A closed pipe on stdout is an error to report, not a signal to die of
+  // (LongRunning::start ignores SIGPIPE).
+  LongRunning run(env, "connect");
+  run.on_stop = [state](int signo) {
+    state->finished_by_us = true;
+    state->exit_code = 128 + signo;
+    state->stream.reset(ErrorCode::kCancelled, "interrupted");
+    state->stop();
+  };
+  run.start();
   FdFlagsGuard in_flags(STDIN_FILENO);
   FdFlagsGuard out_flags(STDOUT_FILENO);
   state->in.assign(::dup(STDIN_FILENO));
   state->out.assign(::dup(STDOUT_FILENO));
-  state->signals.async_wait([state](net::error_code ec, int signo) {
-    if (ec) return;
-    state->finished_by_us = true;
-    state->exit_code = 128 + signo;
-    state->stream->reset(v1::CANCELLED, "interrupted");
-    state->stop();
-  });
 
   // A direction that throws fails the command (once) and counts as ended,
   // so the wait below still finishes.
@@ -241,12 +241,12 @@ net::awaitable<int> runConnect(const CommandEnv& env, const ConnectFlags& flags)
   net::spawn(ex, streamToStdout(state), "connect_stdout", fail);
   while (state->running > 0) co_await state->done.wait();
 
+  run.finish();
   net::error_code ignored;
-  state->signals.cancel(ignored);
   state->idle.cancel();
   state->in.close(ignored);
   state->out.close(ignored);
-  if (!state->error.ok()) printError(sv(state->error.message()));
+  if (!state->error.ok()) printError(std::string(state->error.message()));
   co_return state->exit_code;
 }
 
@@ -263,8 +263,9 @@ struct ForwardSpec {
 // is every address (0.0.0.0).
 absl::StatusOr<ForwardSpec> parseForwardSpec(std::string_view in) {
   auto bad = [&](std::string_view why) {
-    return protoError(v1::INVALID_ARGUMENT, absl::StrCat("bad forward '", asv(in), "': ", asv(why),
-                                                         " (want [BIND:]LPORT:HOST:PORT)"));
+    return absl::InvalidArgumentError(absl::StrCat("bad forward '", std::string(in),
+                                                   "': ", std::string(why),
+                                                   " (want [BIND:]LPORT:HOST:PORT)"));
   };
   std::vector<std::string> parts(1);
   int depth = 0;
@@ -310,10 +311,10 @@ absl::StatusOr<ForwardSpec> parseForwardSpec(std::string_view in) {
 }
 
 struct ForwardState {
-  explicit ForwardState(asio::any_io_executor ex) : done(ex), signals(ex, SIGINT, SIGTERM) {}
-  std::shared_ptr<client::Client> client;
-  net::Signal done;
-  asio::signal_set signals;
+  explicit ForwardState(const CommandEnv& env) : connections(env.target), run(env, "forward") {}
+  client::Connections connections;
+  // Signals and the session's loss; only runForward waits on it.
+  LongRunning run;
   std::vector<std::shared_ptr<net::tcp::acceptor>> acceptors;
   bool stopping = false;
   int exit_code = kExitOk;
@@ -324,8 +325,7 @@ struct ForwardState {
     exit_code = code;
     net::error_code ignored;
     for (auto& a : acceptors) a->close(ignored);
-    signals.cancel(ignored);
-    done.notify();
+    run.notify();
   }
 };
 
@@ -334,24 +334,21 @@ net::awaitable<void> forwardOne(std::shared_ptr<ForwardState> state,
   const std::shared_ptr<ForwardState> st = std::move(state);
   const std::shared_ptr<net::tcp::socket> sock = std::move(socket);
   const ForwardSpec spec = std::move(spec_in);
-  auto ex = co_await asio::this_coro::executor;
-  v1::StreamOpen open;
-  open.mutable_outgoing()->set_protocol(v1::OutgoingConnect::TCP);
-  open.mutable_outgoing()->set_host(spec.host);
-  open.mutable_outgoing()->set_port(spec.port);
-  auto stream = co_await st->client->openStream(std::move(open));
-  if (!stream.ok()) {
-    if (!st->stopping) printError(sv(stream.status().message()));
+  auto connection = co_await st->connections.connectTcp(spec.host, spec.port);
+  if (!connection.ok()) {
+    if (!st->stopping) printError(std::string(connection.status().message()));
     net::error_code ignored;
     sock->set_option(asio::socket_base::linger(true, 0), ignored);
     sock->close(ignored);
     // Without a session no connection can work again: stop.
-    if (errorCodeOf(stream.status()) == v1::AGENT_LOST) st->stop(kExitUnreachable);
+    if (client::errorCode(connection.status()) == ErrorCode::kAgentLost) {
+      st->stop(kExitUnreachable);
+    }
     co_return;
   }
   // Each accepted connection and its stream, both ways (bridge.h's defaults:
   // a failure on one side aborts the other).
-  std::make_shared<Bridge>(std::move(*sock), *std::move(stream))->start();
+  std::make_shared<Bridge>(std::move(*sock), *std::move(connection))->start();
 }
 
 net::awaitable<void> acceptLoop(std::shared_ptr<ForwardState> state,
@@ -387,8 +384,7 @@ std::string endpointText(const net::tcp::endpoint& ep) {
 
 net::awaitable<int> runForward(const CommandEnv& env, const std::vector<std::string>& specs_text) {
   auto ex = co_await asio::this_coro::executor;
-  auto state = std::make_shared<ForwardState>(ex);
-  state->client = env.client;
+  auto state = std::make_shared<ForwardState>(env);
   std::vector<ForwardSpec> specs;
   for (const auto& text : specs_text) specs.push_back(*parseForwardSpec(text));  // checked at parse
 
@@ -419,9 +415,11 @@ net::awaitable<int> runForward(const CommandEnv& env, const std::vector<std::str
                                  hostPort(spec.host, spec.port), " (from the target)"));
     state->acceptors.push_back(acceptor);
   }
-  state->signals.async_wait([state](net::error_code ec, int) {
-    if (!ec) state->stop(kExitOk);
-  });
+  std::weak_ptr<ForwardState> weak = state;
+  state->run.on_stop = [weak](int) {
+    if (auto s = weak.lock()) s->stop(kExitOk);
+  };
+  state->run.start();
   for (size_t i = 0; i < specs.size(); ++i) {
     net::spawn(ex, acceptLoop(state, state->acceptors[i], specs[i]), "forward_accept",
                [state] { state->stop(kExitError); });
@@ -430,7 +428,13 @@ net::awaitable<int> runForward(const CommandEnv& env, const std::vector<std::str
   for (const auto& line : lines) std::fprintf(stderr, "%s\n", line.c_str());
   std::fflush(stderr);
 
-  while (!state->stopping) co_await state->done.wait();
+  while (!state->stopping && state->run.lost().ok()) co_await state->run.wait();
+  if (!state->stopping) {
+    // Gone for good: no connection could be made any more.
+    state->run.reportLost();
+    state->stop(state->run.exitCode(kExitOk));
+  }
+  state->run.finish();
   co_return state->exit_code;
 }
 
@@ -465,7 +469,7 @@ void addNetCommands(CLI::App& app, std::vector<Command>& out) {
       std::string host, port;
       absl::Status s = net::splitHostPort(cf->address, &host, &port);
       if (s.ok() && std::stoul(port) == 0) {
-        s = protoError(v1::INVALID_ARGUMENT, "port 0 cannot be connected to");
+        s = absl::InvalidArgumentError("port 0 cannot be connected to");
       }
       if (!s.ok()) throw CLI::ValidationError("connect", std::string(s.message()));
     }

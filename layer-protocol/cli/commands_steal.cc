@@ -1,26 +1,27 @@
-// `siphon steal`: the agent steals ports of the target (StealSubscribe) and
-// hands every connection to them to this client as a stream
-// (StreamOpen{stolen}); each is joined to a fresh connection to a local
-// server. With --filter-* flags the steal is HTTP-filtered: the agent takes
-// only the requests that match, and hands over each as a stream of its own
-// (StreamOpen{stolen_request}), served by the HTTP plumbing
-// (http_plumbing.h) on pooled connections to the local server.
+// `siphon steal`: the agent steals ports of the target (a steal
+// Subscription, siphon/client/subscriptions.h) and hands every connection
+// to them to this client (a kConnection event); each is joined to a fresh
+// connection to a local server. With --filter-* flags the steal is
+// HTTP-filtered: the agent takes only the requests that match, and hands
+// over each as a connection of its own (kRequest), served by the HTTP
+// plumbing (http_plumbing.h) on pooled connections to the local server.
 //
 //   siphon steal --port P --to HOST:PORT [--port P2 --to HOST2:PORT2 ...] [--flush-connections]
 //                [--filter-header 'Name: regex'...] [--filter-path RE] [--filter-method M]
 //                [--filter-any]
 //
 // Order of events:
-//  1. The stream acceptor is set before the first subscribe, so no
-//     connection the agent steals finds this client without one. Streams
-//     that arrive before every port is subscribed wait (not yet accepted):
-//     a failed start resets them instead of serving half of the ports.
+//  1. The signals are armed and the session's events taken (long_running.h)
+//     before the first subscribe. Connections that arrive before every port
+//     is subscribed wait in their Subscription (not yet accepted): a failed
+//     start resets them (unsubscribe) instead of serving half of the ports.
 //  2. Every port is subscribed in turn; a refusal (PORT_BUSY...) undoes the
 //     ones made and exits 1.
 //  3. "stealing port ..." lines, once all are up (scripts wait for them).
-//  4. Per connection: connect to its --to, accept the stream, bridge both
-//     ways with half-close kept (a FIN travels as a FIN, a reset as a reset).
-//     Per stolen request: accept the stream, then the plumbing writes the
+//  4. Per connection (accepted as its Subscription hands it out): connect
+//     to its --to, bridge both ways with half-close kept (a FIN travels as
+//     a FIN, a reset as a reset).
+//     Per stolen request: the plumbing writes the
 //     request to the --to and the response back; one "request" line at
 //     its end. Overlap notices (another subscription got requests this
 //     filter matched) are one line each.
@@ -29,15 +30,14 @@
 //     A session lost for good ends everything with exit 3.
 //  6. With several --agent: when the agent drains or is lost beyond resume,
 //     the client moves to another one and steals the ports again there
-//     (client.h, failover); one "agent A ...; moved to agent B" line, and
+//     (target.h, kMoved); one "agent A ...; moved to agent B" line, and
 //     serving goes on. Connections of a lost agent are reset; those of a
 //     draining one finish there.
 //
 // Flow control is end to end, as in `forward`: a slow local server stops
 // the reads of its stream, which stops the agent reading the remote client.
-#include <signal.h>
-#include <unistd.h>
-
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -52,14 +52,18 @@
 #include "cli/exit_codes.h"
 #include "cli/http_plumbing.h"
 #include "cli/line_writer.h"
+#include "cli/long_running.h"
 #include "cli/steal_spec.h"
-#include "siphon/status.h"
+#include "siphon/client/errors.h"
+#include "siphon/client/subscriptions.h"
 #include "siphon/transport/spawn.h"
 
 namespace siphon::cli {
 namespace {
 
 namespace asio = net::asio;
+using client::ErrorCode;
+using client::SubscriptionEvent;
 
 struct StealFlags {
   std::vector<std::string> ports;
@@ -68,38 +72,36 @@ struct StealFlags {
   FilterFlags filter_flags;
   // Set by the subcommand's callback.
   std::vector<StealRoute> routes;
-  std::optional<v1::HttpFilter> filter;
+  std::optional<client::HttpFilter> filter;
 };
 
-// A route with its resolved local endpoints (all of them: "localhost" may
-// be ::1 and 127.0.0.1, and the server may listen on only one).
-struct Target {
+// One --port with its local server: the resolved endpoints (all of them:
+// "localhost" may be ::1 and 127.0.0.1, and the server may listen on only
+// one), the pool for stolen requests, and its subscription once made.
+struct Route {
   StealRoute route;
   std::vector<net::tcp::endpoint> endpoints;
+  std::shared_ptr<LocalPool> pool;
+  client::Subscription subscription;
+  bool subscribed = false;  // and not given back, nor lost in a move
 };
-
-// "CODE: message", as the lines show a failed status.
-std::string statusText(const absl::Status& s) {
-  return absl::StrCat(errorCodeName(errorCodeOf(s)), ": ", s.message());
-}
 
 // Why a stream read or write failed, for the close line. A lost session is
 // told once, at exit; the line only says so.
 std::string streamFailure(const absl::Status& s) {
-  if (errorCodeOf(s) == v1::AGENT_LOST) return "the session with the agent is lost";
+  if (client::errorCode(s) == ErrorCode::kAgentLost) return "the session with the agent is lost";
   return absl::StrCat("reset by the agent: ", statusText(s));
 }
 
-// One stolen connection: its stream and the local connection it is joined to.
 struct StealState;
 
-// One stolen connection: the stream the agent opened, bridged to a local
-// connection (bridge.h) once that connects. The hooks note the first
-// failure for the close line and watch for the session's loss.
+// One stolen connection, bridged to a local connection (bridge.h) once that
+// connects. The hooks note the first failure for the close line and watch
+// for the session's loss.
 struct Stolen : Bridge {
-  Stolen(asio::any_io_executor ex, std::shared_ptr<client::ClientStream> s, StolenEvent e,
+  Stolen(asio::any_io_executor ex, client::Connection c, StolenEvent e,
          std::weak_ptr<StealState> st)
-      : Bridge(net::tcp::socket(ex), std::move(s)), event(std::move(e)), state(std::move(st)) {}
+      : Bridge(net::tcp::socket(ex), std::move(c)), event(std::move(e)), state(std::move(st)) {}
 
   StolenEvent event;  // bytes and the first failure accumulate here
   std::weak_ptr<StealState> state;
@@ -110,12 +112,12 @@ struct Stolen : Bridge {
   }
   // Tells the agent to reset the remote client's connection. The session
   // ignores a reset of a stream that is already gone.
-  void resetStream(v1::ErrorCode code, std::string_view why) { stream->reset(code, why); }
+  void resetStream(ErrorCode code, std::string_view why) { stream.reset(code, why); }
   // Ends both ways at once (second signal, lost session).
   void end(std::string_view why) {
     ended = true;
     noteError(std::string(why));
-    resetStream(v1::CANCELLED, why);
+    resetStream(ErrorCode::kCancelled, why);
     abortLocal();
   }
 
@@ -127,26 +129,23 @@ struct Stolen : Bridge {
 };
 
 struct StealState {
-  StealState(asio::any_io_executor ex, const CommandEnv& env)
-      : client(env.client),
-        json(env.json),
+  explicit StealState(const CommandEnv& env)
+      : json(env.json),
         connect_timeout(env.timeout),
-        done(ex),
-        signals(ex, SIGINT, SIGTERM) {}
+        out(json ? STDOUT_FILENO : STDERR_FILENO),
+        run(env, "steal", [this](std::string line) { print(std::move(line)); }) {}
 
-  std::shared_ptr<client::Client> client;
   bool json;
   std::chrono::milliseconds connect_timeout;
-  // Only runSteal waits on it: net::Signal is one timer, and a second
-  // waiter's wait() would cancel the first's.
-  net::Signal done;
-  asio::signal_set signals;
+  // Event lines go through a thread of their own: a stderr (or stdout)
+  // that nobody reads must not stall the connections this loop bridges.
+  // stdout is for --json; a closed stdout is not worth dying for here.
+  LineWriter out;
+  // Signals, the session's events, the main loop's wake-up: only runSteal
+  // waits on it.
+  LongRunning run;
 
-  std::vector<Target> targets;
-  std::vector<std::shared_ptr<LocalPool>> pools;  // one per target, for stolen requests
-  std::map<uint64_t, size_t> subscriptions;       // subscription id -> targets index
-  bool started = false;                           // every port subscribed
-  std::vector<std::pair<std::shared_ptr<client::ClientStream>, v1::StreamOpen>> waiting;
+  std::vector<Route> routes;
   std::map<uint64_t, std::shared_ptr<Stolen>> live;        // by stream id, connecting or open
   std::map<uint64_t, std::shared_ptr<Exchange>> requests;  // stolen requests, by stream id
   // Spawned serveStolen coroutines that have not run yet: co_spawn starts
@@ -154,28 +153,7 @@ struct StealState {
   size_t starting = 0;
   StealTotals totals;
 
-  bool stop_requested = false;  // first signal
-  bool ending = false;          // second signal: end open connections
-  absl::Status lost;            // the session is gone for good
-
-  // Event lines go through a thread of their own: a stderr (or stdout)
-  // that nobody reads must not stall the connections this loop bridges.
-  // stdout is for --json; a closed stdout is not worth dying for here.
-  LineWriter out{json ? STDOUT_FILENO : STDERR_FILENO};
   void print(std::string line) { out.write(std::move(line)); }
-
-  void sessionLost(const absl::Status& s) {
-    if (!lost.ok()) return;
-    lost = s;
-    done.notify();
-  }
-  // A stream or request failed with AGENT_LOST: that session is gone, but
-  // the client may have moved to another agent; only its own loss counts.
-  void checkLost(const absl::Status& s) {
-    if (errorCodeOf(s) == v1::AGENT_LOST && !client->lostStatus().ok()) {
-      sessionLost(client->lostStatus());
-    }
-  }
 
   void endAll(std::string_view why) {
     // On a copy: `live` must not change under the loop, whatever end()
@@ -189,11 +167,12 @@ struct StealState {
   }
 
   void finished(const std::shared_ptr<Stolen>& c) {
-    live.erase(c->stream->id());
-    done.notify();
+    live.erase(c->stream.streamId());
+    run.notify();
   }
   // Connections and requests not yet finished, started or not.
   bool busy() const { return !live.empty() || !requests.empty() || starting > 0; }
+  uint64_t open() const { return live.size() + requests.size() + starting; }
 };
 
 // ------------------------------------------------------------ bridging
@@ -204,7 +183,7 @@ struct StealState {
 void Stolen::localFailed(const net::error_code& ec) {
   if (ec == asio::error::operation_aborted || ended) return;
   noteError(absl::StrCat("local: ", ec.message()));
-  resetStream(v1::CANCELLED,
+  resetStream(ErrorCode::kCancelled,
               absl::StrCat("the local server ", event.to, " failed: ", ec.message()));
   abortLocal();
 }
@@ -212,12 +191,12 @@ void Stolen::localFailed(const net::error_code& ec) {
 void Stolen::streamFailed(const absl::Status& s) {
   // Our own reset (local failure, end()) is noted already.
   if (!ended) noteError(streamFailure(s));
-  if (auto st = state.lock()) st->checkLost(s);
+  if (auto st = state.lock()) st->run.checkLost(s);
   abortLocal();
 }
 
 void Stolen::halfCloseFailed(const absl::Status& s) {
-  if (auto st = state.lock()) st->checkLost(s);
+  if (auto st = state.lock()) st->run.checkLost(s);
 }
 
 void Stolen::finished() {
@@ -231,36 +210,20 @@ void Stolen::finished() {
   st->finished(std::static_pointer_cast<Stolen>(shared_from_this()));
 }
 
-// Who and where a stolen connection or request (StolenConnection,
-// StolenRequest) comes from, into `event` for its lines; the port and the
-// local server are its subscription's. Returns that subscription's targets
-// index, or nullopt for one whose Subscribed never reached us (a timed-out
-// request): its port is then the destination's, its server "?".
-template <typename Event, typename Open>
-std::optional<size_t> describeStolen(const StealState& st, const Open& stolen, Event* event) {
-  if (!stolen.source().ip().empty()) {
-    event->source = hostPort(stolen.source().ip(), stolen.source().port());
-  }
-  if (!stolen.destination().ip().empty()) {
-    event->destination = hostPort(stolen.destination().ip(), stolen.destination().port());
-  }
-  event->port = stolen.destination().port();
-  event->to = "?";
-  auto sub = st.subscriptions.find(stolen.subscription_id());
-  if (sub == st.subscriptions.end()) return std::nullopt;
-  event->port = st.targets[sub->second].route.port;
-  event->to = st.targets[sub->second].route.to();
-  return sub->second;
-}
-
-std::string noSubscription(uint64_t subscription_id) {
-  return absl::StrCat("no subscription ", subscription_id, " in this client");
+// Who and where a stolen connection or request comes from, into `event`
+// for its lines; the port and the local server are its route's.
+template <typename Event>
+void describeStolen(const Route& route, const SubscriptionEvent& e, Event* event) {
+  if (!e.source.ip.empty()) event->source = e.source.text();
+  if (!e.destination.ip.empty()) event->destination = e.destination.text();
+  event->port = route.route.port;
+  event->to = route.route.to();
 }
 
 // A connection that never reached the bridging: the agent resets the remote
 // client's connection.
 void failStolen(const std::shared_ptr<StealState>& st, const std::shared_ptr<Stolen>& c,
-                v1::ErrorCode code, std::string failure) {
+                ErrorCode code, std::string failure) {
   c->resetStream(code, failure);
   c->abortLocal();
   c->event.error = std::move(failure);
@@ -269,54 +232,31 @@ void failStolen(const std::shared_ptr<StealState>& st, const std::shared_ptr<Sto
   st->finished(c);
 }
 
-// One stolen connection, from its StreamOpen to both directions running.
-net::awaitable<void> serveStolen(std::shared_ptr<StealState> state,
-                                 std::shared_ptr<client::ClientStream> stream_in,
-                                 v1::StreamOpen open_in) {
+// One stolen connection, from its event to both directions running.
+net::awaitable<void> serveStolen(std::shared_ptr<StealState> state, size_t index,
+                                 client::Connection connection_in, StolenEvent event_in) {
   const std::shared_ptr<StealState> st = std::move(state);
-  const std::shared_ptr<client::ClientStream> stream = std::move(stream_in);
-  const v1::StreamOpen open = std::move(open_in);
   auto ex = co_await asio::this_coro::executor;
-  const v1::StolenConnection& stolen = open.stolen();
-
-  StolenEvent event;
-  const std::optional<size_t> index = describeStolen(*st, stolen, &event);
-  const Target* target = index ? &st->targets[*index] : nullptr;
-  auto c = std::make_shared<Stolen>(ex, stream, std::move(event), st);
-  st->live[stream->id()] = c;
+  const Route& route = st->routes[index];
+  auto c = std::make_shared<Stolen>(ex, std::move(connection_in), std::move(event_in), st);
+  st->live[c->stream.streamId()] = c;
   --st->starting;
 
-  if (!target) {
-    // A subscription whose Subscribed never reached us (a timed-out
-    // request): there is nowhere to send its connections.
-    failStolen(st, c, v1::NOT_FOUND, noSubscription(stolen.subscription_id()));
+  if (st->run.ending() || !st->run.lost().ok()) {
+    failStolen(st, c, ErrorCode::kCancelled, "siphon steal is ending");
     co_return;
   }
-  if (st->ending || !st->lost.ok()) {
-    failStolen(st, c, v1::CANCELLED, "siphon steal is ending");
-    co_return;
-  }
-
   absl::Status connected =
-      co_await connectLocal(c->local, target->endpoints, st->connect_timeout, c->event.to);
+      co_await connectLocal(c->local, route.endpoints, st->connect_timeout, c->event.to);
   if (c->ended) {
     // end() reset the stream and noted why.
-    failStolen(st, c, v1::CANCELLED, c->event.error);
+    failStolen(st, c, ErrorCode::kCancelled, c->event.error);
     co_return;
   }
   if (!connected.ok()) {
-    failStolen(st, c, v1::UNAVAILABLE, std::string(connected.message()));
+    failStolen(st, c, ErrorCode::kUnavailable, std::string(connected.message()));
     co_return;
   }
-  absl::Status accepted = st->client->acceptStream(*stream);
-  if (!accepted.ok()) {
-    // Mostly: the remote client went away while we connected.
-    st->checkLost(accepted);
-    failStolen(st, c, v1::CANCELLED,
-               absl::StrCat("the connection ended before it was accepted: ", statusText(accepted)));
-    co_return;
-  }
-
   ++st->totals.connections;
   st->print(openLine(c->event, st->json));
   c->start();
@@ -324,55 +264,27 @@ net::awaitable<void> serveStolen(std::shared_ptr<StealState> state,
 
 // ------------------------------------------------------------ requests
 
-// A stolen request that will not be served: its stream is reset and its
-// line printed.
-void failRequest(const std::shared_ptr<StealState>& st,
-                 const std::shared_ptr<client::ClientStream>& stream, RequestEvent event,
-                 v1::ErrorCode code, std::string why) {
-  stream->reset(code, why);
-  event.error = std::move(why);
-  ++st->totals.requests;
-  ++st->totals.requests_failed;
-  st->print(requestLine(event, st->json));
-  st->done.notify();
-}
-
-// One stolen HTTP request: accepted at once (the plumbing answers even a
-// local server that is down, with a 502), then served by an Exchange.
-net::awaitable<void> serveRequest(std::shared_ptr<StealState> state,
-                                  std::shared_ptr<client::ClientStream> stream_in,
-                                  v1::StreamOpen open_in) {
-  const std::shared_ptr<StealState> st = std::move(state);
-  const std::shared_ptr<client::ClientStream> stream = std::move(stream_in);
-  const v1::StreamOpen open = std::move(open_in);
-  auto ex = co_await asio::this_coro::executor;
-  const v1::StolenRequest& stolen = open.stolen_request();
-  --st->starting;
-
+// One stolen HTTP request: its connection is accepted (the plumbing answers
+// even a local server that is down, with a 502), and served by an Exchange.
+void serveRequest(const std::shared_ptr<StealState>& st, size_t index, SubscriptionEvent e) {
+  const Route& route = st->routes[index];
   RequestEvent event;
-  event.method = stolen.method();
-  event.path = stolen.path();
-  const std::optional<size_t> found = describeStolen(*st, stolen, &event);
-  if (!found) {
-    failRequest(st, stream, std::move(event), v1::NOT_FOUND,
-                noSubscription(stolen.subscription_id()));
-    co_return;
+  event.method = e.request.method;
+  event.path = e.request.path;
+  describeStolen(route, e, &event);
+  if (st->run.ending() || !st->run.lost().ok()) {
+    e.connection.reset(ErrorCode::kCancelled, "siphon steal is ending");
+    event.error = "siphon steal is ending";
+    ++st->totals.requests;
+    ++st->totals.requests_failed;
+    st->print(requestLine(event, st->json));
+    st->run.notify();
+    return;
   }
-  const size_t index = *found;
-  if (st->ending || !st->lost.ok()) {
-    failRequest(st, stream, std::move(event), v1::CANCELLED, "siphon steal is ending");
-    co_return;
-  }
-  absl::Status accepted = st->client->acceptStream(*stream);
-  if (!accepted.ok()) {
-    st->checkLost(accepted);
-    failRequest(st, stream, std::move(event), v1::CANCELLED,
-                absl::StrCat("the request ended before it was accepted: ", statusText(accepted)));
-    co_return;
-  }
-  auto x = std::make_shared<Exchange>(ex, stream, st->pools[index], std::move(event),
-                                      stolen.method() == "HEAD",
-                                      [weak = std::weak_ptr<StealState>(st)](Exchange& done) {
+  std::weak_ptr<StealState> weak = st;
+  auto x = std::make_shared<Exchange>(st->run.target().client()->executor(), e.connection,
+                                      route.pool, std::move(event), e.request.method == "HEAD",
+                                      [weak](Exchange& done) {
                                         auto state = weak.lock();
                                         if (!state) return;
                                         ++state->totals.requests;
@@ -381,58 +293,101 @@ net::awaitable<void> serveRequest(std::shared_ptr<StealState> state,
                                         state->totals.out += done.event().out;
                                         state->print(requestLine(done.event(), state->json));
                                         state->requests.erase(done.streamId());
-                                        state->done.notify();
+                                        state->run.notify();
                                       });
-  x->on_stream_error = [weak = std::weak_ptr<StealState>(st)](const absl::Status& s) {
-    if (auto state = weak.lock()) state->checkLost(s);
+  x->on_stream_error = [weak](const absl::Status& s) {
+    if (auto state = weak.lock()) state->run.checkLost(s);
   };
-  st->requests[stream->id()] = x;
+  st->requests[x->streamId()] = x;
   x->start();
 }
 
-// Hands a stream to a new serveStolen (or serveRequest) coroutine.
-void spawnServe(const std::shared_ptr<StealState>& st, std::shared_ptr<client::ClientStream> stream,
-                v1::StreamOpen open) {
-  ++st->starting;
-  if (open.has_stolen_request()) {
-    net::spawn(st->signals.get_executor(), serveRequest(st, stream, std::move(open)),
-               "steal_request", [stream] { stream->reset(v1::INTERNAL, "the client failed"); });
-    return;
-  }
-  // A connection that throws is reset; the others go on.
-  net::spawn(st->signals.get_executor(), serveStolen(st, stream, std::move(open)),
-             "steal_connection", [stream] { stream->reset(v1::INTERNAL, "the client failed"); });
-}
+// ------------------------------------------------------- subscriptions
 
-// What the client's stream acceptor does: runs inside Client::onStreamOpen,
-// so it only starts (or parks) the work.
-void onStreamOpen(const std::shared_ptr<StealState>& st,
-                  std::shared_ptr<client::ClientStream> stream, v1::StreamOpen open) {
-  if (!open.has_stolen() && !open.has_stolen_request()) {
-    stream->reset(v1::UNIMPLEMENTED,
-                  "siphon steal accepts stolen connections and stolen requests only");
-    return;
-  }
-  if (!st->started) {
-    st->waiting.emplace_back(std::move(stream), std::move(open));
-    return;
-  }
-  spawnServe(st, std::move(stream), std::move(open));
-}
-
-void armSignals(const std::shared_ptr<StealState>& st) {
-  st->signals.async_wait([weak = std::weak_ptr<StealState>(st)](net::error_code ec, int) {
-    auto s = weak.lock();
-    if (ec || !s) return;
-    if (!s->stop_requested) {
-      s->stop_requested = true;
-      armSignals(s);  // the second one ends the open connections
-    } else {
-      s->ending = true;
-      s->endAll("ended by siphon steal (interrupted)");
+// What one port's Subscription hands out, in order, until it is over
+// (given back, lost, or not made again after a move).
+net::awaitable<void> serveSubscription(std::shared_ptr<StealState> state, size_t index) {
+  const std::shared_ptr<StealState> st = std::move(state);
+  auto ex = co_await asio::this_coro::executor;
+  while (true) {
+    auto e = co_await st->routes[index].subscription.next();
+    if (!e.ok()) break;
+    const Route& route = st->routes[index];
+    switch (e->kind) {
+      case SubscriptionEvent::Kind::kConnection: {
+        StolenEvent event;
+        describeStolen(route, *e, &event);
+        client::Connection connection = e->connection;
+        ++st->starting;
+        // A connection that throws is reset; the others go on.
+        net::spawn(ex, serveStolen(st, index, connection, std::move(event)), "steal_connection",
+                   [connection]() mutable {
+                     connection.reset(ErrorCode::kInternal, "the client failed");
+                   });
+        break;
+      }
+      case SubscriptionEvent::Kind::kRequest:
+        serveRequest(st, index, std::move(*e));
+        break;
+      case SubscriptionEvent::Kind::kOverlap: {
+        // A request this filter matched went to an earlier subscription of
+        // the port (another session's, usually).
+        OverlapEvent o;
+        o.port = route.route.port;
+        o.taken_by = e->overlap.taken_by;
+        o.client = e->overlap.taken_by_client;
+        o.requests = e->overlap.requests;
+        o.method = e->overlap.method;
+        o.path = e->overlap.path;
+        st->print(overlapLine(o, st->json));
+        break;
+      }
+      case SubscriptionEvent::Kind::kMirrored:
+        e->mirrored.stop(ErrorCode::kUnimplemented, "siphon steal takes no mirrored connections");
+        break;
+      case SubscriptionEvent::Kind::kDraining:
+      case SubscriptionEvent::Kind::kMoved:
+      case SubscriptionEvent::Kind::kLost:
+        break;  // the session's events say it (onLinkEvent)
     }
-    s->done.notify();
-  });
+  }
+  st->run.notify();
+}
+
+// ------------------------------------------------------------ the session
+
+// Draining and moves, as lines. A move made every subscription again on the
+// new agent, or said why not (Subscription::status()).
+void onLinkEvent(StealState& st, const client::LinkEvent& e) {
+  using Kind = client::LinkEvent::Kind;
+  if (e.kind == Kind::kDraining) {
+    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+    st.print(drainingLine(e.reason, std::max<int64_t>(0, (e.deadline_unix_ms - now_ms) / 1000),
+                          st.open(), st.json));
+    return;
+  }
+  if (e.kind != Kind::kMoved) return;
+  AgentMove move{e.from, e.to, e.reason, e.draining, e.streams, 0, 0};
+  std::vector<std::string> lines;
+  for (Route& r : st.routes) {
+    if (!r.subscribed) continue;
+    const absl::Status status = r.subscription.status();
+    if (status.ok()) {
+      ++move.ports_back;
+      continue;
+    }
+    ++move.ports_lost;
+    r.subscribed = false;
+    lines.push_back(restealFailedLine(r.route.port, e.to, statusText(status), st.json));
+  }
+  st.print(movedLine(move, st.json));
+  for (auto& line : lines) st.print(std::move(line));
+  if (move.ports_back == 0 && move.ports_lost > 0) {
+    st.run.end(absl::FailedPreconditionError(
+        absl::StrCat("no port could be stolen again on agent ", e.to)));
+  }
 }
 
 // ------------------------------------------------------------ the command
@@ -440,18 +395,18 @@ void armSignals(const std::shared_ptr<StealState>& st) {
 // Gives every subscription back. A lost session is left to the caller (the
 // agent drops a lost session's subscriptions itself); other failures are
 // printed. Returns the exit code.
-net::awaitable<int> unsubscribeAll(const CommandEnv& env, const std::shared_ptr<StealState>& st) {
+net::awaitable<int> unsubscribeAll(std::shared_ptr<StealState> state) {
+  const std::shared_ptr<StealState> st = std::move(state);
   int rc = kExitOk;
-  for (const auto& [id, index] : st->subscriptions) {
-    if (!st->lost.ok()) break;
-    v1::Request request;
-    request.mutable_unsubscribe()->set_subscription_id(id);
-    auto r = co_await env.client->call(std::move(request), env.timeout);
-    if (r.ok()) continue;
-    st->checkLost(r.status());
-    if (!st->lost.ok()) break;
-    Failure f = requestFailure(absl::StrCat("unsubscribe port ", st->targets[index].route.port),
-                               r.status());
+  for (Route& r : st->routes) {
+    if (!st->run.lost().ok()) break;
+    if (!r.subscribed) continue;
+    r.subscribed = false;
+    absl::Status s = co_await r.subscription.unsubscribe();
+    if (s.ok()) continue;
+    st->run.checkLost(s);
+    if (!st->run.lost().ok()) break;
+    Failure f = requestFailure(absl::StrCat("unsubscribe port ", r.route.port), s);
     st->out.flush();  // keep the order of the lines before it
     printError(f.message);
     rc = f.exit_code;
@@ -461,7 +416,7 @@ net::awaitable<int> unsubscribeAll(const CommandEnv& env, const std::shared_ptr<
 
 net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
   auto ex = co_await asio::this_coro::executor;
-  auto st = std::make_shared<StealState>(ex, env);
+  auto st = std::make_shared<StealState>(env);
 
   // Resolve every --to first: a typo fails before any port is taken from
   // the target.
@@ -475,163 +430,82 @@ net::awaitable<int> runSteal(const CommandEnv& env, const StealFlags& flags) {
                               ec ? ec.message() : "no address"));
       co_return kExitError;
     }
-    Target t{route, {}};
-    for (const auto& r : results) t.endpoints.push_back(r.endpoint());
-    st->pools.push_back(std::make_shared<LocalPool>(ex, route.to(), t.endpoints, env.timeout));
-    st->targets.push_back(std::move(t));
+    Route r;
+    r.route = route;
+    for (const auto& e : results) r.endpoints.push_back(e.endpoint());
+    r.pool = std::make_shared<LocalPool>(ex, route.to(), r.endpoints, env.timeout);
+    st->routes.push_back(std::move(r));
   }
   st->totals.filtered = flags.filter.has_value();
 
-  // A closed stdout (--json | head) is a write error, not a signal to die of.
-  ::signal(SIGPIPE, SIG_IGN);
   // Before the first subscribe: dying of a signal would leave the ports
   // stolen until the agent's session grace runs out.
-  armSignals(st);
-  // Before the first subscribe too, so that no stolen connection is reset
-  // for want of an acceptor.
-  env.client->setStreamAcceptor(
-      [weak = std::weak_ptr<StealState>(st)](std::shared_ptr<client::ClientStream> stream,
-                                             v1::StreamOpen open) {
-        if (auto s = weak.lock()) {
-          onStreamOpen(s, std::move(stream), std::move(open));
-        } else {
-          stream->reset(v1::CANCELLED, "siphon steal has ended");
-        }
-      });
+  std::weak_ptr<StealState> weak = st;
+  st->run.on_end = [weak](int) {
+    if (auto s = weak.lock()) s->endAll("ended by siphon steal (interrupted)");
+  };
+  st->run.on_event = [weak](const client::LinkEvent& e) {
+    if (auto s = weak.lock()) onLinkEvent(*s, e);
+  };
+  st->run.start();
 
-  env.client->setDrainingHandler([weak = std::weak_ptr<StealState>(st)](const v1::Draining& d) {
-    auto state = weak.lock();
-    if (!state) return;
-    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                               std::chrono::system_clock::now().time_since_epoch())
-                               .count();
-    state->print(
-        drainingLine(d.reason(), std::max<int64_t>(0, (d.deadline_unix_ms() - now_ms) / 1000),
-                     state->live.size() + state->requests.size() + state->starting, state->json));
-  });
-  // Failover (several --agent): the client moved to another agent and made
-  // the subscriptions again there, under the same ids.
-  env.client->setFailoverHandler([weak = std::weak_ptr<StealState>(st)](
-                                     const client::FailoverEvent& e) {
-    auto state = weak.lock();
-    if (!state) return;
-    AgentMove move{e.from, e.to, e.reason, e.draining, e.streams, 0, 0};
-    std::vector<std::string> lines;
-    for (const auto& [id, status] : e.subscriptions) {
-      if (status.ok()) {
-        ++move.ports_back;
-        continue;
-      }
-      ++move.ports_lost;
-      auto sub = state->subscriptions.find(id);
-      uint16_t port =
-          sub == state->subscriptions.end() ? 0 : state->targets[sub->second].route.port;
-      lines.push_back(restealFailedLine(port, e.to, statusText(status), state->json));
-    }
-    state->print(movedLine(move, state->json));
-    for (const auto& line : lines) state->print(line);
-    if (move.ports_back == 0 && move.ports_lost > 0) {
-      state->sessionLost(protoError(v1::FAILED_PRECONDITION,
-                                    absl::StrCat("no port could be stolen again on agent ", e.to)));
-    }
-  });
-  // A request this filter matched went to an earlier subscription of the
-  // port (another session's, usually).
-  env.client->setNoticeHandler(
-      [weak = std::weak_ptr<StealState>(st)](const v1::SubscriptionNotice& notice) {
-        auto state = weak.lock();
-        if (!state || !notice.has_overlap()) return;
-        const v1::FilterOverlap& o = notice.overlap();
-        OverlapEvent e;
-        auto sub = state->subscriptions.find(notice.subscription_id());
-        if (sub != state->subscriptions.end()) e.port = state->targets[sub->second].route.port;
-        e.taken_by = o.taken_by();
-        e.client = o.taken_by_client();
-        e.requests = o.requests();
-        e.method = o.method();
-        e.path = o.path();
-        state->print(overlapLine(e, state->json));
-      });
-  env.client->setResumedHandler([weak = std::weak_ptr<StealState>(st)](const absl::Status& cut) {
-    if (auto state = weak.lock()) {
-      state->print(resumedLine(state->client->endpoint(), std::string(cut.message()), state->json));
-    }
-  });
-  // A dead agent is noticed even with no connection open.
-  env.client->setLostHandler([weak = std::weak_ptr<StealState>(st)](const absl::Status& s) {
-    if (auto state = weak.lock()) state->sessionLost(s);
-  });
-
+  client::Subscriptions subscriptions(env.target);
   int exit_code = kExitOk;
   std::vector<std::string> lines;
-  for (size_t i = 0; i < st->targets.size() && !st->stop_requested; ++i) {
-    const StealRoute& route = st->targets[i].route;
-    v1::Request request;
-    request.mutable_steal()->set_port(route.port);
-    request.mutable_steal()->set_flush_connections(flags.flush);
-    // The client keeps the request as it is to steal the port again on
-    // another agent (failover): the filter goes with it.
-    if (flags.filter) *request.mutable_steal()->mutable_http_filter() = *flags.filter;
-    auto response = co_await callOrReport(env, std::move(request),
-                                          absl::StrCat("steal port ", route.port), &exit_code);
-    if (!response.ok()) {
-      st->checkLost(response.status());
+  for (size_t i = 0; i < st->routes.size() && !st->run.stopRequested(); ++i) {
+    Route& r = st->routes[i];
+    client::StealSpec spec;
+    spec.port = r.route.port;
+    spec.flush_connections = flags.flush;
+    // The library keeps the subscription as asked to steal the port again
+    // on another agent (a move): the filter goes with it.
+    spec.filter = flags.filter;
+    auto sub = co_await subscriptions.steal(std::move(spec));
+    if (!sub.ok()) {
+      Failure f = requestFailure(absl::StrCat("steal port ", r.route.port), sub.status());
+      printError(f.message);
+      exit_code = f.exit_code;
+      st->run.checkLost(sub.status());
       break;
     }
-    if (!response->has_subscribed()) {
-      printError(absl::StrCat("steal port ", route.port,
-                              " failed: the agent answered without a subscription"));
-      exit_code = kExitError;
-      break;
-    }
-    const v1::Subscribed& sub = response->subscribed();
-    st->subscriptions[sub.subscription_id()] = i;
-    lines.push_back(stealingLine(route, sub.backend(), sub.subscription_id(), st->json,
+    r.subscription = *std::move(sub);
+    r.subscribed = true;
+    lines.push_back(stealingLine(r.route, r.subscription.backend(), r.subscription.id(), st->json,
                                  flags.filter ? &*flags.filter : nullptr));
   }
 
-  net::error_code ignored;
   if (exit_code != kExitOk) {
-    // Nothing was served yet: the parked streams are reset, not half-served,
-    // and later ones find no acceptor.
-    env.client->setStreamAcceptor(nullptr);
-    env.client->setNoticeHandler(nullptr);
-    for (auto& [stream, open] : st->waiting) stream->reset(v1::CANCELLED, "siphon steal failed");
-    st->waiting.clear();
-    (void)co_await unsubscribeAll(env, st);
-    st->signals.cancel(ignored);
+    // Nothing was served yet: the connections waiting in the subscriptions
+    // are reset with them, not half-served.
+    (void)co_await unsubscribeAll(st);
+    st->run.finish();
     co_return exit_code;
   }
 
-  st->started = true;
   for (const auto& line : lines) st->print(line);
-  for (auto& [stream, open] : st->waiting) spawnServe(st, std::move(stream), std::move(open));
-  st->waiting.clear();
+  for (size_t i = 0; i < st->routes.size(); ++i) {
+    if (!st->routes[i].subscribed) continue;
+    net::spawn(ex, serveSubscription(st, i), "steal_subscription");
+  }
 
-  while (!st->stop_requested && st->lost.ok()) co_await st->done.wait();
-  exit_code = co_await unsubscribeAll(env, st);
-  if (st->busy() && !st->ending && st->lost.ok()) {
+  while (st->run.running()) co_await st->run.wait();
+  exit_code = co_await unsubscribeAll(st);
+  if (st->busy() && !st->run.ending() && st->run.lost().ok()) {
     st->print(stoppingLine(st->live.size() + st->starting, st->json, st->requests.size()));
   }
-  while (st->busy() && st->lost.ok()) co_await st->done.wait();
-  if (!st->lost.ok()) {
+  while (st->busy() && st->run.lost().ok()) co_await st->run.wait();
+  if (!st->run.lost().ok()) {
     st->endAll("the session with the agent is lost");
     // The connections' coroutines see their sockets and streams closed and
     // print their last lines.
-    while (st->busy()) co_await st->done.wait();
+    while (st->busy()) co_await st->run.wait();
     st->out.flush();
-    printError(absl::StrCat("steal: ", st->lost.message()));
-    exit_code = errorCodeOf(st->lost) == v1::AGENT_LOST ? kExitUnreachable : kExitError;
+    st->run.reportLost();
+    exit_code = st->run.exitCode(exit_code);
   }
 
-  env.client->setStreamAcceptor(nullptr);
-  env.client->setLostHandler(nullptr);
-  env.client->setDrainingHandler(nullptr);
-  env.client->setFailoverHandler(nullptr);
-  env.client->setResumedHandler(nullptr);
-  env.client->setNoticeHandler(nullptr);
-  for (auto& pool : st->pools) pool->closeAll();
-  st->signals.cancel(ignored);
+  st->run.finish();
+  for (auto& r : st->routes) r.pool->closeAll();
   st->print(summaryLine(st->totals, st->json));
   co_return exit_code;
 }
@@ -698,7 +572,7 @@ void addStealCommands(CLI::App& app, std::vector<Command>& out) {
     auto routes = pairStealRoutes(flags->ports, flags->tos);
     if (!routes.ok()) throw CLI::ValidationError("steal", std::string(routes.status().message()));
     flags->routes = *std::move(routes);
-    auto filter = parseHttpFilter(flags->filter_flags);
+    auto filter = parseStealFilter(flags->filter_flags);
     if (!filter.ok()) throw CLI::ValidationError("steal", std::string(filter.status().message()));
     flags->filter = *std::move(filter);
   });

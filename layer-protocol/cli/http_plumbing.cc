@@ -89,7 +89,7 @@ void LocalPool::closeAll() {
 
 // ------------------------------------------------------------ Exchange
 
-Exchange::Exchange(asio::any_io_executor ex, std::shared_ptr<client::ClientStream> stream,
+Exchange::Exchange(asio::any_io_executor ex, client::Connection stream,
                    std::shared_ptr<LocalPool> pool, RequestEvent event, bool head, Done done)
     : stream_(std::move(stream)),
       pool_(std::move(pool)),
@@ -109,7 +109,7 @@ void Exchange::end(std::string_view why) {
   if (ended_) return;
   ended_ = true;
   noteError(std::string(why));
-  stream_->reset(v1::CANCELLED, why);
+  stream_.reset(client::ErrorCode::kCancelled, why);
   abortLocal();
 }
 
@@ -122,7 +122,7 @@ void Exchange::abortLocal() { abortSocket(local_); }
 void Exchange::streamFailed(const absl::Status& s) {
   if (stream_failed_) return;
   stream_failed_ = true;
-  if (errorCodeOf(s) == v1::AGENT_LOST) {
+  if (client::errorCode(s) == client::ErrorCode::kAgentLost) {
     noteError("the session with the agent is lost");
   } else {
     noteError(absl::StrCat("reset by the agent: ", statusText(s)));
@@ -132,21 +132,21 @@ void Exchange::streamFailed(const absl::Status& s) {
 }
 
 void Exchange::halfCloseStream() {
-  absl::Status s = stream_->halfClose();
+  absl::Status s = stream_.halfClose();
   if (!s.ok() && on_stream_error) on_stream_error(s);
 }
 
 void Exchange::resetStream(std::string why) {
   noteError(why);
   stream_failed_ = true;
-  stream_->reset(v1::CANCELLED, why);
+  stream_.reset(client::ErrorCode::kCancelled, why);
   abortLocal();
 }
 
 net::awaitable<bool> Exchange::toStream(std::string bytes_in) {
   std::string bytes = std::move(bytes_in);
   const size_t n = bytes.size();
-  absl::Status s = co_await stream_->write(std::move(bytes));
+  absl::Status s = co_await stream_.write(std::move(bytes));
   if (!s.ok()) {
     streamFailed(s);
     co_return false;
@@ -233,7 +233,7 @@ net::awaitable<void> Exchange::pump(std::shared_ptr<Exchange> self_in) {
   const std::shared_ptr<Exchange> self = std::move(self_in);
   Exchange& x = *self;
   while (true) {
-    auto chunk = co_await x.stream_->read();
+    auto chunk = co_await x.stream_.read();
     if (!chunk.ok()) {
       if (!x.ended_) x.streamFailed(chunk.status());
       break;

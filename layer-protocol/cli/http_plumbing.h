@@ -37,7 +37,7 @@
 #include "absl/status/statusor.h"
 #include "cli/http_scan.h"
 #include "cli/steal_spec.h"
-#include "siphon/client/client.h"
+#include "siphon/client/connections.h"
 #include "siphon/transport/asio.h"
 
 namespace siphon::cli {
@@ -85,7 +85,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   // `event`: who, what and where, for the line; its status, byte counts and
   // error are filled in here. `head`: the request is a HEAD (its response
   // has no body whatever its Content-Length says).
-  Exchange(net::asio::any_io_executor ex, std::shared_ptr<client::ClientStream> stream,
+  Exchange(net::asio::any_io_executor ex, client::Connection stream,
            std::shared_ptr<LocalPool> pool, RequestEvent event, bool head, Done done);
 
   void start();
@@ -97,7 +97,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   // The HTTP client did not get the local server's whole answer (a 502 of
   // ours, a reset, a cut).
   bool failed() const { return !event_.error.empty(); }
-  uint64_t streamId() const { return stream_->id(); }
+  uint64_t streamId() const { return stream_.streamId(); }
   // The local connection came from the pool, or was retried after that.
   bool reusedForTest() const { return reused_; }
 
@@ -121,7 +121,7 @@ class Exchange : public std::enable_shared_from_this<Exchange> {
   void noteError(std::string why);
   void abortLocal();
 
-  std::shared_ptr<client::ClientStream> stream_;
+  client::Connection stream_;
   std::shared_ptr<LocalPool> pool_;
   RequestEvent event_;
   bool head_;

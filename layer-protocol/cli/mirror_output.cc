@@ -84,6 +84,27 @@ MirrorConnection mirrorConnection(uint64_t id, const v1::MirroredConnection& m) 
   return c;
 }
 
+MirrorConnection mirrorConnection(uint64_t id, const client::MirroredConnection& m) {
+  MirrorConnection c;
+  c.id = id;
+  c.client = m.source().ip.empty() ? "?" : m.source().text();
+  c.server = m.destination().ip.empty() ? "?" : m.destination().text();
+  c.mid_stream = m.startedMidStream();
+  return c;
+}
+
+v1::Direction wireDirection(client::Direction d) {
+  switch (d) {
+    case client::Direction::kClientToServer:
+      return v1::CLIENT_TO_SERVER;
+    case client::Direction::kServerToClient:
+      return v1::SERVER_TO_CLIENT;
+    case client::Direction::kUnspecified:
+      break;
+  }
+  return v1::DIRECTION_UNSPECIFIED;
+}
+
 void addCounts(MirrorCounts& to, const MirrorCounts& c) {
   for (int i = 0; i < 2; ++i) {
     to.bytes[i] += c.bytes[i];

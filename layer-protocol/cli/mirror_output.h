@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cli/steal_spec.h"
+#include "siphon/client/subscriptions.h"
 #include "siphon/v1/streams.pb.h"
 
 namespace siphon::cli {
@@ -49,11 +50,15 @@ absl::StatusOr<MirrorRecord> parseMirrorRecord(std::string_view payload);
 // The record points into the payload: a temporary string would be freed
 // before the record is read.
 template <typename T>
-  requires std::same_as<std::remove_cvref_t<T>, std::string> && (!std::is_lvalue_reference_v<T>)
-absl::StatusOr<MirrorRecord> parseMirrorRecord(T&& payload) = delete;
+requires std::same_as<std::remove_cvref_t<T>, std::string> &&(!std::is_lvalue_reference_v<T>)
+    absl::StatusOr<MirrorRecord> parseMirrorRecord(T&& payload) = delete;
 
 // "client->server", "server->client".
 std::string_view directionText(v1::Direction d);
+
+// The typed API's direction (siphon/client/subscriptions.h) as the wire's;
+// the functions below that take a v1::Direction also take it.
+v1::Direction wireDirection(client::Direction d);
 
 // One mirrored connection, as the lines and markers name it.
 struct MirrorConnection {
@@ -63,6 +68,7 @@ struct MirrorConnection {
   bool mid_stream = false;
 };
 MirrorConnection mirrorConnection(uint64_t id, const v1::MirroredConnection& m);
+MirrorConnection mirrorConnection(uint64_t id, const client::MirroredConnection& m);
 
 // What happened to one connection's bytes, per direction (index 0:
 // client->server, 1: server->client).
@@ -74,6 +80,9 @@ struct MirrorCounts {
   uint64_t not_replayed = 0;         // --to: client->server bytes it never got
 };
 inline int directionIndex(v1::Direction d) { return d == v1::SERVER_TO_CLIENT ? 1 : 0; }
+inline int directionIndex(client::Direction d) {
+  return d == client::Direction::kServerToClient ? 1 : 0;
+}
 
 struct MirrorTotals {
   uint64_t connections = 0;
@@ -101,12 +110,20 @@ std::string mirroringLine(const MirrorSpec& spec, std::string_view backend,
 std::string openedLine(const MirrorConnection& c, bool json);
 //   mirror: connection 3: 12345 bytes client->server lost (gap)
 std::string gapLine(const MirrorConnection& c, v1::Direction d, uint64_t bytes, bool json);
+inline std::string gapLine(const MirrorConnection& c, client::Direction d, uint64_t bytes,
+                           bool json) {
+  return gapLine(c, wireDirection(d), bytes, json);
+}
 //   mirror: connection 3: replay to 127.0.0.1:9000 failed (connect: Connection refused); the rest
 //   of its client->server bytes are dropped
 std::string replayFailedLine(const MirrorConnection& c, const std::string& to,
                              const std::string& why, bool json);
 //   mirror: connection 3: 4096 bytes server->client not written: stdout is too slow
 std::string notWrittenLine(const MirrorConnection& c, v1::Direction d, uint64_t bytes, bool json);
+inline std::string notWrittenLine(const MirrorConnection& c, client::Direction d, uint64_t bytes,
+                                  bool json) {
+  return notWrittenLine(c, wireDirection(d), bytes, json);
+}
 //   mirror: connection 3 10.0.0.2:51234 -> 10.0.0.1:80 closed (reset by peer): client->server 120
 //   bytes, server->client 4000 bytes
 // plus, when not 0: gaps, bytes not written, replayed / not replayed (with
@@ -151,6 +168,15 @@ class StdoutFramer {
   std::string frame(const MirrorConnection& c, v1::Direction d, std::string_view bytes);
   void notWritten(const MirrorConnection& c, v1::Direction d, uint64_t bytes);
   void lost(const MirrorConnection& c, v1::Direction d, uint64_t bytes);
+  std::string frame(const MirrorConnection& c, client::Direction d, std::string_view bytes) {
+    return frame(c, wireDirection(d), bytes);
+  }
+  void notWritten(const MirrorConnection& c, client::Direction d, uint64_t bytes) {
+    notWritten(c, wireDirection(d), bytes);
+  }
+  void lost(const MirrorConnection& c, client::Direction d, uint64_t bytes) {
+    lost(c, wireDirection(d), bytes);
+  }
   void forget(uint64_t connection_id);
 
  private:

@@ -107,6 +107,29 @@ std::string filterText(const v1::HttpFilter& filter) {
   return absl::StrJoin(parts, filter.match_any() ? " or " : " and ");
 }
 
+absl::StatusOr<std::optional<client::HttpFilter>> parseStealFilter(const FilterFlags& flags) {
+  auto parsed = parseHttpFilter(flags);
+  if (!parsed.ok()) return parsed.status();
+  if (!parsed->has_value()) return std::optional<client::HttpFilter>();
+  const v1::HttpFilter& f = **parsed;
+  client::HttpFilter out;
+  for (const v1::HeaderFilter& h : f.headers()) out.headers.emplace_back(h.name(), h.value_regex());
+  out.path_regex = f.path_regex();
+  out.method = f.method();
+  out.match_any = f.match_any();
+  return std::optional<client::HttpFilter>(std::move(out));
+}
+
+std::string filterText(const client::HttpFilter& filter) {
+  std::vector<std::string> parts;
+  for (const auto& [name, regex] : filter.headers) {
+    parts.push_back(absl::StrCat("header ", name, ": ", regex));
+  }
+  if (!filter.path_regex.empty()) parts.push_back(absl::StrCat("path ", filter.path_regex));
+  if (!filter.method.empty()) parts.push_back(absl::StrCat("method ", filter.method));
+  return absl::StrJoin(parts, filter.match_any ? " or " : " and ");
+}
+
 std::string StealRoute::to() const { return hostPort(host, to_port); }
 
 std::string hostPort(std::string_view host, uint32_t port) {
@@ -169,20 +192,37 @@ absl::StatusOr<std::vector<StealRoute>> pairStealRoutes(const std::vector<std::s
   return routes;
 }
 
-std::string stealingLine(const StealRoute& route, std::string_view backend,
-                         uint64_t subscription_id, bool json, const v1::HttpFilter* filter) {
+namespace {
+
+std::string stealingLineWith(const StealRoute& route, std::string_view backend,
+                             uint64_t subscription_id, bool json,
+                             const std::optional<std::string>& filter) {
   if (json) {
     JsonLine j("stealing");
     j.add("port", uint64_t{route.port})
         .add("to", route.to())
         .add("backend", backend)
         .add("subscription_id", subscription_id);
-    if (filter) j.add("filter", filterText(*filter));
+    if (filter) j.add("filter", *filter);
     return j.take();
   }
   return absl::StrCat("stealing port ", route.port, " -> ", route.to(), " (backend ",
                       backend.empty() ? "unknown" : asv(backend),
-                      filter ? absl::StrCat(", filter ", filterText(*filter)) : "", ")\n");
+                      filter ? absl::StrCat(", filter ", *filter) : "", ")\n");
+}
+
+}  // namespace
+
+std::string stealingLine(const StealRoute& route, std::string_view backend,
+                         uint64_t subscription_id, bool json, const v1::HttpFilter* filter) {
+  return stealingLineWith(route, backend, subscription_id, json,
+                          filter ? std::optional<std::string>(filterText(*filter)) : std::nullopt);
+}
+
+std::string stealingLine(const StealRoute& route, std::string_view backend,
+                         uint64_t subscription_id, bool json, const client::HttpFilter* filter) {
+  return stealingLineWith(route, backend, subscription_id, json,
+                          filter ? std::optional<std::string>(filterText(*filter)) : std::nullopt);
 }
 
 std::string requestLine(const RequestEvent& e, bool json) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "siphon/client/subscriptions.h"
 #include "siphon/v1/services.pb.h"
 
 namespace siphon::cli {
@@ -64,9 +65,14 @@ bool isHttpToken(std::string_view s);
 // the agent's to check (RE2): a bad one comes back from the subscribe.
 absl::StatusOr<std::optional<v1::HttpFilter>> parseHttpFilter(const FilterFlags& flags);
 
+// The same, for the typed API (siphon/client/subscriptions.h): what
+// Subscriptions::steal() takes.
+absl::StatusOr<std::optional<client::HttpFilter>> parseStealFilter(const FilterFlags& flags);
+
 // What a filter takes, for people: "header x-user: alice and path ^/api",
 // "header x-user: alice or method POST".
 std::string filterText(const v1::HttpFilter& filter);
+std::string filterText(const client::HttpFilter& filter);
 
 // One stolen connection, as the lines about it show it.
 struct StolenEvent {
@@ -124,6 +130,8 @@ struct StealTotals {
 std::string stealingLine(const StealRoute& route, std::string_view backend,
                          uint64_t subscription_id, bool json,
                          const v1::HttpFilter* filter = nullptr);
+std::string stealingLine(const StealRoute& route, std::string_view backend,
+                         uint64_t subscription_id, bool json, const client::HttpFilter* filter);
 //   open 10.1.2.3:40000 -> :80 => 127.0.0.1:9000
 std::string openLine(const StolenEvent& e, bool json);
 //   failed 10.1.2.3:40000 -> :80 => 127.0.0.1:9000: connect 127.0.0.1:9000: Connection refused

@@ -56,6 +56,14 @@ void Connection::reset() {
   if (stream_) stream_->reset(v1::CANCELLED, "closed by the client");
 }
 
+void Connection::reset(ErrorCode code, std::string_view why) {
+  if (stream_) stream_->reset(static_cast<v1::ErrorCode>(static_cast<int>(code)), why);
+}
+
+void Connection::setSink(Sink sink) {
+  if (stream_) stream_->setSink(std::move(sink));
+}
+
 net::awaitable<absl::StatusOr<std::optional<Datagram>>> Connection::receiveFrom() {
   const auto stream = stream_;
   if (!stream) co_return noStream();
@@ -146,7 +154,12 @@ net::awaitable<absl::StatusOr<std::optional<MirrorEvent>>> MirroredConnection::n
   if (!stream) co_return noStream();
   auto e = co_await stream->readEvent();
   if (!e.ok()) co_return e.status();
-  if (!e->has_value()) co_return std::optional<MirrorEvent>();
+  if (!e->has_value()) {
+    // The agent sent all it had. It reads nothing on this stream: our
+    // half-close back only lets both sides forget it.
+    (void)stream->halfClose();
+    co_return std::optional<MirrorEvent>();
+  }
   StreamEvent& event = **e;
   MirrorEvent out;
   if (event.gap) {
@@ -155,11 +168,21 @@ net::awaitable<absl::StatusOr<std::optional<MirrorEvent>>> MirroredConnection::n
     out.gap_bytes = event.gap->bytes();
     co_return out;
   }
-  if (event.data.empty()) {
-    co_return protoError(v1::PROTOCOL_ERROR, "an empty mirror record");
-  }
   // A record: the direction byte, then the bytes; the byte alone is a FIN.
-  out.direction = directionOf(static_cast<v1::Direction>(event.data[0]));
+  // Anything else is the agent's mistake: the copy ends (the stream reset
+  // with PROTOCOL_ERROR), since what follows could not be trusted either.
+  const char* malformed = nullptr;
+  if (event.data.empty()) {
+    malformed = "an empty record";
+  } else {
+    out.direction = directionOf(static_cast<v1::Direction>(event.data[0]));
+    if (out.direction == Direction::kUnspecified) malformed = "a record of no known direction";
+  }
+  if (malformed != nullptr) {
+    const std::string why = absl::StrCat("malformed mirror record: ", malformed);
+    stream->reset(v1::PROTOCOL_ERROR, why);
+    co_return protoError(v1::PROTOCOL_ERROR, why);
+  }
   if (event.data.size() == 1) {
     out.kind = MirrorEvent::Kind::kFin;
   } else {
@@ -169,8 +192,10 @@ net::awaitable<absl::StatusOr<std::optional<MirrorEvent>>> MirroredConnection::n
   co_return out;
 }
 
-void MirroredConnection::stop() {
-  if (stream_) stream_->reset(v1::CANCELLED, "mirror stopped by the client");
+void MirroredConnection::stop() { stop(ErrorCode::kCancelled, "mirror stopped by the client"); }
+
+void MirroredConnection::stop(ErrorCode code, std::string_view why) {
+  if (stream_) stream_->reset(static_cast<v1::ErrorCode>(static_cast<int>(code)), why);
 }
 
 // ---------------------------------------------------------------- Capture
@@ -178,6 +203,7 @@ void MirroredConnection::stop() {
 net::awaitable<absl::StatusOr<Capture>> Capture::start(const Target& target, CaptureSpec spec) {
   const std::shared_ptr<TargetCore> core = target.core();
   v1::StreamOpen open;
+  if (spec.window > 0) open.set_initial_window(spec.window);
   open.mutable_capture()->set_interface(std::move(spec.interface));
   open.mutable_capture()->set_filter(std::move(spec.filter));
   open.mutable_capture()->set_snaplen(spec.snaplen);
@@ -207,8 +233,15 @@ net::awaitable<absl::StatusOr<std::optional<CaptureEvent>>> Capture::next() {
   co_return out;
 }
 
-void Capture::stop() {
-  if (stream_) stream_->reset(v1::CANCELLED, "capture stopped by the client");
+absl::Status Capture::finish() {
+  if (!stream_) return noStream();
+  return stream_->halfClose();
+}
+
+void Capture::stop() { stop(ErrorCode::kCancelled, "capture stopped by the client"); }
+
+void Capture::stop(ErrorCode code, std::string_view why) {
+  if (stream_) stream_->reset(static_cast<v1::ErrorCode>(static_cast<int>(code)), why);
 }
 
 }  // namespace siphon::client

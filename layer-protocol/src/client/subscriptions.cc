@@ -6,22 +6,53 @@
 #include "absl/strings/str_cat.h"
 #include "client/target_core.h"
 #include "siphon/status.h"
+#include "siphon/transport/spawn.h"
 
 namespace siphon::client {
 
+namespace {
+
+// A dropped subscription's Unsubscribe: nobody waits for its answer. A
+// failure (the session is gone, or the agent forgot the subscription
+// already) leaves nothing to undo.
+net::awaitable<void> unsubscribeDropped(std::shared_ptr<TargetCore> core_in, uint64_t id) {
+  const std::shared_ptr<TargetCore> core = std::move(core_in);
+  v1::Request request;
+  request.mutable_unsubscribe()->set_subscription_id(id);
+  (void)co_await core->call(std::move(request));
+  // Kept (abandoned) until now, so that its late streams are reset.
+  core->subscriptions.erase(id);
+}
+
+// Over: no more events; the streams still queued are reset.
+void endState(SubscriptionState& state, absl::Status why, std::string_view reset_why) {
+  state.ended = std::move(why);
+  for (auto& s : state.streams) {
+    if (s) s->reset(v1::CANCELLED, reset_why);
+  }
+  state.streams.clear();
+  state.events.clear();
+  state.wake.notify();
+}
+
+}  // namespace
+
 // What a Subscription object holds: the core (so the routing outlives the
-// Target object) and the state. Dropping the last one abandons the state:
-// streams queued for it are reset, later ones too.
+// Target object) and the state. Dropping the last one abandons the state
+// (streams queued for it are reset, later ones too) and, while the
+// subscription holds, unsubscribes on the agent: a program that lets go of
+// its Subscription must not leave the port stolen for the session's life.
 struct SubscriptionOwner {
   std::shared_ptr<TargetCore> core;
   std::shared_ptr<SubscriptionState> state;
   ~SubscriptionOwner() {
     state->abandoned = true;
-    for (auto& s : state->streams) {
-      if (s) s->reset(v1::CANCELLED, "nobody takes this subscription's streams any more");
-    }
-    state->streams.clear();
-    state->events.clear();
+    const bool holds = state->ended.ok();
+    endState(*state,
+             protoError(v1::CANCELLED, absl::StrCat("subscription ", state->id, " dropped")),
+             "nobody takes this subscription's streams any more");
+    if (!holds || !core->client->lostStatus().ok()) return;
+    net::spawn(core->ex, unsubscribeDropped(core, state->id), "unsubscribe_dropped");
   }
 };
 
@@ -33,6 +64,11 @@ uint64_t Subscription::id() const { return state_ ? state_->id : 0; }
 const std::string& Subscription::backend() const {
   static const std::string kNone;
   return state_ ? state_->backend : kNone;
+}
+
+absl::Status Subscription::status() const {
+  if (!state_) return protoError(v1::FAILED_PRECONDITION, "no subscription");
+  return state_->ended;
 }
 
 net::awaitable<absl::StatusOr<SubscriptionEvent>> Subscription::next() {
@@ -48,9 +84,14 @@ net::awaitable<absl::StatusOr<SubscriptionEvent>> Subscription::next() {
   state->events.pop_front();
   state->streams.pop_front();
   if (stream) {
-    // Accepted as it is handed out: its bytes flow from now on.
+    // Accepted as it is handed out: its bytes flow from now on. A stream
+    // the agent ended meanwhile (its client went away) is handed out all
+    // the same: its own reads and writes say so, and the subscription goes
+    // on.
     absl::Status accepted = owner->core->client->acceptStream(*stream);
-    if (!accepted.ok()) co_return accepted;
+    if (!accepted.ok()) {
+      stream->reset(v1::CANCELLED, absl::StrCat("not accepted: ", accepted.message()));
+    }
   }
   co_return event;
 }
@@ -64,20 +105,43 @@ net::awaitable<absl::Status> Subscription::unsubscribe() {
   v1::Request request;
   request.mutable_unsubscribe()->set_subscription_id(state->id);
   auto r = co_await core->call(std::move(request));
-  if (!r.ok() && errorCodeOf(r.status()) != v1::NOT_FOUND) co_return r.status();
-  state->ended =
-      protoError(v1::CANCELLED, absl::StrCat("subscription ", state->id, " unsubscribed"));
-  for (auto& s : state->streams) {
-    if (s) s->reset(v1::CANCELLED, "unsubscribed");
-  }
-  state->streams.clear();
-  state->events.clear();
-  state->wake.notify();
+  // Over here whatever the agent answered: the program asked to stop, and
+  // a next() waiting must not wait for ever on a subscription nobody takes.
+  endState(*state,
+           protoError(v1::CANCELLED, absl::StrCat("subscription ", state->id, " unsubscribed")),
+           "unsubscribed");
   core->subscriptions.erase(state->id);
+  if (!r.ok() && errorCodeOf(r.status()) != v1::NOT_FOUND) co_return r.status();
   co_return absl::OkStatus();
 }
 
-Subscriptions::Subscriptions(const Target& target) : core_(target.core()) {}
+namespace {
+
+FilterOverlap overlapOf(const v1::FilterOverlap& o) {
+  return FilterOverlap{o.taken_by(), o.taken_by_client(), o.requests(), o.method(), o.path()};
+}
+
+}  // namespace
+
+// TargetCore::onNotice (target.cc) tells a kOverlap event by its text
+// alone; the notice handler is wrapped here so that the event also carries
+// the overlap's parts (SubscriptionEvent::overlap), for programs that word
+// it their own way. The event onNotice queued is the last one of its
+// subscription; one it did not queue (the subscription is over) is left.
+Subscriptions::Subscriptions(const Target& target) : core_(target.core()) {
+  std::weak_ptr<TargetCore> weak = core_;
+  core_->client->setNoticeHandler([weak](const v1::SubscriptionNotice& n) {
+    auto core = weak.lock();
+    if (!core) return;
+    core->onNotice(n);
+    auto it = core->subscriptions.find(n.subscription_id());
+    if (it == core->subscriptions.end() || !n.has_overlap()) return;
+    auto& events = it->second->events;
+    if (events.empty() || events.back().kind != SubscriptionEvent::Kind::kOverlap) return;
+    FilterOverlap& o = events.back().overlap;
+    if (o.requests == 0 && o.taken_by == 0) o = overlapOf(n.overlap());
+  });
+}
 
 namespace {
 

@@ -5,9 +5,10 @@
 //
 // Ownership: the Client's handlers hold the core weakly (the Client drops
 // them when it closes or is lost); typed objects hold the core. A
-// subscription's state is held by the core until unsubscribed, and marked
-// abandoned when the program lets go of its Subscription (streams for it
-// are then reset rather than queued).
+// subscription's state is held by the core until unsubscribed. When the
+// program lets go of its Subscription the state is marked abandoned
+// (streams for it are then reset rather than queued) and an Unsubscribe
+// goes to the agent; the state is forgotten once that is answered.
 //
 // Threads: the Client's executor.
 #pragma once

@@ -208,5 +208,62 @@ TEST(TypedSubscriptionsTest, AStolenRequestThenTheSessionsLoss) {
   });
 }
 
+// A Subscription the program lets go of gives its port back on the agent:
+// an Unsubscribe for the agent's id goes out without anyone waiting for it
+// (before, the subscription was only forgotten locally, and the port stayed
+// stolen for the session's life). An explicit unsubscribe() sends one too,
+// and dropping that Subscription afterwards sends nothing more.
+TEST(TypedSubscriptionsTest, DroppingASubscriptionUnsubscribesOnTheAgent) {
+  run([](asio::any_io_executor ex) -> net::awaitable<void> {
+    auto agent = std::make_shared<ScriptedAgent>(ex);
+    asio::co_spawn(
+        ex, [agent]() { return agent->serve(); }, asio::detached);
+    std::vector<v1::Request> requests;
+    net::Signal got(ex);
+    answerSubscribes(*agent, [&](const v1::Request& r) {
+      requests.push_back(r);
+      got.notify();
+    });
+
+    Target target = Target::create(ex, optionsFor(*agent));
+    EXPECT_TRUE((co_await target.connect()).ok());
+    Subscriptions subscriptions(target);
+    {
+      StealSpec spec;
+      spec.port = 8080;
+      auto sub = co_await subscriptions.steal(spec);
+      EXPECT_TRUE(sub.ok()) << sub.status();
+      EXPECT_TRUE(sub.ok() && sub->status().ok()) << (sub.ok() ? sub->status() : sub.status());
+    }  // dropped here
+    const auto deadline = asio::steady_timer::clock_type::now() + std::chrono::seconds(5);
+    while (requests.size() < 2 && asio::steady_timer::clock_type::now() < deadline) {
+      co_await got.wait(deadline);
+    }
+    EXPECT_EQ(requests.size(), 2u);
+    if (requests.size() >= 2) {
+      EXPECT_TRUE(requests[0].has_steal());
+      EXPECT_TRUE(requests[1].has_unsubscribe()) << requests[1].DebugString();
+      EXPECT_EQ(requests[1].unsubscribe().subscription_id(), kAgentSubscription);
+    }
+
+    // unsubscribe() then a drop: one Unsubscribe, not two.
+    MirrorSpec mirror{81, false};
+    auto sub = co_await subscriptions.mirror(mirror);
+    EXPECT_TRUE(sub.ok()) << sub.status();
+    if (!sub.ok()) co_return;
+    EXPECT_TRUE((co_await sub->unsubscribe()).ok());
+    EXPECT_EQ(errorCode(sub->status()), ErrorCode::kCancelled) << sub->status();
+    *sub = Subscription();
+    // Let anything a drop would have spawned run and reach the agent.
+    asio::steady_timer settle(ex, std::chrono::milliseconds(200));
+    co_await settle.async_wait(net::use_awaitable);
+    EXPECT_EQ(requests.size(), 4u);  // steal, unsubscribe, mirror, unsubscribe
+    if (requests.size() >= 4) {
+      EXPECT_TRUE(requests[3].has_unsubscribe());
+    }
+    target.close();
+  });
+}
+
 }  // namespace
 }  // namespace siphon::client

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "siphon/client/target.h"
@@ -23,6 +24,10 @@ struct CaptureSpec {
   std::string interface = "any";
   std::string filter;    // empty: everything
   uint32_t snaplen = 0;  // 0: 262144
+  // The stream's first credit, in bytes; 0: the session's default. Packets
+  // come in bursts and the agent drops what the credit cannot take at that
+  // moment: a large window absorbs a burst.
+  uint32_t window = 0;
 };
 
 struct CaptureEvent {
@@ -40,7 +45,14 @@ class Capture {
   // The next piece; nullopt at the end; an error status when it stopped
   // otherwise (kAgentLost, kAgentDraining...).
   net::awaitable<absl::StatusOr<std::optional<CaptureEvent>>> next();
+  // An orderly end: the agent sends what it still holds, then next()
+  // answers nullopt. The status of a session that cannot say it
+  // (kAgentLost...).
+  absl::Status finish();
+  // Ends it now; next() then fails with kCancelled. `code` and `why` go to
+  // the agent.
   void stop();
+  void stop(ErrorCode code, std::string_view why);
 
  private:
   std::shared_ptr<ClientStream> stream_;

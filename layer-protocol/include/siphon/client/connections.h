@@ -19,9 +19,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "siphon/client/target.h"
@@ -58,8 +60,19 @@ class Connection {
   // frame carries).
   net::awaitable<absl::Status> write(std::string data);
   absl::Status halfClose();
-  // Ends both directions at once (an RST to a TCP peer).
+  // Ends both directions at once (an RST to a TCP peer). `code` and `why`
+  // go to the agent (its logs, the reset's reason).
   void reset();
+  void reset(ErrorCode code, std::string_view why);
+
+  // Direct delivery for a reader that can take bytes at once (a
+  // non-blocking socket): while read() has nothing queued, each arriving
+  // chunk is first offered to `sink`, which returns how many leading bytes
+  // it took; the rest waits for read(), and so do the chunks after it. The
+  // sink runs inside the session's dispatch: it must not call back into
+  // the library. Byte streams only.
+  using Sink = std::function<size_t(std::string_view)>;
+  void setSink(Sink sink);
 
   net::awaitable<absl::StatusOr<std::optional<Datagram>>> receiveFrom();
   net::awaitable<absl::Status> sendTo(SocketAddress peer, std::string payload);

@@ -14,7 +14,9 @@
 // another agent: status OK, or why it could not be and is gone), kOverlap
 // (a filtered steal's requests went to an earlier subscription), kLost (the
 // session is gone; next() then fails with kAgentLost).
-// Streams handed out are accepted already: their bytes flow.
+// Streams handed out are accepted already: their bytes flow. One that the
+// agent ended before it could be accepted (its client went away) is still
+// handed out; its first read() or write() says why.
 //
 // Threads: as the Target's (target.h).
 #pragma once
@@ -23,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -69,9 +72,13 @@ class MirroredConnection {
   bool startedMidStream() const { return mid_stream_; }
   // The next record or gap; nullopt when both directions ended; an error
   // status when the copy ended otherwise (the connection reset: kErrno
-  // ECONNRESET; idle: kTimeout; the mirror stopped: kCancelled...).
+  // ECONNRESET; idle: kTimeout; the mirror stopped: kCancelled; a record
+  // the agent got wrong: kProtocolError, and the copy ends...).
   net::awaitable<absl::StatusOr<std::optional<MirrorEvent>>> next();
+  // Ends the copy of this connection (not the connection); `code` and `why`
+  // go to the agent.
   void stop();
+  void stop(ErrorCode code, std::string_view why);
 
  private:
   friend struct TargetCore;
@@ -88,6 +95,16 @@ struct StolenRequestInfo {
   uint64_t connection_request = 0;  // its position on the client's connection, from 1
 };
 
+// kOverlap: requests this filtered steal's filter matched went to an
+// earlier subscription of the port (another session's, usually).
+struct FilterOverlap {
+  uint64_t taken_by = 0;        // the agent's id of the subscription that got them
+  std::string taken_by_client;  // its session's client name (may be empty)
+  uint64_t requests = 0;
+  std::string method;  // the first of them
+  std::string path;
+};
+
 struct SubscriptionEvent {
   enum class Kind { kConnection, kRequest, kMirrored, kOverlap, kDraining, kMoved, kLost };
   Kind kind = Kind::kLost;
@@ -97,6 +114,7 @@ struct SubscriptionEvent {
   StolenRequestInfo request;    // kRequest
   MirroredConnection mirrored;  // kMirrored
   absl::Status status;          // kMoved (OK: back), kLost
+  FilterOverlap overlap;        // kOverlap
   std::string text;             // kOverlap, kDraining, kMoved: what happened
 };
 
@@ -104,8 +122,9 @@ struct SubscriptionState;
 struct SubscriptionOwner;
 
 // Dropping the last copy of a Subscription without unsubscribe() resets
-// the streams it did not take, and those that come later; the agent keeps
-// the subscription until the session ends.
+// the streams it did not take, and those that come later, and gives the
+// port back on the agent (an Unsubscribe sent without waiting for its
+// answer; nothing when the subscription is over already).
 class Subscription {
  public:
   Subscription() = default;
@@ -113,9 +132,17 @@ class Subscription {
   // ("sk_lookup", "iptables", "tc").
   uint64_t id() const;
   const std::string& backend() const;
+  // OK while the subscription holds; once it is over, why (as next() will
+  // answer after the events still queued). Known as soon as the session's
+  // news is: a LinkEvent kMoved handler sees here which subscriptions came
+  // back on the new agent and which did not.
+  absl::Status status() const;
   // The next event; an error status once the subscription is over
   // (unsubscribed: kCancelled; the session lost: kAgentLost).
   net::awaitable<absl::StatusOr<SubscriptionEvent>> next();
+  // Gives the port back. The subscription is over here whatever the agent
+  // answers (next() then fails with kCancelled); the status says whether the
+  // agent confirmed (a lost session's subscriptions are gone already: OK).
   net::awaitable<absl::Status> unsubscribe();
 
  private:
