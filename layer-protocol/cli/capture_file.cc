@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cli/format.h"
 #include "siphon/status.h"
 
 namespace siphon::cli {
@@ -16,10 +17,6 @@ uint32_t read32(std::string_view bytes, size_t offset, bool swapped) {
   uint32_t v = 0;
   std::memcpy(&v, bytes.data() + offset, sizeof(v));
   return swapped ? __builtin_bswap32(v) : v;
-}
-
-std::string plural(uint64_t n, std::string_view one) {
-  return absl::StrCat(n, " ", asv(one), n == 1 ? "" : "s");
 }
 
 }  // namespace

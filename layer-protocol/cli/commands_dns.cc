@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
+#include "cli/format.h"
 #include "cli/json_writer.h"
 #include "siphon/client/dns.h"
 
@@ -26,12 +27,6 @@ struct Flags {
   std::string family;
   std::string address;
 };
-
-std::string lines(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& i : items) absl::StrAppend(&out, i, "\n");
-  return out;
-}
 
 std::string lookupJson(const std::string& name, const client::DnsAnswer& a) {
   JsonWriter w;
@@ -68,7 +63,7 @@ int printAnswer(const CommandEnv& env, const absl::StatusOr<client::DnsAnswer>& 
   if (env.json) {
     out = reverse ? reverseJson(subject, *answer) : lookupJson(subject, *answer);
   } else if (answer->ok()) {
-    out = reverse ? lines(answer->names) : lines(answer->addresses);
+    out = reverse ? joinLines(answer->names) : joinLines(answer->addresses);
   }
   const int rc = out.empty() ? kExitOk : printOutput(out);
   if (!answer->ok()) {

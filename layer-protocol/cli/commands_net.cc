@@ -26,6 +26,7 @@
 #include "cli/bridge.h"
 #include "cli/command.h"
 #include "cli/exit_codes.h"
+#include "cli/format.h"
 #include "cli/long_running.h"
 #include "cli/options.h"
 #include "siphon/client/connections.h"
@@ -44,12 +45,6 @@ constexpr size_t kChunk = 64 * 1024;
 // The largest UDP payload (IPv4: 65535 - 8 - 20): one stdin read is one
 // datagram, so never read more.
 constexpr size_t kMaxDatagram = 65507;
-
-// "10.0.0.1:80", "[::1]:80", "db:5432".
-std::string hostPort(const std::string& host, uint32_t port) {
-  if (host.find(':') != std::string::npos) return absl::StrCat("[", host, "]:", port);
-  return absl::StrCat(host, ":", port);
-}
 
 // Asio makes descriptors it waits on non-blocking, which would stay so for
 // the shell that shares our stdin/stdout: put the flags back at the end.

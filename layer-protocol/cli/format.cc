@@ -45,6 +45,11 @@ std::string statusText(const absl::Status& status) {
   return absl::StrCat(client::errorName(client::errorCode(status)), ": ", status.message());
 }
 
+std::string hostPort(std::string_view host, uint32_t port) {
+  if (host.find(':') != std::string_view::npos) return absl::StrCat("[", asv(host), "]:", port);
+  return absl::StrCat(asv(host), ":", port);
+}
+
 std::string errnoText(int err) {
   const char* name = ::strerrorname_np(err);
   return absl::StrCat(std::strerror(err), " (",

@@ -46,6 +46,9 @@ std::string joinLines(const Range& items) {
 // the wire (client::errorName): how event lines show a failed status.
 std::string statusText(const absl::Status& status);
 
+// "10.0.0.1:80", "[::1]:80", "db:5432": brackets around hosts with a ':'.
+std::string hostPort(std::string_view host, uint32_t port);
+
 // "Permission denied (EACCES)": strerror and the errno's name ("errno N"
 // for a number without one).
 std::string errnoText(int err);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cli/bridge.h"
+#include "cli/format.h"
 #include "siphon/status.h"
 #include "siphon/transport/spawn.h"
 
@@ -22,11 +23,6 @@ constexpr size_t kChunk = 64 * 1024;
 // that the server closed while idle fails on the first write or read, long
 // before this much went out; a request larger than this is not retried.
 constexpr size_t kReplayMax = 1 << 20;
-
-// "CODE: message", as the lines show a failed status.
-std::string statusText(const absl::Status& s) {
-  return absl::StrCat(errorCodeName(errorCodeOf(s)), ": ", s.message());
-}
 
 }  // namespace
 

@@ -15,10 +15,6 @@ namespace asio = net::asio;
 using client::ErrorCode;
 using client::LinkEvent;
 
-std::string statusText(const absl::Status& s) {
-  return absl::StrCat(client::errorName(client::errorCode(s)), ": ", s.message());
-}
-
 int streamExitCode(const absl::Status& s) {
   return client::errorCode(s) == ErrorCode::kAgentLost ? kExitUnreachable : kExitError;
 }

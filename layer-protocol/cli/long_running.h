@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "cli/command.h"
+#include "cli/format.h"
 #include "siphon/client/target.h"
 #include "siphon/transport/asio.h"
 
@@ -102,8 +103,5 @@ class LongRunning {
 // lost session is kExitUnreachable, anything the agent said about the work
 // itself (a refused connect, a bad filter) kExitError.
 int streamExitCode(const absl::Status& s);
-
-// "CODE: message", as the event lines show a failed status.
-std::string statusText(const absl::Status& s);
 
 }  // namespace siphon::cli

@@ -1,15 +1,12 @@
 #include "cli/mirror_output.h"
 
 #include "absl/strings/str_cat.h"
+#include "cli/format.h"
 #include "cli/json_writer.h"
 #include "siphon/status.h"
 
 namespace siphon::cli {
 namespace {
-
-std::string plural(uint64_t n, std::string_view one, std::string_view many) {
-  return absl::StrCat(n, " ", asv(n == 1 ? one : many));
-}
 
 // "client_to_server", for JSON.
 std::string_view directionKey(v1::Direction d) {

@@ -132,11 +132,6 @@ std::string filterText(const client::HttpFilter& filter) {
 
 std::string StealRoute::to() const { return hostPort(host, to_port); }
 
-std::string hostPort(std::string_view host, uint32_t port) {
-  if (host.find(':') != std::string_view::npos) return absl::StrCat("[", asv(host), "]:", port);
-  return absl::StrCat(asv(host), ":", port);
-}
-
 absl::StatusOr<StealRoute> parseStealTarget(std::string_view text) {
   auto bad = [&](std::string_view why) {
     return protoError(v1::INVALID_ARGUMENT, absl::StrCat("bad --to '", asv(text), "': ", asv(why),

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cli/format.h"
 #include "siphon/client/subscriptions.h"
 #include "siphon/v1/services.pb.h"
 
@@ -28,9 +29,6 @@ struct StealRoute {
 
 // A port, 1..65535, in plain decimal digits (no sign, no blanks).
 bool parsePort(std::string_view s, uint16_t* out);
-
-// "10.0.0.1:80", "[::1]:80", "db:5432": brackets around hosts with a ':'.
-std::string hostPort(std::string_view host, uint32_t port);
 
 // A --to value: "HOST:PORT", IPv6 as "[ADDR]:PORT", port 1..65535.
 // INVALID_ARGUMENT naming the value and what is wrong.
