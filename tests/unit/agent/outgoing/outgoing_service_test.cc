@@ -20,43 +20,17 @@
 #include "siphon/status.h"
 #include "tests/fakes/echo_server.h"
 #include "tests/fakes/in_process_agent.h"
+#include "tests/fakes/loopback.h"
 
 namespace siphon::agent {
 namespace {
 
 namespace asio = net::asio;
 using fakes::EchoServer;
+using fakes::loopbackSocket;
+using fakes::unixListener;
 
 constexpr char kToken[] = "outgoing-test-token";
-
-int loopbackSocket(int type) {
-  int fd = ::socket(AF_INET, type | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  if (type == SOCK_STREAM) {
-    EXPECT_EQ(::listen(fd, 64), 0);
-  }
-  return fd;
-}
-
-int unixListener(const std::string& path_or_at, int type) {
-  int fd = ::socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  socklen_t len;
-  if (path_or_at[0] == '@') {
-    std::memcpy(a.sun_path + 1, path_or_at.data() + 1, path_or_at.size() - 1);
-    len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path_or_at.size());
-  } else {
-    std::strncpy(a.sun_path, path_or_at.c_str(), sizeof(a.sun_path) - 1);
-    len = sizeof(a);
-  }
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), len), 0) << path_or_at;
-  EXPECT_EQ(::listen(fd, 16), 0);
-  return fd;
-}
 
 // A port nobody listens on: a TCP socket bound without listen() keeps the
 // port (nobody else gets it), and connects to it are refused.
