@@ -253,7 +253,10 @@ net::awaitable<void> Exchange::pump(std::shared_ptr<Exchange> self_in) {
       x.replay_ += bytes;
       if (x.replay_.size() > kReplayMax) {
         x.replayable_ = false;
-        std::string().swap(x.replay_);
+        // clear + shrink, not swap with an empty string: GCC 12 misreads
+        // that swap as a memcpy of over 1 MiB into the small buffer.
+        x.replay_.clear();
+        x.replay_.shrink_to_fit();
       }
     }
     net::error_code ec;
