@@ -884,6 +884,18 @@ def main():
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench: needs root (network namespaces, BPF, iptables)")
+    # The load generators and baselines (scripts/bench.sh installs them): a
+    # missing one is named now, not found as a failed scenario minutes in.
+    missing = [t for t in ("ip", "ss", "iptables", "iperf3", "wrk", "h2load", "nginx", "socat")
+               if shutil.which(t) is None]
+    if missing:
+        sys.exit(f"bench: not installed: {' '.join(missing)} "
+                 "(scripts/bench.sh installs them; or apt-get install iperf3 wrk "
+                 "nghttp2-client nginx-light socat iproute2 iptables)")
+    for path in ("agent/siphon-agent", "layer-protocol/cli/siphon"):
+        if not os.access(os.path.join(args.build, path), os.X_OK):
+            sys.exit(f"bench: no {path} in {args.build}: build it first "
+                     "(scripts/bench.sh builds build-release/)")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     groups = [g for g in args.only.split(",") if g] or [
         "bulk", "bulk8", "http", "short", "filtered", "idle", "forward", "startup", "rss",
