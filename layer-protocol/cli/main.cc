@@ -6,8 +6,6 @@
 // Commands are registered per area (cli/command.h): `info`, `env ...`.
 // Exit codes: see cli/exit_codes.h (0 ok, 1 error, 2 usage, 3 agent
 // unreachable, 4 session rejected).
-#include <fmt/core.h>
-
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
@@ -66,22 +64,6 @@ net::awaitable<int> run(client::ClientOptions options, CommandRun command, bool 
 }
 
 }  // namespace
-
-void printError(std::string_view message) { fmt::print(stderr, "siphon: {}\n", message); }
-
-int printOutput(const std::string& out) {
-  if (std::fwrite(out.data(), 1, out.size(), stdout) != out.size() || std::fflush(stdout) != 0) {
-    printError("cannot write the output");
-    return kExitError;
-  }
-  return kExitOk;
-}
-
-int reportFailure(std::string_view what, const absl::Status& status) {
-  Failure f = requestFailure(what, status);
-  printError(f.message);
-  return f.exit_code;
-}
 
 net::awaitable<absl::StatusOr<v1::Response>> callOrReport(const CommandEnv& env,
                                                           v1::Request request,

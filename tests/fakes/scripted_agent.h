@@ -126,6 +126,7 @@ class ScriptedAgent : public protocol::SessionHandler {
   std::function<void(v1::Request)> on_request;
   std::function<void(v1::StreamAccept)> on_accept;
   std::function<void(uint64_t)> on_writable;
+  std::function<void(uint64_t, v1::Error)> on_reset;
 
   void onRequest(v1::Request r) override {
     if (on_request) on_request(std::move(r));
@@ -135,6 +136,9 @@ class ScriptedAgent : public protocol::SessionHandler {
   }
   void onStreamWritable(uint64_t id) override {
     if (on_writable) on_writable(id);
+  }
+  void onStreamReset(uint64_t id, v1::Error error) override {
+    if (on_reset) on_reset(id, std::move(error));
   }
   void onStreamData(uint64_t id, std::string_view payload) override {
     session_->consumed(id, payload.size());

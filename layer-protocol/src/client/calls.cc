@@ -255,7 +255,18 @@ absl::Status Client::acceptStream(ClientStream& stream) {
 
 void Client::onResponse(Link& link, v1::Response response) {
   auto it = link.pending.find(response.request_id());
-  if (it == link.pending.end()) return;  // timed out meanwhile
+  if (it == link.pending.end()) {
+    // Timed out meanwhile. A subscribe the agent made after its caller gave
+    // up would keep the port stolen (or mirrored) for the session's life,
+    // each connection reset here for want of a Subscription: undo it. Its
+    // answer, too, finds nobody waiting and is dropped.
+    if (response.has_subscribed() && !response.has_error()) {
+      v1::Request undo;
+      undo.mutable_unsubscribe()->set_subscription_id(response.subscribed().subscription_id());
+      if (link.session->sendRequest(std::move(undo)).ok()) link.wake();
+    }
+    return;
+  }
   Pending& p = *it->second;
   if (response.has_error() && response.error().code() != v1::OK) {
     p.result = fromProtoError(response.error());

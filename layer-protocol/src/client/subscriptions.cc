@@ -115,33 +115,9 @@ net::awaitable<absl::Status> Subscription::unsubscribe() {
   co_return absl::OkStatus();
 }
 
-namespace {
-
-FilterOverlap overlapOf(const v1::FilterOverlap& o) {
-  return FilterOverlap{o.taken_by(), o.taken_by_client(), o.requests(), o.method(), o.path()};
-}
-
-}  // namespace
-
-// TargetCore::onNotice (target.cc) tells a kOverlap event by its text
-// alone; the notice handler is wrapped here so that the event also carries
-// the overlap's parts (SubscriptionEvent::overlap), for programs that word
-// it their own way. The event onNotice queued is the last one of its
-// subscription; one it did not queue (the subscription is over) is left.
-Subscriptions::Subscriptions(const Target& target) : core_(target.core()) {
-  std::weak_ptr<TargetCore> weak = core_;
-  core_->client->setNoticeHandler([weak](const v1::SubscriptionNotice& n) {
-    auto core = weak.lock();
-    if (!core) return;
-    core->onNotice(n);
-    auto it = core->subscriptions.find(n.subscription_id());
-    if (it == core->subscriptions.end() || !n.has_overlap()) return;
-    auto& events = it->second->events;
-    if (events.empty() || events.back().kind != SubscriptionEvent::Kind::kOverlap) return;
-    FilterOverlap& o = events.back().overlap;
-    if (o.requests == 0 && o.taken_by == 0) o = overlapOf(n.overlap());
-  });
-}
+// The notices of a subscription (a filter's overlap) come through the
+// Target's own notice handler (TargetCore::onNotice, target.cc).
+Subscriptions::Subscriptions(const Target& target) : core_(target.core()) {}
 
 namespace {
 

@@ -219,6 +219,8 @@ void TargetCore::onNotice(const v1::SubscriptionNotice& n) {
   const v1::FilterOverlap& o = n.overlap();
   SubscriptionEvent overlap;
   overlap.kind = SubscriptionEvent::Kind::kOverlap;
+  overlap.overlap =
+      FilterOverlap{o.taken_by(), o.taken_by_client(), o.requests(), o.method(), o.path()};
   overlap.text = absl::StrCat(o.requests(), " request(s) this filter matched (first ", o.method(),
                               " ", o.path(), ") went to the earlier subscription ", o.taken_by(),
                               o.taken_by_client().empty() ? "" : " of ", o.taken_by_client());

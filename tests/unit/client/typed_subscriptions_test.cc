@@ -265,5 +265,134 @@ TEST(TypedSubscriptionsTest, DroppingASubscriptionUnsubscribesOnTheAgent) {
   });
 }
 
+// A filter's overlap notice comes out as a kOverlap event with its parts
+// (who took the requests, how many, the first of them) and its text, after
+// the Subscriptions object that subscribed is gone; a notice for a
+// subscription the client does not hold is dropped.
+TEST(TypedSubscriptionsTest, AnOverlapNoticeIsAnEventWithItsParts) {
+  run([](asio::any_io_executor ex) -> net::awaitable<void> {
+    auto agent = std::make_shared<ScriptedAgent>(ex);
+    asio::co_spawn(
+        ex, [agent]() { return agent->serve(); }, asio::detached);
+    answerSubscribes(*agent, nullptr);
+    Target target = Target::create(ex, optionsFor(*agent));
+    EXPECT_TRUE((co_await target.connect()).ok());
+    absl::StatusOr<Subscription> sub = absl::UnknownError("not subscribed");
+    {
+      Subscriptions subscriptions(target);
+      StealSpec spec;
+      spec.port = 8080;
+      spec.filter = HttpFilter{{{"x-user", "^me$"}}, "", "", false};
+      sub = co_await subscriptions.steal(spec);
+    }
+    EXPECT_TRUE(sub.ok()) << sub.status();
+    if (!sub.ok()) co_return;
+
+    v1::SubscriptionNotice stray;
+    stray.set_subscription_id(kAgentSubscription + 1);
+    stray.mutable_overlap()->set_requests(9);
+    agent->session().sendNotice(stray);
+    v1::SubscriptionNotice notice;
+    notice.set_subscription_id(kAgentSubscription);
+    v1::FilterOverlap& o = *notice.mutable_overlap();
+    o.set_taken_by(3);
+    o.set_taken_by_client("alice@laptop");
+    o.set_requests(2);
+    o.set_method("POST");
+    o.set_path("/orders");
+    agent->session().sendNotice(notice);
+    agent->wake();
+
+    auto event = co_await sub->next();
+    EXPECT_TRUE(event.ok()) << event.status();
+    if (!event.ok()) co_return;
+    EXPECT_EQ(event->kind, SubscriptionEvent::Kind::kOverlap);
+    EXPECT_EQ(event->overlap.taken_by, 3u);
+    EXPECT_EQ(event->overlap.taken_by_client, "alice@laptop");
+    EXPECT_EQ(event->overlap.requests, 2u);
+    EXPECT_EQ(event->overlap.method, "POST");
+    EXPECT_EQ(event->overlap.path, "/orders");
+    EXPECT_EQ(event->text,
+              "2 request(s) this filter matched (first POST /orders) went to the earlier "
+              "subscription 3 of alice@laptop");
+    target.close();
+  });
+}
+
+// A subscribe whose answer does not come in time fails with TIMEOUT, but
+// the agent made the subscription and answers late: the client undoes it
+// with an Unsubscribe of the agent's id (before, the port stayed stolen for
+// the session's life), and a stream of it that comes meanwhile is reset, not
+// left waiting for a Subscription nobody holds.
+TEST(TypedSubscriptionsTest, ALateSubscribedAnswerIsUnsubscribedAndItsStreamsReset) {
+  run([](asio::any_io_executor ex) -> net::awaitable<void> {
+    auto agent = std::make_shared<ScriptedAgent>(ex);
+    asio::co_spawn(
+        ex, [agent]() { return agent->serve(); }, asio::detached);
+    std::vector<v1::Request> requests;
+    std::optional<v1::Request> steal;
+    std::vector<uint64_t> resets;
+    net::Signal got(ex);
+    agent->on_request = [&](v1::Request r) {
+      requests.push_back(r);
+      if (r.has_steal()) {
+        steal = r;  // answered by the test, late
+      } else {
+        v1::Response response;
+        response.set_request_id(r.request_id());
+        response.mutable_unsubscribed();
+        agent->session().sendResponse(std::move(response));
+        agent->wake();
+      }
+      got.notify();
+    };
+    agent->on_reset = [&](uint64_t id, v1::Error) {
+      resets.push_back(id);
+      got.notify();
+    };
+
+    TargetOptions o = optionsFor(*agent);
+    o.call_timeout = std::chrono::milliseconds(300);
+    Target target = Target::create(ex, o);
+    EXPECT_TRUE((co_await target.connect()).ok());
+    Subscriptions subscriptions(target);
+    StealSpec spec;
+    spec.port = 8080;
+    spec.filter = HttpFilter{{{"x-user", "^me$"}}, "", "", false};
+    auto sub = co_await subscriptions.steal(spec);
+    EXPECT_EQ(errorCode(sub.status()), ErrorCode::kTimeout) << sub.status();
+    EXPECT_TRUE(steal.has_value());
+    if (!steal) co_return;
+
+    // The agent's answer, then a request of the subscription at once.
+    v1::Response answer;
+    answer.set_request_id(steal->request_id());
+    answer.mutable_subscribed()->set_subscription_id(kAgentSubscription);
+    answer.mutable_subscribed()->set_backend("sk_lookup");
+    agent->session().sendResponse(std::move(answer));
+    auto opened = agent->openStolenRequest(kAgentSubscription, "GET", "/late");
+    EXPECT_TRUE(opened.ok()) << opened.status();
+
+    const auto deadline = asio::steady_timer::clock_type::now() + std::chrono::seconds(5);
+    auto unsubscribed = [&] {
+      for (const auto& r : requests) {
+        if (r.has_unsubscribe() && r.unsubscribe().subscription_id() == kAgentSubscription) {
+          return true;
+        }
+      }
+      return false;
+    };
+    while ((resets.empty() || !unsubscribed()) &&
+           asio::steady_timer::clock_type::now() < deadline) {
+      co_await got.wait(deadline);
+    }
+    EXPECT_TRUE(unsubscribed());
+    if (opened.ok()) {
+      EXPECT_EQ(resets, std::vector<uint64_t>{*opened});
+    }
+    target.close();
+  });
+}
+
 }  // namespace
 }  // namespace siphon::client
