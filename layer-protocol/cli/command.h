@@ -42,6 +42,7 @@ struct Command {
 // Registration, one function per area (commands_<area>.cc).
 void addBasicCommands(CLI::App& app, std::vector<Command>& out);  // info, env
 void addFsCommands(CLI::App& app, std::vector<Command>& out);     // fs stat, ls, cat, write...
+void addFsMountCommand(CLI::App& fs, std::vector<Command>& out);  // fs mount (commands_mount.cc)
 void addNetCommands(CLI::App& app, std::vector<Command>& out);    // connect, forward
 void addDnsCommands(CLI::App& app, std::vector<Command>& out);    // dns lookup, dns reverse
 void addStealCommands(CLI::App& app, std::vector<Command>& out);  // steal

@@ -463,6 +463,7 @@ bool parseModeOrReport(const std::string& text, uint32_t* mode) {
 void addFsCommands(CLI::App& app, std::vector<Command>& out) {
   CLI::App* fs = app.add_subcommand("fs", "Files inside the target's root");
   fs->require_subcommand(1);
+  addFsMountCommand(*fs, out);
 
   {
     struct Flags {

@@ -1,0 +1,153 @@
+// The mount's session and event loop: mount, the /dev/fuse descriptor waited
+// on with Asio, the operations in flight counted so that the session goes
+// only after their answers. The operations are in fuse_ops.cc.
+#include "fuse/fuse_mount.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "fuse/fuse_impl.h"
+#include "siphon/status.h"
+
+namespace siphon::fuse {
+
+namespace asio = net::asio;
+
+absl::Status checkMountpoint(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("no mountpoint given");
+  struct statx stx {};
+  if (::statx(AT_FDCWD, path.c_str(), 0, STATX_TYPE, &stx) != 0) {
+    const int err = errno;
+    if (err == ENOTCONN) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " is a FUSE mount whose server is gone: unmount it first (fusermount3 -u ", path,
+          ")"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", std::strerror(err)));
+  }
+  if (!S_ISDIR(stx.stx_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not a directory"));
+  }
+  if ((stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT) != 0 &&
+      (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is a mount point already"));
+  }
+  std::error_code ec;
+  std::filesystem::directory_iterator it(path, ec);
+  if (ec) return absl::InvalidArgumentError(absl::StrCat(path, ": ", ec.message()));
+  if (it != std::filesystem::directory_iterator()) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not empty"));
+  }
+  return absl::OkStatus();
+}
+
+FuseMount::Impl::Impl(client::Target t, MountOptions o)
+    : target(t), files(t), table(o.remote_dir), fd(t.client()->executor()), idle(fd.get_executor()) {
+  attr_timeout = std::chrono::duration<double>(o.attr_timeout).count();
+  mountpoint = o.mountpoint;
+  while (mountpoint.size() > 1 && mountpoint.back() == '/') mountpoint.pop_back();
+  remote_dir = o.remote_dir;
+  while (remote_dir.size() > 1 && remote_dir.back() == '/') remote_dir.pop_back();
+  read_only = o.read_only;
+}
+
+FuseMount::Impl::~Impl() {
+  if (se) {
+    net::error_code ignored;
+    if (fd.is_open()) fd.release();
+    if (mounted) fuse_session_unmount(se);
+    fuse_session_destroy(se);
+  }
+  std::free(buf.mem);
+}
+
+FuseMount::FuseMount(std::unique_ptr<Impl> impl, MountOptions options)
+    : impl_(std::move(impl)), options_(std::move(options)) {}
+
+FuseMount::~FuseMount() = default;
+
+absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::mount(client::Target target,
+                                                            MountOptions options) {
+  if (absl::Status s = checkMountpoint(options.mountpoint); !s.ok()) return s;
+  if (options.remote_dir.empty() || options.remote_dir[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--path ", options.remote_dir, ": must be absolute (inside the target)"));
+  }
+  auto impl = std::make_unique<Impl>(target, options);
+  // -o options: the kernel's large requests, the mount's mode, and
+  // auto_unmount (fusermount3 unmounts when this process dies, even of
+  // SIGKILL: the mount answers ENOTCONN, then goes, and never hangs).
+  std::string opts = absl::StrCat("fsname=siphon,subtype=siphon,max_read=", kMaxIo,
+                                  ",auto_unmount");
+  if (options.read_only) opts += ",ro";
+  std::vector<std::string> argv = {"siphon", "-o", opts};
+  if (options.debug) argv.push_back("-d");
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  struct fuse_args args = FUSE_ARGS_INIT(static_cast<int>(cargv.size()), cargv.data());
+  impl->se = fuse_session_new(&args, &operations(), sizeof(struct fuse_lowlevel_ops), impl.get());
+  fuse_opt_free_args(&args);
+  if (!impl->se) return absl::InternalError("libfuse refused the mount options");
+  if (fuse_session_mount(impl->se, options.mountpoint.c_str()) != 0) {
+    // libfuse printed why (fusermount3: "...") on stderr.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot mount ", options.mountpoint,
+        geteuid() == 0 ? "" : ": as a user this needs fusermount3 (Debian's fuse3) and /dev/fuse "
+                              "open to users"));
+  }
+  impl->mounted = true;
+  const int kfd = fuse_session_fd(impl->se);
+  const int flags = ::fcntl(kfd, F_GETFL);
+  if (flags >= 0) ::fcntl(kfd, F_SETFL, flags | O_NONBLOCK);
+  impl->fd.assign(kfd);
+  return std::unique_ptr<FuseMount>(new FuseMount(std::move(impl), std::move(options)));
+}
+
+void FuseMount::stop() {
+  if (!impl_->se) return;
+  fuse_session_exit(impl_->se);
+  net::error_code ignored;
+  impl_->fd.cancel(ignored);
+}
+
+net::awaitable<absl::Status> FuseMount::serve() {
+  Impl& m = *impl_;
+  absl::Status why;
+  while (!fuse_session_exited(m.se)) {
+    net::error_code ec;
+    co_await m.fd.async_wait(asio::posix::descriptor_base::wait_read,
+                             asio::redirect_error(net::use_awaitable, ec));
+    if (ec || fuse_session_exited(m.se)) break;
+    // Every request that is there now: one wake-up, many requests.
+    for (;;) {
+      const int n = fuse_session_receive_buf(m.se, &m.buf);
+      if (n == -EAGAIN || n == -EINTR) break;
+      if (n <= 0) {
+        // 0 or -ENODEV: unmounted (fusermount3 -u, umount).
+        if (n < 0 && n != -ENODEV) why = errnoStatus(-n, "reading /dev/fuse");
+        fuse_session_exit(m.se);
+        break;
+      }
+      fuse_session_process_buf(m.se, &m.buf);
+      if (fuse_session_exited(m.se)) break;
+    }
+  }
+  // The answers still owed: the client's call timeout bounds each.
+  while (m.inflight > 0) co_await m.idle.wait();
+  net::error_code ignored;
+  m.fd.release();
+  if (m.mounted) {
+    fuse_session_unmount(m.se);
+    m.mounted = false;
+  }
+  co_return why;
+}
+
+}  // namespace siphon::fuse

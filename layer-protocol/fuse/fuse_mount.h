@@ -1,0 +1,94 @@
+// `siphon fs mount`: the target's files as a local FUSE file system, on the
+// client library (siphon/client/files.h). libfuse3's low-level API, driven
+// from the Client's event loop: the /dev/fuse descriptor is waited on with
+// Asio, each kernel request is read and dispatched there, and each operation
+// runs as a coroutine that answers the kernel (fuse_reply_*) when the
+// agent's answer comes, so many requests are in flight at once and no
+// thread blocks on the network.
+//
+// What the kernel sees:
+//  - node ids from an InodeTable (fuse/inode_table.h): one per looked-up
+//    name, paths rebuilt from (parent, name); st_ino is the target's inode
+//    number, so tools see the target's identities (hard links share it);
+//  - the target's uid, gid, mode, sizes and times as the agent's lstat gives
+//    them; symlinks are symlinks. A relative link's text is the target's.
+//    An absolute one is answered as a path inside the mount (its size
+//    too), so that following it never reaches this machine's own files:
+//    under the mounted directory, MOUNTPOINT/rest; outside it,
+//    MOUNTPOINT/.siphon-outside-mount/TEXT, which does not resolve;
+//  - attributes and entries cached for `attr_timeout`; a file's pages kept
+//    between opens while its size and mtime are unchanged;
+//  - reads and writes split into the agent's largest request and sent
+//    together; the kernel sends up to 1 MiB per request (max_read,
+//    max_write) and reads ahead.
+//
+// Errors: the agent's errno as it is; work lost with the agent (a failed
+// session, a handle of a session that is gone) EIO, never a hang past the
+// client's call timeout, and never a handle reopened behind the program.
+// A read-only mount is mounted "ro" (the kernel answers EROFS); a
+// read-only agent answers EROFS whatever the mount says.
+//
+// Threads: the Target's executor only.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "siphon/client/files.h"
+#include "siphon/client/target.h"
+#include "siphon/transport/asio.h"
+
+struct fuse_session;
+
+namespace siphon::fuse {
+
+class InodeTable;
+
+struct MountOptions {
+  std::string mountpoint;
+  std::string remote_dir = "/";  // inside the target's root
+  bool read_only = false;
+  std::chrono::milliseconds attr_timeout{1000};
+  bool debug = false;  // libfuse's request log on stderr
+};
+
+// A mountpoint a mount can use: an existing, empty directory that is not a
+// mount already. INVALID_ARGUMENT / FAILED_PRECONDITION say which.
+absl::Status checkMountpoint(const std::string& path);
+
+class FuseMount {
+ public:
+  // Mounts `options.mountpoint` (checked with checkMountpoint first) for
+  // the target's `options.remote_dir`, which the caller checked is a
+  // directory. As root the kernel mount is made directly; otherwise
+  // through fusermount3, where the system lets users mount FUSE.
+  static absl::StatusOr<std::unique_ptr<FuseMount>> mount(client::Target target,
+                                                          MountOptions options);
+  ~FuseMount();
+  FuseMount(const FuseMount&) = delete;
+  FuseMount& operator=(const FuseMount&) = delete;
+
+  // Serves the kernel's requests until the mount goes (fusermount3 -u,
+  // umount) or stop(); then waits for the operations in flight and
+  // unmounts. OK when it ended by either.
+  net::awaitable<absl::Status> serve();
+  // Ends serve() (from a signal handler's completion, say).
+  void stop();
+
+  const MountOptions& options() const { return options_; }
+
+  // The operations' side (fuse_mount.cc, fuse_ops.cc).
+  struct Impl;
+
+ private:
+  explicit FuseMount(std::unique_ptr<Impl> impl, MountOptions options);
+  std::unique_ptr<Impl> impl_;
+  MountOptions options_;
+};
+
+}  // namespace siphon::fuse

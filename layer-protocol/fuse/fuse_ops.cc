@@ -1,0 +1,709 @@
+// The mount's operations (fuse_mount.h): each kernel request starts a
+// coroutine on the Client's event loop that asks the agent (siphon/client/
+// files.h) and answers the kernel. Coroutines are free functions taking
+// their arguments by value (a lambda coroutine's captures would dangle).
+//
+// Over 600 lines: one function per FUSE operation, each short; splitting
+// them by kind would only scatter the helpers they share.
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fuse/fuse_impl.h"
+#include "siphon/client/errors.h"
+#include "siphon/status.h"
+#include "siphon/transport/spawn.h"
+
+namespace siphon::fuse {
+namespace {
+
+using Impl = FuseMount::Impl;
+using client::FileStat;
+
+constexpr int64_t kTimeOmit = -1;  // the agent's "leave it" (files.proto)
+constexpr int64_t kTimeNow = -2;   // the agent's "now"
+
+Impl& implOf(fuse_req_t req) { return *static_cast<Impl*>(fuse_req_userdata(req)); }
+
+// The errno to answer for a failed call: the agent's own, else EIO (the
+// session lost, a timeout, a protocol error: the work is lost, not refused).
+int errOf(const absl::Status& s) {
+  if (s.ok()) return 0;
+  const int e = client::errnoValue(s);
+  return e > 0 ? e : EIO;
+}
+
+// A handle's failure: EIO once its session is gone (the handle is never
+// reopened on another agent), the agent's errno otherwise.
+int handleErr(const client::File& f, const absl::Status& s) {
+  if (!f.alive().ok()) return EIO;
+  return errOf(s);
+}
+
+net::awaitable<void> counted(Impl* m, net::awaitable<void> op) {
+  struct Done {
+    Impl* m;
+    ~Done() {
+      if (--m->inflight == 0) m->idle.notify();
+    }
+  } done{m};
+  co_await std::move(op);
+}
+
+void start(fuse_req_t req, net::awaitable<void> op) {
+  Impl& m = implOf(req);
+  ++m.inflight;
+  net::spawn(m.fd.get_executor(), counted(&m, std::move(op)), "fuse_op");
+}
+
+int64_t seconds(int64_t ns) { return ns >= 0 ? ns / 1000000000 : -((-ns + 999999999) / 1000000000); }
+
+struct timespec toTimespec(int64_t ns) {
+  struct timespec ts {};
+  ts.tv_sec = seconds(ns);
+  ts.tv_nsec = ns - ts.tv_sec * 1000000000;
+  return ts;
+}
+
+struct stat toStat(const FileStat& f) {
+  struct stat st {};
+  st.st_dev = f.dev;
+  st.st_ino = f.ino;
+  st.st_mode = f.mode;
+  st.st_nlink = f.nlink;
+  st.st_uid = f.uid;
+  st.st_gid = f.gid;
+  st.st_rdev = f.rdev;
+  st.st_size = f.size;
+  st.st_blksize = f.blksize;
+  st.st_blocks = f.blocks;
+  st.st_atim = toTimespec(f.atime_ns);
+  st.st_mtim = toTimespec(f.mtime_ns);
+  st.st_ctim = toTimespec(f.ctime_ns);
+  return st;
+}
+
+// What readlink answers for the target's link text (see fuse_mount.h).
+std::string shownLink(const Impl& m, const std::string& text) {
+  if (text.empty() || text[0] != '/') return text;
+  if (m.remote_dir == "/") return m.mountpoint + text;
+  if (text == m.remote_dir) return m.mountpoint;
+  if (text.size() > m.remote_dir.size() && text.compare(0, m.remote_dir.size(), m.remote_dir) == 0 &&
+      text[m.remote_dir.size()] == '/') {
+    return m.mountpoint + text.substr(m.remote_dir.size());
+  }
+  return m.mountpoint + "/" + kOutsideMount + text;
+}
+
+// lstat of `path`, a symlink's size being the length of what readlink
+// answers for it.
+net::awaitable<absl::StatusOr<struct stat>> attrOf(Impl* m, std::string path) {
+  auto st = co_await m->files.lstat(path);
+  if (!st.ok()) co_return st.status();
+  struct stat out = toStat(*st);
+  if (S_ISLNK(out.st_mode)) {
+    auto text = co_await m->files.readlink(path);
+    if (text.ok()) out.st_size = static_cast<off_t>(shownLink(*m, *text).size());
+  }
+  co_return out;
+}
+
+void replyEntry(Impl& m, fuse_req_t req, uint64_t parent, const std::string& name,
+                const struct stat& st) {
+  struct fuse_entry_param e {};
+  e.ino = m.table.lookup(parent, name);
+  if (e.ino == 0) {
+    fuse_reply_err(req, ENOENT);
+    return;
+  }
+  e.attr = st;
+  e.attr_timeout = m.attr_timeout;
+  e.entry_timeout = m.attr_timeout;
+  if (fuse_reply_entry(req, &e) != 0) m.table.forget(e.ino, 1);  // the kernel did not take it
+}
+
+// After an operation that made `name` in `parent`: its attributes, as a
+// new entry for the kernel.
+net::awaitable<void> entryAfter(Impl* m, fuse_req_t req, uint64_t parent, std::string name,
+                                std::string path) {
+  auto st = co_await attrOf(m, path);
+  if (!st.ok()) {
+    fuse_reply_err(req, errOf(st.status()));
+    co_return;
+  }
+  replyEntry(*m, req, parent, name, *st);
+}
+
+// ------------------------------------------------------------ names
+
+net::awaitable<void> doLookup(Impl* m, fuse_req_t req, uint64_t parent, std::string name) {
+  auto path = m->table.childPath(parent, name);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  auto st = co_await attrOf(m, *path);
+  if (!st.ok()) {
+    const int err = errOf(st.status());
+    if (err == ENOENT) {
+      // A negative entry, cached as long as a positive one.
+      struct fuse_entry_param e {};
+      e.entry_timeout = m->attr_timeout;
+      fuse_reply_entry(req, &e);
+    } else {
+      fuse_reply_err(req, err);
+    }
+    co_return;
+  }
+  replyEntry(*m, req, parent, name, *st);
+}
+
+void opLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  start(req, doLookup(&implOf(req), req, parent, name));
+}
+
+void opForget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
+  implOf(req).table.forget(ino, nlookup);
+  fuse_reply_none(req);
+}
+
+void opForgetMulti(fuse_req_t req, size_t count, struct fuse_forget_data* forgets) {
+  Impl& m = implOf(req);
+  for (size_t i = 0; i < count; ++i) m.table.forget(forgets[i].ino, forgets[i].nlookup);
+  fuse_reply_none(req);
+}
+
+// ------------------------------------------------------------ attributes
+
+net::awaitable<void> doGetattr(Impl* m, fuse_req_t req, uint64_t ino, uint64_t fh) {
+  if (auto it = m->open_files.find(fh); fh != 0 && it != m->open_files.end()) {
+    // An open file answers through its handle, also once unlinked.
+    client::File file = it->second.file;
+    auto st = co_await file.stat();
+    if (!st.ok()) {
+      fuse_reply_err(req, handleErr(file, st.status()));
+      co_return;
+    }
+    struct stat out = toStat(*st);
+    fuse_reply_attr(req, &out, m->attr_timeout);
+    co_return;
+  }
+  auto path = m->table.path(ino);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  auto st = co_await attrOf(m, *path);
+  if (!st.ok()) {
+    fuse_reply_err(req, errOf(st.status()));
+    co_return;
+  }
+  fuse_reply_attr(req, &*st, m->attr_timeout);
+}
+
+void opGetattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
+  start(req, doGetattr(&implOf(req), req, ino, fi ? fi->fh : 0));
+}
+
+int64_t timeArg(int to_set, int set_flag, int now_flag, const struct timespec& ts) {
+  if ((to_set & now_flag) != 0) return kTimeNow;
+  if ((to_set & set_flag) == 0) return kTimeOmit;
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+net::awaitable<void> doSetattr(Impl* m, fuse_req_t req, uint64_t ino, struct stat attr, int to_set,
+                               uint64_t fh) {
+  auto path = m->table.path(ino);
+  std::optional<client::File> file;
+  if (auto it = m->open_files.find(fh); fh != 0 && it != m->open_files.end()) {
+    file = it->second.file;
+  }
+  if (!path && !file) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  absl::Status s;
+  if (s.ok() && (to_set & FUSE_SET_ATTR_MODE) != 0) {
+    s = path ? co_await m->files.chmod(*path, attr.st_mode & 07777)
+             : errnoStatus(ENOENT, "removed");
+  }
+  if (s.ok() && (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) != 0) {
+    const int64_t uid = (to_set & FUSE_SET_ATTR_UID) != 0 ? int64_t{attr.st_uid} : -1;
+    const int64_t gid = (to_set & FUSE_SET_ATTR_GID) != 0 ? int64_t{attr.st_gid} : -1;
+    s = path ? co_await m->files.chown(*path, uid, gid, false) : errnoStatus(ENOENT, "removed");
+  }
+  if (s.ok() && (to_set & FUSE_SET_ATTR_SIZE) != 0) {
+    s = file ? co_await file->truncate(attr.st_size)
+             : co_await m->files.truncate(*path, attr.st_size);
+    if (!s.ok() && file && !file->alive().ok()) s = errnoStatus(EIO, "the handle's session is gone");
+  }
+  const int times = FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_ATIME_NOW |
+                    FUSE_SET_ATTR_MTIME_NOW;
+  if (s.ok() && (to_set & times) != 0) {
+    const int64_t a =
+        timeArg(to_set, FUSE_SET_ATTR_ATIME, FUSE_SET_ATTR_ATIME_NOW, attr.st_atim);
+    const int64_t mt =
+        timeArg(to_set, FUSE_SET_ATTR_MTIME, FUSE_SET_ATTR_MTIME_NOW, attr.st_mtim);
+    s = path ? co_await m->files.utimens(*path, a, mt, false) : errnoStatus(ENOENT, "removed");
+  }
+  if (!s.ok()) {
+    fuse_reply_err(req, errOf(s));
+    co_return;
+  }
+  if (file) {
+    auto st = co_await file->stat();
+    if (st.ok()) {
+      struct stat out = toStat(*st);
+      fuse_reply_attr(req, &out, m->attr_timeout);
+      co_return;
+    }
+    if (!path) {
+      fuse_reply_err(req, handleErr(*file, st.status()));
+      co_return;
+    }
+  }
+  auto st = co_await attrOf(m, *path);
+  if (!st.ok()) {
+    fuse_reply_err(req, errOf(st.status()));
+    co_return;
+  }
+  fuse_reply_attr(req, &*st, m->attr_timeout);
+}
+
+void opSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
+               struct fuse_file_info* fi) {
+  start(req, doSetattr(&implOf(req), req, ino, *attr, to_set, fi ? fi->fh : 0));
+}
+
+net::awaitable<void> doAccess(Impl* m, fuse_req_t req, uint64_t ino, int mask) {
+  auto path = m->table.path(ino);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  fuse_reply_err(req, errOf(co_await m->files.access(*path, mask)));
+}
+
+void opAccess(fuse_req_t req, fuse_ino_t ino, int mask) {
+  start(req, doAccess(&implOf(req), req, ino, mask));
+}
+
+net::awaitable<void> doReadlink(Impl* m, fuse_req_t req, uint64_t ino) {
+  auto path = m->table.path(ino);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  auto text = co_await m->files.readlink(*path);
+  if (!text.ok()) {
+    fuse_reply_err(req, errOf(text.status()));
+    co_return;
+  }
+  fuse_reply_readlink(req, shownLink(*m, *text).c_str());
+}
+
+void opReadlink(fuse_req_t req, fuse_ino_t ino) { start(req, doReadlink(&implOf(req), req, ino)); }
+
+net::awaitable<void> doStatfs(Impl* m, fuse_req_t req, uint64_t ino) {
+  auto path = m->table.path(ino);
+  auto fs = co_await m->files.statfs(path ? *path : m->remote_dir);
+  if (!fs.ok()) {
+    fuse_reply_err(req, errOf(fs.status()));
+    co_return;
+  }
+  struct statvfs v {};
+  v.f_bsize = fs->bsize;
+  v.f_frsize = fs->frsize != 0 ? fs->frsize : fs->bsize;
+  v.f_blocks = fs->blocks;
+  v.f_bfree = fs->bfree;
+  v.f_bavail = fs->bavail;
+  v.f_files = fs->files;
+  v.f_ffree = fs->ffree;
+  v.f_favail = fs->ffree;
+  v.f_namemax = fs->namelen;
+  fuse_reply_statfs(req, &v);
+}
+
+void opStatfs(fuse_req_t req, fuse_ino_t ino) { start(req, doStatfs(&implOf(req), req, ino)); }
+
+// ------------------------------------------------------------ changes
+
+net::awaitable<void> doMkdir(Impl* m, fuse_req_t req, uint64_t parent, std::string name,
+                             uint32_t mode) {
+  auto path = m->table.childPath(parent, name);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  absl::Status s = co_await m->files.mkdir(*path, mode & 07777);
+  if (!s.ok()) {
+    fuse_reply_err(req, errOf(s));
+    co_return;
+  }
+  co_await entryAfter(m, req, parent, name, *path);
+}
+
+void opMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
+  start(req, doMkdir(&implOf(req), req, parent, name, mode));
+}
+
+net::awaitable<void> doRemove(Impl* m, fuse_req_t req, uint64_t parent, std::string name,
+                              bool dir) {
+  auto path = m->table.childPath(parent, name);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  absl::Status s = dir ? co_await m->files.rmdir(*path) : co_await m->files.unlink(*path);
+  if (s.ok()) m->table.removed(parent, name);
+  fuse_reply_err(req, errOf(s));
+}
+
+void opUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  start(req, doRemove(&implOf(req), req, parent, name, false));
+}
+void opRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
+  start(req, doRemove(&implOf(req), req, parent, name, true));
+}
+
+net::awaitable<void> doRename(Impl* m, fuse_req_t req, uint64_t parent, std::string name,
+                              uint64_t new_parent, std::string new_name, unsigned flags) {
+  auto from = m->table.childPath(parent, name);
+  auto to = m->table.childPath(new_parent, new_name);
+  if (!from || !to) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  absl::Status s = co_await m->files.rename(*from, *to, flags);
+  if (s.ok()) m->table.renamed(parent, name, new_parent, new_name, (flags & RENAME_EXCHANGE) != 0);
+  fuse_reply_err(req, errOf(s));
+}
+
+void opRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent,
+              const char* new_name, unsigned int flags) {
+  start(req, doRename(&implOf(req), req, parent, name, new_parent, new_name, flags));
+}
+
+// ------------------------------------------------------------ files
+
+uint64_t addFile(Impl& m, client::File file, uint64_t node) {
+  const uint64_t fh = m.next_handle++;
+  m.open_files.emplace(fh, OpenFile{std::move(file), node});
+  return fh;
+}
+
+// keep_cache while the content looks as at the last open: the kernel then
+// keeps the pages it has of the file.
+bool keepCache(Impl& m, uint64_t node, const absl::StatusOr<FileStat>& st) {
+  if (!st.ok()) return false;
+  ContentStamp now{st->size, st->mtime_ns};
+  auto& last = m.stamps[node];
+  const bool same = last.size == now.size && last.mtime_ns == now.mtime_ns;
+  last = now;
+  return same;
+}
+
+net::awaitable<void> doOpen(Impl* m, fuse_req_t req, uint64_t ino, struct fuse_file_info fi) {
+  auto path = m->table.path(ino);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  const int flags = fi.flags & ~(O_CREAT | O_EXCL | O_NOCTTY);
+  // The stat for keep_cache goes with the open: one round trip for both.
+  auto stamp = m->files.startLstat(*path);
+  auto file = co_await m->files.open(*path, flags);
+  auto st = co_await stamp.get();
+  if (!file.ok()) {
+    fuse_reply_err(req, errOf(file.status()));
+    co_return;
+  }
+  fi.fh = addFile(*m, std::move(*file), ino);
+  fi.keep_cache = (flags & O_TRUNC) == 0 && keepCache(*m, ino, st) ? 1 : 0;
+  if ((flags & O_TRUNC) != 0) m->stamps.erase(ino);
+  if (fuse_reply_open(req, &fi) != 0) {
+    // The kernel gave up on the open (interrupted): nobody will release it.
+    client::File f = m->open_files[fi.fh].file;
+    m->open_files.erase(fi.fh);
+    (void)co_await f.close();
+  }
+}
+
+void opOpen(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
+  start(req, doOpen(&implOf(req), req, ino, *fi));
+}
+
+net::awaitable<void> doCreate(Impl* m, fuse_req_t req, uint64_t parent, std::string name,
+                              uint32_t mode, struct fuse_file_info fi) {
+  auto path = m->table.childPath(parent, name);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  auto file = co_await m->files.open(*path, fi.flags | O_CREAT, mode & 07777);
+  if (!file.ok()) {
+    fuse_reply_err(req, errOf(file.status()));
+    co_return;
+  }
+  client::File f = *file;
+  auto st = co_await f.stat();
+  if (!st.ok()) {
+    (void)co_await f.close();
+    fuse_reply_err(req, handleErr(f, st.status()));
+    co_return;
+  }
+  struct fuse_entry_param e {};
+  e.ino = m->table.lookup(parent, name);
+  e.attr = toStat(*st);
+  e.attr_timeout = m->attr_timeout;
+  e.entry_timeout = m->attr_timeout;
+  fi.fh = addFile(*m, f, e.ino);
+  m->stamps[e.ino] = ContentStamp{st->size, st->mtime_ns};
+  if (fuse_reply_create(req, &e, &fi) != 0) {
+    m->table.forget(e.ino, 1);
+    m->open_files.erase(fi.fh);
+    (void)co_await f.close();
+  }
+}
+
+void opCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
+              struct fuse_file_info* fi) {
+  start(req, doCreate(&implOf(req), req, parent, name, mode, *fi));
+}
+
+net::awaitable<void> doRead(Impl* m, fuse_req_t req, uint64_t fh, size_t size, off_t off) {
+  auto it = m->open_files.find(fh);
+  if (it == m->open_files.end()) {
+    fuse_reply_err(req, EBADF);
+    co_return;
+  }
+  client::File file = it->second.file;
+  // The agent's largest read each, all in flight together.
+  const uint32_t chunk = std::max<uint32_t>(4096, m->files.maxReadSize());
+  std::vector<client::Pending<client::FileData>> parts;
+  for (size_t done = 0; done < size; done += chunk) {
+    const auto n = static_cast<uint32_t>(std::min<size_t>(chunk, size - done));
+    parts.push_back(file.startPread(off + static_cast<off_t>(done), n));
+  }
+  std::string data;
+  absl::Status failed;
+  bool short_read = false;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    auto part = co_await parts[i].get();
+    if (short_read) continue;  // past the end: the rest is not the file's
+    if (!part.ok()) {
+      failed = part.status();
+      short_read = true;
+      continue;
+    }
+    const size_t want = std::min<size_t>(chunk, size - i * chunk);
+    const size_t got = part->data.size();
+    if (data.empty()) {
+      data = std::move(part->data);  // one part: no copy
+    } else {
+      data += part->data;
+    }
+    // A short part or the end: the file ends there; later parts are past it.
+    if (got < want || part->eof) short_read = true;
+  }
+  if (!failed.ok() && data.empty()) {
+    fuse_reply_err(req, handleErr(file, failed));
+    co_return;
+  }
+  fuse_reply_buf(req, data.data(), data.size());
+}
+
+void opRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, struct fuse_file_info* fi) {
+  start(req, doRead(&implOf(req), req, fi->fh, size, off));
+}
+
+net::awaitable<void> doWrite(Impl* m, fuse_req_t req, uint64_t fh, std::string data, off_t off) {
+  auto it = m->open_files.find(fh);
+  if (it == m->open_files.end()) {
+    fuse_reply_err(req, EBADF);
+    co_return;
+  }
+  client::File file = it->second.file;
+  const uint32_t chunk = std::max<uint32_t>(4096, m->files.maxReadSize());
+  std::vector<client::Pending<uint64_t>> parts;
+  std::vector<size_t> sizes;
+  for (size_t done = 0; done < data.size(); done += chunk) {
+    const size_t n = std::min<size_t>(chunk, data.size() - done);
+    parts.push_back(file.startPwrite(off + static_cast<off_t>(done), data.substr(done, n)));
+    sizes.push_back(n);
+  }
+  size_t written = 0;
+  bool stopped = false;
+  absl::Status failed;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    auto n = co_await parts[i].get();
+    if (stopped) continue;
+    if (!n.ok()) {
+      failed = n.status();
+      stopped = true;
+      continue;
+    }
+    written += *n;
+    if (*n < sizes[i]) stopped = true;  // short: what follows is not contiguous
+  }
+  m->stamps.erase(it->second.node);
+  if (written == 0 && !failed.ok()) {
+    fuse_reply_err(req, handleErr(file, failed));
+    co_return;
+  }
+  fuse_reply_write(req, written);
+}
+
+void opWrite(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off,
+             struct fuse_file_info* fi) {
+  start(req, doWrite(&implOf(req), req, fi->fh, std::string(buf, size), off));
+}
+
+void opFlush(fuse_req_t req, fuse_ino_t, struct fuse_file_info*) {
+  // Nothing is buffered here: every write was answered after the agent's
+  // pwrite returned.
+  fuse_reply_err(req, 0);
+}
+
+net::awaitable<void> doRelease(Impl* m, fuse_req_t req, uint64_t fh) {
+  auto it = m->open_files.find(fh);
+  if (it == m->open_files.end()) {
+    fuse_reply_err(req, 0);
+    co_return;
+  }
+  client::File file = std::move(it->second.file);
+  m->open_files.erase(it);
+  // Closed before the answer, so that what follows the close(2) in the
+  // program sees the agent's handle gone.
+  (void)co_await file.close();
+  fuse_reply_err(req, 0);
+}
+
+void opRelease(fuse_req_t req, fuse_ino_t, struct fuse_file_info* fi) {
+  start(req, doRelease(&implOf(req), req, fi->fh));
+}
+
+// ------------------------------------------------------------ directories
+
+net::awaitable<void> doOpendir(Impl* m, fuse_req_t req, uint64_t ino, struct fuse_file_info fi) {
+  auto path = m->table.path(ino);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  auto dir = co_await m->files.openDirectory(*path);
+  if (!dir.ok()) {
+    fuse_reply_err(req, errOf(dir.status()));
+    co_return;
+  }
+  OpenDir listing;
+  absl::Status failed;
+  for (;;) {
+    auto batch = co_await dir->nextBatch();
+    if (!batch.ok()) {
+      failed = batch.status();
+      break;
+    }
+    for (auto& e : batch->entries) listing.entries.push_back(std::move(e));
+    if (batch->eof || batch->entries.empty()) break;
+  }
+  const bool alive = dir->alive().ok();
+  (void)co_await dir->close();
+  if (!failed.ok()) {
+    fuse_reply_err(req, alive ? errOf(failed) : EIO);
+    co_return;
+  }
+  fi.fh = m->next_handle++;
+  m->open_dirs.emplace(fi.fh, std::move(listing));
+  if (fuse_reply_open(req, &fi) != 0) m->open_dirs.erase(fi.fh);
+}
+
+void opOpendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
+  start(req, doOpendir(&implOf(req), req, ino, *fi));
+}
+
+void opReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, struct fuse_file_info* fi) {
+  Impl& m = implOf(req);
+  auto it = m.open_dirs.find(fi->fh);
+  if (it == m.open_dirs.end()) {
+    fuse_reply_err(req, EBADF);
+    return;
+  }
+  const auto& entries = it->second.entries;
+  std::string out(size, '\0');
+  size_t used = 0;
+  for (size_t i = static_cast<size_t>(std::max<off_t>(off, 0)); i < entries.size(); ++i) {
+    struct stat st {};
+    st.st_ino = entries[i].ino;
+    st.st_mode = DTTOIF(entries[i].type);
+    const size_t need = fuse_add_direntry(req, out.data() + used, size - used,
+                                          entries[i].name.c_str(), &st, static_cast<off_t>(i + 1));
+    if (need > size - used) break;
+    used += need;
+  }
+  fuse_reply_buf(req, out.data(), used);
+}
+
+void opReleasedir(fuse_req_t req, fuse_ino_t, struct fuse_file_info* fi) {
+  implOf(req).open_dirs.erase(fi->fh);
+  fuse_reply_err(req, 0);
+}
+
+// ------------------------------------------------------------ session
+
+void opInit(void* userdata, struct fuse_conn_info* conn) {
+  (void)userdata;
+  conn->max_write = kMaxIo;
+  conn->max_read = kMaxIo;  // as the max_read mount option says
+  conn->max_readahead = kMaxIo;
+  // O_TRUNC comes with the open (one round trip, not an open then a
+  // truncate).
+  if ((conn->capable & FUSE_CAP_ATOMIC_O_TRUNC) != 0) conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
+  // The kernel's own write-back cache would answer writes before the agent
+  // has them: off.
+  conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+}
+
+struct fuse_lowlevel_ops makeOperations() {
+  struct fuse_lowlevel_ops ops {};
+  ops.init = opInit;
+  ops.lookup = opLookup;
+  ops.forget = opForget;
+  ops.forget_multi = opForgetMulti;
+  ops.getattr = opGetattr;
+  ops.setattr = opSetattr;
+  ops.access = opAccess;
+  ops.readlink = opReadlink;
+  ops.statfs = opStatfs;
+  ops.mkdir = opMkdir;
+  ops.unlink = opUnlink;
+  ops.rmdir = opRmdir;
+  ops.rename = opRename;
+  ops.open = opOpen;
+  ops.create = opCreate;
+  ops.read = opRead;
+  ops.write = opWrite;
+  ops.flush = opFlush;
+  ops.release = opRelease;
+  ops.opendir = opOpendir;
+  ops.readdir = opReaddir;
+  ops.releasedir = opReleasedir;
+  return ops;
+}
+
+}  // namespace
+
+const struct fuse_lowlevel_ops& operations() {
+  static const struct fuse_lowlevel_ops ops = makeOperations();
+  return ops;
+}
+
+}  // namespace siphon::fuse
