@@ -31,6 +31,9 @@ PKGS=(
   # the tests' throwaway certificates), capability tools for the least-privilege
   # tests, PyYAML for the manifest checker.
   libssl-dev openssl libcap2-bin python3-yaml netbase
+  # `siphon fs mount`: libfuse3 and fusermount3; the tools its tests run on
+  # the mount (git, sqlite3; diff, find and tar are in every Debian).
+  libfuse3-dev fuse3 git sqlite3
 )
 
 # containerd's .proto files, for the agent's gRPC client generated at build

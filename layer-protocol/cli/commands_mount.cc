@@ -53,7 +53,9 @@ std::string mountedLine(const std::string& target, const fuse::MountOptions& o,
 }
 
 net::awaitable<int> runMount(const CommandEnv& env, std::shared_ptr<MountFlags> f) {
-  auto timeout = parseDuration(f->attr_timeout);
+  // "0": no caching at all (every stat asks the agent).
+  auto timeout = f->attr_timeout == "0" ? absl::StatusOr<std::chrono::milliseconds>(0)
+                                        : parseDuration(f->attr_timeout);
   if (!timeout.ok()) {
     printError(absl::StrCat("fs mount: --attr-timeout: ", timeout.status().message()));
     co_return kExitUsage;

@@ -1,7 +1,8 @@
 // The mount's operations (fuse_mount.h): each kernel request starts a
 // coroutine on the Client's event loop that asks the agent (siphon/client/
 // files.h) and answers the kernel. Coroutines are free functions taking
-// their arguments by value (a lambda coroutine's captures would dangle).
+// their arguments by value (a lambda coroutine's captures would dangle), and
+// never co_await inside ?: (GCC 12 destroys the result twice).
 //
 // Over 600 lines: one function per FUSE operation, each short; splitting
 // them by kind would only scatter the helpers they share.
@@ -232,17 +233,27 @@ net::awaitable<void> doSetattr(Impl* m, fuse_req_t req, uint64_t ino, struct sta
   }
   absl::Status s;
   if (s.ok() && (to_set & FUSE_SET_ATTR_MODE) != 0) {
-    s = path ? co_await m->files.chmod(*path, attr.st_mode & 07777)
-             : errnoStatus(ENOENT, "removed");
+    if (path) {
+      s = co_await m->files.chmod(*path, attr.st_mode & 07777);
+    } else {
+      s = errnoStatus(ENOENT, "removed");
+    }
   }
   if (s.ok() && (to_set & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) != 0) {
     const int64_t uid = (to_set & FUSE_SET_ATTR_UID) != 0 ? int64_t{attr.st_uid} : -1;
     const int64_t gid = (to_set & FUSE_SET_ATTR_GID) != 0 ? int64_t{attr.st_gid} : -1;
-    s = path ? co_await m->files.chown(*path, uid, gid, false) : errnoStatus(ENOENT, "removed");
+    if (path) {
+      s = co_await m->files.chown(*path, uid, gid, false);
+    } else {
+      s = errnoStatus(ENOENT, "removed");
+    }
   }
   if (s.ok() && (to_set & FUSE_SET_ATTR_SIZE) != 0) {
-    s = file ? co_await file->truncate(attr.st_size)
-             : co_await m->files.truncate(*path, attr.st_size);
+    if (file) {
+      s = co_await file->truncate(attr.st_size);
+    } else {
+      s = co_await m->files.truncate(*path, attr.st_size);
+    }
     if (!s.ok() && file && !file->alive().ok()) s = errnoStatus(EIO, "the handle's session is gone");
   }
   const int times = FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME | FUSE_SET_ATTR_ATIME_NOW |
@@ -252,7 +263,11 @@ net::awaitable<void> doSetattr(Impl* m, fuse_req_t req, uint64_t ino, struct sta
         timeArg(to_set, FUSE_SET_ATTR_ATIME, FUSE_SET_ATTR_ATIME_NOW, attr.st_atim);
     const int64_t mt =
         timeArg(to_set, FUSE_SET_ATTR_MTIME, FUSE_SET_ATTR_MTIME_NOW, attr.st_mtim);
-    s = path ? co_await m->files.utimens(*path, a, mt, false) : errnoStatus(ENOENT, "removed");
+    if (path) {
+      s = co_await m->files.utimens(*path, a, mt, false);
+    } else {
+      s = errnoStatus(ENOENT, "removed");
+    }
   }
   if (!s.ok()) {
     fuse_reply_err(req, errOf(s));
@@ -362,7 +377,12 @@ net::awaitable<void> doRemove(Impl* m, fuse_req_t req, uint64_t parent, std::str
     fuse_reply_err(req, ENOENT);
     co_return;
   }
-  absl::Status s = dir ? co_await m->files.rmdir(*path) : co_await m->files.unlink(*path);
+  absl::Status s;
+  if (dir) {
+    s = co_await m->files.rmdir(*path);
+  } else {
+    s = co_await m->files.unlink(*path);
+  }
   if (s.ok()) m->table.removed(parent, name);
   fuse_reply_err(req, errOf(s));
 }

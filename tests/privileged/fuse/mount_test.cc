@@ -1,0 +1,442 @@
+// `siphon fs mount` end to end, as root: a "pod" whose root is a prepared
+// directory (a process in its own network and mount namespaces, chrooted
+// there), the real siphon-agent targeting it by PID, the real `siphon fs
+// mount` serving it at a local directory, and real tools on the mount:
+// diff -r, find -printf, tar, git, sqlite3, tail -F, cp, sh.
+//
+// What must hold: the mount shows the target's tree as the tools see it
+// (types, modes, owners, sizes, link counts, inode numbers, link texts);
+// an absolute symlink never resolves on this machine; writes in rw reach the
+// target at once, and EROFS from a --ro mount or a read-only agent; a change
+// made in the target is seen within the attribute timeout; the agent lost
+// gives errors, not a hang; SIGTERM unmounts and exits 0; SIGKILL leaves no
+// hanging mount; bad mountpoints and paths are one line and a documented
+// exit code. Timings are asserted only as bounds.
+//
+// Every kernel object has a unique name and an RAII owner (the mount too:
+// the mount process is killed, auto_unmount unmounts, and TearDown detaches
+// what is left); without root every test skips with the reason.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/privileged/harness/pod_harness.h"
+
+extern char** environ;
+
+namespace siphon {
+namespace {
+
+using namespace siphon::harness;  // NOLINT: test file
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr const char* kSkipReason =
+    "needs root: /dev/fuse, network and mount namespaces, a chrooted pod and siphon-agent";
+
+std::string firstExisting(const std::vector<std::string>& candidates) {
+  for (const auto& c : candidates) {
+    if (access(c.c_str(), X_OK) == 0) return c;
+  }
+  return "";
+}
+
+bool isMounted(const std::string& path) {
+  return readFile("/proc/self/mountinfo").find(" " + path + " ") != std::string::npos;
+}
+
+void writeHost(const std::string& path, const std::string& content) {
+  std::ofstream(path, std::ios::binary) << content;
+}
+
+// Runs `script` with sh -c, the given words as $1, $2...
+Result sh(const std::string& script, const std::vector<std::string>& args = {}) {
+  std::vector<std::string> argv = {"sh", "-c", script, "sh"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run(argv);
+}
+
+class MountTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (geteuid() != 0) GTEST_SKIP() << kSkipReason;
+    unshare_ = firstExisting({"/usr/bin/unshare", "/bin/unshare"});
+    chroot_ = firstExisting({"/usr/sbin/chroot", "/sbin/chroot", "/usr/bin/chroot"});
+    if (unshare_.empty() || chroot_.empty() || access("/bin/busybox", X_OK) != 0 ||
+        access("/dev/fuse", R_OK | W_OK) != 0 || firstExisting({"/usr/bin/fusermount3",
+                                                                 "/bin/fusermount3"})
+                                                     .empty()) {
+      GTEST_SKIP() << "needs unshare, chroot, a static /bin/busybox, /dev/fuse and fusermount3";
+    }
+    dir_.emplace();
+    token_ = "tok-" + randomHex(32);
+    token_file_ = dir_->file("token", token_ + "\n");
+    mnt_ = dir_->path() + "/mnt";
+    std::filesystem::create_directories(mnt_);
+    root_ = dir_->path() + "/root";
+    for (const char* d : {"bin", "proc", "etc", "tmp", "data"}) {
+      std::filesystem::create_directories(root_ + "/" + d);
+    }
+    std::filesystem::copy_file("/bin/busybox", root_ + "/bin/busybox");
+    chmod((root_ + "/bin/busybox").c_str(), 0755);
+
+    netns_.emplace();
+    ASSERT_TRUE(netns_->created());
+    pod_ = spawn({"ip", "netns", "exec", netns_->name(), unshare_, "--mount", "--propagation",
+                  "private", chroot_, root_, "/bin/busybox", "sh", "-c",
+                  "/bin/busybox mount -t proc proc /proc && exec /bin/busybox sleep 600"},
+                 std::nullopt, -1, -1);
+    ASSERT_GT(pod_.pid(), 0);
+    // Running chrooted once /proc/PID/root is the pod's root.
+    const auto deadline = Clock::now() + kProcessDeadline;
+    std::error_code ec;
+    while (Clock::now() < deadline &&
+           !(std::filesystem::read_symlink("/proc/" + std::to_string(pod_.pid()) + "/root", ec) ==
+                 root_ &&
+             readFile("/proc/" + std::to_string(pod_.pid()) + "/cmdline")
+                     .find("sleep") != std::string::npos)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  void TearDown() override {
+    mount_.reset();
+    if (!mnt_.empty() && isMounted(mnt_)) {
+      (void)run({"fusermount3", "-uz", mnt_});
+      (void)run({"umount", "-l", mnt_});
+    }
+    if (HasFailure() && agent_) std::cerr << "--- agent log\n" << agent_->log() << "---\n";
+  }
+
+  void startAgent(const std::string& fs_mode) {
+    std::vector<std::string> args = {"--listen",      "127.0.0.1:0", "--token-file",
+                                     token_file_,     "--fs-mode",   fs_mode,
+                                     "--first-client-timeout", "30s"};
+    args.insert(args.end(), {"targeted", "--pid", std::to_string(pod_.pid())});
+    agent_.emplace(args, cleanEnv(), dir_->path() + "/agent.log");
+    ASSERT_TRUE(agent_->ready(&endpoint_));
+  }
+
+  std::vector<std::string> cliArgs(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {SIPHON_CLI_BIN, "--agent", endpoint_, "--token-file",
+                                     token_file_, "--timeout", "3s"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
+
+  // Starts `siphon fs mount` and waits for its mounted line.
+  void mount(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"fs", "mount", mnt_};
+    args.insert(args.end(), extra.begin(), extra.end());
+    mount_.emplace(cliArgs(args), cleanEnv());
+    ASSERT_TRUE(mount_->readUntil([](const std::string& out, const std::string&) {
+      return out.find('\n') != std::string::npos;
+    })) << "no mounted line; stderr: " << mount_->err;
+    EXPECT_THAT(mount_->out, HasSubstr("mounted "));
+    EXPECT_THAT(mount_->out, HasSubstr(" at " + mnt_ + " ("));
+    ASSERT_TRUE(isMounted(mnt_));
+  }
+
+  // The tree of every kind of entry, in the pod's /data.
+  void makeTree() {
+    const std::string d = root_ + "/data";
+    std::filesystem::create_directories(d + "/dir/sub");
+    std::filesystem::create_directories(d + "/empty-dir");
+    writeHost(d + "/regular", "regular file\n");
+    writeHost(d + "/empty", "");
+    std::string large(5 * 1024 * 1024 + 123, '\0');
+    for (size_t i = 0; i < large.size(); ++i) large[i] = static_cast<char>((i * 131 + 7) % 251);
+    writeHost(d + "/large", large);
+    {
+      int fd = ::open((d + "/sparse").c_str(), O_WRONLY | O_CREAT, 0644);
+      ASSERT_GE(fd, 0);
+      ASSERT_EQ(::pwrite(fd, "end", 3, 64 * 1024 * 1024), 3);
+      ::close(fd);
+    }
+    writeHost(d + "/dir/sub/deep", "deep\n");
+    symlink("regular", (d + "/rel-link").c_str());
+    symlink("../regular", (d + "/dir/up-link").c_str());
+    symlink("no-such-file", (d + "/dangling").c_str());
+    ASSERT_EQ(::link((d + "/regular").c_str(), (d + "/dir/hard").c_str()), 0);
+    ASSERT_EQ(mkfifo((d + "/fifo").c_str(), 0640), 0);
+    {
+      int s = ::socket(AF_UNIX, SOCK_STREAM, 0);
+      sockaddr_un a{};
+      a.sun_family = AF_UNIX;
+      const std::string p = d + "/sock";
+      ASSERT_LT(p.size(), sizeof(a.sun_path));
+      std::memcpy(a.sun_path, p.c_str(), p.size());
+      ASSERT_EQ(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+      ::close(s);
+    }
+    writeHost(d + "/ünïcødé-名前", "unicode\n");
+    writeHost(d + "/new\nline", "newline in the name\n");
+    chmod((d + "/regular").c_str(), 0640);
+    ASSERT_EQ(lchown((d + "/dir/sub/deep").c_str(), 1234, 5678), 0);
+    ASSERT_EQ(chmod((d + "/dir/sub").c_str(), 0750), 0);
+  }
+
+  std::string root_, mnt_, token_, token_file_, unshare_, chroot_, endpoint_;
+  std::optional<TempDir> dir_;
+  std::optional<NetNs> netns_;
+  Child pod_;
+  std::optional<Agent> agent_;
+  std::optional<Proc> mount_;
+};
+
+TEST_F(MountTest, TheTreeIsTheTargetsAsToolsSeeIt) {
+  ASSERT_NO_FATAL_FAILURE(makeTree());
+  ASSERT_NO_FATAL_FAILURE(startAgent("ro"));
+  ASSERT_NO_FATAL_FAILURE(mount({"--path", "/data", "--ro"}));
+  const std::string data = root_ + "/data";
+
+  // (diff calls any two fifos or sockets different: they are in the
+  // listing below instead.)
+  Result diff = run({"diff", "-r", "--no-dereference", "-x", "fifo", "-x", "sock", data, mnt_});
+  EXPECT_EQ(diff.exit_code, 0) << diff;
+
+  // Types, modes, owners, sizes, link counts, inode numbers, link texts
+  // and times, entry by entry.
+  const std::string listing =
+      "cd \"$1\" && find . -printf '%p|%y|%m|%U|%G|%s|%n|%i|%l|%T@\\n' | LC_ALL=C sort";
+  Result local = sh(listing, {data});
+  Result mounted = sh(listing, {mnt_});
+  ASSERT_EQ(local.exit_code, 0) << local;
+  EXPECT_EQ(mounted.exit_code, 0) << mounted;
+  EXPECT_EQ(mounted.out, local.out);
+  EXPECT_THAT(local.out, HasSubstr("./dir/hard|f|640|0|0|13|2|"));  // the fixture is as meant
+
+  // tar of both: the same archive (hard links found by inode, the sparse
+  // file's hole, every name).
+  const std::string tar =
+      "cd \"$1\" && tar --sort=name --numeric-owner -cf - . 2>/dev/null | sha256sum";
+  Result tar_local = sh(tar, {data});
+  Result tar_mounted = sh(tar, {mnt_});
+  EXPECT_EQ(tar_mounted.out, tar_local.out);
+
+  // Reads of the large file through the kernel's 1 MiB requests.
+  Result cmp = run({"cmp", data + "/large", mnt_ + "/large"});
+  EXPECT_EQ(cmp.exit_code, 0) << cmp;
+  // A fifo and a socket are shown, not opened through the agent.
+  struct stat st {};
+  ASSERT_EQ(lstat((mnt_ + "/fifo").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  ASSERT_EQ(lstat((mnt_ + "/sock").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+}
+
+TEST_F(MountTest, AnAbsoluteSymlinkResolvesInsideTheTarget) {
+  // The host has a file at the very path the pod's link names.
+  const std::string host_dir = dir_->path() + "/hostside";
+  std::filesystem::create_directories(host_dir);
+  writeHost(host_dir + "/secret", "HOST-ONLY\n");
+  std::filesystem::create_directories(root_ + host_dir);
+  writeHost(root_ + host_dir + "/secret", "pod copy\n");
+  symlink((host_dir + "/secret").c_str(), (root_ + "/etc/abs-link").c_str());
+  ASSERT_NO_FATAL_FAILURE(startAgent("ro"));
+  ASSERT_NO_FATAL_FAILURE(mount({"--ro"}));
+
+  EXPECT_EQ(readFile(mnt_ + "/etc/abs-link"), "pod copy\n");
+  std::error_code ec;
+  EXPECT_EQ(std::filesystem::read_symlink(mnt_ + "/etc/abs-link", ec).string(),
+            mnt_ + host_dir + "/secret");
+  struct stat st {};
+  ASSERT_EQ(lstat((mnt_ + "/etc/abs-link").c_str(), &st), 0);
+  EXPECT_EQ(static_cast<size_t>(st.st_size), (mnt_ + host_dir + "/secret").size());
+}
+
+TEST_F(MountTest, GitAndSqliteWorkThroughTheMount) {
+  if (firstExisting({"/usr/bin/git"}).empty() || firstExisting({"/usr/bin/sqlite3"}).empty()) {
+    GTEST_SKIP() << "needs git and sqlite3 (scripts/install-deps.sh installs them)";
+  }
+  const std::string repo = root_ + "/data/repo";
+  Result made = sh(
+      "set -e; mkdir -p \"$1\"; cd \"$1\"; git init -q; for i in 1 2 3; do echo $i > f$i; done; "
+      "git add .; git -c user.name=t -c user.email=t@t commit -qm first; echo 4 > f1; "
+      "echo new > untracked; sqlite3 \"$2\" 'create table t(x); insert into t values (1),(2);'",
+      {repo, root_ + "/data/db.sqlite"});
+  ASSERT_EQ(made.exit_code, 0) << made;
+  ASSERT_NO_FATAL_FAILURE(startAgent("rw"));
+  ASSERT_NO_FATAL_FAILURE(mount({"--path", "/data"}));
+
+  const std::string status =
+      "cd \"$1\" && git -c safe.directory='*' status --porcelain && git -c safe.directory='*' "
+      "log --format=%H";
+  Result local = sh(status, {repo});
+  Result mounted = sh(status, {mnt_ + "/repo"});
+  ASSERT_EQ(local.exit_code, 0) << local;
+  EXPECT_EQ(mounted.exit_code, 0) << mounted;
+  EXPECT_EQ(mounted.out, local.out);
+  EXPECT_THAT(local.out, HasSubstr(" M f1"));
+
+  Result query = run({"sqlite3", mnt_ + "/db.sqlite", "select sum(x) from t;"});
+  EXPECT_EQ(query.exit_code, 0) << query;
+  EXPECT_EQ(query.out, "3\n");
+  Result insert = run({"sqlite3", mnt_ + "/db.sqlite", "insert into t values (10),(20);"});
+  EXPECT_EQ(insert.exit_code, 0) << insert;
+  // The target reads the rows written through the mount.
+  Result in_target = run({"sqlite3", root_ + "/data/db.sqlite", "select sum(x) from t;"});
+  EXPECT_EQ(in_target.out, "33\n") << in_target;
+}
+
+TEST_F(MountTest, WritesReachTheTargetAtOnceAndReadOnlyIsEROFS) {
+  ASSERT_NO_FATAL_FAILURE(startAgent("rw"));
+  ASSERT_NO_FATAL_FAILURE(mount());
+  Result w = sh(
+      "set -e; cd \"$1\"; mkdir tmp/d; echo hello > tmp/d/f; echo more >> tmp/d/f; "
+      "mv tmp/d tmp/moved; chmod 600 tmp/moved/f; truncate -s 3 tmp/moved/f; "
+      "touch -d @1000000000 tmp/moved/f; cp tmp/moved/f tmp/copy; rm tmp/copy",
+      {mnt_});
+  EXPECT_EQ(w.exit_code, 0) << w;
+  EXPECT_EQ(readFile(root_ + "/tmp/moved/f"), "hel");
+  struct stat st {};
+  ASSERT_EQ(stat((root_ + "/tmp/moved/f").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(st.st_mtime, 1000000000);
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/tmp/d"));
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/tmp/copy"));
+  // 8 MiB through the mount, byte for byte in the target.
+  std::string big(8 * 1024 * 1024, '\0');
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7 + (i >> 12));
+  writeHost(dir_->path() + "/big", big);
+  Result cp = run({"cp", dir_->path() + "/big", mnt_ + "/tmp/big"});
+  EXPECT_EQ(cp.exit_code, 0) << cp;
+  EXPECT_EQ(readFile(root_ + "/tmp/big"), big);
+
+  // A --ro mount refuses writes whatever the agent allows...
+  mount_.reset();
+  (void)run({"fusermount3", "-uz", mnt_});
+  ASSERT_NO_FATAL_FAILURE(mount({"--ro"}));
+  Result ro = sh("echo x > \"$1\"/tmp/ro-mount", {mnt_});
+  EXPECT_NE(ro.exit_code, 0);
+  EXPECT_THAT(ro.err, HasSubstr("Read-only file system"));
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/tmp/ro-mount"));
+}
+
+TEST_F(MountTest, AReadOnlyAgentAnswersEROFSUnderARwMount) {
+  ASSERT_NO_FATAL_FAILURE(startAgent("ro"));
+  ASSERT_NO_FATAL_FAILURE(mount());
+  for (const std::string& script :
+       {std::string("echo x > \"$1\"/tmp/new"), std::string("mkdir \"$1\"/tmp/dir"),
+        std::string("rm \"$1\"/bin/busybox"), std::string("chmod 777 \"$1\"/etc")}) {
+    Result r = sh(script, {mnt_});
+    EXPECT_NE(r.exit_code, 0) << script;
+    EXPECT_THAT(r.err, HasSubstr("Read-only file system")) << script << "\n" << r;
+  }
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/tmp/new"));
+  EXPECT_TRUE(std::filesystem::exists(root_ + "/bin/busybox"));
+}
+
+TEST_F(MountTest, ChangesInTheTargetAreSeenWithinTheAttributeTimeout) {
+  writeHost(root_ + "/tmp/app.log", "line 1\n");
+  ASSERT_NO_FATAL_FAILURE(startAgent("ro"));
+  ASSERT_NO_FATAL_FAILURE(mount({"--ro", "--attr-timeout", "200ms"}));
+  EXPECT_EQ(readFile(mnt_ + "/tmp/app.log"), "line 1\n");
+
+  Proc tail({"tail", "-F", "-s", "0.1", mnt_ + "/tmp/app.log"}, cleanEnv());
+  ASSERT_TRUE(tail.readUntil([](const std::string& out, const std::string&) {
+    return out.find("line 1\n") != std::string::npos;
+  })) << tail.err;
+  // The target appends, and writes a new file.
+  {
+    std::ofstream log(root_ + "/tmp/app.log", std::ios::app);
+    log << "line 2\n";
+  }
+  writeHost(root_ + "/tmp/fresh", "fresh\n");
+  EXPECT_TRUE(tail.readUntil([](const std::string& out, const std::string&) {
+    return out.find("line 2\n") != std::string::npos;
+  })) << "tail -F through the mount never saw the appended line: " << tail.out;
+  // Within the timeout plus a bound, not at once: polled.
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  while (Clock::now() < deadline && readFile(mnt_ + "/tmp/app.log") != "line 1\nline 2\n") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(readFile(mnt_ + "/tmp/app.log"), "line 1\nline 2\n");
+  EXPECT_EQ(readFile(mnt_ + "/tmp/fresh"), "fresh\n");
+}
+
+TEST_F(MountTest, TheAgentLostGivesErrorsNotAHangAndSigtermUnmounts) {
+  writeHost(root_ + "/tmp/f", "content\n");
+  ASSERT_NO_FATAL_FAILURE(startAgent("ro"));
+  ASSERT_NO_FATAL_FAILURE(mount({"--ro", "--attr-timeout", "0"}));
+  EXPECT_EQ(readFile(mnt_ + "/tmp/f"), "content\n");
+  agent_->child().kill();
+
+  const auto start = Clock::now();
+  Result cat = run({"cat", mnt_ + "/tmp/f"});
+  const auto took = Clock::now() - start;
+  EXPECT_NE(cat.exit_code, 0) << cat;
+  EXPECT_NE(cat.exit_code, -1) << "cat hung on the mount";
+  EXPECT_LT(took, std::chrono::seconds(25));
+  Result ls = run({"ls", mnt_ + "/etc"});
+  EXPECT_NE(ls.exit_code, 0) << ls;
+  EXPECT_NE(ls.exit_code, -1);
+
+  mount_->signal(SIGTERM);
+  EXPECT_EQ(mount_->finish(), 0) << mount_->err;
+  EXPECT_FALSE(isMounted(mnt_));
+}
+
+TEST_F(MountTest, SigkillLeavesNoHangingMount) {
+  ASSERT_NO_FATAL_FAILURE(startAgent("ro"));
+  ASSERT_NO_FATAL_FAILURE(mount({"--ro"}));
+  mount_->signal(SIGKILL);
+  (void)mount_->finish();
+  // auto_unmount: the mount goes (its fusermount3 sees us die); meanwhile
+  // it answers ENOTCONN, never a hang.
+  Result ls = run({"ls", mnt_});
+  EXPECT_NE(ls.exit_code, -1) << "ls hung on a dead mount";
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < deadline && isMounted(mnt_)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_FALSE(isMounted(mnt_));
+  // And a new mount works at once.
+  ASSERT_NO_FATAL_FAILURE(mount({"--ro"}));
+  EXPECT_TRUE(std::filesystem::exists(mnt_ + "/bin/busybox"));
+}
+
+TEST_F(MountTest, BadMountpointsAndPathsAreOneLineAndAnExitCode) {
+  ASSERT_NO_FATAL_FAILURE(startAgent("ro"));
+  writeHost(dir_->path() + "/a-file", "x");
+  std::filesystem::create_directories(dir_->path() + "/full");
+  writeHost(dir_->path() + "/full/x", "x");
+  writeHost(root_ + "/tmp/plain", "x");
+  struct Case {
+    std::vector<std::string> args;
+    int code;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {{"fs", "mount", dir_->path() + "/missing"}, 2, "No such file or directory"},
+      {{"fs", "mount", dir_->path() + "/a-file"}, 2, "is not a directory"},
+      {{"fs", "mount", dir_->path() + "/full"}, 2, "is not empty"},
+      {{"fs", "mount", "/proc"}, 2, "is a mount point already"},
+      {{"fs", "mount", mnt_, "--path", "/no/such/dir"}, 1, "No such file or directory"},
+      {{"fs", "mount", mnt_, "--path", "/tmp/plain"}, 1, "is not a directory in the target"},
+      {{"fs", "mount", mnt_, "--attr-timeout", "soon"}, 2, "--attr-timeout"},
+  };
+  for (const auto& c : cases) {
+    Result r = run(cliArgs(c.args), cleanEnv());
+    EXPECT_EQ(r.exit_code, c.code) << r;
+    EXPECT_THAT(r.err, HasSubstr(c.says)) << r;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r;
+    EXPECT_FALSE(isMounted(mnt_));
+  }
+}
+
+}  // namespace
+}  // namespace siphon
