@@ -690,6 +690,8 @@ void opInit(void* userdata, struct fuse_conn_info* conn) {
   // The kernel's own write-back cache would answer writes before the agent
   // has them: off.
   conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
+  // A new size or mtime from the agent drops the pages the kernel has.
+  if ((conn->capable & FUSE_CAP_AUTO_INVAL_DATA) != 0) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
 }
 
 struct fuse_lowlevel_ops makeOperations() {
