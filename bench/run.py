@@ -736,6 +736,85 @@ http {{
         finally:
             self.procs.stop(agent)
 
+    def mount(self):
+        """`siphon fs mount` (layer-protocol/fuse/): a sequential read of a big
+        file through the mount against a local read of the same file and
+        `siphon fs cat`, and find + stat of 10,000 files in 100 directories.
+        Each repetition is a new mount, so the kernel's FUSE cache is cold."""
+        if not os.path.exists("/dev/fuse") or shutil.which("fusermount3") is None:
+            log("no /dev/fuse or fusermount3: mount scenarios skipped")
+            return
+        root = os.path.join(self.tmp, "mountroot")
+        data = os.path.join(root, "data")
+        os.makedirs(os.path.join(root, "bin"))
+        shutil.copy("/bin/busybox", os.path.join(root, "bin", "busybox"))
+        for d in range(100):
+            tree = os.path.join(data, "tree", f"d{d:03d}")
+            os.makedirs(tree)
+            for i in range(100):
+                open(os.path.join(tree, f"f{i:03d}"), "w").close()
+        mib = 64 if self.args.quick else 256
+        big = os.path.join(data, "big.bin")
+        with open(big, "wb") as f:
+            chunk = os.urandom(1 << 20)
+            for _ in range(mib):
+                f.write(chunk)
+        pod = self.procs.start(["chroot", root, "/bin/busybox", "sleep", "3600"], netns=self.pod)
+        # The agent, the mount and the readers in this machine's own network
+        # and mount namespaces (`ip netns exec` would give each its own mount
+        # namespace, where the others do not see the mount); loopback only.
+        agent = self.procs.start(
+            [self.agent_bin, "--listen", "127.0.0.1:0", "--token-file", self.token_file,
+             "--first-client-timeout", "0", "--log-level", "warn", "targeted", "--pid", pod.pid],
+            stdout=subprocess.PIPE, text=True)
+        endpoint = re.search(r"listen=(\S+)", agent.stdout.readline()).group(1)
+        mnt = os.path.join(self.tmp, "mnt")
+        os.makedirs(mnt)
+
+        def mounted(body):
+            p = self.procs.start([self.cli_bin, "--agent", endpoint, "--token-file",
+                                  self.token_file, "fs", "mount", mnt, "--ro"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            deadline = time.time() + 10
+            while time.time() < deadline and not os.path.ismount(mnt):
+                if p.poll() is not None:
+                    raise RuntimeError("siphon fs mount exited")
+                time.sleep(0.02)
+            try:
+                return body()
+            finally:
+                self.procs.stop(p)
+                sh("fusermount3", "-uz", mnt, check=False)
+
+        def timed(argv):
+            t0 = time.perf_counter()
+            sh(*argv, timeout=600)
+            return time.perf_counter() - t0
+
+        size_mb = mib * 1048576 / 1e6
+        dd = lambda path: ["dd", f"if={path}", "of=/dev/null", "bs=1M", "status=none"]
+        read = {"siphon": [], "local": [], "fscat": []}
+        find = {"siphon": []}
+        try:
+            with open(big, "rb") as f:  # the local file in the page cache
+                while f.read(1 << 20):
+                    pass
+            for _ in range(self.reps):
+                read["siphon"].append(size_mb / mounted(lambda: timed(dd(mnt + "/data/big.bin"))))
+                read["local"].append(size_mb / timed(dd(big)))
+                read["fscat"].append(size_mb / timed(
+                    ["sh", "-c", '"$0" --agent "$1" --token-file "$2" fs cat /data/big.bin '
+                     '>/dev/null', self.cli_bin, endpoint, self.token_file]))
+                find["siphon"].append(10100 / mounted(lambda: timed(
+                    ["sh", "-c", 'find "$0" -printf "%s %m\\n" >/dev/null',
+                     mnt + "/data/tree"])))
+            self.record(f"fs mount: sequential read of a {mib} MiB file (dd bs=1M)", "MB/s",
+                        {k: summary(v) for k, v in read.items()}, {"local": 0.3, "fscat": 0.8})
+            self.record("fs mount: find + stat of 10,000 files in 100 directories", "entries/s",
+                        {"siphon": summary(find["siphon"])}, {"absolute_min": 20000})
+        finally:
+            self.procs.stop(agent)
+
 
 def _pb_field(number, payload):
     """A length-delimited protobuf field (wire type 2)."""
@@ -899,7 +978,7 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     groups = [g for g in args.only.split(",") if g] or [
         "bulk", "bulk8", "http", "short", "filtered", "idle", "forward", "startup", "rss",
-        "services", "mirror", "isolation"]
+        "services", "mirror", "isolation", "mount"]
     with ExitStack() as stack:
         procs = Procs()
         stack.callback(procs.close)
@@ -931,6 +1010,8 @@ def main():
             b.mirror()
         if "isolation" in groups:
             b.isolation()
+        if "mount" in groups:
+            b.mount()
         cpu = ""
         with open("/proc/cpuinfo") as f:
             m = re.search(r"model name\s*:\s*(.*)", f.read())

@@ -6,7 +6,7 @@
 #
 # Usage: sudo scripts/bench.sh [--quick] [--only GROUP,...]
 #   --quick   3 repetitions of 2 s (under 2 minutes once built), for development
-#   --only    bulk,bulk8,http,short,filtered,idle,forward,startup,rss,services,mirror,isolation,codec
+#   --only    bulk,bulk8,http,short,filtered,idle,forward,startup,rss,services,mirror,isolation,mount,codec
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

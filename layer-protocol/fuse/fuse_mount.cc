@@ -60,7 +60,6 @@ FuseMount::Impl::Impl(client::Target t, MountOptions o)
 
 FuseMount::Impl::~Impl() {
   if (se) {
-    net::error_code ignored;
     if (fd.is_open()) fd.release();
     if (mounted) fuse_session_unmount(se);
     fuse_session_destroy(se);
@@ -141,7 +140,6 @@ net::awaitable<absl::Status> FuseMount::serve() {
   }
   // The answers still owed: the client's call timeout bounds each.
   while (m.inflight > 0) co_await m.idle.wait();
-  net::error_code ignored;
   m.fd.release();
   if (m.mounted) {
     fuse_session_unmount(m.se);

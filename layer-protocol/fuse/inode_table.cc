@@ -4,9 +4,19 @@
 
 namespace siphon::fuse {
 
-InodeTable::InodeTable(std::string root) : root_(std::move(root)) {
-  if (root_.empty()) root_ = "/";
-  while (root_.size() > 1 && root_.back() == '/') root_.pop_back();
+namespace {
+
+// Without its trailing slashes; "/" for an empty one. (push_back, not
+// assigning "/": GCC 12 at -O3 warns falsely on that, -Wstringop-overflow.)
+std::string normalizedRoot(std::string r) {
+  while (r.size() > 1 && r.back() == '/') r.pop_back();
+  if (r.empty()) r.push_back('/');
+  return r;
+}
+
+}  // namespace
+
+InodeTable::InodeTable(std::string root) : root_(normalizedRoot(std::move(root))) {
   Node r;
   r.nlookup = 1;  // the kernel holds the root for the mount's life
   nodes_.emplace(kRootId, std::move(r));
