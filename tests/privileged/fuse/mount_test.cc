@@ -390,6 +390,39 @@ TEST_F(MountTest, TheAgentLostGivesErrorsNotAHangAndSigtermUnmounts) {
   EXPECT_FALSE(isMounted(mnt_));
 }
 
+// The transport cut under the mount (both ends of the CLI<->agent TCP
+// connection reset, as by a NAT): the session resumes, a file a program has
+// open stays open and reads on where it was, and new operations work, all
+// within a bound.
+TEST_F(MountTest, ACutTransportResumesWithFilesStillOpen) {
+  std::string content;
+  for (int i = 0; i < 2000; ++i) content += "line " + std::to_string(i) + "\n";
+  writeHost(root_ + "/tmp/long.txt", content);
+  ASSERT_NO_FATAL_FAILURE(startAgent("ro"));
+  ASSERT_NO_FATAL_FAILURE(mount({"--ro", "--attr-timeout", "0"}));
+  // Reads 7 bytes, waits for a line on stdin, then reads the rest.
+  Proc reader({"sh", "-c", "exec 3<\"$1\"; head -c 7 <&3; echo; read go; cat <&3", "sh",
+               mnt_ + "/tmp/long.txt"},
+              cleanEnv());
+  ASSERT_TRUE(reader.readUntil([](const std::string& out, const std::string&) {
+    return out.find('\n') != std::string::npos && out.size() >= 8;
+  })) << reader.err;
+  const std::string port = endpoint_.substr(endpoint_.rfind(':') + 1);
+  Result killed = run({"ss", "-K", "-t", "-n", "state", "established",
+                       "( sport = :" + port + " or dport = :" + port + " )"});
+  ASSERT_EQ(killed.exit_code, 0) << killed;
+  ASSERT_THAT(killed.out, HasSubstr(":" + port + " ")) << "nothing was cut";
+
+  const auto start = Clock::now();
+  reader.write("go\n");
+  const int code = reader.finish();
+  EXPECT_EQ(code, 0) << reader.err;
+  EXPECT_EQ(reader.out, content.substr(0, 7) + "\n" + content.substr(7));
+  EXPECT_EQ(readFile(mnt_ + "/etc/../tmp/long.txt"), content);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(15));
+  EXPECT_THAT(agent_->log(), HasSubstr("session_resumed"));
+}
+
 TEST_F(MountTest, SigkillLeavesNoHangingMount) {
   ASSERT_NO_FATAL_FAILURE(startAgent("ro"));
   ASSERT_NO_FATAL_FAILURE(mount({"--ro"}));
