@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
 #include "agent/files/file_system.h"
 #include "agent/files/fs_helper.h"
@@ -46,6 +47,8 @@ uint64_t handleOf(const R& req) {
       return req.fstat().fd();
     case R::kFtruncate:
       return req.ftruncate().fd();
+    case R::kFsync:
+      return req.fsync().fd();
     case R::kReaddir:
       return req.readdir().dir();
     case R::kClosedir:
@@ -96,10 +99,18 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
       case R::kPwrite:
       case R::kSeek:
       case R::kFstat:
-      case R::kFtruncate: {
+      case R::kFtruncate:
+      case R::kFsync: {
         auto file = table_.file(sid, handleOf(req), op);
         if (!file.ok()) {
           reply(*session, id, file.status());
+          return;
+        }
+        if (req.op_case() == R::kFsync && ctx_.config.fs_mode == FsMode::kReadOnly) {
+          // Every handle here is open for reading (fs_policy.h): nothing of
+          // ours can be dirty, and a flush of the target's own writes is
+          // not the agent's to start.
+          reply(*session, id, done());
           return;
         }
         uint32_t read_size = max_read;
@@ -135,8 +146,9 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
           return;
         }
         runBlocking(std::move(session), id,
-                    [dir = *std::move(dir), max_entries, bytes = *room]() -> Result {
-                      auto entries = dir->read(max_entries, bytes);
+                    [dir = *std::move(dir), max_entries, bytes = *room,
+                     with_stat = req.readdir().with_stat()]() -> Result {
+                      auto entries = dir->read(max_entries, bytes, with_stat);
                       if (!entries.ok()) return entries.status();
                       v1::FileResponse r;
                       *r.mutable_entries() = *std::move(entries);
@@ -157,9 +169,10 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
       }
       default: {
         const bool writes_refused = ctx_.config.fs_mode == FsMode::kReadOnly;
-        runBlocking(std::move(session), id, [fs = fs_, req = std::move(req), writes_refused] {
-          return fs->path(req, writes_refused);
-        });
+        runBlocking(std::move(session), id,
+                    [fs = fs_, req = std::move(req), writes_refused, max_read] {
+                      return fitAnswer(fs->path(req, writes_refused), max_read);
+                    });
         return;
       }
     }
@@ -185,6 +198,22 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
         reply(*session, id, std::move(r));
       });
     });
+  }
+
+  // An xattr value or name list (up to 64 KiB) larger than the session's
+  // max_read_size might not fit its frames: E2BIG with the limit named (a
+  // rule of the agent's, not the kernel's ERANGE for a short buffer).
+  static Result fitAnswer(Result r, uint32_t max_read) {
+    if (!r.ok()) return r;
+    size_t size = 0;
+    if (r->has_xattr_value()) size = r->xattr_value().value().size();
+    if (r->has_xattr_names()) size = r->xattr_names().ByteSizeLong();
+    if (size > max_read) {
+      return errnoRefusal(E2BIG, absl::StrCat("the answer (", size,
+                                              " bytes) is larger than this session's read size (",
+                                              max_read, ", siphon-agent --max-read-size)"));
+    }
+    return r;
   }
 
   // The bytes a read of `wanted` may answer with: at most max_read, and

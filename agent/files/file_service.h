@@ -18,6 +18,11 @@
 //   readdir       at most max_entries entries (0: kDefaultDirEntries; above
 //                 kMaxDirEntries clamped) and max_read_size bytes of them
 //                 (within the buffer's room, as reads).
+//   getxattr,     E2BIG (a refusal naming the limit) when the value or the
+//   listxattr     name list is larger than the session's max_read_size.
+//   fsync         under --fs-mode ro answered OK without the call (every
+//                 handle there is open for reading).
+//   readdir       with_stat: each entry's lstat too (OpenDir::read).
 //   handles       EBADF for a handle this session does not hold (closed,
 //                 another session's, or a file handle given to readdir and
 //                 the other way round); ERRNO EMFILE past

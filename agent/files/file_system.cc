@@ -50,7 +50,7 @@ absl::StatusOr<Handle> LocalFileSystem::open(const R& req) {
   if (req.op_case() == R::kOpendir) {
     auto fd = guardedOpen(req.opendir().path(), O_RDONLY | O_DIRECTORY, 0, true);
     if (!fd.ok()) return fd.status();
-    auto dir = OpenDir::create(*std::move(fd));
+    auto dir = OpenDir::create(*std::move(fd), root_fd_);
     if (!dir.ok()) return dir.status();
     return Handle(std::shared_ptr<DirObject>(*std::move(dir)));
   }
@@ -114,6 +114,35 @@ Result LocalFileSystem::path(const R& req, bool writes_refused) {
     case R::kUtimens:
       return doneOr(root_.utimens(req.utimens().path(), req.utimens().atime_ns(),
                                   req.utimens().mtime_ns(), req.utimens().follow_symlinks()));
+    case R::kSymlink:
+      return doneOr(root_.symlink(req.symlink().target(), req.symlink().linkpath()));
+    case R::kLink:
+      return doneOr(root_.link(req.link().existing(), req.link().newpath()));
+    case R::kMknod:
+      return doneOr(root_.mknod(req.mknod().path(), req.mknod().mode(), req.mknod().rdev()));
+    case R::kGetxattr: {
+      const auto& g = req.getxattr();
+      auto value = root_.getxattr(g.path(), g.name(), g.follow_symlinks());
+      if (!value.ok()) return value.status();
+      r.mutable_xattr_value()->set_value(*std::move(value));
+      return r;
+    }
+    case R::kListxattr: {
+      auto names = root_.listxattr(req.listxattr().path(), req.listxattr().follow_symlinks());
+      if (!names.ok()) return names.status();
+      // Names travel in proto3 strings (UTF-8), as directory entries do.
+      v1::FileXattrNames* out = r.mutable_xattr_names();  // set even when empty
+      for (const std::string& n : *names) out->add_names(toUtf8Lossy(n));
+      return r;
+    }
+    case R::kSetxattr: {
+      const auto& x = req.setxattr();
+      return doneOr(root_.setxattr(x.path(), x.name(), x.value(), x.flags(), x.follow_symlinks()));
+    }
+    case R::kRemovexattr: {
+      const auto& x = req.removexattr();
+      return doneOr(root_.removexattr(x.path(), x.name(), x.follow_symlinks()));
+    }
     default:
       return protoError(v1::INTERNAL, "not a path request");
   }

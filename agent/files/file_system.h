@@ -31,8 +31,8 @@ class FileSystem {
   // open, a DirObject for opendir).
   virtual absl::StatusOr<Handle> open(const v1::FileRequest& req) = 0;
   // stat, statfs, access, readlink, mkdir, rmdir, unlink, rename, truncate,
-  // chmod, chown, utimens. `writes_refused`: --fs-mode ro (see
-  // RootFs::access).
+  // chmod, chown, utimens, symlink, link, mknod and the xattr calls.
+  // `writes_refused`: --fs-mode ro (see RootFs::access).
   virtual absl::StatusOr<v1::FileResponse> path(const v1::FileRequest& req,
                                                 bool writes_refused) = 0;
 };

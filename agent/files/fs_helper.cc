@@ -172,7 +172,7 @@ class HelperServer {
       case kReaddir: {
         auto d = find<DirObject>(handle);
         if (!d) return errnoStatus(EBADF, "file helper handle");
-        auto entries = d->read(req.readdir().max_entries(), aux);
+        auto entries = d->read(req.readdir().max_entries(), aux, req.readdir().with_stat());
         if (!entries.ok()) return entries.status();
         v1::FileResponse r;
         *r.mutable_entries() = *std::move(entries);
@@ -520,9 +520,11 @@ class RemoteDir : public DirObject {
   RemoteDir(std::shared_ptr<Helper> h, uint64_t gen, uint64_t id)
       : helper_(std::move(h)), gen_(gen), id_(id) {}
   ~RemoteDir() override { (void)helper_->call(gen_, kRelease, 0, id_, R()); }
-  absl::StatusOr<v1::FileDirEntries> read(uint32_t max_entries, size_t max_bytes) override {
+  absl::StatusOr<v1::FileDirEntries> read(uint32_t max_entries, size_t max_bytes,
+                                          bool with_stat) override {
     R req;
     req.mutable_readdir()->set_max_entries(max_entries);
+    req.mutable_readdir()->set_with_stat(with_stat);
     auto r = helper_->call(gen_, kReaddir, static_cast<uint32_t>(max_bytes), id_, req);
     if (!r.ok()) return r.status();
     if (!r->response.has_entries()) return protoError(v1::INTERNAL, "file helper: not entries");

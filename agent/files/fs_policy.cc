@@ -65,6 +65,22 @@ std::string fileRequestTarget(const v1::FileRequest& r) {
       return r.chown().path();
     case v1::FileRequest::kUtimens:
       return r.utimens().path();
+    case v1::FileRequest::kSymlink:
+      return absl::StrCat(r.symlink().linkpath(), " -> ", r.symlink().target());
+    case v1::FileRequest::kLink:
+      return absl::StrCat(r.link().existing(), " to ", r.link().newpath());
+    case v1::FileRequest::kMknod:
+      return r.mknod().path();
+    case v1::FileRequest::kGetxattr:
+      return absl::StrCat(r.getxattr().path(), " ", r.getxattr().name());
+    case v1::FileRequest::kListxattr:
+      return r.listxattr().path();
+    case v1::FileRequest::kSetxattr:
+      return absl::StrCat(r.setxattr().path(), " ", r.setxattr().name());
+    case v1::FileRequest::kRemovexattr:
+      return absl::StrCat(r.removexattr().path(), " ", r.removexattr().name());
+    case v1::FileRequest::kFsync:
+      return absl::StrCat("fd ", r.fsync().fd());
     case v1::FileRequest::OP_NOT_SET:
       break;
   }
@@ -94,6 +110,11 @@ bool isWriteLikeOp(v1::FileRequest::OpCase op, int open_flags) {
     case v1::FileRequest::kChmod:
     case v1::FileRequest::kChown:
     case v1::FileRequest::kUtimens:
+    case v1::FileRequest::kSymlink:
+    case v1::FileRequest::kLink:
+    case v1::FileRequest::kMknod:
+    case v1::FileRequest::kSetxattr:
+    case v1::FileRequest::kRemovexattr:
       return true;
     case v1::FileRequest::kRead:
     case v1::FileRequest::kPread:
@@ -107,6 +128,12 @@ bool isWriteLikeOp(v1::FileRequest::OpCase op, int open_flags) {
     case v1::FileRequest::kOpendir:
     case v1::FileRequest::kReaddir:
     case v1::FileRequest::kClosedir:
+    case v1::FileRequest::kGetxattr:
+    case v1::FileRequest::kListxattr:
+    // Under ro every handle is open for reading (a write open is refused),
+    // and the service answers an fsync there without calling it
+    // (file_service.cc).
+    case v1::FileRequest::kFsync:
     case v1::FileRequest::OP_NOT_SET:
       return false;
   }

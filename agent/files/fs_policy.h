@@ -22,7 +22,8 @@ std::string fileRequestTarget(const v1::FileRequest& request);
 // Whether the request may change the file system: open with O_WRONLY,
 // O_RDWR (or an access mode of 3), O_CREAT, O_TRUNC, O_APPEND or O_TMPFILE;
 // write, pwrite, mkdir, rmdir, unlink, rename, truncate, ftruncate, chmod,
-// chown, utimens.
+// chown, utimens, symlink, link, mknod, setxattr, removexattr. (fsync is
+// not: under ro only read handles exist, and the service answers it OK.)
 bool isWriteLike(const v1::FileRequest& request);
 // The same decision from the op and (for open) its flags. Exhaustive: an
 // op this build does not name is write-like (fails closed under ro).

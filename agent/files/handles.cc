@@ -1,5 +1,6 @@
 #include "agent/files/handles.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +18,8 @@ namespace {
 // Bytes an entry adds to a FileDirEntries message besides its name (tags,
 // lengths, varints of ino and type), rounded up.
 constexpr size_t kEntryOverhead = 24;
+// And what a stat adds besides its own fields (its tag and length).
+constexpr size_t kStatOverhead = 4;
 
 std::string handleCtx(std::string_view op, uint64_t handle) {
   return absl::StrCat(asv(op), " fd ", handle);
@@ -72,6 +75,11 @@ absl::StatusOr<v1::FileResponse> OpenFile::call(const v1::FileRequest& req, uint
       r.mutable_done();
       return r;
     }
+    case R::kFsync: {
+      if (auto s = fsyncFd(f, req.fsync().datasync()); !s.ok()) return s;
+      r.mutable_done();
+      return r;
+    }
     default:
       return protoError(v1::INTERNAL, "not a file-handle request");
   }
@@ -88,21 +96,50 @@ absl::Status OpenFile::close() {
 
 // ------------------------------------------------------------ OpenDir
 
-absl::StatusOr<std::shared_ptr<OpenDir>> OpenDir::create(UniqueFd fd) {
+absl::StatusOr<std::shared_ptr<OpenDir>> OpenDir::create(UniqueFd fd, int root_fd) {
+  bool is_root = false;
+  if (root_fd >= 0) {
+    struct stat d {};
+    struct stat r {};
+    if (::fstat(fd.get(), &d) != 0 || ::fstat(root_fd, &r) != 0) return lastErrnoStatus("opendir");
+    is_root = d.st_dev == r.st_dev && d.st_ino == r.st_ino;
+  }
   DIR* dir = ::fdopendir(fd.get());
   if (dir == nullptr) return lastErrnoStatus("opendir");
   (void)fd.release();  // the DIR owns it now
-  return std::shared_ptr<OpenDir>(new OpenDir(dir));
+  return std::shared_ptr<OpenDir>(new OpenDir(dir, is_root, root_fd >= 0));
+}
+
+void OpenDir::fillStat(v1::DirEntry& e, const std::string& raw_name, bool with_stat) const {
+  if (!with_stat) {
+    e.clear_stat();
+    return;
+  }
+  if (e.has_stat()) return;
+  const char* name = raw_name.c_str();
+  if (raw_name == "..") {
+    // fstatat(dir, "..") from the root would describe what is above it.
+    if (!root_known_) return;
+    if (is_root_) name = ".";
+  }
+  struct stat st {};
+  // The name is one component of this directory; AT_SYMLINK_NOFOLLOW keeps
+  // a symlink from being followed at all. A vanished entry keeps no stat.
+  if (::fstatat(::dirfd(dir_), name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    *e.mutable_stat() = toFileStat(st);
+  }
 }
 
 OpenDir::~OpenDir() { ::closedir(dir_); }
 
-absl::StatusOr<v1::FileDirEntries> OpenDir::read(uint32_t max_entries, size_t max_bytes) {
+absl::StatusOr<v1::FileDirEntries> OpenDir::read(uint32_t max_entries, size_t max_bytes,
+                                                 bool with_stat) {
   std::lock_guard<std::mutex> lock(mu_);
   v1::FileDirEntries out;
   size_t bytes = 0;
   while (!eof_) {
     std::optional<v1::DirEntry> next = std::move(pending_);
+    std::string raw_name = std::move(pending_raw_name_);
     pending_.reset();
     if (!next) {
       errno = 0;
@@ -112,15 +149,19 @@ absl::StatusOr<v1::FileDirEntries> OpenDir::read(uint32_t max_entries, size_t ma
         eof_ = true;
         break;
       }
+      raw_name = d->d_name;
       next.emplace();
-      next->set_name(toUtf8Lossy(d->d_name));
+      next->set_name(toUtf8Lossy(raw_name));
       next->set_ino(d->d_ino);
       next->set_type(d->d_type);
     }
-    const size_t cost = next->name().size() + kEntryOverhead;
+    fillStat(*next, raw_name, with_stat);
+    const size_t cost = next->name().size() + kEntryOverhead +
+                        (next->has_stat() ? next->stat().ByteSizeLong() + kStatOverhead : 0);
     if (out.entries_size() > 0 &&
         (static_cast<uint32_t>(out.entries_size()) >= max_entries || bytes + cost > max_bytes)) {
       pending_ = std::move(next);  // first of the next batch
+      pending_raw_name_ = std::move(raw_name);
       break;
     }
     bytes += cost;

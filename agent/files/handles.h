@@ -32,7 +32,7 @@ namespace siphon::agent::files {
 class FileObject {
  public:
   virtual ~FileObject() = default;  // releases it; an error is dropped
-  // read, pread, write, pwrite, seek, fstat, ftruncate: the request as the
+  // read, pread, write, pwrite, seek, fstat, ftruncate, fsync: the request as the
   // client sent it, its read size already clamped to `max_read`.
   virtual absl::StatusOr<v1::FileResponse> call(const v1::FileRequest& req, uint32_t max_read) = 0;
   // The client's close, once no other request holds the object: its error
@@ -45,7 +45,9 @@ class FileObject {
 class DirObject {
  public:
   virtual ~DirObject() = default;
-  virtual absl::StatusOr<v1::FileDirEntries> read(uint32_t max_entries, size_t max_bytes) = 0;
+  // `with_stat`: each entry carries its lstat (readdirplus).
+  virtual absl::StatusOr<v1::FileDirEntries> read(uint32_t max_entries, size_t max_bytes,
+                                                  bool with_stat) = 0;
 };
 
 // One open file of a session, an fd of this process.
@@ -60,8 +62,9 @@ struct OpenFile : FileObject {
 // readdir requests on the same handle may run on two pool threads at once.
 class OpenDir : public DirObject {
  public:
-  // Takes `fd` (a directory opened O_RDONLY|O_DIRECTORY).
-  static absl::StatusOr<std::shared_ptr<OpenDir>> create(UniqueFd fd);
+  // Takes `fd` (a directory opened O_RDONLY|O_DIRECTORY) of the tree under
+  // `root_fd` (not kept; -1: unknown, see read()).
+  static absl::StatusOr<std::shared_ptr<OpenDir>> create(UniqueFd fd, int root_fd = -1);
   ~OpenDir() override;
   OpenDir(const OpenDir&) = delete;
   OpenDir& operator=(const OpenDir&) = delete;
@@ -72,14 +75,28 @@ class OpenDir : public DirObject {
   // set once the end has been reached: an entry that does not fit is kept
   // for the next call, so eof is exact. Names that are not valid UTF-8
   // (they travel in a proto3 string) have each bad run replaced by U+FFFD.
-  absl::StatusOr<v1::FileDirEntries> read(uint32_t max_entries, size_t max_bytes) override;
+  //
+  // `with_stat`: each entry's stat is fstatat(dir, name, AT_SYMLINK_NOFOLLOW)
+  // (a symlink is described itself), taken when the entry is read; an entry
+  // that vanished meanwhile has none. ".." of the root directory is the
+  // root itself (as in a chroot: fstatat(root, "..") would describe the
+  // host directory above it); ".." with the root unknown has no stat.
+  absl::StatusOr<v1::FileDirEntries> read(uint32_t max_entries, size_t max_bytes,
+                                          bool with_stat) override;
 
  private:
-  explicit OpenDir(DIR* dir) : dir_(dir) {}
+  OpenDir(DIR* dir, bool is_root, bool root_known)
+      : dir_(dir), is_root_(is_root), root_known_(root_known) {}
+  // Sets or clears `e`'s stat (a pending entry may come from a read that
+  // asked the other way).
+  void fillStat(v1::DirEntry& e, const std::string& raw_name, bool with_stat) const;
 
   std::mutex mu_;
   DIR* dir_;
+  const bool is_root_;     // the directory is the root itself
+  const bool root_known_;  // create() was given the root
   std::optional<v1::DirEntry> pending_;
+  std::string pending_raw_name_;  // its name as the kernel gave it
   bool eof_ = false;
 };
 

@@ -320,6 +320,71 @@ absl::Status RootFs::utimens(std::string_view path, int64_t atime_ns, int64_t mt
   return absl::OkStatus();
 }
 
+absl::Status RootFs::refuseTrailingSlash(const Parent& p, std::string_view what) {
+  struct stat st {};
+  const bool exists = ::fstatat(p.fd.get(), p.name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0;
+  return errnoStatus(exists ? EEXIST : ENOENT, what);
+}
+
+absl::Status RootFs::symlink(std::string_view target, std::string_view linkpath) const {
+  const std::string what = ctx("symlink", linkpath);
+  if (target.find('\0') != std::string_view::npos) return errnoStatus(EINVAL, what);
+  auto p = parent("symlink", linkpath, EEXIST);
+  if (!p.ok()) return p.status();
+  if (p->trailing_slash) return refuseTrailingSlash(*p, what);
+  // The target is text the kernel stores without looking at it; only a
+  // later walk through the link resolves it (inside the root, RootFs).
+  const std::string text(target);
+  if (::symlinkat(text.c_str(), p->fd.get(), p->name.c_str()) != 0) return lastErrnoStatus(what);
+  return absl::OkStatus();
+}
+
+absl::Status RootFs::link(std::string_view existing, std::string_view newpath) const {
+  const std::string what = absl::StrCat("link ", asv(existing), " to ", asv(newpath));
+  // "dir/." or "/" as the existing name: a directory, which cannot be linked.
+  auto from = parent("link", existing, EPERM);
+  if (!from.ok()) return from.status();
+  auto to = parent("link", newpath, EEXIST);
+  if (!to.ok()) return to.status();
+  if (from->trailing_slash) {
+    struct stat st {};
+    if (::fstatat(from->fd.get(), from->name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      return lastErrnoStatus(what);
+    }
+    return errnoStatus(S_ISDIR(st.st_mode) ? EPERM : ENOTDIR, what);
+  }
+  if (to->trailing_slash) return refuseTrailingSlash(*to, what);
+  // No AT_SYMLINK_FOLLOW (nor AT_EMPTY_PATH): the name is linked as it is,
+  // a symlink included, so nothing is resolved past the parent walk.
+  if (::linkat(from->fd.get(), from->name.c_str(), to->fd.get(), to->name.c_str(), 0) != 0) {
+    return lastErrnoStatus(what);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RootFs::mknod(std::string_view path, uint32_t mode, uint64_t rdev) const {
+  (void)rdev;  // only for devices, which are never made
+  const std::string what = ctx("mknod", path);
+  const uint32_t type = mode & S_IFMT;
+  if (type == S_IFCHR || type == S_IFBLK) {
+    // Whoever serves files is outside the target's devices cgroup: a node
+    // made here could open what the target's own processes may not.
+    return errnoRefusal(
+        EPERM, absl::StrCat("mknod ", asv(path), ": the agent does not create device nodes"));
+  }
+  if (type != 0 && type != S_IFREG && type != S_IFIFO && type != S_IFSOCK) {
+    return errnoStatus(EINVAL, what);
+  }
+  auto p = parent("mknod", path, EEXIST);
+  if (!p.ok()) return p.status();
+  if (p->trailing_slash) return refuseTrailingSlash(*p, what);
+  if (::mknodat(p->fd.get(), p->name.c_str(), (type == 0 ? S_IFREG : type) | (mode & 07777), 0) !=
+      0) {
+    return lastErrnoStatus(what);
+  }
+  return absl::OkStatus();
+}
+
 // ------------------------------------------------------------ fd operations
 
 absl::StatusOr<v1::FileData> readFd(int fd, uint32_t size) {
@@ -373,6 +438,13 @@ absl::StatusOr<v1::FileStat> fstatFd(int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) return lastErrnoStatus("fstat");
   return toFileStat(st);
+}
+
+absl::Status fsyncFd(int fd, bool datasync) {
+  if ((datasync ? ::fdatasync(fd) : ::fsync(fd)) != 0) {
+    return lastErrnoStatus(datasync ? "fdatasync" : "fsync");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ftruncateFd(int fd, int64_t length) {

@@ -9,13 +9,18 @@
 //
 // Operations that are not an open() never hand a path to a plain *at() call
 // that would follow the final component on its own:
-//   - mkdir, rmdir, unlink, rename: the PARENT directory is resolved with
-//     openat2 (O_PATH|O_DIRECTORY) and the call acts on the final name, which
-//     these calls never follow;
+//   - mkdir, rmdir, unlink, rename, symlink, link, mknod: the PARENT
+//     directory is resolved with openat2 (O_PATH|O_DIRECTORY) and the call
+//     acts on the final name, which these calls never follow (linkat without
+//     AT_SYMLINK_FOLLOW links a final symlink itself);
 //   - stat, statfs, access, readlink, chown, utimens, chmod: the object itself
 //     is resolved with openat2 as O_PATH (O_NOFOLLOW when the final symlink
 //     must not be followed) and the call acts on that fd (AT_EMPTY_PATH);
-//   - truncate: openat2(O_WRONLY) then ftruncate.
+//   - truncate: openat2(O_WRONLY) then ftruncate;
+//   - the xattr calls (root_fs_xattr.cc): the object is resolved as O_PATH
+//     (O_NOFOLLOW unless following) and the call names the agent's own
+//     /proc/self/fd/N (f*xattr refuse O_PATH fds), a magic link that jumps
+//     to that very inode: nothing of the target's path is looked up again.
 //
 // Errors: the errno of the failing call, as siphon::errnoStatus with the
 // operation and path for context ("open /etc/shadow: Permission denied"),
@@ -33,6 +38,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -45,6 +51,13 @@ namespace siphon::agent::files {
 // set through the protocol).
 inline constexpr int64_t kTimeOmit = -1;  // leave this time as it is (UTIME_OMIT)
 inline constexpr int64_t kTimeNow = -2;   // set this time to now (UTIME_NOW)
+
+// Extended attribute limits, the kernel's own (XATTR_NAME_MAX,
+// XATTR_SIZE_MAX, XATTR_LIST_MAX), checked before the call with the errno
+// the kernel would give: a longer name ERANGE, a longer value E2BIG.
+inline constexpr size_t kMaxXattrName = 255;
+inline constexpr size_t kMaxXattrValue = 64 * 1024;
+inline constexpr size_t kMaxXattrList = 64 * 1024;
 
 class RootFs {
  public:
@@ -94,6 +107,33 @@ class RootFs {
   absl::Status utimens(std::string_view path, int64_t atime_ns, int64_t mtime_ns,
                        bool follow) const;
 
+  // symlinkat: `linkpath` -> `target`, the target text stored as given (a
+  // NUL in it is EINVAL). It is only text: when followed later it resolves
+  // inside the root like any other link.
+  absl::Status symlink(std::string_view target, std::string_view linkpath) const;
+  // linkat(2) with flags 0: a hard link `newpath` to the object named by
+  // `existing`, whose final symlink (if any) is linked itself, never
+  // followed. Both parents resolve in the root.
+  absl::Status link(std::string_view existing, std::string_view newpath) const;
+  // mknodat for a regular file (type 0 or S_IFREG), S_IFIFO or S_IFSOCK,
+  // with `mode`'s permission bits (umask applies); rdev is not used. S_IFCHR
+  // and S_IFBLK are refused with EPERM (errnoRefusal: no device node is
+  // ever made through the agent), any other type with EINVAL.
+  absl::Status mknod(std::string_view path, uint32_t mode, uint64_t rdev) const;
+
+  // Extended attributes (root_fs_xattr.cc). `follow` false acts on a final
+  // symlink itself (the l*xattr calls). Errnos are the kernel's: ENODATA
+  // (no such attribute), ENOTSUP (the file system has none), EPERM (user.*
+  // on a symlink or device), ERANGE, E2BIG, EEXIST / ENODATA for
+  // XATTR_CREATE / XATTR_REPLACE.
+  absl::StatusOr<std::string> getxattr(std::string_view path, std::string_view name,
+                                       bool follow) const;
+  // The names, in the kernel's order.
+  absl::StatusOr<std::vector<std::string>> listxattr(std::string_view path, bool follow) const;
+  absl::Status setxattr(std::string_view path, std::string_view name, std::string_view value,
+                        int flags, bool follow) const;
+  absl::Status removexattr(std::string_view path, std::string_view name, bool follow) const;
+
  private:
   struct Parent {
     UniqueFd fd;
@@ -106,6 +146,13 @@ class RootFs {
   // make the *at() call act on the parent fd's own "..", which is not
   // checked against the root.
   absl::StatusOr<Parent> parent(std::string_view op, std::string_view path, int refuse_errno) const;
+  // For calls that create `p`'s name and take no trailing slash (symlink,
+  // link, mknod): "name/" is EEXIST when the name exists, else ENOENT, as
+  // the kernel answers.
+  static absl::Status refuseTrailingSlash(const Parent& p, std::string_view what);
+  // The O_PATH fd of `path` for the xattr calls (O_NOFOLLOW unless `follow`).
+  absl::StatusOr<UniqueFd> xattrTarget(std::string_view op, std::string_view path,
+                                       bool follow) const;
 
   int root_fd_;
 };
@@ -124,5 +171,7 @@ absl::StatusOr<uint64_t> pwriteFd(int fd, std::string_view data, int64_t offset)
 absl::StatusOr<int64_t> seekFd(int fd, int64_t offset, int whence);
 absl::StatusOr<v1::FileStat> fstatFd(int fd);
 absl::Status ftruncateFd(int fd, int64_t length);
+// fsync(2), or fdatasync(2) with `datasync`.
+absl::Status fsyncFd(int fd, bool datasync);
 
 }  // namespace siphon::agent::files

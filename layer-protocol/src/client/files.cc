@@ -8,6 +8,7 @@
 #include <deque>
 
 #include "absl/strings/str_cat.h"
+#include "client/file_call.h"
 #include "client/target_core.h"
 #include "siphon/status.h"
 #include "siphon/transport/spawn.h"
@@ -28,14 +29,6 @@ struct HandleState {
   bool closed = false;
 };
 
-bool FileStat::isDirectory() const { return S_ISDIR(mode); }
-bool FileStat::isRegular() const { return S_ISREG(mode); }
-bool FileStat::isSymlink() const { return S_ISLNK(mode); }
-
-namespace {
-
-using FileResult = absl::StatusOr<v1::FileResponse>;
-
 net::awaitable<FileResult> fileCall(std::shared_ptr<TargetCore> core_in, v1::FileRequest f) {
   const std::shared_ptr<TargetCore> core = std::move(core_in);
   v1::Request request;
@@ -46,11 +39,16 @@ net::awaitable<FileResult> fileCall(std::shared_ptr<TargetCore> core_in, v1::Fil
   co_return std::move(*r->mutable_file());
 }
 
-// A call whose answer carries nothing (FileDone).
 net::awaitable<absl::Status> doneCall(std::shared_ptr<TargetCore> core, v1::FileRequest f) {
   auto r = co_await fileCall(std::move(core), std::move(f));
   co_return r.status();
 }
+
+bool FileStat::isDirectory() const { return S_ISDIR(mode); }
+bool FileStat::isRegular() const { return S_ISREG(mode); }
+bool FileStat::isSymlink() const { return S_ISLNK(mode); }
+
+namespace {
 
 FileStat statFrom(const v1::FileStat& s) {
   FileStat out;
@@ -146,6 +144,32 @@ net::awaitable<void> runStat(std::shared_ptr<TargetCore> core_in, std::string pa
   const auto slot = std::move(slot_in);
   slot->set(statOf(co_await fileCall(core, statRequest(std::move(path), follow_symlinks)),
                    follow_symlinks ? "stat" : "lstat"));
+}
+
+// One readdir; with_stat asks for each entry's lstat, which an agent that
+// predates the field leaves out (the entries come without stat then).
+net::awaitable<absl::StatusOr<DirBatch>> readBatch(std::shared_ptr<HandleState> state_in,
+                                                   uint32_t max_entries, bool with_stat) {
+  const auto state = std::move(state_in);
+  if (!state || state->closed) co_return closedStatus(state ? state->handle : 0);
+  v1::FileRequest f;
+  f.mutable_readdir()->set_dir(state->handle);
+  f.mutable_readdir()->set_max_entries(max_entries);
+  f.mutable_readdir()->set_with_stat(with_stat);
+  auto r = co_await fileCall(state->core, std::move(f));
+  if (!r.ok()) co_return r.status();
+  if (!r->has_entries()) co_return wrongKind("readdir");
+  DirBatch out;
+  out.eof = r->entries().eof();
+  for (v1::DirEntry& e : *r->mutable_entries()->mutable_entries()) {
+    DirEntry entry;
+    entry.name = std::move(*e.mutable_name());
+    entry.ino = e.ino();
+    entry.type = e.type();
+    if (with_stat && e.has_stat()) entry.stat = statFrom(e.stat());
+    out.entries.push_back(std::move(entry));
+  }
+  co_return out;
 }
 
 template <typename T>
@@ -245,6 +269,15 @@ net::awaitable<absl::Status> File::truncate(int64_t length) {
   co_return co_await doneCall(state->core, std::move(f));
 }
 
+net::awaitable<absl::Status> File::fsync(bool datasync) {
+  const auto state = state_;
+  if (!state || state->closed) co_return closedStatus(handle());
+  v1::FileRequest f;
+  f.mutable_fsync()->set_fd(state->handle);
+  f.mutable_fsync()->set_datasync(datasync);
+  co_return co_await doneCall(state->core, std::move(f));
+}
+
 net::awaitable<absl::Status> File::close() {
   const auto state = state_;
   if (!state || state->closed) co_return closedStatus(handle());
@@ -271,20 +304,11 @@ net::awaitable<absl::StatusOr<std::vector<DirEntry>>> Directory::next(uint32_t m
 }
 
 net::awaitable<absl::StatusOr<DirBatch>> Directory::nextBatch(uint32_t max_entries) {
-  const auto state = state_;
-  if (!state || state->closed) co_return closedStatus(handle());
-  v1::FileRequest f;
-  f.mutable_readdir()->set_dir(state->handle);
-  f.mutable_readdir()->set_max_entries(max_entries);
-  auto r = co_await fileCall(state->core, std::move(f));
-  if (!r.ok()) co_return r.status();
-  if (!r->has_entries()) co_return wrongKind("readdir");
-  DirBatch out;
-  out.eof = r->entries().eof();
-  for (const v1::DirEntry& e : r->entries().entries()) {
-    out.entries.push_back({e.name(), e.ino(), e.type()});
-  }
-  co_return out;
+  co_return co_await readBatch(state_, max_entries, false);
+}
+
+net::awaitable<absl::StatusOr<DirBatch>> Directory::nextBatchPlus(uint32_t max_entries) {
+  co_return co_await readBatch(state_, max_entries, true);
 }
 
 net::awaitable<absl::Status> Directory::close() {

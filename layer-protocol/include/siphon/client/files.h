@@ -59,6 +59,10 @@ struct DirEntry {
   std::string name;
   uint64_t ino = 0;
   uint32_t type = 0;  // DT_* value
+  // Directory::nextBatchPlus only: the entry's lstat (a symlink described
+  // itself), taken by the agent as it read the entry. Absent when the entry
+  // vanished meanwhile, and from an agent too old to send stats.
+  std::optional<FileStat> stat;
 };
 
 // One answer of a directory read: at most the entries asked for, and
@@ -94,6 +98,9 @@ class File {
   net::awaitable<absl::StatusOr<int64_t>> seek(int64_t offset, int whence);
   net::awaitable<absl::StatusOr<FileStat>> stat();
   net::awaitable<absl::Status> truncate(int64_t length);
+  // fsync(2), or fdatasync(2) with `datasync`. An agent run read-only
+  // answers OK without the call (its handles are all open for reading).
+  net::awaitable<absl::Status> fsync(bool datasync);
   net::awaitable<absl::Status> close();
 
  private:
@@ -113,6 +120,10 @@ class Directory {
   // The same, with the agent's end-of-directory flag: a listing can stop at
   // the batch that has `eof` rather than ask once more.
   net::awaitable<absl::StatusOr<DirBatch>> nextBatch(uint32_t max_entries = 0);
+  // nextBatch with each entry's lstat (DirEntry::stat) in the same answer
+  // ("readdirplus": no lstat per entry). An agent that predates it answers
+  // as nextBatch does: entries without stat, which the caller then lstats.
+  net::awaitable<absl::StatusOr<DirBatch>> nextBatchPlus(uint32_t max_entries = 0);
   net::awaitable<absl::Status> close();
 
  private:
@@ -163,6 +174,35 @@ class Files {
                                      bool follow_symlinks = true);
   net::awaitable<absl::Status> utimens(std::string path, int64_t atime_ns, int64_t mtime_ns,
                                        bool follow_symlinks = true);
+
+  // Creates `linkpath` -> `target`; the target text is stored verbatim (an
+  // absolute one resolves inside the target's root when followed).
+  net::awaitable<absl::Status> symlink(std::string target, std::string linkpath);
+  // A hard link `newpath` to `existing`; a symlink at `existing` is linked
+  // itself, never followed. EXDEV across file systems, EPERM for a
+  // directory.
+  net::awaitable<absl::Status> link(std::string existing, std::string newpath);
+  // A regular file (type 0 or S_IFREG), FIFO (S_IFIFO) or socket (S_IFSOCK)
+  // with `mode`'s permission bits (the agent's umask applies); `rdev` is not
+  // used. S_IFCHR/S_IFBLK: EPERM, the agent makes no device nodes.
+  net::awaitable<absl::Status> mknod(std::string path, uint32_t mode, uint64_t rdev);
+
+  // Extended attributes. Names at most 255 bytes (ERANGE), values at most
+  // 64 KiB (E2BIG), and an answer no larger than maxReadSize() (E2BIG).
+  // follow_symlinks false acts on a final symlink itself (l*xattr). Errnos:
+  // ENODATA (no such attribute), ENOTSUP (the file system has none), EPERM
+  // (user.* on a symlink or special file), EEXIST / ENODATA for
+  // XATTR_CREATE / XATTR_REPLACE; setxattr and removexattr EROFS on an
+  // agent run read-only.
+  net::awaitable<absl::StatusOr<std::string>> getxattr(std::string path, std::string name,
+                                                       bool follow_symlinks = false);
+  net::awaitable<absl::StatusOr<std::vector<std::string>>> listxattr(std::string path,
+                                                                     bool follow_symlinks = false);
+  // flags: 0, XATTR_CREATE or XATTR_REPLACE (<sys/xattr.h>).
+  net::awaitable<absl::Status> setxattr(std::string path, std::string name, std::string value,
+                                        int flags, bool follow_symlinks = false);
+  net::awaitable<absl::Status> removexattr(std::string path, std::string name,
+                                           bool follow_symlinks = false);
 
  private:
   std::shared_ptr<TargetCore> core_;

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <future>
 #include <thread>
+#include <vector>
 
 #include "agent/server/server.h"
 #include "siphon/client/client.h"
@@ -196,6 +198,95 @@ TEST_F(FileServiceTest, ReadOnlyModeAnswersErofsToWrites) {
   });
   EXPECT_EQ(ScratchTree::read(tree_.inRoot("f")), "keep");
   EXPECT_FALSE(std::filesystem::exists(tree_.inRoot("d")));
+}
+
+// The new namespace and attribute ops are refused the same way; reads of
+// attributes and fsync of a read handle are not.
+TEST_F(FileServiceTest, ReadOnlyModeAnswersErofsToLinksNodesAndXattrWrites) {
+  tree_.file("f", "keep");
+  start(FsMode::kReadOnly);
+  runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    Client c = client::Client::create(ex, options());
+    EXPECT_TRUE((co_await c->connect()).ok());
+    std::vector<v1::FileRequest> writes(5);
+    writes[0].mutable_symlink()->set_target("/f");
+    writes[0].mutable_symlink()->set_linkpath("/l");
+    writes[1].mutable_link()->set_existing("/f");
+    writes[1].mutable_link()->set_newpath("/g");
+    writes[2].mutable_mknod()->set_path("/p");
+    writes[2].mutable_mknod()->set_mode(S_IFIFO | 0600);
+    writes[3].mutable_setxattr()->set_path("/f");
+    writes[3].mutable_setxattr()->set_name("user.a");
+    writes[4].mutable_removexattr()->set_path("/f");
+    writes[4].mutable_removexattr()->set_name("user.a");
+    for (const auto& w : writes) {
+      auto r = co_await call(c, w);
+      EXPECT_EQ(errnoOf(r.status()), EROFS) << w.ShortDebugString();
+      EXPECT_THAT(std::string(r.status().message()), HasSubstr("--fs-mode ro"));
+    }
+    v1::FileRequest get;
+    get.mutable_getxattr()->set_path("/f");
+    get.mutable_getxattr()->set_name("user.none");
+    auto got = co_await call(c, get);
+    EXPECT_NE(errnoOf(got.status()), EROFS) << got.status();
+    EXPECT_NE(errnoOf(got.status()), 0) << "no such attribute";
+
+    auto opened = co_await call(c, openReq("/f", O_RDONLY));
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    if (!opened.ok()) co_return;
+    v1::FileRequest sync;
+    sync.mutable_fsync()->set_fd(opened->opened().fd());
+    auto synced = co_await call(c, sync);
+    EXPECT_TRUE(synced.ok() && synced->has_done()) << synced.status();
+    sync.mutable_fsync()->set_fd(99);
+    EXPECT_EQ(errnoOf((co_await call(c, sync)).status()), EBADF) << "a handle is still checked";
+    c->close();
+  });
+  for (const char* name : {"l", "g", "p"}) {
+    EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(tree_.inRoot(name))))
+        << name;
+  }
+}
+
+// Readdir with_stat over the wire, and fsync of a write handle in rw mode.
+TEST_F(FileServiceTest, ReaddirWithStatAndFsync) {
+  tree_.file("d/f", "abc");
+  tree_.symlink("d/l", "f");
+  start(FsMode::kReadWrite);
+  runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    Client c = client::Client::create(ex, options());
+    EXPECT_TRUE((co_await c->connect()).ok());
+    v1::FileRequest od;
+    od.mutable_opendir()->set_path("/d");
+    auto opened = co_await call(c, od);
+    EXPECT_TRUE(opened.ok()) << opened.status();
+    if (!opened.ok()) co_return;
+    v1::FileRequest rd;
+    rd.mutable_readdir()->set_dir(opened->opened().fd());
+    rd.mutable_readdir()->set_with_stat(true);
+    auto batch = co_await call(c, rd);
+    EXPECT_TRUE(batch.ok()) << batch.status();
+    if (!batch.ok()) co_return;
+    EXPECT_EQ(batch->entries().entries_size(), 4);
+    for (const auto& e : batch->entries().entries()) {
+      EXPECT_TRUE(e.has_stat()) << e.name();
+      if (e.name() == "l") {
+        EXPECT_TRUE(S_ISLNK(e.stat().mode()));
+      }
+      if (e.name() == "f") {
+        EXPECT_EQ(e.stat().size(), 3);
+      }
+    }
+
+    auto file = co_await call(c, openReq("/d/f", O_WRONLY));
+    EXPECT_TRUE(file.ok()) << file.status();
+    if (!file.ok()) co_return;
+    v1::FileRequest sync;
+    sync.mutable_fsync()->set_fd(file->opened().fd());
+    sync.mutable_fsync()->set_datasync(true);
+    EXPECT_TRUE((co_await call(c, sync)).ok());
+    c->close();
+  });
 }
 
 TEST_F(FileServiceTest, OffModeAnswersPermissionDeniedAndHidesTheFeature) {

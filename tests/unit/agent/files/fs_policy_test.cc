@@ -50,6 +50,16 @@ std::vector<v1::FileRequest> writeLike() {
   out.push_back(r);
   r.mutable_utimens()->set_path("/f");
   out.push_back(r);
+  r.mutable_symlink()->set_linkpath("/l");
+  out.push_back(r);
+  r.mutable_link()->set_newpath("/l");
+  out.push_back(r);
+  r.mutable_mknod()->set_path("/p");
+  out.push_back(r);
+  r.mutable_setxattr()->set_path("/f");
+  out.push_back(r);
+  r.mutable_removexattr()->set_path("/f");
+  out.push_back(r);
   return out;
 }
 
@@ -81,6 +91,14 @@ std::vector<v1::FileRequest> readOnly() {
   r.mutable_readdir()->set_dir(1);
   out.push_back(r);
   r.mutable_closedir()->set_dir(1);
+  out.push_back(r);
+  r.mutable_readdir()->set_with_stat(true);
+  out.push_back(r);
+  r.mutable_getxattr()->set_path("/f");
+  out.push_back(r);
+  r.mutable_listxattr()->set_path("/f");
+  out.push_back(r);
+  r.mutable_fsync()->set_fd(1);
   out.push_back(r);
   return out;
 }
@@ -167,8 +185,9 @@ TEST(FsPolicyTest, UnknownOpIsWriteLike) {
     const auto op = static_cast<v1::FileRequest::OpCase>(oneof->field(i)->number());
     if (!isWriteLikeOp(op, O_RDONLY)) ++reads;
   }
-  EXPECT_EQ(reads, 13) << "read-like ops: open O_RDONLY, read, pread, seek, close, stat, fstat, "
-                          "statfs, access, readlink, opendir, readdir, closedir";
+  EXPECT_EQ(reads, 16) << "read-like ops: open O_RDONLY, read, pread, seek, close, stat, fstat, "
+                          "statfs, access, readlink, opendir, readdir, closedir, getxattr, "
+                          "listxattr, fsync";
 }
 
 }  // namespace

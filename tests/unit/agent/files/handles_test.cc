@@ -4,9 +4,12 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
+#include <map>
 #include <set>
 
 #include "agent/files/root_fs.h"
@@ -99,7 +102,7 @@ class OpenDirTest : public ::testing::Test {
     auto fd = fs.openDir(path);
     EXPECT_TRUE(fd.ok()) << fd.status();
     if (!fd.ok()) return nullptr;
-    auto d = OpenDir::create(*std::move(fd));
+    auto d = OpenDir::create(*std::move(fd), tree_.rootFd());
     EXPECT_TRUE(d.ok()) << d.status();
     return d.ok() ? *d : nullptr;
   }
@@ -115,7 +118,7 @@ TEST_F(OpenDirTest, BatchesCoverEveryEntryOnceWithAnExactEof) {
   int batches = 0;
   bool eof = false;
   while (!eof) {
-    auto b = dir->read(3, 1 << 20);
+    auto b = dir->read(3, 1 << 20, false);
     ASSERT_TRUE(b.ok()) << b.status();
     ASSERT_LE(b->entries_size(), 3);
     for (const auto& e : b->entries()) names.insert(e.name());
@@ -127,7 +130,7 @@ TEST_F(OpenDirTest, BatchesCoverEveryEntryOnceWithAnExactEof) {
   EXPECT_EQ(names.count("."), 1u);
   EXPECT_EQ(names.count("f7"), 1u);
   EXPECT_EQ(batches, 4) << "12 entries in batches of 3: eof comes with the last";
-  auto after = dir->read(3, 1 << 20);
+  auto after = dir->read(3, 1 << 20, false);
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(after->entries_size(), 0);
   EXPECT_TRUE(after->eof());
@@ -141,7 +144,7 @@ TEST_F(OpenDirTest, ByteBudgetSplitsBatchesButAlwaysMovesForward) {
   ASSERT_NE(dir, nullptr);
   size_t total = 0;
   for (int i = 0; i < 10; ++i) {
-    auto b = dir->read(100, 10);  // smaller than any entry
+    auto b = dir->read(100, 10, false);  // smaller than any entry
     ASSERT_TRUE(b.ok());
     EXPECT_EQ(b->entries_size(), 1) << "one entry even when it alone is over budget";
     total += b->entries_size();
@@ -156,7 +159,7 @@ TEST_F(OpenDirTest, EntryTypes) {
   tree_.symlink("d/link", "file");
   auto dir = open("/d");
   ASSERT_NE(dir, nullptr);
-  auto b = dir->read(100, 1 << 20);
+  auto b = dir->read(100, 1 << 20, false);
   ASSERT_TRUE(b.ok());
   std::map<std::string, uint32_t> types;
   for (const auto& e : b->entries()) types[e.name()] = e.type();
@@ -168,5 +171,112 @@ TEST_F(OpenDirTest, EntryTypes) {
   }
 }
 
+// The wire stat of `st` (lstat of the host path) field by field that
+// matters: the same object, its type and size, its link count.
+void expectSameObject(const v1::FileStat& got, const struct stat& want, const std::string& what) {
+  EXPECT_EQ(got.ino(), want.st_ino) << what;
+  EXPECT_EQ(got.dev(), want.st_dev) << what;
+  EXPECT_EQ(got.mode(), want.st_mode) << what;
+  EXPECT_EQ(got.nlink(), want.st_nlink) << what;
+  EXPECT_EQ(got.size(), want.st_size) << what;
+  EXPECT_EQ(got.uid(), want.st_uid) << what;
+}
+
+TEST_F(OpenDirTest, WithStatEachEntryCarriesItsLstat) {
+  tree_.file("d/file", "abc");
+  tree_.symlink("d/link", "/d/file");
+  tree_.dir("d/sub");
+  ASSERT_EQ(::mkfifo(tree_.inRoot("d/fifo").c_str(), 0600), 0) << std::strerror(errno);
+  auto dir = open("/d");
+  ASSERT_NE(dir, nullptr);
+  auto b = dir->read(100, 1 << 20, true);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->entries_size(), 6);
+  std::map<std::string, mode_t> types;
+  for (const auto& e : b->entries()) {
+    ASSERT_TRUE(e.has_stat()) << e.name();
+    // "." is d, ".." the root (d's parent, inside the root).
+    const std::string host = e.name() == "."    ? tree_.inRoot("d")
+                             : e.name() == ".." ? tree_.root()
+                                                : tree_.inRoot("d/" + e.name());
+    struct stat want {};
+    ASSERT_EQ(::lstat(host.c_str(), &want), 0) << host;
+    expectSameObject(e.stat(), want, e.name());
+    EXPECT_EQ(e.ino(), e.stat().ino()) << e.name();
+    types[e.name()] = e.stat().mode() & S_IFMT;
+  }
+  EXPECT_EQ(types["link"], S_IFLNK) << "the symlink itself, not its target";
+  EXPECT_EQ(types["fifo"], S_IFIFO);
+  EXPECT_EQ(types["file"], S_IFREG);
+  EXPECT_EQ(types["sub"], S_IFDIR);
+}
+
+TEST_F(OpenDirTest, WithoutStatNoEntryHasOne) {
+  tree_.file("d/file", "abc");
+  auto dir = open("/d");
+  ASSERT_NE(dir, nullptr);
+  // The first entry is held over (max 1) with a stat; asked without, it
+  // comes without.
+  auto first = dir->read(1, 1 << 20, true);
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(first->entries(0).has_stat());
+  auto rest = dir->read(100, 1 << 20, false);
+  ASSERT_TRUE(rest.ok());
+  EXPECT_EQ(rest->entries_size(), 2);
+  for (const auto& e : rest->entries()) EXPECT_FALSE(e.has_stat()) << e.name();
+}
+
+// fstatat(root, "..") would describe the directory above the root (the
+// scratch base here, the host's in the agent).
+TEST_F(OpenDirTest, DotDotOfTheRootIsTheRootItself) {
+  auto dir = open("/");
+  ASSERT_NE(dir, nullptr);
+  auto b = dir->read(100, 1 << 20, true);
+  ASSERT_TRUE(b.ok());
+  struct stat root {};
+  struct stat base {};
+  ASSERT_EQ(::stat(tree_.root().c_str(), &root), 0);
+  ASSERT_EQ(::stat(tree_.base().c_str(), &base), 0);
+  bool seen = false;
+  for (const auto& e : b->entries()) {
+    if (e.name() != "..") continue;
+    seen = true;
+    ASSERT_TRUE(e.has_stat());
+    EXPECT_EQ(e.stat().ino(), root.st_ino);
+    EXPECT_NE(e.stat().ino(), base.st_ino);
+  }
+  EXPECT_TRUE(seen);
+}
+
+// The kernel hands readdir a batch of names at once: those removed after
+// that are still listed, without a stat; "." and ".." keep theirs.
+TEST_F(OpenDirTest, AnEntryThatVanishedHasNoStat) {
+  for (const char* n : {"a", "b", "c", "d", "e"}) tree_.file(std::string("d/") + n, "");
+  auto dir = open("/d");
+  ASSERT_NE(dir, nullptr);
+  auto first = dir->read(1, 1 << 20, false);  // fills glibc's buffer with every name
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->entries_size(), 1);
+  const std::string kept = first->entries(0).name();
+  int removed = 0;
+  for (const char* n : {"a", "b", "c", "d", "e"}) {
+    if (kept != n) removed += std::filesystem::remove(tree_.inRoot(std::string("d/") + n)) ? 1 : 0;
+  }
+  int vanished = 0;
+  for (int i = 0; i < 10; ++i) {
+    auto more = dir->read(100, 1 << 20, true);
+    ASSERT_TRUE(more.ok());
+    for (const auto& e : more->entries()) {
+      if (e.name() == "." || e.name() == "..") {
+        EXPECT_TRUE(e.has_stat()) << e.name();
+      } else {
+        EXPECT_FALSE(e.has_stat()) << e.name();
+        ++vanished;
+      }
+    }
+    if (more->eof()) break;
+  }
+  EXPECT_EQ(vanished, removed) << "listed from the batch read before the removal";
+}
 }  // namespace
 }  // namespace siphon::agent::files

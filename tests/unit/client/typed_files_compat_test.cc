@@ -1,0 +1,95 @@
+// The typed file API against an agent that predates a field (a scripted
+// agent answering as the older one did): Directory::nextBatchPlus against
+// one that ignores FileReaddir.with_stat. No root.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+#include "siphon/client/files.h"
+#include "siphon/client/target.h"
+#include "tests/fakes/scripted_agent.h"
+
+namespace siphon::client {
+namespace {
+
+namespace asio = net::asio;
+using fakes::ScriptedAgent;
+
+template <typename F>
+void run(F body) {
+  asio::io_context io;
+  bool done = false;
+  asio::co_spawn(
+      io,
+      [&]() -> net::awaitable<void> {
+        co_await body(io.get_executor());
+        done = true;
+        io.stop();
+      },
+      asio::detached);
+  asio::steady_timer limit(io, std::chrono::seconds(20));
+  limit.async_wait([&](net::error_code ec) {
+    if (!ec) io.stop();
+  });
+  io.run();
+  ASSERT_TRUE(done) << "the test did not finish within 20 s";
+}
+
+TEST(TypedFilesCompatTest, ReaddirPlusFromAnAgentWithoutStatsGivesEntriesWithoutStat) {
+  run([](asio::any_io_executor ex) -> net::awaitable<void> {
+    auto agent = std::make_shared<ScriptedAgent>(ex);
+    asio::co_spawn(
+        ex, [agent]() { return agent->serve(); }, asio::detached);
+    bool asked_with_stat = false;
+    agent->on_request = [&](v1::Request r) {
+      v1::Response response;
+      response.set_request_id(r.request_id());
+      const v1::FileRequest& f = r.file();
+      if (f.has_opendir()) {
+        response.mutable_file()->mutable_opened()->set_fd(1);
+      } else if (f.has_readdir()) {
+        // The older agent: with_stat is an unknown field to it, and its
+        // entries carry name, ino and type only.
+        asked_with_stat = f.readdir().with_stat();
+        auto* entries = response.mutable_file()->mutable_entries();
+        for (const char* name : {".", "..", "f"}) {
+          v1::DirEntry* e = entries->add_entries();
+          e->set_name(name);
+          e->set_ino(7);
+          e->set_type(8);
+        }
+        entries->set_eof(true);
+      } else {
+        response.mutable_file()->mutable_done();
+      }
+      agent->session().sendResponse(std::move(response));
+      agent->wake();
+    };
+
+    TargetOptions o;
+    o.endpoints = {agent->address()};
+    o.reconnect = false;
+    Target target = Target::create(ex, o);
+    EXPECT_TRUE((co_await target.connect()).ok());
+    Files files(target);
+    auto dir = co_await files.openDirectory("/d");
+    EXPECT_TRUE(dir.ok()) << dir.status();
+    if (!dir.ok()) co_return;
+    auto batch = co_await dir->nextBatchPlus();
+    EXPECT_TRUE(batch.ok()) << batch.status();
+    EXPECT_TRUE(asked_with_stat);
+    EXPECT_EQ(batch.ok() ? batch->entries.size() : 0u, 3u);
+    if (batch.ok() && batch->entries.size() == 3u) {
+      EXPECT_TRUE(batch->eof);
+      for (const DirEntry& e : batch->entries) EXPECT_FALSE(e.stat.has_value()) << e.name;
+      EXPECT_EQ(batch->entries[2].name, "f");
+      EXPECT_EQ(batch->entries[2].ino, 7u);
+    }
+    target.close();
+    agent->close();
+  });
+}
+
+}  // namespace
+}  // namespace siphon::client
