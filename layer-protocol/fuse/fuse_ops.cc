@@ -412,6 +412,164 @@ void opRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t ne
   start(req, doRename(&implOf(req), req, parent, name, new_parent, new_name, flags));
 }
 
+net::awaitable<void> doSymlink(Impl* m, fuse_req_t req, std::string text, uint64_t parent,
+                               std::string name) {
+  auto path = m->table.childPath(parent, name);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  absl::Status s = co_await m->files.symlink(text, *path);
+  if (!s.ok()) {
+    fuse_reply_err(req, errOf(s));
+    co_return;
+  }
+  co_await entryAfter(m, req, parent, name, *path);
+}
+
+void opSymlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
+  start(req, doSymlink(&implOf(req), req, link, parent, name));
+}
+
+net::awaitable<void> doLink(Impl* m, fuse_req_t req, uint64_t ino, uint64_t new_parent,
+                            std::string new_name) {
+  auto from = m->table.path(ino);
+  auto to = m->table.childPath(new_parent, new_name);
+  if (!from || !to) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  absl::Status s = co_await m->files.link(*from, *to);
+  if (!s.ok()) {
+    fuse_reply_err(req, errOf(s));
+    co_return;
+  }
+  // The reply names the linked node itself, so the kernel keeps one inode
+  // and takes its new link count now (a new node would leave the old
+  // one's count cached). A later lookup of the new name gets a node of its
+  // own, with the same st_ino.
+  auto st = co_await attrOf(m, *to);
+  if (!st.ok()) {
+    fuse_reply_err(req, errOf(st.status()));
+    co_return;
+  }
+  if (!m->table.ref(ino)) {
+    replyEntry(*m, req, new_parent, new_name, *st);
+    co_return;
+  }
+  struct fuse_entry_param e {};
+  e.ino = ino;
+  e.attr = *st;
+  e.attr_timeout = m->attr_timeout;
+  e.entry_timeout = m->attr_timeout;
+  if (fuse_reply_entry(req, &e) != 0) m->table.forget(ino, 1);
+}
+
+void opLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* new_name) {
+  start(req, doLink(&implOf(req), req, ino, new_parent, new_name));
+}
+
+net::awaitable<void> doMknod(Impl* m, fuse_req_t req, uint64_t parent, std::string name,
+                             uint32_t mode, uint64_t rdev) {
+  auto path = m->table.childPath(parent, name);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  absl::Status s = co_await m->files.mknod(*path, mode, rdev);
+  if (!s.ok()) {
+    fuse_reply_err(req, errOf(s));
+    co_return;
+  }
+  co_await entryAfter(m, req, parent, name, *path);
+}
+
+void opMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
+  start(req, doMknod(&implOf(req), req, parent, name, mode, rdev));
+}
+
+// Extended attributes: `size` 0 asks for the length only; a value that
+// does not fit is ERANGE, as the kernel's own.
+void replyXattr(fuse_req_t req, const std::string& value, size_t size) {
+  if (size == 0) {
+    fuse_reply_xattr(req, value.size());
+  } else if (value.size() > size) {
+    fuse_reply_err(req, ERANGE);
+  } else {
+    fuse_reply_buf(req, value.data(), value.size());
+  }
+}
+
+net::awaitable<void> doGetxattr(Impl* m, fuse_req_t req, uint64_t ino, std::string name,
+                                size_t size) {
+  auto path = m->table.path(ino);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  auto value = co_await m->files.getxattr(*path, name, false);
+  if (!value.ok()) {
+    fuse_reply_err(req, errOf(value.status()));
+    co_return;
+  }
+  replyXattr(req, *value, size);
+}
+
+void opGetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, size_t size) {
+  start(req, doGetxattr(&implOf(req), req, ino, name, size));
+}
+
+net::awaitable<void> doListxattr(Impl* m, fuse_req_t req, uint64_t ino, size_t size) {
+  auto path = m->table.path(ino);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  auto names = co_await m->files.listxattr(*path, false);
+  if (!names.ok()) {
+    fuse_reply_err(req, errOf(names.status()));
+    co_return;
+  }
+  std::string packed;  // NUL after each name, as listxattr(2) answers
+  for (const auto& n : *names) {
+    packed += n;
+    packed.push_back('\0');
+  }
+  replyXattr(req, packed, size);
+}
+
+void opListxattr(fuse_req_t req, fuse_ino_t ino, size_t size) {
+  start(req, doListxattr(&implOf(req), req, ino, size));
+}
+
+net::awaitable<void> doSetxattr(Impl* m, fuse_req_t req, uint64_t ino, std::string name,
+                                std::string value, int flags) {
+  auto path = m->table.path(ino);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  fuse_reply_err(req, errOf(co_await m->files.setxattr(*path, name, value, flags, false)));
+}
+
+void opSetxattr(fuse_req_t req, fuse_ino_t ino, const char* name, const char* value, size_t size,
+                int flags) {
+  start(req, doSetxattr(&implOf(req), req, ino, name, std::string(value, size), flags));
+}
+
+net::awaitable<void> doRemovexattr(Impl* m, fuse_req_t req, uint64_t ino, std::string name) {
+  auto path = m->table.path(ino);
+  if (!path) {
+    fuse_reply_err(req, ENOENT);
+    co_return;
+  }
+  fuse_reply_err(req, errOf(co_await m->files.removexattr(*path, name, false)));
+}
+
+void opRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
+  start(req, doRemovexattr(&implOf(req), req, ino, name));
+}
+
 // ------------------------------------------------------------ files
 
 uint64_t addFile(Impl& m, client::File file, uint64_t node) {
@@ -593,6 +751,21 @@ void opFlush(fuse_req_t req, fuse_ino_t, struct fuse_file_info*) {
   fuse_reply_err(req, 0);
 }
 
+net::awaitable<void> doFsync(Impl* m, fuse_req_t req, uint64_t fh, bool datasync) {
+  auto it = m->open_files.find(fh);
+  if (it == m->open_files.end()) {
+    fuse_reply_err(req, EBADF);
+    co_return;
+  }
+  client::File file = it->second.file;
+  absl::Status s = co_await file.fsync(datasync);
+  fuse_reply_err(req, s.ok() ? 0 : handleErr(file, s));
+}
+
+void opFsync(fuse_req_t req, fuse_ino_t, int datasync, struct fuse_file_info* fi) {
+  start(req, doFsync(&implOf(req), req, fi->fh, datasync != 0));
+}
+
 net::awaitable<void> doRelease(Impl* m, fuse_req_t req, uint64_t fh) {
   auto it = m->open_files.find(fh);
   if (it == m->open_files.end()) {
@@ -627,7 +800,7 @@ net::awaitable<void> doOpendir(Impl* m, fuse_req_t req, uint64_t ino, struct fus
   OpenDir listing;
   absl::Status failed;
   for (;;) {
-    auto batch = co_await dir->nextBatch();
+    auto batch = co_await dir->nextBatchPlus();
     if (!batch.ok()) {
       failed = batch.status();
       break;
@@ -668,6 +841,45 @@ void opReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, struct fuse_f
                                           entries[i].name.c_str(), &st, static_cast<off_t>(i + 1));
     if (need > size - used) break;
     used += need;
+  }
+  fuse_reply_buf(req, out.data(), used);
+}
+
+// The listing with each entry's attributes (the agent's lstat, in the same
+// answer as the names): the kernel caches them, so `ls -l`, `find` and
+// `git status` need no lookup per entry. Each entry handed out with a node
+// counts as a lookup; "." and "..", symlinks (whose size readlink decides)
+// and entries without attributes go without one (the kernel looks them up).
+void opReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
+                   struct fuse_file_info* fi) {
+  Impl& m = implOf(req);
+  auto it = m.open_dirs.find(fi->fh);
+  if (it == m.open_dirs.end()) {
+    fuse_reply_err(req, EBADF);
+    return;
+  }
+  const auto& entries = it->second.entries;
+  std::string out(size, '\0');
+  size_t used = 0;
+  for (size_t i = static_cast<size_t>(std::max<off_t>(off, 0)); i < entries.size(); ++i) {
+    const client::DirEntry& d = entries[i];
+    struct fuse_entry_param e {};
+    e.attr.st_ino = d.ino;
+    e.attr.st_mode = DTTOIF(d.type);
+    const bool dots = d.name == "." || d.name == "..";
+    const bool with_node = !dots && d.stat && !S_ISLNK(d.stat->mode);
+    if (with_node) {
+      e.attr = toStat(*d.stat);
+      e.attr_timeout = m.attr_timeout;
+      e.entry_timeout = m.attr_timeout;
+    }
+    // Sized first with a lookup not yet counted: an entry that does not
+    // fit must not count.
+    const size_t need = fuse_add_direntry_plus(req, nullptr, 0, d.name.c_str(), &e, 0);
+    if (need > size - used) break;
+    if (with_node) e.ino = m.table.lookup(ino, d.name);
+    used += fuse_add_direntry_plus(req, out.data() + used, size - used, d.name.c_str(), &e,
+                                   static_cast<off_t>(i + 1));
   }
   fuse_reply_buf(req, out.data(), used);
 }
@@ -718,6 +930,15 @@ struct fuse_lowlevel_ops makeOperations() {
   ops.opendir = opOpendir;
   ops.readdir = opReaddir;
   ops.releasedir = opReleasedir;
+  ops.readdirplus = opReaddirplus;
+  ops.symlink = opSymlink;
+  ops.link = opLink;
+  ops.mknod = opMknod;
+  ops.fsync = opFsync;
+  ops.getxattr = opGetxattr;
+  ops.listxattr = opListxattr;
+  ops.setxattr = opSetxattr;
+  ops.removexattr = opRemovexattr;
   return ops;
 }
 

@@ -41,6 +41,13 @@ uint64_t InodeTable::lookup(uint64_t parent, std::string_view name) {
   return id;
 }
 
+bool InodeTable::ref(uint64_t id) {
+  auto it = nodes_.find(id);
+  if (it == nodes_.end() || !it->second.linked) return false;
+  ++it->second.nlookup;
+  return true;
+}
+
 void InodeTable::forget(uint64_t id, uint64_t count) {
   if (id == kRootId) return;
   auto it = nodes_.find(id);

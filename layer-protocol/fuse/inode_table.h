@@ -34,6 +34,9 @@ class InodeTable {
   // The node for `name` in `parent` (made when new), its lookup count
   // raised by one; 0 when `parent` is unknown.
   uint64_t lookup(uint64_t parent, std::string_view name);
+  // One more lookup of a known node (a hard link's reply hands the kernel
+  // the linked node again); false when `id` is unknown or removed.
+  bool ref(uint64_t id);
   // The kernel forgets `count` lookups of `id`.
   void forget(uint64_t id, uint64_t count);
   // The remote path of `id`; nullopt for an unknown or removed node.

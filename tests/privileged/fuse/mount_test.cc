@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -326,12 +327,66 @@ TEST_F(MountTest, WritesReachTheTargetAtOnceAndReadOnlyIsEROFS) {
   EXPECT_FALSE(std::filesystem::exists(root_ + "/tmp/ro-mount"));
 }
 
+// Links, special files, extended attributes and fsync through the mount
+// reach the target as made there: ln -s, ln, mkfifo, a user.* xattr set,
+// listed, read and removed, fsync of a written file.
+TEST_F(MountTest, LinksFifosXattrsAndFsyncReachTheTarget) {
+  writeHost(root_ + "/tmp/f", "content\n");
+  ASSERT_NO_FATAL_FAILURE(startAgent("rw"));
+  ASSERT_NO_FATAL_FAILURE(mount());
+  Result r = sh(
+      "set -e; cd \"$1\"/tmp; ln -s f rel; ln -s /tmp/f abs; ln f hard; mkfifo fifo; "
+      "stat -c '%h' f; readlink rel; cat abs",
+      {mnt_});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "2\nf\ncontent\n");
+  std::error_code ec;
+  EXPECT_EQ(std::filesystem::read_symlink(root_ + "/tmp/rel", ec), "f");
+  EXPECT_EQ(std::filesystem::read_symlink(root_ + "/tmp/abs", ec), "/tmp/f");  // stored verbatim
+  struct stat a {}, b {};
+  ASSERT_EQ(stat((root_ + "/tmp/f").c_str(), &a), 0);
+  ASSERT_EQ(stat((root_ + "/tmp/hard").c_str(), &b), 0);
+  EXPECT_EQ(a.st_ino, b.st_ino);
+  ASSERT_EQ(lstat((root_ + "/tmp/fifo").c_str(), &a), 0);
+  EXPECT_TRUE(S_ISFIFO(a.st_mode));
+
+  const std::string f = mnt_ + "/tmp/f";
+  if (::setxattr((root_ + "/tmp/f").c_str(), "user.probe", "1", 1, 0) != 0) {
+    GTEST_SKIP() << "the test directory's file system takes no user.* xattrs";
+  }
+  ASSERT_EQ(::removexattr((root_ + "/tmp/f").c_str(), "user.probe"), 0);
+  EXPECT_EQ(::setxattr(f.c_str(), "user.color", "blue", 4, XATTR_CREATE), 0) << strerror(errno);
+  EXPECT_EQ(::setxattr(f.c_str(), "user.color", "red", 3, XATTR_CREATE), -1);
+  EXPECT_EQ(errno, EEXIST);
+  char value[16] = {};
+  EXPECT_EQ(::getxattr((root_ + "/tmp/f").c_str(), "user.color", value, sizeof(value)), 4);
+  EXPECT_EQ(std::string(value, 4), "blue");
+  EXPECT_EQ(::getxattr(f.c_str(), "user.color", nullptr, 0), 4);
+  EXPECT_EQ(::getxattr(f.c_str(), "user.color", value, 2), -1);
+  EXPECT_EQ(errno, ERANGE);
+  char names[64] = {};
+  const ssize_t n = ::listxattr(f.c_str(), names, sizeof(names));
+  EXPECT_EQ(std::string(names, n > 0 ? static_cast<size_t>(n) : 0), std::string("user.color\0", 11));
+  EXPECT_EQ(::removexattr(f.c_str(), "user.color"), 0);
+  EXPECT_EQ(::getxattr(f.c_str(), "user.color", value, sizeof(value)), -1);
+  EXPECT_EQ(errno, ENODATA);
+
+  int fd = ::open(f.c_str(), O_WRONLY | O_APPEND);
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(::write(fd, "more\n", 5), 5);
+  EXPECT_EQ(::fsync(fd), 0) << strerror(errno);
+  EXPECT_EQ(::fdatasync(fd), 0) << strerror(errno);
+  ::close(fd);
+  EXPECT_EQ(readFile(root_ + "/tmp/f"), "content\nmore\n");
+}
+
 TEST_F(MountTest, AReadOnlyAgentAnswersEROFSUnderARwMount) {
   ASSERT_NO_FATAL_FAILURE(startAgent("ro"));
   ASSERT_NO_FATAL_FAILURE(mount());
   for (const std::string& script :
        {std::string("echo x > \"$1\"/tmp/new"), std::string("mkdir \"$1\"/tmp/dir"),
-        std::string("rm \"$1\"/bin/busybox"), std::string("chmod 777 \"$1\"/etc")}) {
+        std::string("rm \"$1\"/bin/busybox"), std::string("chmod 777 \"$1\"/etc"),
+        std::string("ln -s x \"$1\"/tmp/link"), std::string("mkfifo \"$1\"/tmp/fifo")}) {
     Result r = sh(script, {mnt_});
     EXPECT_NE(r.exit_code, 0) << script;
     EXPECT_THAT(r.err, HasSubstr("Read-only file system")) << script << "\n" << r;

@@ -46,6 +46,18 @@ TEST(InodeTableTest, TheSameNameIsTheSameNodeUntilForgotten) {
   EXPECT_EQ(t.path(kRoot), "/");  // the root stays
 }
 
+TEST(InodeTableTest, RefCountsOneMoreLookupOfAKnownNode) {
+  InodeTable t("/");
+  const uint64_t f = t.lookup(kRoot, "f");
+  EXPECT_TRUE(t.ref(f));
+  EXPECT_EQ(t.lookups(f), 2u);
+  t.forget(f, 1);
+  EXPECT_EQ(t.path(f), "/f");
+  t.removed(kRoot, "f");
+  EXPECT_FALSE(t.ref(f));  // removed: nothing to hand out
+  EXPECT_FALSE(t.ref(12345));
+}
+
 TEST(InodeTableTest, AParentStaysWhileAChildIsHeld) {
   InodeTable t("/");
   const uint64_t d = t.lookup(kRoot, "d");
