@@ -43,6 +43,7 @@ if [ "$quick" = 1 ]; then
     'DnsTest\.ResolvesWhatOnlyThePodCanResolve$'                  # dns
     'FailoverTest\.KilledAgentMovesTheStealToTheOtherReplica/sk_lookup'  # failover
     'FilesTest\.ReadsAFileThatExistsOnlyInThePodsRoot$'           # files
+    'MountTest\.TheTreeIsTheTargetsAsToolsSeeIt$'                 # fuse
     'ReaperTest\.RemovesTheNamespacesOfDeadPidsOnly$'             # harness
     'HttpStealTest\.KeepAliveRequestsAreRoutedOneByOneOnOneConnection/sk_lookup'  # http_steal
     'AgentImageTest\.ImageEntrypointIsTheAgentAndThereIsNoShell$' # image
