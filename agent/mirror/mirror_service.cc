@@ -378,7 +378,10 @@ class MirrorServiceImpl final : public MirrorService,
     asio::post(strand_, [self, weak, id, port, first_on_port, request_id, generation] {
       absl::Status s = self->ensureSourceOnStrand(generation);
       if (s.ok() && first_on_port) s = self->source_->addPort(port);
-      asio::post(self->ctx_.io, [self, weak, id, port, request_id, s] {
+      // Moved, not copied: a copy would leave this thread to drop its share
+      // of the Status while the event loop reads it, a race on the refcount
+      // inside Debian's abseil that TSan cannot see is atomic.
+      asio::post(self->ctx_.io, [self, weak, id, port, request_id, s = std::move(s)] {
         self->subscribed(weak, id, port, request_id, s);
       });
     });

@@ -482,7 +482,8 @@ class StealServiceImpl final : public StealService,
     const bool active = removed->active;
     asio::post(strand_, [self, weak, port, active, request_id] {
       absl::Status s = active ? self->releasePortOnStrand(port) : absl::OkStatus();
-      asio::post(self->ctx_.io, [weak, request_id, s] {
+      // Moved, not copied (see the mirror service's subscribe).
+      asio::post(self->ctx_.io, [weak, request_id, s = std::move(s)] {
         auto session = weak.lock();
         if (!session) return;
         v1::Response r;
