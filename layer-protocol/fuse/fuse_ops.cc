@@ -823,9 +823,14 @@ void opOpendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
   start(req, doOpendir(&implOf(req), req, ino, *fi));
 }
 
-void opReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, struct fuse_file_info* fi) {
+// Answers a readdir or readdirplus from the listing read at opendir: the
+// entries from `off` that fit in `size` bytes, each written by
+// `add(entry, buffer, room, next_offset)`, which answers the bytes it needs
+// (more than `room`: it did not fit, and wrote nothing).
+template <typename Add>
+void replyListing(fuse_req_t req, uint64_t fh, size_t size, off_t off, Add add) {
   Impl& m = implOf(req);
-  auto it = m.open_dirs.find(fi->fh);
+  auto it = m.open_dirs.find(fh);
   if (it == m.open_dirs.end()) {
     fuse_reply_err(req, EBADF);
     return;
@@ -834,15 +839,21 @@ void opReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, struct fuse_f
   std::string out(size, '\0');
   size_t used = 0;
   for (size_t i = static_cast<size_t>(std::max<off_t>(off, 0)); i < entries.size(); ++i) {
-    struct stat st {};
-    st.st_ino = entries[i].ino;
-    st.st_mode = DTTOIF(entries[i].type);
-    const size_t need = fuse_add_direntry(req, out.data() + used, size - used,
-                                          entries[i].name.c_str(), &st, static_cast<off_t>(i + 1));
+    const size_t need = add(entries[i], out.data() + used, size - used, static_cast<off_t>(i + 1));
     if (need > size - used) break;
     used += need;
   }
   fuse_reply_buf(req, out.data(), used);
+}
+
+void opReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, struct fuse_file_info* fi) {
+  replyListing(req, fi->fh, size, off,
+               [req](const client::DirEntry& d, char* buf, size_t room, off_t next) {
+                 struct stat st {};
+                 st.st_ino = d.ino;
+                 st.st_mode = DTTOIF(d.type);
+                 return fuse_add_direntry(req, buf, room, d.name.c_str(), &st, next);
+               });
 }
 
 // The listing with each entry's attributes (the agent's lstat, in the same
@@ -853,35 +864,25 @@ void opReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, struct fuse_f
 void opReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                    struct fuse_file_info* fi) {
   Impl& m = implOf(req);
-  auto it = m.open_dirs.find(fi->fh);
-  if (it == m.open_dirs.end()) {
-    fuse_reply_err(req, EBADF);
-    return;
-  }
-  const auto& entries = it->second.entries;
-  std::string out(size, '\0');
-  size_t used = 0;
-  for (size_t i = static_cast<size_t>(std::max<off_t>(off, 0)); i < entries.size(); ++i) {
-    const client::DirEntry& d = entries[i];
-    struct fuse_entry_param e {};
-    e.attr.st_ino = d.ino;
-    e.attr.st_mode = DTTOIF(d.type);
-    const bool dots = d.name == "." || d.name == "..";
-    const bool with_node = !dots && d.stat && !S_ISLNK(d.stat->mode);
-    if (with_node) {
-      e.attr = toStat(*d.stat);
-      e.attr_timeout = m.attr_timeout;
-      e.entry_timeout = m.attr_timeout;
-    }
-    // Sized first with a lookup not yet counted: an entry that does not
-    // fit must not count.
-    const size_t need = fuse_add_direntry_plus(req, nullptr, 0, d.name.c_str(), &e, 0);
-    if (need > size - used) break;
-    if (with_node) e.ino = m.table.lookup(ino, d.name);
-    used += fuse_add_direntry_plus(req, out.data() + used, size - used, d.name.c_str(), &e,
-                                   static_cast<off_t>(i + 1));
-  }
-  fuse_reply_buf(req, out.data(), used);
+  replyListing(req, fi->fh, size, off,
+               [&m, req, ino](const client::DirEntry& d, char* buf, size_t room, off_t next) {
+                 struct fuse_entry_param e {};
+                 e.attr.st_ino = d.ino;
+                 e.attr.st_mode = DTTOIF(d.type);
+                 const bool dots = d.name == "." || d.name == "..";
+                 const bool with_node = !dots && d.stat && !S_ISLNK(d.stat->mode);
+                 if (with_node) {
+                   e.attr = toStat(*d.stat);
+                   e.attr_timeout = m.attr_timeout;
+                   e.entry_timeout = m.attr_timeout;
+                 }
+                 // Sized first with no lookup counted: an entry that does
+                 // not fit must not count.
+                 const size_t need = fuse_add_direntry_plus(req, nullptr, 0, d.name.c_str(), &e, 0);
+                 if (need > room) return need;
+                 if (with_node) e.ino = m.table.lookup(ino, d.name);
+                 return fuse_add_direntry_plus(req, buf, room, d.name.c_str(), &e, next);
+               });
 }
 
 void opReleasedir(fuse_req_t req, fuse_ino_t, struct fuse_file_info* fi) {

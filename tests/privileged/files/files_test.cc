@@ -44,13 +44,6 @@ constexpr const char* kSkipReason =
     "needs root: creates network and mount namespaces, chroots a pod and runs siphon-agent, "
     "which opens another process's /proc/PID/root";
 
-std::string firstExisting(const std::vector<std::string>& candidates) {
-  for (const auto& c : candidates) {
-    if (access(c.c_str(), X_OK) == 0) return c;
-  }
-  return "";
-}
-
 std::string readLink(const std::string& path) {
   std::error_code ec;
   auto p = std::filesystem::read_symlink(path, ec);

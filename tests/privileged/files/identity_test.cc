@@ -43,13 +43,6 @@ constexpr const char* kSkipReason =
     "needs root: creates mount and PID namespaces, chroots a pod and runs siphon-agent";
 constexpr int kPodUid = 1000;
 
-std::string firstExisting(const std::vector<std::string>& candidates) {
-  for (const auto& c : candidates) {
-    if (access(c.c_str(), X_OK) == 0) return c;
-  }
-  return "";
-}
-
 enum class Pod { kSharedPid, kOwnPid, kNone };
 
 class FileIdentityTest : public ::testing::Test {

@@ -48,13 +48,6 @@ using ::testing::Not;
 constexpr const char* kSkipReason =
     "needs root: /dev/fuse, network and mount namespaces, a chrooted pod and siphon-agent";
 
-std::string firstExisting(const std::vector<std::string>& candidates) {
-  for (const auto& c : candidates) {
-    if (access(c.c_str(), X_OK) == 0) return c;
-  }
-  return "";
-}
-
 bool isMounted(const std::string& path) {
   return readFile("/proc/self/mountinfo").find(" " + path + " ") != std::string::npos;
 }

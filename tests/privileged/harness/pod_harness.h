@@ -204,6 +204,14 @@ inline std::vector<std::string> cleanEnv(const std::vector<std::string>& extra =
   return env;
 }
 
+// The first of `candidates` that is an executable file, or "".
+inline std::string firstExisting(const std::vector<std::string>& candidates) {
+  for (const auto& c : candidates) {
+    if (access(c.c_str(), X_OK) == 0) return c;
+  }
+  return "";
+}
+
 inline std::string readFile(const std::string& path) {
   std::ifstream in(path);
   std::stringstream ss;

@@ -19,6 +19,7 @@
 #include "siphon/client/errors.h"
 #include "siphon/client/target.h"
 #include "siphon/status.h"
+#include "tests/fakes/run_coroutine.h"
 #include "tests/fakes/scripted_agent.h"
 
 namespace siphon::cli {
@@ -35,37 +36,23 @@ using fakes::ScriptedAgent;
 // reconnect: the agent's close is the session's loss).
 template <typename F>
 void withCommandEnv(F body) {
-  asio::io_context io;
-  bool done = false;
-  asio::co_spawn(
-      io,
-      [&]() -> net::awaitable<void> {
-        auto ex = io.get_executor();
-        auto agent = std::make_shared<ScriptedAgent>(ex);
-        asio::co_spawn(
-            ex, [agent]() { return agent->serve(); }, asio::detached);
-        TargetOptions o;
-        o.endpoints = {agent->address()};
-        o.reconnect = false;
-        Target target = Target::create(ex, o);
-        absl::Status connected = co_await target.connect();
-        EXPECT_TRUE(connected.ok()) << connected;
-        if (connected.ok()) {
-          CommandEnv env{target.client(), target, false, std::chrono::milliseconds(5000)};
-          co_await body(*agent, env);
-        }
-        target.close();
-        agent->close();
-        done = true;
-        io.stop();
-      },
-      asio::detached);
-  asio::steady_timer limit(io, std::chrono::seconds(20));
-  limit.async_wait([&](net::error_code ec) {
-    if (!ec) io.stop();
+  fakes::runCoroutine([&](asio::any_io_executor ex) -> net::awaitable<void> {
+    auto agent = std::make_shared<ScriptedAgent>(ex);
+    asio::co_spawn(
+        ex, [agent]() { return agent->serve(); }, asio::detached);
+    TargetOptions o;
+    o.endpoints = {agent->address()};
+    o.reconnect = false;
+    Target target = Target::create(ex, o);
+    absl::Status connected = co_await target.connect();
+    EXPECT_TRUE(connected.ok()) << connected;
+    if (connected.ok()) {
+      CommandEnv env{target.client(), target, false, std::chrono::milliseconds(5000)};
+      co_await body(*agent, env);
+    }
+    target.close();
+    agent->close();
   });
-  io.run();
-  ASSERT_TRUE(done) << "the test did not finish within 20 s";
 }
 
 asio::steady_timer::time_point in(std::chrono::milliseconds d) {

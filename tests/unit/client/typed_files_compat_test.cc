@@ -8,6 +8,7 @@
 
 #include "siphon/client/files.h"
 #include "siphon/client/target.h"
+#include "tests/fakes/run_coroutine.h"
 #include "tests/fakes/scripted_agent.h"
 
 namespace siphon::client {
@@ -18,22 +19,7 @@ using fakes::ScriptedAgent;
 
 template <typename F>
 void run(F body) {
-  asio::io_context io;
-  bool done = false;
-  asio::co_spawn(
-      io,
-      [&]() -> net::awaitable<void> {
-        co_await body(io.get_executor());
-        done = true;
-        io.stop();
-      },
-      asio::detached);
-  asio::steady_timer limit(io, std::chrono::seconds(20));
-  limit.async_wait([&](net::error_code ec) {
-    if (!ec) io.stop();
-  });
-  io.run();
-  ASSERT_TRUE(done) << "the test did not finish within 20 s";
+  fakes::runCoroutine(std::move(body));
 }
 
 TEST(TypedFilesCompatTest, ReaddirPlusFromAnAgentWithoutStatsGivesEntriesWithoutStat) {

@@ -12,6 +12,7 @@
 
 #include "siphon/client/client.h"
 #include "siphon/status.h"
+#include "tests/fakes/run_coroutine.h"
 #include "tests/fakes/scripted_agent.h"
 
 namespace siphon::client {
@@ -27,25 +28,9 @@ std::string record(v1::Direction d, std::string_view bytes) {
   return std::string(1, static_cast<char>(d)) + std::string(bytes);
 }
 
-// Runs `body(ex)` on a fresh io_context until it finishes; fails after 20 s.
 template <typename F>
 void run(F body) {
-  asio::io_context io;
-  bool done = false;
-  asio::co_spawn(
-      io,
-      [&]() -> net::awaitable<void> {
-        co_await body(io.get_executor());
-        done = true;
-        io.stop();
-      },
-      asio::detached);
-  asio::steady_timer limit(io, std::chrono::seconds(20));
-  limit.async_wait([&](net::error_code ec) {
-    if (!ec) io.stop();
-  });
-  io.run();
-  ASSERT_TRUE(done) << "the test did not finish within 20 s";
+  fakes::runCoroutine(std::move(body));
 }
 
 // A client subscribed to a mirror on a scripted agent, and the first stream
