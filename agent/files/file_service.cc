@@ -1,5 +1,6 @@
 #include "agent/files/file_service.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
 #include "agent/files/file_system.h"
+#include "agent/files/file_watches.h"
 #include "agent/files/fs_helper.h"
 #include "agent/files/fs_policy.h"
 #include "agent/files/handles.h"
@@ -73,7 +75,8 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
       : ctx_(ctx),
         fs_(options.fs ? options.fs : makeFileSystem(ctx)),
         table_(options.max_handles_per_session != 0 ? options.max_handles_per_session
-                                                    : ctx.config.max_open_files) {}
+                                                    : ctx.config.max_open_files),
+        watches_(ctx.io) {}
 
   void handle(std::shared_ptr<SessionHost> session, v1::Request request) override {
     const uint64_t id = request.request_id();
@@ -156,6 +159,15 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
                     });
         return;
       }
+      case R::kWatch:
+        startWatch(std::move(session), id, std::move(req));
+        return;
+      case R::kUnwatch:
+        reply(*session, id, [&]() -> Result {
+          if (absl::Status s = watches_.remove(sid, req.unwatch().watch()); !s.ok()) return s;
+          return done();
+        }());
+        return;
       case R::kClose:
       case R::kClosedir: {
         auto h = table_.remove(sid, handleOf(req), req.op_case() == R::kClosedir, op);
@@ -179,11 +191,14 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
   }
 
   void sessionEnded(const std::string& session_id) override {
+    watches_.sessionEnded(session_id);
     std::vector<Handle> handles = table_.removeSession(session_id);
     if (handles.empty()) return;
     log::debug("files_closed", {{"session", session_id}, {"handles", handles.size()}});
     dropOnPool(std::move(handles));
   }
+
+  void agentStopping() override { watches_.stop(); }
 
  private:
   // Runs `job` (-> Result) on the blocking pool and answers with its result
@@ -243,6 +258,42 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
     });
   }
 
+  // A watch (file_watches.h): on the pool, the object must be readable
+  // with the file helper's identity (access R_OK, as a readdir of it would
+  // need) and is resolved in the root as O_PATH; on the event loop it is
+  // watched.
+  void startWatch(std::shared_ptr<SessionHost> session, uint64_t id, R req) {
+    net::asio::post(ctx_.blocking, [self = shared_from_this(), session = std::move(session), id,
+                                    path = std::move(*req.mutable_watch()->mutable_path())]() mutable {
+      absl::StatusOr<UniqueFd> object = self->resolveWatched(path);
+      net::asio::post(self->ctx_.io, [self, session = std::move(session), id,
+                                      object = std::move(object)]() mutable {
+        if (session->ended()) return;
+        if (!object.ok()) {
+          reply(*session, id, object.status());
+          return;
+        }
+        auto watch = self->watches_.add(session, object->get());
+        if (!watch.ok()) {
+          reply(*session, id, watch.status());
+          return;
+        }
+        v1::FileResponse r;
+        r.mutable_watched()->set_watch(*watch);
+        reply(*session, id, std::move(r));
+      });
+    });
+  }
+
+  // Blocking pool.
+  absl::StatusOr<UniqueFd> resolveWatched(const std::string& path) {
+    R access;
+    access.mutable_access()->set_path(path);
+    access.mutable_access()->set_mode(R_OK);
+    if (auto ok = fs_->path(access, false); !ok.ok()) return ok.status();
+    return RootFs(ctx_.target.rootFd()).resolve(path, O_PATH);
+  }
+
   // On the event loop, once open() returned.
   void finishOpen(SessionHost& session, uint64_t id, absl::StatusOr<Handle> h) {
     if (!h.ok()) {
@@ -292,7 +343,8 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
 
   ServiceContext& ctx_;
   std::shared_ptr<FileSystem> fs_;
-  HandleTable table_;  // event loop only
+  HandleTable table_;     // event loop only
+  FileWatches watches_;  // event loop only
 };
 
 }  // namespace

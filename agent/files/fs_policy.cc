@@ -81,6 +81,10 @@ std::string fileRequestTarget(const v1::FileRequest& r) {
       return absl::StrCat(r.removexattr().path(), " ", r.removexattr().name());
     case v1::FileRequest::kFsync:
       return absl::StrCat("fd ", r.fsync().fd());
+    case v1::FileRequest::kWatch:
+      return r.watch().path();
+    case v1::FileRequest::kUnwatch:
+      return absl::StrCat("watch ", r.unwatch().watch());
     case v1::FileRequest::OP_NOT_SET:
       break;
   }
@@ -134,6 +138,9 @@ bool isWriteLikeOp(v1::FileRequest::OpCase op, int open_flags) {
     // and the service answers an fsync there without calling it
     // (file_service.cc).
     case v1::FileRequest::kFsync:
+    // A watch changes nothing; it tells what changes.
+    case v1::FileRequest::kWatch:
+    case v1::FileRequest::kUnwatch:
     case v1::FileRequest::OP_NOT_SET:
       return false;
   }

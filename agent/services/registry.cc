@@ -20,7 +20,10 @@ std::unique_ptr<ServiceRegistry> buildServices(ServiceContext& ctx) {
 
   // Registered even with --fs-mode off, to answer PERMISSION_DENIED.
   r->addRequest(v1::Request::kFile, makeFileService(ctx));
-  if (ctx.config.fs_mode != FsMode::kOff) r->addFeature(v1::FEATURE_FILES);
+  if (ctx.config.fs_mode != FsMode::kOff) {
+    r->addFeature(v1::FEATURE_FILES);
+    r->addFeature(v1::FEATURE_FILE_WATCH);
+  }
 
   r->addRequest(v1::Request::kDns, makeDnsService(ctx));
   r->addFeature(v1::FEATURE_DNS);

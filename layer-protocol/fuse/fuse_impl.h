@@ -5,10 +5,17 @@
 #define FUSE_USE_VERSION 35
 #include <fuse_lowlevel.h>
 
+#include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "fuse/fuse_mount.h"
@@ -44,6 +51,49 @@ struct ContentStamp {
   int64_t mtime_ns = -1;
 };
 
+// One invalidation notice for the kernel: an entry (parent, name), or a
+// node's attributes (off < 0) or attributes and pages from `off`, `len`
+// bytes (0: to the end).
+struct Notice {
+  bool entry = false;
+  uint64_t ino = 0;
+  int64_t off = 0;
+  int64_t len = 0;
+  std::string name;
+};
+
+// Sends notices from its own thread (fuse_watch.cc): the kernel may hold a
+// notice until pages being read are unlocked, which takes the event loop's
+// answers, so the loop never sends one itself.
+class Notifier {
+ public:
+  explicit Notifier(struct fuse_session* se);
+  ~Notifier();  // joins; the session must still exist
+  Notifier(const Notifier&) = delete;
+  Notifier& operator=(const Notifier&) = delete;
+
+  void push(Notice n);
+  // No more notices: the queued ones are dropped, and `idle` runs (on the
+  // notifier's thread, or here when it is idle now) once none is being
+  // sent. A later push() is dropped.
+  void quiesce(std::function<void()> idle);
+  uint64_t sent() const;
+
+ private:
+  void run();
+
+  struct fuse_session* se_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Notice> queue_;
+  std::function<void()> on_idle_;
+  bool busy_ = false;
+  bool quiescing_ = false;
+  bool stop_ = false;
+  uint64_t sent_ = 0;
+  std::thread thread_;  // last: starts once the rest is made
+};
+
 struct FuseMount::Impl {
   Impl(client::Target target, MountOptions options);
   ~Impl();
@@ -66,10 +116,33 @@ struct FuseMount::Impl {
   std::unordered_map<uint64_t, OpenDir> open_dirs;
   std::unordered_map<uint64_t, ContentStamp> stamps;
 
-  // Operations whose answer the kernel still waits for.
+  // Push invalidation (fuse_watch.cc): the watched directories' nodes and
+  // their agent watch ids, both ways; nodes whose watch is being made.
+  std::unique_ptr<Notifier> notifier;
+  std::unordered_map<uint64_t, uint64_t> watch_of;  // node -> watch
+  std::unordered_map<uint64_t, uint64_t> node_of;   // watch -> node
+  std::unordered_set<uint64_t> watching;
+  uint64_t watch_generation = 0;  // one more with each failover
+  bool watches_work = true;       // false once the agent showed it has none
+  uint64_t changes_seen = 0;
+  bool stopping = false;  // serve() is ending: no new watches or notices
+  std::shared_ptr<int> life = std::make_shared<int>(0);  // weakly held by what outlives a call
+
+  // Operations whose answer the kernel still waits for, and the mount's
+  // own calls (watch, unwatch).
   int inflight = 0;
   net::Signal idle;
 };
+
+// Runs `op` on the loop, counted in Impl::inflight (serve() waits for it).
+void spawnCounted(FuseMount::Impl& m, net::awaitable<void> op, const char* what);
+
+// fuse_watch.cc: a directory node the kernel now has is watched (once); a
+// node gone from the table gives its watch back; what the watches saw.
+void watchNode(FuseMount::Impl& m, uint64_t node);
+void nodeForgotten(FuseMount::Impl& m, uint64_t node);
+void spawnUnwatch(FuseMount::Impl& m, uint64_t watch);
+void onChanges(FuseMount::Impl& m, const client::FileChanges& changes);
 
 // libfuse's operation table (fuse_ops.cc).
 const struct fuse_lowlevel_ops& operations();

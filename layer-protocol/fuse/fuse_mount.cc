@@ -59,6 +59,8 @@ FuseMount::Impl::Impl(client::Target t, MountOptions o)
 }
 
 FuseMount::Impl::~Impl() {
+  files.setChangesHandler(nullptr);
+  notifier.reset();  // joined while the session it writes to exists
   if (se) {
     if (fd.is_open()) fd.release();
     if (mounted) fuse_session_unmount(se);
@@ -106,19 +108,37 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::mount(client::Target targe
   const int flags = ::fcntl(kfd, F_GETFL);
   if (flags >= 0) ::fcntl(kfd, F_SETFL, flags | O_NONBLOCK);
   impl->fd.assign(kfd);
+  impl->notifier = std::make_unique<Notifier>(impl->se);
+  impl->files.setChangesHandler(
+      [m = impl.get()](const client::FileChanges& changes) { onChanges(*m, changes); });
   return std::unique_ptr<FuseMount>(new FuseMount(std::move(impl), std::move(options)));
 }
 
 void FuseMount::stop() {
-  if (!impl_->se) return;
-  fuse_session_exit(impl_->se);
-  net::error_code ignored;
-  impl_->fd.cancel(ignored);
+  Impl& m = *impl_;
+  if (!m.se || m.stopping) return;
+  m.stopping = true;
+  // The loop goes on answering the kernel until no notice is being sent
+  // (one may wait for a read's pages), then ends.
+  auto end = [ex = m.fd.get_executor(), mp = &m, life = std::weak_ptr<int>(m.life)] {
+    asio::post(ex, [mp, life] {
+      if (life.expired()) return;  // serve() ended and the mount went meanwhile
+      fuse_session_exit(mp->se);
+      net::error_code ignored;
+      mp->fd.cancel(ignored);
+    });
+  };
+  if (m.notifier) {
+    m.notifier->quiesce(end);
+  } else {
+    end();
+  }
 }
 
 net::awaitable<absl::Status> FuseMount::serve() {
   Impl& m = *impl_;
   absl::Status why;
+  watchNode(m, InodeTable::kRootId);
   while (!fuse_session_exited(m.se)) {
     net::error_code ec;
     co_await m.fd.async_wait(asio::posix::descriptor_base::wait_read,
@@ -138,6 +158,8 @@ net::awaitable<absl::Status> FuseMount::serve() {
       if (fuse_session_exited(m.se)) break;
     }
   }
+  m.stopping = true;
+  if (m.notifier) m.notifier->quiesce([] {});
   // The answers still owed: the client's call timeout bounds each.
   while (m.inflight > 0) co_await m.idle.wait();
   m.fd.release();

@@ -60,9 +60,7 @@ net::awaitable<void> counted(Impl* m, net::awaitable<void> op) {
 }
 
 void start(fuse_req_t req, net::awaitable<void> op) {
-  Impl& m = implOf(req);
-  ++m.inflight;
-  net::spawn(m.fd.get_executor(), counted(&m, std::move(op)), "fuse_op");
+  spawnCounted(implOf(req), std::move(op), "fuse_op");
 }
 
 int64_t seconds(int64_t ns) { return ns >= 0 ? ns / 1000000000 : -((-ns + 999999999) / 1000000000); }
@@ -128,7 +126,11 @@ void replyEntry(Impl& m, fuse_req_t req, uint64_t parent, const std::string& nam
   e.attr = st;
   e.attr_timeout = m.attr_timeout;
   e.entry_timeout = m.attr_timeout;
-  if (fuse_reply_entry(req, &e) != 0) m.table.forget(e.ino, 1);  // the kernel did not take it
+  if (fuse_reply_entry(req, &e) != 0) {
+    m.table.forget(e.ino, 1);  // the kernel did not take it
+    return;
+  }
+  if (S_ISDIR(st.st_mode)) watchNode(m, e.ino);
 }
 
 // After an operation that made `name` in `parent`: its attributes, as a
@@ -172,13 +174,18 @@ void opLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {
 }
 
 void opForget(fuse_req_t req, fuse_ino_t ino, uint64_t nlookup) {
-  implOf(req).table.forget(ino, nlookup);
+  Impl& m = implOf(req);
+  m.table.forget(ino, nlookup);
+  nodeForgotten(m, ino);
   fuse_reply_none(req);
 }
 
 void opForgetMulti(fuse_req_t req, size_t count, struct fuse_forget_data* forgets) {
   Impl& m = implOf(req);
-  for (size_t i = 0; i < count; ++i) m.table.forget(forgets[i].ino, forgets[i].nlookup);
+  for (size_t i = 0; i < count; ++i) {
+    m.table.forget(forgets[i].ino, forgets[i].nlookup);
+    nodeForgotten(m, forgets[i].ino);
+  }
   fuse_reply_none(req);
 }
 
@@ -880,7 +887,10 @@ void opReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                  // not fit must not count.
                  const size_t need = fuse_add_direntry_plus(req, nullptr, 0, d.name.c_str(), &e, 0);
                  if (need > room) return need;
-                 if (with_node) e.ino = m.table.lookup(ino, d.name);
+                 if (with_node) {
+                   e.ino = m.table.lookup(ino, d.name);
+                   if (e.ino != 0 && S_ISDIR(d.stat->mode)) watchNode(m, e.ino);
+                 }
                  return fuse_add_direntry_plus(req, buf, room, d.name.c_str(), &e, next);
                });
 }
@@ -944,6 +954,11 @@ struct fuse_lowlevel_ops makeOperations() {
 }
 
 }  // namespace
+
+void spawnCounted(FuseMount::Impl& m, net::awaitable<void> op, const char* what) {
+  ++m.inflight;
+  net::spawn(m.fd.get_executor(), counted(&m, std::move(op)), what);
+}
 
 const struct fuse_lowlevel_ops& operations() {
   static const struct fuse_lowlevel_ops ops = makeOperations();

@@ -104,6 +104,18 @@ void InodeTable::maybeErase(uint64_t id) {
   }
 }
 
+uint64_t InodeTable::find(uint64_t parent, std::string_view name) const {
+  auto it = names_.find(Key{parent, std::string(name)});
+  return it == names_.end() ? 0 : it->second;
+}
+
+std::vector<uint64_t> InodeTable::ids() const {
+  std::vector<uint64_t> out;
+  out.reserve(nodes_.size());
+  for (const auto& [id, n] : nodes_) out.push_back(id);
+  return out;
+}
+
 void InodeTable::removed(uint64_t parent, std::string_view name) {
   auto it = names_.find(Key{parent, std::string(name)});
   if (it != names_.end()) unlinkNode(it->second);

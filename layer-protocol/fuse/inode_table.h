@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 namespace siphon::fuse {
 
@@ -50,6 +51,12 @@ class InodeTable {
   // new name is gone (replaced). `exchange`: the two swapped (both stay).
   void renamed(uint64_t parent, std::string_view name, uint64_t new_parent,
                std::string_view new_name, bool exchange = false);
+
+  // The node of `name` in `parent`, no lookup counted; 0 when none.
+  uint64_t find(uint64_t parent, std::string_view name) const;
+  bool known(uint64_t id) const { return nodes_.contains(id); }
+  // Every node's id.
+  std::vector<uint64_t> ids() const;
 
   size_t size() const { return nodes_.size(); }
   uint64_t lookups(uint64_t id) const;

@@ -294,6 +294,9 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
     case v1::Frame::kNotice:
       handler.onNotice(std::move(*f.mutable_notice()));
       return absl::OkStatus();
+    case v1::Frame::kFileEvents:
+      handler.onFileEvents(std::move(*f.mutable_file_events()));
+      return absl::OkStatus();
     case v1::Frame::BODY_NOT_SET:
       break;
   }
@@ -781,6 +784,12 @@ void Session::sendDraining(v1::Draining draining) {
 void Session::sendNotice(v1::SubscriptionNotice notice) {
   v1::Frame f;
   *f.mutable_notice() = std::move(notice);
+  queueSequenced(f);
+}
+
+void Session::sendFileEvents(v1::FileEvents events) {
+  v1::Frame f;
+  *f.mutable_file_events() = std::move(events);
   queueSequenced(f);
 }
 

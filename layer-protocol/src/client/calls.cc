@@ -316,6 +316,11 @@ void Client::onNotice(Link& link, v1::SubscriptionNotice notice) {
   on_notice_(notice);
 }
 
+void Client::onFileEvents(Link& link, v1::FileEvents events) {
+  if (&link != link_.get() || !on_file_events_) return;
+  on_file_events_(events);
+}
+
 void Client::onStreamOpen(Link& link, v1::StreamOpen open) {
   auto stream =
       std::make_shared<ClientStream>(shared_from_this(), link.shared_from_this(), open.stream_id());

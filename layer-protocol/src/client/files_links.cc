@@ -1,5 +1,5 @@
 // The typed file calls (siphon/client/files.h) for links, special files and
-// extended attributes.
+// extended attributes, and watches.
 #include "client/file_call.h"
 #include "siphon/client/files.h"
 #include "siphon/status.h"
@@ -71,6 +71,25 @@ net::awaitable<absl::Status> Files::removexattr(std::string path, std::string na
   f.mutable_removexattr()->set_name(std::move(name));
   f.mutable_removexattr()->set_follow_symlinks(follow_symlinks);
   co_return co_await doneCall(core_, std::move(f));
+}
+
+net::awaitable<absl::StatusOr<uint64_t>> Files::watch(std::string path) {
+  v1::FileRequest f;
+  f.mutable_watch()->set_path(std::move(path));
+  auto r = co_await fileCall(core_, std::move(f));
+  if (!r.ok()) co_return r.status();
+  if (!r->has_watched()) co_return wrongKind("watch");
+  co_return r->watched().watch();
+}
+
+net::awaitable<absl::Status> Files::unwatch(uint64_t watch) {
+  v1::FileRequest f;
+  f.mutable_unwatch()->set_watch(watch);
+  co_return co_await doneCall(core_, std::move(f));
+}
+
+void Files::setChangesHandler(std::function<void(const FileChanges&)> handler) {
+  core_->on_file_changes = std::move(handler);
 }
 
 }  // namespace siphon::client

@@ -98,6 +98,9 @@ struct Link : protocol::SessionHandler, std::enable_shared_from_this<Link> {
     client.onDraining(*this, std::move(draining));
   }
   void onNotice(v1::SubscriptionNotice notice) override { client.onNotice(*this, std::move(notice)); }
+  void onFileEvents(v1::FileEvents events) override {
+    client.onFileEvents(*this, std::move(events));
+  }
   void onStreamAccept(v1::StreamAccept accept) override;
   void onStreamData(uint64_t id, std::string_view payload) override;
   void onStreamGap(v1::StreamGap gap) override;

@@ -88,6 +88,9 @@ void TargetCore::install() {
   client->setNoticeHandler([weak](const v1::SubscriptionNotice& n) {
     if (auto core = weak.lock()) core->onNotice(n);
   });
+  client->setFileEventsHandler([weak](const v1::FileEvents& e) {
+    if (auto core = weak.lock()) core->onFileEvents(e);
+  });
 }
 
 net::awaitable<absl::StatusOr<v1::Response>> TargetCore::call(v1::Request request) {
@@ -175,6 +178,12 @@ void TargetCore::onFailover(const FailoverEvent& e) {
     push(*it->second, std::move(moved));
     if (!status.ok()) it->second->ended = status;
   }
+  if (on_file_changes) {
+    // The old session's watches stayed with it.
+    FileChanges lost;
+    lost.watches_lost = true;
+    on_file_changes(lost);
+  }
   emit(link);
 }
 
@@ -225,6 +234,18 @@ void TargetCore::onNotice(const v1::SubscriptionNotice& n) {
                               " ", o.path(), ") went to the earlier subscription ", o.taken_by(),
                               o.taken_by_client().empty() ? "" : " of ", o.taken_by_client());
   push(*it->second, std::move(overlap));
+}
+
+void TargetCore::onFileEvents(const v1::FileEvents& e) {
+  if (!on_file_changes) return;
+  FileChanges out;
+  out.overflow = e.overflow();
+  out.changes.reserve(static_cast<size_t>(e.events_size()));
+  for (const v1::FileEvent& f : e.events()) {
+    out.changes.push_back(FileChange{f.watch(), f.name(), f.content(), f.attributes(), f.created(),
+                                     f.removed(), f.watch_ended()});
+  }
+  on_file_changes(out);
 }
 
 // ----------------------------------------------------------------- Target

@@ -22,6 +22,7 @@
 
 #include "siphon/client/client.h"
 #include "siphon/client/connections.h"
+#include "siphon/client/files.h"
 #include "siphon/client/subscriptions.h"
 #include "siphon/client/target.h"
 
@@ -48,6 +49,8 @@ struct TargetCore : std::enable_shared_from_this<TargetCore> {
   std::chrono::milliseconds timeout{30000};
   std::function<void(const LinkEvent&)> on_event;
   std::map<uint64_t, std::shared_ptr<SubscriptionState>> subscriptions;
+  // Files::setChangesHandler.
+  std::function<void(const FileChanges&)> on_file_changes;
 
   // Sets the Client's acceptor and handlers, holding this core weakly.
   void install();
@@ -62,6 +65,7 @@ struct TargetCore : std::enable_shared_from_this<TargetCore> {
   void onLost(const absl::Status& why);
   void onResumed(const absl::Status& why);
   void onNotice(const v1::SubscriptionNotice& notice);
+  void onFileEvents(const v1::FileEvents& events);
   void emit(const LinkEvent& event) {
     if (on_event) on_event(event);
   }

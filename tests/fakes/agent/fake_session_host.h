@@ -234,6 +234,7 @@ class FakePeer : public protocol::SessionHandler {
   std::map<uint64_t, v1::Error> resets;
   std::vector<v1::StreamGap> gaps;
   std::vector<v1::SubscriptionNotice> notices;
+  std::vector<v1::FileEvents> file_events;
   // Accept the streams the agent opens (a stolen connection, a mirror).
   bool accept_opens = true;
 
@@ -262,6 +263,7 @@ class FakePeer : public protocol::SessionHandler {
   void onStreamReset(uint64_t id, v1::Error e) override { resets[id] = std::move(e); }
   void onStreamGap(v1::StreamGap gap) override { gaps.push_back(std::move(gap)); }
   void onNotice(v1::SubscriptionNotice n) override { notices.push_back(std::move(n)); }
+  void onFileEvents(v1::FileEvents e) override { file_events.push_back(std::move(e)); }
 
   std::optional<v1::Response> response(uint64_t request_id) const {
     for (const auto& r : responses)

@@ -416,6 +416,51 @@ TEST_F(MountTest, ChangesInTheTargetAreSeenWithinTheAttributeTimeout) {
   EXPECT_EQ(readFile(mnt_ + "/tmp/fresh"), "fresh\n");
 }
 
+// Push invalidation: with an attribute timeout of a minute, what the target
+// changes is seen through the mount within seconds, which only the agent's
+// watch (inotify in the target) can tell the mount: a cached size, a cached
+// entry and a cached "no such file" all outlive a minute otherwise. tail -f
+// (which polls fstat on a FUSE file) sees the appended line.
+TEST_F(MountTest, ChangesInTheTargetArePushedPastALongAttributeTimeout) {
+  writeHost(root_ + "/tmp/app.log", "line 1\n");
+  std::filesystem::create_directories(root_ + "/data/d");
+  writeHost(root_ + "/data/d/old", "old\n");
+  ASSERT_NO_FATAL_FAILURE(startAgent("ro"));
+  ASSERT_NO_FATAL_FAILURE(mount({"--ro", "--attr-timeout", "60s"}));
+  EXPECT_EQ(readFile(mnt_ + "/tmp/app.log"), "line 1\n");
+  EXPECT_TRUE(std::filesystem::exists(mnt_ + "/data/d/old"));
+  EXPECT_FALSE(std::filesystem::exists(mnt_ + "/data/d/later")) << "a cached negative entry";
+  Proc tail({"tail", "-f", "-s", "0.1", mnt_ + "/tmp/app.log"}, cleanEnv());
+  ASSERT_TRUE(tail.readUntil([](const std::string& out, const std::string&) {
+    return out.find("line 1\n") != std::string::npos;
+  })) << tail.err;
+  // The watches are made as the kernel meets the directories: give them
+  // a moment to be in place before the target changes things.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+
+  const auto changed = Clock::now();
+  {
+    std::ofstream log(root_ + "/tmp/app.log", std::ios::app);
+    log << "line 2\n";
+  }
+  writeHost(root_ + "/data/d/later", "later\n");
+  std::filesystem::remove(root_ + "/data/d/old");
+  auto seen = [&] {
+    return readFile(mnt_ + "/tmp/app.log") == "line 1\nline 2\n" &&
+           std::filesystem::exists(mnt_ + "/data/d/later") &&
+           !std::filesystem::exists(mnt_ + "/data/d/old");
+  };
+  while (Clock::now() - changed < std::chrono::seconds(10) && !seen()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_TRUE(seen()) << "the target's changes were not pushed to the mount";
+  EXPECT_LT(Clock::now() - changed, std::chrono::seconds(5)) << "pushed, not polled at 60 s";
+  EXPECT_EQ(readFile(mnt_ + "/data/d/later"), "later\n");
+  EXPECT_TRUE(tail.readUntil([](const std::string& out, const std::string&) {
+    return out.find("line 2\n") != std::string::npos;
+  })) << "tail -f through the mount never saw the appended line: " << tail.out;
+}
+
 TEST_F(MountTest, TheAgentLostGivesErrorsNotAHangAndSigtermUnmounts) {
   writeHost(root_ + "/tmp/f", "content\n");
   ASSERT_NO_FATAL_FAILURE(startAgent("ro"));

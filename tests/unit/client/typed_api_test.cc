@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -201,6 +202,60 @@ TEST_F(TypedApiTest, AFileDiesWithItsSession) {
     }
     EXPECT_EQ(errnoValue(co_await old_file->close()), EBADF);
     EXPECT_TRUE(target.lostStatus().ok());
+    target.close();
+  });
+}
+
+// Watches through the real agent: a change in the target reaches the
+// changes handler by name; after a failover the handler hears that the
+// watches are gone, and watching again on the new agent works.
+TEST_F(TypedApiTest, WatchesPushChangesAndAreLostWithAFailover) {
+  tree_.file("logs/app.log", "1\n");
+  start(a_);
+  start(b_);
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    Target target = Target::create(ex, options({a_.address(), b_.address()}));
+    std::vector<LinkEvent> events;
+    target.setEventHandler([&events](const LinkEvent& e) { events.push_back(e); });
+    EXPECT_TRUE((co_await target.connect()).ok());
+    Files files(target);
+    std::vector<FileChanges> seen;
+    files.setChangesHandler([&seen](const FileChanges& c) { seen.push_back(c); });
+    auto saw = [&](uint64_t watch, const std::string& name, bool FileChange::*what) {
+      for (const auto& c : seen) {
+        for (const auto& f : c.changes) {
+          if (f.watch == watch && f.name == name && f.*what) return true;
+        }
+      }
+      return false;
+    };
+
+    auto watch = co_await files.watch("/logs");
+    EXPECT_TRUE(watch.ok()) << watch.status();
+    if (!watch.ok()) co_return;
+    std::ofstream(tree_.inRoot("logs/app.log"), std::ios::app) << "2\n";
+    EXPECT_TRUE(co_await fakes::eventually([&] { return saw(*watch, "app.log", &FileChange::content); }));
+    tree_.file("logs/new.log", "n");
+    EXPECT_TRUE(co_await fakes::eventually([&] { return saw(*watch, "new.log", &FileChange::created); }));
+    EXPECT_EQ(errnoValue((co_await files.watch("/logs/missing")).status()), ENOENT);
+    EXPECT_TRUE((co_await files.unwatch(*watch)).ok());
+    EXPECT_EQ(errnoValue(co_await files.unwatch(*watch)), EINVAL);
+    auto again = co_await files.watch("/logs");
+    EXPECT_TRUE(again.ok()) << again.status();
+
+    a_.stop();
+    EXPECT_TRUE(co_await fakes::eventually(
+        [&] { return !events.empty() && events.back().kind == LinkEvent::Kind::kMoved; }));
+    EXPECT_TRUE(std::any_of(seen.begin(), seen.end(),
+                            [](const FileChanges& c) { return c.watches_lost; }))
+        << "a failover loses the watches, and says so";
+    seen.clear();
+    auto moved = co_await files.watch("/logs");
+    EXPECT_TRUE(moved.ok()) << moved.status();
+    if (moved.ok()) {
+      std::filesystem::remove(tree_.inRoot("logs/new.log"));
+      EXPECT_TRUE(co_await fakes::eventually([&] { return saw(*moved, "new.log", &FileChange::removed); }));
+    }
     target.close();
   });
 }

@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <vector>
+
 namespace siphon::fuse {
 namespace {
 
@@ -132,6 +135,26 @@ TEST(InodeTableTest, RenameOfANameNeverLookedUpOnlyFreesTheTarget) {
   const uint64_t old = t.lookup(kRoot, "dst");
   t.renamed(kRoot, "unknown", kRoot, "dst");
   EXPECT_EQ(t.path(old), std::nullopt);
+}
+
+TEST(InodeTableTest, FindNamesANodeWithoutCountingALookup) {
+  InodeTable t("/");
+  const uint64_t d = t.lookup(kRoot, "d");
+  const uint64_t f = t.lookup(d, "f");
+  EXPECT_EQ(t.find(d, "f"), f);
+  EXPECT_EQ(t.find(d, "g"), 0u);
+  EXPECT_EQ(t.find(12345, "f"), 0u);
+  EXPECT_EQ(t.lookups(f), 1u) << "find counts nothing";
+  EXPECT_TRUE(t.known(f));
+  auto ids = t.ids();
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<uint64_t>{kRoot, d, f}));
+  // Forgotten: gone from find, known and ids (the root stays).
+  t.forget(f, 1);
+  EXPECT_EQ(t.find(d, "f"), 0u);
+  EXPECT_FALSE(t.known(f));
+  t.forget(d, 1);
+  EXPECT_EQ(t.ids(), (std::vector<uint64_t>{kRoot}));
 }
 
 }  // namespace

@@ -149,6 +149,13 @@ std::vector<v1::Frame> oneOfEveryKind() {
     f.mutable_notice()->mutable_overlap()->set_requests(7);
     f.mutable_notice()->mutable_overlap()->set_path("/api?x=1");
   });
+  add([](v1::Frame& f) {
+    v1::FileEvent* e = f.mutable_file_events()->add_events();
+    e->set_watch(2);
+    e->set_name("app.log");
+    e->set_content(true);
+    f.mutable_file_events()->set_overflow(true);
+  });
   return out;
 }
 

@@ -219,6 +219,11 @@ class Client : public std::enable_shared_from_this<Client> {
   void setNoticeHandler(std::function<void(const v1::SubscriptionNotice&)> h) {
     on_notice_ = std::move(h);
   }
+  // What this client's file watches saw (FileEvents), from the current
+  // session only: a watch id is its session's.
+  void setFileEventsHandler(std::function<void(const v1::FileEvents&)> h) {
+    on_file_events_ = std::move(h);
+  }
 
   // The session is gone for good (the agent's Goaway, SESSION_EXPIRED, no
   // resume within the grace period) and no failover found another agent:
@@ -321,6 +326,7 @@ class Client : public std::enable_shared_from_this<Client> {
   void handOver(Link& link, std::shared_ptr<ClientStream> stream, v1::StreamOpen open);
   void onDraining(Link& link, v1::Draining draining);
   void onNotice(Link& link, v1::SubscriptionNotice notice);
+  void onFileEvents(Link& link, v1::FileEvents events);
 
   net::asio::any_io_executor ex_;
   ClientOptions options_;
@@ -340,6 +346,7 @@ class Client : public std::enable_shared_from_this<Client> {
   StreamAcceptor acceptor_;
   std::function<void(const v1::Draining&)> on_draining_;
   std::function<void(const v1::SubscriptionNotice&)> on_notice_;
+  std::function<void(const v1::FileEvents&)> on_file_events_;
   std::function<void(const absl::Status&)> on_lost_;
   std::function<void(const FailoverEvent&)> on_failover_;
   std::function<void(const absl::Status&)> on_resumed_;

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -132,6 +133,30 @@ class Directory {
   std::shared_ptr<HandleState> state_;
 };
 
+// What a watch saw (Files::watch), merged over a few milliseconds.
+struct FileChange {
+  uint64_t watch = 0;
+  // The entry of the watched directory (as readdir names it); empty: the
+  // watched object itself.
+  std::string name;
+  bool content = false;     // written
+  bool attributes = false;  // mode, owner, times, link count
+  bool created = false;     // made or moved in
+  bool removed = false;     // removed or moved out
+  // The watch is over (its object removed, moved away, unmounted): no
+  // more changes come for it, and it needs no unwatch.
+  bool watch_ended = false;
+};
+
+struct FileChanges {
+  std::vector<FileChange> changes;
+  // Changes were missed: the agent's queue overflowed (`overflow`), or the
+  // session moved to another agent (`watches_lost`: every watch is gone,
+  // the ids mean nothing there). Whatever was watched may have changed.
+  bool overflow = false;
+  bool watches_lost = false;
+};
+
 class Files {
  public:
   explicit Files(const Target& target);
@@ -203,6 +228,19 @@ class Files {
                                         int flags, bool follow_symlinks = false);
   net::awaitable<absl::Status> removexattr(std::string path, std::string name,
                                            bool follow_symlinks = false);
+
+  // Watches (the agent's inotify, FEATURE_FILE_WATCH): the changes of
+  // `path` (a directory's: of its entries, by name, and its own) go to the
+  // changes handler. The watch's id; watching one object twice answers the
+  // same id, and takes two unwatches. A watch belongs to its session, as a
+  // handle: after a failover it is gone (FileChanges::watches_lost).
+  // EACCES when the agent's identity cannot read `path`; an agent without
+  // watches answers INVALID_ARGUMENT.
+  net::awaitable<absl::StatusOr<uint64_t>> watch(std::string path);
+  net::awaitable<absl::Status> unwatch(uint64_t watch);
+  // Where every watch's changes go, on the Target's executor: one handler
+  // per Target (a later one replaces it; nullptr drops them).
+  void setChangesHandler(std::function<void(const FileChanges&)> handler);
 
  private:
   std::shared_ptr<TargetCore> core_;

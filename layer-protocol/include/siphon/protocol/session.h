@@ -147,6 +147,7 @@ class SessionHandler {
   virtual void onStreamWritable(uint64_t /*stream_id*/) {}
   virtual void onDraining(v1::Draining /*draining*/) {}
   virtual void onNotice(v1::SubscriptionNotice /*notice*/) {}
+  virtual void onFileEvents(v1::FileEvents /*events*/) {}
   virtual void onGoaway(v1::Goaway /*goaway*/) {}
 };
 
@@ -263,6 +264,8 @@ class Session {
   void sendDraining(v1::Draining draining);
   // About one of the peer's subscriptions (agent side).
   void sendNotice(v1::SubscriptionNotice notice);
+  // What the peer's file watches saw (agent side).
+  void sendFileEvents(v1::FileEvents events);
   // Control frames, never sequenced.
   void sendGoaway(v1::ErrorCode code, std::string_view message);
 

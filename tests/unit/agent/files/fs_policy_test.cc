@@ -185,9 +185,9 @@ TEST(FsPolicyTest, UnknownOpIsWriteLike) {
     const auto op = static_cast<v1::FileRequest::OpCase>(oneof->field(i)->number());
     if (!isWriteLikeOp(op, O_RDONLY)) ++reads;
   }
-  EXPECT_EQ(reads, 16) << "read-like ops: open O_RDONLY, read, pread, seek, close, stat, fstat, "
+  EXPECT_EQ(reads, 18) << "read-like ops: open O_RDONLY, read, pread, seek, close, stat, fstat, "
                           "statfs, access, readlink, opendir, readdir, closedir, getxattr, "
-                          "listxattr, fsync";
+                          "listxattr, fsync, watch, unwatch";
 }
 
 }  // namespace
