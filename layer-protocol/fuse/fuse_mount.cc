@@ -8,11 +8,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "fuse/fuse_impl.h"
 #include "siphon/status.h"
 
@@ -47,6 +50,54 @@ absl::Status checkMountpoint(const std::string& path) {
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+// What a user's mount needs that is missing here, found before libfuse
+// tries (it would print a line of its own, fusermount3 another, and say
+// nothing of the fix); OK when nothing is seen missing. A user's mount goes
+// through fusermount3 (libfuse runs it for auto_unmount), which opens
+// /dev/fuse as the user (it drops its setuid root for that) and mounts only
+// on a directory the user may write to.
+absl::Status checkUserMount(const std::string& mountpoint) {
+  const std::string who = absl::StrCat("uid ", getuid());
+  if (::access("/dev/fuse", R_OK | W_OK) != 0) {
+    const int err = errno;
+    struct stat st {};
+    if (err == ENOENT || ::stat("/dev/fuse", &st) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "there is no /dev/fuse (", std::strerror(err), "): is the fuse module loaded?"));
+    }
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", st.st_mode & 07777);
+    return absl::FailedPreconditionError(
+        absl::StrCat("/dev/fuse is not open to ", who, " (", std::strerror(err), "; mode ", mode,
+                     ", owner ", st.st_uid, ":", st.st_gid,
+                     "): a user's mount needs read and write access to it; mount as root, or "
+                     "have /dev/fuse opened to this user"));
+  }
+  // libfuse runs it from its build's directory (/usr/bin on Debian), else
+  // from PATH.
+  const char* path = std::getenv("PATH");
+  bool found = false;
+  for (absl::string_view dir :
+       absl::StrSplit(absl::StrCat("/usr/bin:", path ? path : ""), ':', absl::SkipEmpty())) {
+    found = found || ::access(absl::StrCat(dir, "/fusermount3").c_str(), X_OK) == 0;
+  }
+  if (!found) {
+    return absl::FailedPreconditionError(
+        "a user's mount goes through fusermount3, which is not installed (Debian's fuse3)");
+  }
+  if (::access(mountpoint.c_str(), W_OK) != 0) {
+    const int err = errno;
+    return absl::FailedPreconditionError(
+        absl::StrCat("fusermount3 mounts only on a directory the user may write to, and ", who,
+                     " may not write to it (", std::strerror(err), ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 FuseMount::Impl::Impl(client::Target t, MountOptions o)
     : target(t), files(t), table(o.remote_dir), fd(t.client()->executor()), idle(fd.get_executor()) {
@@ -96,12 +147,17 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::mount(client::Target targe
   impl->se = fuse_session_new(&args, &operations(), sizeof(struct fuse_lowlevel_ops), impl.get());
   fuse_opt_free_args(&args);
   if (!impl->se) return absl::InternalError("libfuse refused the mount options");
+  if (absl::Status s = geteuid() == 0 ? absl::OkStatus() : checkUserMount(options.mountpoint);
+      !s.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot mount ", options.mountpoint, ": ", s.message()));
+  }
   if (fuse_session_mount(impl->se, options.mountpoint.c_str()) != 0) {
-    // libfuse printed why (fusermount3: "...") on stderr.
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot mount ", options.mountpoint,
-        geteuid() == 0 ? "" : ": as a user this needs fusermount3 (Debian's fuse3) and /dev/fuse "
-                              "open to users"));
+    // What checkUserMount() cannot see: libfuse, or fusermount3 (which
+    // auto_unmount goes through, as root too), printed why just before.
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot mount ", options.mountpoint,
+                     ": refused by libfuse or fusermount3 (the line above says why)"));
   }
   impl->mounted = true;
   const int kfd = fuse_session_fd(impl->se);

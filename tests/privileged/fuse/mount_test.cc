@@ -13,9 +13,8 @@
 // hanging mount; bad mountpoints and paths are one line and a documented
 // exit code. Timings are asserted only as bounds.
 //
-// Every kernel object has a unique name and an RAII owner (the mount too:
-// the mount process is killed, auto_unmount unmounts, and TearDown detaches
-// what is left); without root every test skips with the reason.
+// The pod, the agent and the mount are the shared fixture's
+// (mount_fixture.h): unique names, RAII owners, a skip without root.
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -34,116 +33,20 @@
 #include <thread>
 #include <vector>
 
-#include "tests/privileged/harness/pod_harness.h"
+#include "tests/privileged/fuse/mount_fixture.h"
 
 extern char** environ;
 
 namespace siphon {
 namespace {
 
-using namespace siphon::harness;  // NOLINT: test file
+using namespace siphon::harness;    // NOLINT: test file
+using namespace siphon::fuse_test;  // NOLINT: test file
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-constexpr const char* kSkipReason =
-    "needs root: /dev/fuse, network and mount namespaces, a chrooted pod and siphon-agent";
-
-bool isMounted(const std::string& path) {
-  return readFile("/proc/self/mountinfo").find(" " + path + " ") != std::string::npos;
-}
-
-void writeHost(const std::string& path, const std::string& content) {
-  std::ofstream(path, std::ios::binary) << content;
-}
-
-// Runs `script` with sh -c, the given words as $1, $2...
-Result sh(const std::string& script, const std::vector<std::string>& args = {}) {
-  std::vector<std::string> argv = {"sh", "-c", script, "sh"};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return run(argv);
-}
-
-class MountTest : public ::testing::Test {
+class MountTest : public fuse_test::MountFixture {
  protected:
-  void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << kSkipReason;
-    unshare_ = firstExisting({"/usr/bin/unshare", "/bin/unshare"});
-    chroot_ = firstExisting({"/usr/sbin/chroot", "/sbin/chroot", "/usr/bin/chroot"});
-    if (unshare_.empty() || chroot_.empty() || access("/bin/busybox", X_OK) != 0 ||
-        access("/dev/fuse", R_OK | W_OK) != 0 || firstExisting({"/usr/bin/fusermount3",
-                                                                 "/bin/fusermount3"})
-                                                     .empty()) {
-      GTEST_SKIP() << "needs unshare, chroot, a static /bin/busybox, /dev/fuse and fusermount3";
-    }
-    dir_.emplace();
-    token_ = "tok-" + randomHex(32);
-    token_file_ = dir_->file("token", token_ + "\n");
-    mnt_ = dir_->path() + "/mnt";
-    std::filesystem::create_directories(mnt_);
-    root_ = dir_->path() + "/root";
-    for (const char* d : {"bin", "proc", "etc", "tmp", "data"}) {
-      std::filesystem::create_directories(root_ + "/" + d);
-    }
-    std::filesystem::copy_file("/bin/busybox", root_ + "/bin/busybox");
-    chmod((root_ + "/bin/busybox").c_str(), 0755);
-
-    netns_.emplace();
-    ASSERT_TRUE(netns_->created());
-    pod_ = spawn({"ip", "netns", "exec", netns_->name(), unshare_, "--mount", "--propagation",
-                  "private", chroot_, root_, "/bin/busybox", "sh", "-c",
-                  "/bin/busybox mount -t proc proc /proc && exec /bin/busybox sleep 600"},
-                 std::nullopt, -1, -1);
-    ASSERT_GT(pod_.pid(), 0);
-    // Running chrooted once /proc/PID/root is the pod's root.
-    const auto deadline = Clock::now() + kProcessDeadline;
-    std::error_code ec;
-    while (Clock::now() < deadline &&
-           !(std::filesystem::read_symlink("/proc/" + std::to_string(pod_.pid()) + "/root", ec) ==
-                 root_ &&
-             readFile("/proc/" + std::to_string(pod_.pid()) + "/cmdline")
-                     .find("sleep") != std::string::npos)) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-
-  void TearDown() override {
-    mount_.reset();
-    if (!mnt_.empty() && isMounted(mnt_)) {
-      (void)run({"fusermount3", "-uz", mnt_});
-      (void)run({"umount", "-l", mnt_});
-    }
-    if (HasFailure() && agent_) std::cerr << "--- agent log\n" << agent_->log() << "---\n";
-  }
-
-  void startAgent(const std::string& fs_mode) {
-    std::vector<std::string> args = {"--listen",      "127.0.0.1:0", "--token-file",
-                                     token_file_,     "--fs-mode",   fs_mode,
-                                     "--first-client-timeout", "30s"};
-    args.insert(args.end(), {"targeted", "--pid", std::to_string(pod_.pid())});
-    agent_.emplace(args, cleanEnv(), dir_->path() + "/agent.log");
-    ASSERT_TRUE(agent_->ready(&endpoint_));
-  }
-
-  std::vector<std::string> cliArgs(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {SIPHON_CLI_BIN, "--agent", endpoint_, "--token-file",
-                                     token_file_, "--timeout", "3s"};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return argv;
-  }
-
-  // Starts `siphon fs mount` and waits for its mounted line.
-  void mount(std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"fs", "mount", mnt_};
-    args.insert(args.end(), extra.begin(), extra.end());
-    mount_.emplace(cliArgs(args), cleanEnv());
-    ASSERT_TRUE(mount_->readUntil([](const std::string& out, const std::string&) {
-      return out.find('\n') != std::string::npos;
-    })) << "no mounted line; stderr: " << mount_->err;
-    EXPECT_THAT(mount_->out, HasSubstr("mounted "));
-    EXPECT_THAT(mount_->out, HasSubstr(" at " + mnt_ + " ("));
-    ASSERT_TRUE(isMounted(mnt_));
-  }
-
   // The tree of every kind of entry, in the pod's /data.
   void makeTree() {
     const std::string d = root_ + "/data";
@@ -183,12 +86,6 @@ class MountTest : public ::testing::Test {
     ASSERT_EQ(chmod((d + "/dir/sub").c_str(), 0750), 0);
   }
 
-  std::string root_, mnt_, token_, token_file_, unshare_, chroot_, endpoint_;
-  std::optional<TempDir> dir_;
-  std::optional<NetNs> netns_;
-  Child pod_;
-  std::optional<Agent> agent_;
-  std::optional<Proc> mount_;
 };
 
 TEST_F(MountTest, TheTreeIsTheTargetsAsToolsSeeIt) {
