@@ -16,7 +16,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 bash scripts/install-deps.sh
 # Load tools and baselines, only needed here (CI does not run the benchmarks).
-bench_pkgs=(iperf3 wrk nginx-light python3)
+# fio and ping: the mount group (random reads, the emulated link's RTT).
+bench_pkgs=(iperf3 wrk nginx-light python3 fio iputils-ping)
 missing=()
 for p in "${bench_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -28,7 +29,7 @@ fi
 
 build=build-release
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSIPHON_TESTS=OFF >/dev/null
-ninja -C "$build" siphon-agent siphon service_bench codec_bench
+ninja -C "$build" siphon-agent siphon service_bench codec_bench linkemu
 
 args=("$@")
 only=""
