@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
+#include <variant>
 #include <cerrno>
 #include <string>
 #include <utility>
@@ -241,6 +243,12 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
     return static_cast<uint32_t>(*room);
   }
 
+  // What an opendir read at once (FileOpendir.read_entries).
+  struct FirstListing {
+    v1::FileDirEntries entries;
+    bool closed = false;  // all of it, and close_at_eof: the handle is gone
+  };
+
   void startOpen(std::shared_ptr<SessionHost> session, uint64_t id, R req) {
     if (table_.full(session->id())) {
       absl::Status full = errnoRefusal(EMFILE, table_.limitText());
@@ -248,13 +256,43 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
       reply(*session, id, full);
       return;
     }
+    // An opendir that reads its first entries too: room for them, as a
+    // readdir holds it.
+    uint32_t list_bytes = 0;
+    if (req.op_case() == R::kOpendir && req.opendir().read_entries() > 0) {
+      const uint32_t max_read = session->session().limits().max_read_size;
+      auto room = reserveRead(*session, id, max_read, max_read);
+      if (!room.ok()) {
+        reply(*session, id, room.status());
+        return;
+      }
+      list_bytes = *room;
+    }
     net::asio::post(ctx_.blocking, [self = shared_from_this(), session = std::move(session), id,
-                                    req = std::move(req)]() mutable {
+                                    req = std::move(req), list_bytes]() mutable {
       absl::StatusOr<Handle> h = self->fs_->open(req);
-      net::asio::post(self->ctx_.io,
-                      [self, session = std::move(session), id, h = std::move(h)]() mutable {
-                        self->finishOpen(*session, id, std::move(h));
-                      });
+      std::optional<FirstListing> first;
+      if (h.ok() && list_bytes > 0) {
+        if (auto* dir = std::get_if<std::shared_ptr<DirObject>>(&*h)) {
+          const v1::FileOpendir& o = req.opendir();
+          auto entries = (*dir)->read(std::min(o.read_entries(), kMaxDirEntries), list_bytes,
+                                      o.with_stat());
+          if (!entries.ok()) {
+            h = entries.status();  // the directory closes here, on the pool
+          } else {
+            first.emplace();
+            first->entries = *std::move(entries);
+            if (first->entries.eof() && o.close_at_eof()) {
+              first->closed = true;
+              h = Handle{};  // the last reference: closed here, on the pool
+            }
+          }
+        }
+      }
+      net::asio::post(self->ctx_.io, [self, session = std::move(session), id, h = std::move(h),
+                                      first = std::move(first)]() mutable {
+        self->finishOpen(*session, id, std::move(h), std::move(first));
+      });
     });
   }
 
@@ -295,9 +333,17 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
   }
 
   // On the event loop, once open() returned.
-  void finishOpen(SessionHost& session, uint64_t id, absl::StatusOr<Handle> h) {
+  void finishOpen(SessionHost& session, uint64_t id, absl::StatusOr<Handle> h,
+                  std::optional<FirstListing> first) {
     if (!h.ok()) {
       reply(session, id, h.status());
+      return;
+    }
+    if (first && first->closed) {
+      v1::FileResponse r;
+      r.mutable_opened()->set_closed(true);
+      *r.mutable_opened()->mutable_entries() = std::move(first->entries);
+      reply(session, id, std::move(r));
       return;
     }
     if (session.ended()) {
@@ -315,6 +361,7 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
     }
     v1::FileResponse r;
     r.mutable_opened()->set_fd(*handle);
+    if (first) *r.mutable_opened()->mutable_entries() = std::move(first->entries);
     reply(session, id, std::move(r));
   }
 

@@ -23,6 +23,10 @@
 //   fsync         under --fs-mode ro answered OK without the call (every
 //                 handle there is open for reading).
 //   readdir       with_stat: each entry's lstat too (OpenDir::read).
+//   opendir       read_entries: the first readdir in the same answer (room
+//                 held as for a readdir); with close_at_eof, a listing that
+//                 is whole closes the directory at once (closed, no handle
+//                 taken from the session's limit).
 //   handles       EBADF for a handle this session does not hold (closed,
 //                 another session's, or a file handle given to readdir and
 //                 the other way round); ERRNO EMFILE past

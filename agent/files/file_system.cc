@@ -7,7 +7,6 @@
 #include <utility>
 
 #include "siphon/status.h"
-#include "siphon/text.h"
 
 namespace siphon::agent::files {
 namespace {
@@ -80,9 +79,7 @@ Result LocalFileSystem::path(const R& req, bool writes_refused) {
     case R::kReadlink: {
       auto target = root_.readlink(req.readlink().path());
       if (!target.ok()) return target.status();
-      // A proto3 string must be UTF-8 (the peer's parser rejects it
-      // otherwise); odd bytes become U+FFFD.
-      r.mutable_link()->set_target(toUtf8Lossy(*target));
+      r.mutable_link()->set_target(*std::move(target));  // bytes, as stored
       return r;
     }
     case R::kMkdir:
@@ -130,9 +127,8 @@ Result LocalFileSystem::path(const R& req, bool writes_refused) {
     case R::kListxattr: {
       auto names = root_.listxattr(req.listxattr().path(), req.listxattr().follow_symlinks());
       if (!names.ok()) return names.status();
-      // Names travel in proto3 strings (UTF-8), as directory entries do.
       v1::FileXattrNames* out = r.mutable_xattr_names();  // set even when empty
-      for (const std::string& n : *names) out->add_names(toUtf8Lossy(n));
+      for (const std::string& n : *names) out->add_names(n);
       return r;
     }
     case R::kSetxattr: {

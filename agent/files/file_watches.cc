@@ -12,7 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
 #include "siphon/status.h"
-#include "siphon/text.h"
 #include "siphon/v1/files.pb.h"
 
 namespace siphon::agent::files {
@@ -164,7 +163,7 @@ void FileWatches::readEvents(const std::shared_ptr<SessionWatches>& self) {
         continue;
       }
       if (!s.counts.contains(ev->wd)) continue;  // removed by an unwatch
-      std::string name = ev->len > 0 ? toUtf8Lossy(std::string_view(ev->name, strnlen(ev->name, ev->len)))
+      std::string name = ev->len > 0 ? std::string(ev->name, strnlen(ev->name, ev->len))
                                      : std::string();
       if ((ev->mask & IN_MOVE_SELF) != 0) {
         // Still watched by inotify, but no longer at the path the client

@@ -151,7 +151,7 @@ absl::StatusOr<v1::FileDirEntries> OpenDir::read(uint32_t max_entries, size_t ma
       }
       raw_name = d->d_name;
       next.emplace();
-      next->set_name(toUtf8Lossy(raw_name));
+      next->set_name(raw_name);  // bytes: exactly the kernel's name
       next->set_ino(d->d_ino);
       next->set_type(d->d_type);
     }

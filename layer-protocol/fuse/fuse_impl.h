@@ -5,6 +5,7 @@
 #define FUSE_USE_VERSION 35
 #include <fuse_lowlevel.h>
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -12,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -94,6 +96,22 @@ class Notifier {
   std::thread thread_;  // last: starts once the rest is made
 };
 
+// A directory's listing that lookups are answered from (fuse_ops.cc).
+struct Listing {
+  std::unordered_map<std::string, std::optional<client::FileStat>> stats;
+  std::chrono::steady_clock::time_point at;
+  int misses = 0;       // lookups that went to the agent meanwhile
+  bool loading = false;
+  bool ready = false;
+};
+
+// The last lookup that failed for want of the agent (fuse_ops.cc).
+struct FailedLookup {
+  uint64_t parent = 0;
+  std::string name;
+  std::chrono::steady_clock::time_point at;
+};
+
 struct FuseMount::Impl {
   Impl(client::Target target, MountOptions options);
   ~Impl();
@@ -115,6 +133,9 @@ struct FuseMount::Impl {
   std::unordered_map<uint64_t, OpenFile> open_files;
   std::unordered_map<uint64_t, OpenDir> open_dirs;
   std::unordered_map<uint64_t, ContentStamp> stamps;
+  FailedLookup failed_lookup;
+  std::unordered_map<uint64_t, Listing> listings;  // by directory node
+  uint64_t modifications = 0;  // changes the mount made (listings across one are dropped)
 
   // Push invalidation (fuse_watch.cc): the watched directories' nodes and
   // their agent watch ids, both ways; nodes whose watch is being made.
@@ -143,6 +164,11 @@ void watchNode(FuseMount::Impl& m, uint64_t node);
 void nodeForgotten(FuseMount::Impl& m, uint64_t node);
 void spawnUnwatch(FuseMount::Impl& m, uint64_t watch);
 void onChanges(FuseMount::Impl& m, const client::FileChanges& changes);
+// The listings lookups are answered from are stale: every one is dropped.
+inline void listingsChanged(FuseMount::Impl& m) {
+  ++m.modifications;
+  m.listings.clear();
+}
 
 // libfuse's operation table (fuse_ops.cc).
 const struct fuse_lowlevel_ops& operations();

@@ -65,8 +65,9 @@ class FuseMount {
  public:
   // Mounts `options.mountpoint` (checked with checkMountpoint first) for
   // the target's `options.remote_dir`, which the caller checked is a
-  // directory. As root the kernel mount is made directly; otherwise
-  // through fusermount3, where the system lets users mount FUSE.
+  // directory. The kernel mount goes through fusermount3 (auto_unmount
+  // needs it, as root too); a user's works where the system lets users
+  // mount FUSE, and checkUserMount says what is missing otherwise.
   static absl::StatusOr<std::unique_ptr<FuseMount>> mount(client::Target target,
                                                           MountOptions options);
   ~FuseMount();

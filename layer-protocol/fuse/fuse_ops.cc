@@ -7,10 +7,12 @@
 // Over 600 lines: one function per FUSE operation, each short; splitting
 // them by kind would only scatter the helpers they share.
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -61,6 +63,18 @@ net::awaitable<void> counted(Impl* m, net::awaitable<void> op) {
 
 void start(fuse_req_t req, net::awaitable<void> op) {
   spawnCounted(implOf(req), std::move(op), "fuse_op");
+}
+
+// An operation that changes the target: once it is answered, the listings
+// lookups are served from are stale (listingsChanged).
+net::awaitable<void> changing(Impl* m, net::awaitable<void> op) {
+  co_await std::move(op);
+  listingsChanged(*m);
+}
+
+void startChanging(fuse_req_t req, net::awaitable<void> op) {
+  Impl& m = implOf(req);
+  start(req, changing(&m, std::move(op)));
 }
 
 int64_t seconds(int64_t ns) { return ns >= 0 ? ns / 1000000000 : -((-ns + 999999999) / 1000000000); }
@@ -115,6 +129,19 @@ net::awaitable<absl::StatusOr<struct stat>> attrOf(Impl* m, std::string path) {
   co_return out;
 }
 
+// How long the kernel may keep a name of `parent` (or its absence): the
+// attribute timeout, or, while the agent watches `parent` (its creations,
+// removals and renames come as invalidations, fuse_watch.cc), at least
+// kWatchedEntryTimeout, so a walk does not look up again every directory it
+// met a second ago. --attr-timeout 0 keeps nothing. Absences keep the
+// attribute timeout.
+constexpr double kWatchedEntryTimeout = 60.0;
+
+double entryTimeout(const Impl& m, uint64_t parent) {
+  if (m.attr_timeout <= 0 || !m.watch_of.contains(parent)) return m.attr_timeout;
+  return std::max(m.attr_timeout, kWatchedEntryTimeout);
+}
+
 void replyEntry(Impl& m, fuse_req_t req, uint64_t parent, const std::string& name,
                 const struct stat& st) {
   struct fuse_entry_param e {};
@@ -125,7 +152,7 @@ void replyEntry(Impl& m, fuse_req_t req, uint64_t parent, const std::string& nam
   }
   e.attr = st;
   e.attr_timeout = m.attr_timeout;
-  e.entry_timeout = m.attr_timeout;
+  e.entry_timeout = entryTimeout(m, parent);
   if (fuse_reply_entry(req, &e) != 0) {
     m.table.forget(e.ino, 1);  // the kernel did not take it
     return;
@@ -147,18 +174,111 @@ net::awaitable<void> entryAfter(Impl* m, fuse_req_t req, uint64_t parent, std::s
 
 // ------------------------------------------------------------ names
 
+// The kernel looks a name up again at once when the revalidation of its
+// cached entry failed: after a lookup that failed for want of the agent (no
+// answer within the call timeout, the session lost) the next lookup of the
+// same name, within kRelookupWindow, fails at once, so a stat on a cut link
+// waits one call timeout, not two.
+constexpr auto kRelookupWindow = std::chrono::seconds(1);
+
+// Lookups of names never listed (git status lstat()s every file of its
+// index; a build tool its sources) would cost a round trip each. The second
+// lookup that misses in a directory lists it instead (its entries and their
+// lstats, one round trip, fetched beside the lookups in flight), and while
+// that listing is fresh the directory's lookups are answered from it: a
+// name it lacks is ENOENT, a symlink still asks (its size is readlink's).
+// Fresh: for the attribute timeout; while the directory is watched, until
+// the watch reports a change in it (fuse_watch.cc) or kWatchedEntryTimeout.
+// Any change the mount makes drops every listing (startChanging), and a
+// listing fetched across one is not kept.
+constexpr size_t kMaxListingEntries = 20000;
+
+bool listingFresh(const Impl& m, uint64_t dir, const Listing& l) {
+  if (!l.ready || m.attr_timeout <= 0) return false;
+  const double life = m.watch_of.contains(dir) ? std::max(m.attr_timeout, kWatchedEntryTimeout)
+                                               : m.attr_timeout;
+  return std::chrono::steady_clock::now() - l.at < std::chrono::duration<double>(life);
+}
+
+net::awaitable<void> fetchListing(Impl* m, uint64_t dir, std::string path) {
+  const uint64_t changes = m->modifications;
+  auto entries = co_await m->files.list(path, true);
+  auto it = m->listings.find(dir);
+  if (it == m->listings.end()) co_return;  // dropped meanwhile
+  if (!entries.ok() || changes != m->modifications || !m->table.known(dir) ||
+      entries->size() > kMaxListingEntries) {
+    // Kept as a failure (a directory too big to keep, one that may be
+    // searched but not read): its lookups ask one by one until the next
+    // change drops the listings.
+    it->second.loading = false;
+    it->second.misses = -1000000;
+    co_return;
+  }
+  Listing& l = it->second;
+  l.loading = false;
+  l.ready = true;
+  l.at = std::chrono::steady_clock::now();
+  l.stats.clear();
+  for (client::DirEntry& e : *entries) {
+    if (e.name == "." || e.name == "..") continue;
+    l.stats.emplace(std::move(e.name), std::move(e.stat));
+  }
+}
+
+// The listing's answer for `name`: true when it answered the kernel.
+bool lookupFromListing(Impl& m, fuse_req_t req, uint64_t parent, const std::string& name,
+                       const std::string& parent_path) {
+  Listing& l = m.listings[parent];
+  if (listingFresh(m, parent, l)) {
+    auto it = l.stats.find(name);
+    if (it == l.stats.end()) {
+      struct fuse_entry_param e {};
+      e.entry_timeout = m.attr_timeout;
+      fuse_reply_entry(req, &e);
+      return true;
+    }
+    if (it->second && !it->second->isSymlink()) {
+      replyEntry(m, req, parent, name, toStat(*it->second));
+      return true;
+    }
+    return false;  // a symlink, or an entry that vanished while listed
+  }
+  if (l.ready) l = Listing{};  // stale
+  if (!l.loading && ++l.misses >= 2 && m.attr_timeout > 0) {
+    l.loading = true;
+    spawnCounted(m, fetchListing(&m, parent, parent_path), "fuse_listing");
+  }
+  return false;
+}
+
 net::awaitable<void> doLookup(Impl* m, fuse_req_t req, uint64_t parent, std::string name) {
   auto path = m->table.childPath(parent, name);
   if (!path) {
     fuse_reply_err(req, ENOENT);
     co_return;
   }
+  if (auto dir_path = m->table.path(parent);
+      dir_path && lookupFromListing(*m, req, parent, name, *dir_path)) {
+    co_return;
+  }
+  FailedLookup& last = m->failed_lookup;
+  if (last.parent == parent && last.name == name &&
+      std::chrono::steady_clock::now() - last.at < kRelookupWindow) {
+    last = FailedLookup{};
+    fuse_reply_err(req, EIO);
+    co_return;
+  }
   auto st = co_await attrOf(m, *path);
   if (!st.ok()) {
     const int err = errOf(st.status());
+    if (client::errnoValue(st.status()) <= 0) {
+      m->failed_lookup = FailedLookup{parent, name, std::chrono::steady_clock::now()};
+    }
     if (err == ENOENT) {
       // A negative entry, cached as long as a positive one.
       struct fuse_entry_param e {};
+      // (Never longer: after a failover or an overflow the mount cannot
+      // name the absences it handed out to drop them.)
       e.entry_timeout = m->attr_timeout;
       fuse_reply_entry(req, &e);
     } else {
@@ -302,7 +422,7 @@ net::awaitable<void> doSetattr(Impl* m, fuse_req_t req, uint64_t ino, struct sta
 
 void opSetattr(fuse_req_t req, fuse_ino_t ino, struct stat* attr, int to_set,
                struct fuse_file_info* fi) {
-  start(req, doSetattr(&implOf(req), req, ino, *attr, to_set, fi ? fi->fh : 0));
+  startChanging(req, doSetattr(&implOf(req), req, ino, *attr, to_set, fi ? fi->fh : 0));
 }
 
 net::awaitable<void> doAccess(Impl* m, fuse_req_t req, uint64_t ino, int mask) {
@@ -374,7 +494,7 @@ net::awaitable<void> doMkdir(Impl* m, fuse_req_t req, uint64_t parent, std::stri
 }
 
 void opMkdir(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode) {
-  start(req, doMkdir(&implOf(req), req, parent, name, mode));
+  startChanging(req, doMkdir(&implOf(req), req, parent, name, mode));
 }
 
 net::awaitable<void> doRemove(Impl* m, fuse_req_t req, uint64_t parent, std::string name,
@@ -395,10 +515,10 @@ net::awaitable<void> doRemove(Impl* m, fuse_req_t req, uint64_t parent, std::str
 }
 
 void opUnlink(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  start(req, doRemove(&implOf(req), req, parent, name, false));
+  startChanging(req, doRemove(&implOf(req), req, parent, name, false));
 }
 void opRmdir(fuse_req_t req, fuse_ino_t parent, const char* name) {
-  start(req, doRemove(&implOf(req), req, parent, name, true));
+  startChanging(req, doRemove(&implOf(req), req, parent, name, true));
 }
 
 net::awaitable<void> doRename(Impl* m, fuse_req_t req, uint64_t parent, std::string name,
@@ -416,7 +536,7 @@ net::awaitable<void> doRename(Impl* m, fuse_req_t req, uint64_t parent, std::str
 
 void opRename(fuse_req_t req, fuse_ino_t parent, const char* name, fuse_ino_t new_parent,
               const char* new_name, unsigned int flags) {
-  start(req, doRename(&implOf(req), req, parent, name, new_parent, new_name, flags));
+  startChanging(req, doRename(&implOf(req), req, parent, name, new_parent, new_name, flags));
 }
 
 net::awaitable<void> doSymlink(Impl* m, fuse_req_t req, std::string text, uint64_t parent,
@@ -435,7 +555,7 @@ net::awaitable<void> doSymlink(Impl* m, fuse_req_t req, std::string text, uint64
 }
 
 void opSymlink(fuse_req_t req, const char* link, fuse_ino_t parent, const char* name) {
-  start(req, doSymlink(&implOf(req), req, link, parent, name));
+  startChanging(req, doSymlink(&implOf(req), req, link, parent, name));
 }
 
 net::awaitable<void> doLink(Impl* m, fuse_req_t req, uint64_t ino, uint64_t new_parent,
@@ -468,12 +588,12 @@ net::awaitable<void> doLink(Impl* m, fuse_req_t req, uint64_t ino, uint64_t new_
   e.ino = ino;
   e.attr = *st;
   e.attr_timeout = m->attr_timeout;
-  e.entry_timeout = m->attr_timeout;
+  e.entry_timeout = entryTimeout(*m, new_parent);
   if (fuse_reply_entry(req, &e) != 0) m->table.forget(ino, 1);
 }
 
 void opLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* new_name) {
-  start(req, doLink(&implOf(req), req, ino, new_parent, new_name));
+  startChanging(req, doLink(&implOf(req), req, ino, new_parent, new_name));
 }
 
 net::awaitable<void> doMknod(Impl* m, fuse_req_t req, uint64_t parent, std::string name,
@@ -492,7 +612,7 @@ net::awaitable<void> doMknod(Impl* m, fuse_req_t req, uint64_t parent, std::stri
 }
 
 void opMknod(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode, dev_t rdev) {
-  start(req, doMknod(&implOf(req), req, parent, name, mode, rdev));
+  startChanging(req, doMknod(&implOf(req), req, parent, name, mode, rdev));
 }
 
 // Extended attributes: `size` 0 asks for the length only; a value that
@@ -602,7 +722,11 @@ net::awaitable<void> doOpen(Impl* m, fuse_req_t req, uint64_t ino, struct fuse_f
     fuse_reply_err(req, ENOENT);
     co_return;
   }
-  const int flags = fi.flags & ~(O_CREAT | O_EXCL | O_NOCTTY);
+  // O_DIRECT is the kernel's business here (direct_io: no page cache for
+  // this open); the agent's pread into its own buffers must not have it
+  // (EINVAL for buffers not aligned to the target's blocks).
+  const bool direct = (fi.flags & O_DIRECT) != 0;
+  const int flags = fi.flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_DIRECT);
   // The stat for keep_cache goes with the open: one round trip for both.
   auto stamp = m->files.startLstat(*path);
   auto file = co_await m->files.open(*path, flags);
@@ -613,6 +737,7 @@ net::awaitable<void> doOpen(Impl* m, fuse_req_t req, uint64_t ino, struct fuse_f
   }
   fi.fh = addFile(*m, std::move(*file), ino);
   fi.keep_cache = (flags & O_TRUNC) == 0 && keepCache(*m, ino, st) ? 1 : 0;
+  fi.direct_io = direct ? 1 : 0;
   if ((flags & O_TRUNC) != 0) m->stamps.erase(ino);
   if (fuse_reply_open(req, &fi) != 0) {
     // The kernel gave up on the open (interrupted): nobody will release it.
@@ -623,7 +748,11 @@ net::awaitable<void> doOpen(Impl* m, fuse_req_t req, uint64_t ino, struct fuse_f
 }
 
 void opOpen(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info* fi) {
-  start(req, doOpen(&implOf(req), req, ino, *fi));
+  if ((fi->flags & O_TRUNC) != 0) {
+    startChanging(req, doOpen(&implOf(req), req, ino, *fi));
+  } else {
+    start(req, doOpen(&implOf(req), req, ino, *fi));
+  }
 }
 
 net::awaitable<void> doCreate(Impl* m, fuse_req_t req, uint64_t parent, std::string name,
@@ -633,7 +762,8 @@ net::awaitable<void> doCreate(Impl* m, fuse_req_t req, uint64_t parent, std::str
     fuse_reply_err(req, ENOENT);
     co_return;
   }
-  auto file = co_await m->files.open(*path, fi.flags | O_CREAT, mode & 07777);
+  const bool direct = (fi.flags & O_DIRECT) != 0;
+  auto file = co_await m->files.open(*path, (fi.flags & ~O_DIRECT) | O_CREAT, mode & 07777);
   if (!file.ok()) {
     fuse_reply_err(req, errOf(file.status()));
     co_return;
@@ -649,8 +779,9 @@ net::awaitable<void> doCreate(Impl* m, fuse_req_t req, uint64_t parent, std::str
   e.ino = m->table.lookup(parent, name);
   e.attr = toStat(*st);
   e.attr_timeout = m->attr_timeout;
-  e.entry_timeout = m->attr_timeout;
+  e.entry_timeout = entryTimeout(*m, parent);
   fi.fh = addFile(*m, f, e.ino);
+  fi.direct_io = direct ? 1 : 0;
   m->stamps[e.ino] = ContentStamp{st->size, st->mtime_ns};
   if (fuse_reply_create(req, &e, &fi) != 0) {
     m->table.forget(e.ino, 1);
@@ -661,7 +792,7 @@ net::awaitable<void> doCreate(Impl* m, fuse_req_t req, uint64_t parent, std::str
 
 void opCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
               struct fuse_file_info* fi) {
-  start(req, doCreate(&implOf(req), req, parent, name, mode, *fi));
+  startChanging(req, doCreate(&implOf(req), req, parent, name, mode, *fi));
 }
 
 net::awaitable<void> doRead(Impl* m, fuse_req_t req, uint64_t fh, size_t size, off_t off) {
@@ -749,7 +880,7 @@ net::awaitable<void> doWrite(Impl* m, fuse_req_t req, uint64_t fh, std::string d
 
 void opWrite(fuse_req_t req, fuse_ino_t, const char* buf, size_t size, off_t off,
              struct fuse_file_info* fi) {
-  start(req, doWrite(&implOf(req), req, fi->fh, std::string(buf, size), off));
+  startChanging(req, doWrite(&implOf(req), req, fi->fh, std::string(buf, size), off));
 }
 
 void opFlush(fuse_req_t req, fuse_ino_t, struct fuse_file_info*) {
@@ -799,28 +930,18 @@ net::awaitable<void> doOpendir(Impl* m, fuse_req_t req, uint64_t ino, struct fus
     fuse_reply_err(req, ENOENT);
     co_return;
   }
-  auto dir = co_await m->files.openDirectory(*path);
-  if (!dir.ok()) {
-    fuse_reply_err(req, errOf(dir.status()));
+  // The whole listing with each entry's lstat: one round trip for a
+  // directory that fits one answer (the agent closes it itself).
+  auto entries = co_await m->files.list(*path, true);
+  if (!entries.ok()) {
+    // EBADF: a listing of several answers whose handle died with its
+    // session (a failover between them); the work is lost, as elsewhere.
+    const int err = errOf(entries.status());
+    fuse_reply_err(req, err == EBADF ? EIO : err);
     co_return;
   }
   OpenDir listing;
-  absl::Status failed;
-  for (;;) {
-    auto batch = co_await dir->nextBatchPlus();
-    if (!batch.ok()) {
-      failed = batch.status();
-      break;
-    }
-    for (auto& e : batch->entries) listing.entries.push_back(std::move(e));
-    if (batch->eof || batch->entries.empty()) break;
-  }
-  const bool alive = dir->alive().ok();
-  (void)co_await dir->close();
-  if (!failed.ok()) {
-    fuse_reply_err(req, alive ? errOf(failed) : EIO);
-    co_return;
-  }
+  listing.entries = *std::move(entries);
   fi.fh = m->next_handle++;
   m->open_dirs.emplace(fi.fh, std::move(listing));
   if (fuse_reply_open(req, &fi) != 0) m->open_dirs.erase(fi.fh);
@@ -881,7 +1002,7 @@ void opReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                  if (with_node) {
                    e.attr = toStat(*d.stat);
                    e.attr_timeout = m.attr_timeout;
-                   e.entry_timeout = m.attr_timeout;
+                   e.entry_timeout = entryTimeout(m, ino);
                  }
                  // Sized first with no lookup counted: an entry that does
                  // not fit must not count.

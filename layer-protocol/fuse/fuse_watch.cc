@@ -10,8 +10,11 @@
 //   content             the entry's attributes and pages dropped, and its
 //                       keep_cache stamp, so the next open reads anew;
 //   attributes          the entry's attributes dropped;
-//   overflow, or the watches lost with a failover: everything's attributes
-//                       and pages dropped; the directories watched again.
+//   overflow, or the watches lost with a failover: every name's entry and
+//                       every node's attributes and pages dropped; the
+//                       directories watched again.
+// While a directory is watched the kernel keeps its names for longer than
+// the attribute timeout (entryTimeout, fuse_ops.cc).
 //
 // The notices go out from their own thread (Notifier): the kernel may hold
 // a notice until pages that are being read are unlocked, and the event loop
@@ -149,9 +152,14 @@ void dropWatch(Impl& m, uint64_t watch) {
   m.node_of.erase(it);
 }
 
+// What the kernel holds may all be stale: every node's attributes and
+// pages, and every name (those of watched directories are kept for long,
+// fuse_ops.cc).
 void everythingChanged(Impl& m) {
+  listingsChanged(m);
   m.stamps.clear();
   for (uint64_t id : m.table.ids()) invalInode(m, id, 0);
+  for (const auto& [parent, name] : m.table.names()) invalEntry(m, parent, name);
 }
 
 }  // namespace
@@ -188,12 +196,12 @@ void onChanges(Impl& m, const client::FileChanges& c) {
     // on the new one. What changed meanwhile is unknown.
     std::vector<uint64_t> watched;
     for (const auto& [node, watch] : m.watch_of) watched.push_back(node);
+    everythingChanged(m);  // before the watches go: names are dropped by what the table knows
     m.watch_of.clear();
     m.node_of.clear();
     m.watching.clear();
     ++m.watch_generation;
     m.watches_work = true;
-    everythingChanged(m);
     for (uint64_t node : watched) watchNode(m, node);
     return;
   }
@@ -208,6 +216,7 @@ void onChanges(Impl& m, const client::FileChanges& c) {
       continue;
     }
     ++m.changes_seen;
+    m.listings.erase(dir);
     if (f.name.empty()) {
       if (f.content || f.attributes) invalInode(m, dir, kAttributesOnly);
     } else {

@@ -116,6 +116,13 @@ std::vector<uint64_t> InodeTable::ids() const {
   return out;
 }
 
+std::vector<std::pair<uint64_t, std::string>> InodeTable::names() const {
+  std::vector<std::pair<uint64_t, std::string>> out;
+  out.reserve(names_.size());
+  for (const auto& [key, id] : names_) out.push_back(key);
+  return out;
+}
+
 void InodeTable::removed(uint64_t parent, std::string_view name) {
   auto it = names_.find(Key{parent, std::string(name)});
   if (it != names_.end()) unlinkNode(it->second);

@@ -20,6 +20,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace siphon::fuse {
@@ -57,6 +58,8 @@ class InodeTable {
   bool known(uint64_t id) const { return nodes_.contains(id); }
   // Every node's id.
   std::vector<uint64_t> ids() const;
+  // Every (parent, name) the table knows.
+  std::vector<std::pair<uint64_t, std::string>> names() const;
 
   size_t size() const { return nodes_.size(); }
   uint64_t lookups(uint64_t id) const;

@@ -5,6 +5,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "siphon/text.h"
 
 namespace siphon {
 namespace {
@@ -182,7 +183,8 @@ int errnoOf(const absl::Status& status) {
 v1::Error toProtoError(const absl::Status& status) {
   v1::Error e;
   e.set_code(errorCodeOf(status));
-  e.set_message(std::string(status.message()));
+  // A message may quote a path, which is bytes: the field is text.
+  e.set_message(toUtf8Lossy(sv(status.message())));
   e.set_errno_value(errnoOf(status));
   return e;
 }

@@ -153,7 +153,10 @@ net::awaitable<absl::StatusOr<v1::Response>> Client::call(v1::Request request,
       subscriptions_.erase(it);
     }
   }
-  if (opens && response.ok() && response->has_file() && response->file().has_opened()) {
+  // An opendir the agent answered whole and closed itself (closed: no
+  // handle) takes no client id.
+  if (opens && response.ok() && response->has_file() && response->file().has_opened() &&
+      !response->file().opened().closed()) {
     const uint64_t h = clientId(handles_, response->file().opened().fd(), link->generation,
                                 &next_handle_);
     handles_[h] = Handle{link->generation, response->file().opened().fd(), link->endpoint};

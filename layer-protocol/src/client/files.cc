@@ -146,6 +146,20 @@ net::awaitable<void> runStat(std::shared_ptr<TargetCore> core_in, std::string pa
                    follow_symlinks ? "stat" : "lstat"));
 }
 
+DirBatch batchFrom(v1::FileDirEntries& entries, bool with_stat) {
+  DirBatch out;
+  out.eof = entries.eof();
+  for (v1::DirEntry& e : *entries.mutable_entries()) {
+    DirEntry entry;
+    entry.name = std::move(*e.mutable_name());
+    entry.ino = e.ino();
+    entry.type = e.type();
+    if (with_stat && e.has_stat()) entry.stat = statFrom(e.stat());
+    out.entries.push_back(std::move(entry));
+  }
+  return out;
+}
+
 // One readdir; with_stat asks for each entry's lstat, which an agent that
 // predates the field leaves out (the entries come without stat then).
 net::awaitable<absl::StatusOr<DirBatch>> readBatch(std::shared_ptr<HandleState> state_in,
@@ -159,17 +173,7 @@ net::awaitable<absl::StatusOr<DirBatch>> readBatch(std::shared_ptr<HandleState> 
   auto r = co_await fileCall(state->core, std::move(f));
   if (!r.ok()) co_return r.status();
   if (!r->has_entries()) co_return wrongKind("readdir");
-  DirBatch out;
-  out.eof = r->entries().eof();
-  for (v1::DirEntry& e : *r->mutable_entries()->mutable_entries()) {
-    DirEntry entry;
-    entry.name = std::move(*e.mutable_name());
-    entry.ino = e.ino();
-    entry.type = e.type();
-    if (with_stat && e.has_stat()) entry.stat = statFrom(e.stat());
-    out.entries.push_back(std::move(entry));
-  }
-  co_return out;
+  co_return batchFrom(*r->mutable_entries(), with_stat);
 }
 
 template <typename T>
@@ -349,18 +353,40 @@ net::awaitable<absl::StatusOr<Directory>> Files::openDirectory(std::string path)
 }
 
 net::awaitable<absl::StatusOr<std::vector<DirEntry>>> Files::readdir(std::string path) {
-  auto dir = co_await openDirectory(std::move(path));
-  if (!dir.ok()) co_return dir.status();
+  co_return co_await list(std::move(path), false);
+}
+
+net::awaitable<absl::StatusOr<std::vector<DirEntry>>> Files::list(std::string path,
+                                                                  bool with_stat) {
+  const auto core = core_;
+  v1::FileRequest f;
+  f.mutable_opendir()->set_path(std::move(path));
+  f.mutable_opendir()->set_read_entries(kListBatch);
+  f.mutable_opendir()->set_with_stat(with_stat);
+  f.mutable_opendir()->set_close_at_eof(true);
+  auto r = co_await fileCall(core, std::move(f));
+  if (!r.ok()) co_return r.status();
+  if (!r->has_opened()) co_return wrongKind("opendir");
+  v1::FileOpened& opened = *r->mutable_opened();
   std::vector<DirEntry> all;
-  while (true) {
-    auto some = co_await dir->nextBatch();
+  bool eof = false;
+  if (opened.has_entries()) {
+    DirBatch first = batchFrom(*opened.mutable_entries(), with_stat);
+    eof = first.eof || first.entries.empty();
+    all = std::move(first.entries);
+  }
+  if (opened.closed()) co_return all;
+  // An older agent (the handle alone), or more than one batch.
+  Directory dir(std::make_shared<HandleState>(core, opened.fd(), true));
+  while (!eof) {
+    auto some = co_await readBatch(dir.state_, kListBatch, with_stat);
     if (!some.ok()) co_return some.status();
     for (auto& e : some->entries) all.push_back(std::move(e));
     // An empty batch is the end too, whatever its flag says: asking again
     // would only get the same.
-    if (some->eof || some->entries.empty()) break;
+    eof = some->eof || some->entries.empty();
   }
-  CO_RETURN_IF_ERROR(co_await dir->close());
+  CO_RETURN_IF_ERROR(co_await dir.close());
   co_return all;
 }
 

@@ -217,6 +217,63 @@ TEST_F(MountTest, WritesReachTheTargetAtOnceAndReadOnlyIsEROFS) {
   EXPECT_FALSE(std::filesystem::exists(root_ + "/tmp/ro-mount"));
 }
 
+// Linux names are bytes: names and link texts that are not UTF-8 go both
+// ways exactly (never as U+FFFD), and the session lives on.
+TEST_F(MountTest, NamesThatAreNotUtf8PassThroughAsBytes) {
+  const std::string latin1 = "caf\xe9";
+  const std::string dir = "dir-\xff";
+  const std::string link = "link-\xfe";
+  writeHost(root_ + "/tmp/" + latin1, "latin1\n");
+  std::filesystem::create_directories(root_ + "/tmp/" + dir);
+  writeHost(root_ + "/tmp/" + dir + "/inner", "inner\n");
+  ASSERT_EQ(::symlink("\xfe-target", (root_ + "/tmp/" + link).c_str()), 0);
+  ASSERT_NO_FATAL_FAILURE(startAgent("rw"));
+  ASSERT_NO_FATAL_FAILURE(mount());
+
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(mnt_ + "/tmp")) {
+    names.push_back(e.path().filename().native());
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{latin1, dir, link}));
+  EXPECT_EQ(readFile(mnt_ + "/tmp/" + latin1), "latin1\n");
+  EXPECT_EQ(readFile(mnt_ + "/tmp/" + dir + "/inner"), "inner\n");
+  char text[64] = {};
+  ASSERT_EQ(::readlink((mnt_ + "/tmp/" + link).c_str(), text, sizeof(text) - 1), 8);
+  EXPECT_EQ(std::string(text), "\xfe-target");
+
+  // And from here to the target.
+  const std::string made = "new-\xe8";
+  writeHost(mnt_ + "/tmp/" + made, "made\n");
+  EXPECT_EQ(readFile(root_ + "/tmp/" + made), "made\n");
+  ASSERT_EQ(::rename((mnt_ + "/tmp/" + made).c_str(), (mnt_ + "/tmp/moved-\xe7").c_str()), 0);
+  EXPECT_EQ(readFile(root_ + "/tmp/moved-\xe7"), "made\n");
+  ASSERT_EQ(::symlink("\xfd", (mnt_ + "/tmp/l2").c_str()), 0);
+  std::error_code ec;
+  EXPECT_EQ(std::filesystem::read_symlink(root_ + "/tmp/l2", ec).native(), "\xfd");
+  // The session is as it was.
+  EXPECT_EQ(readFile(mnt_ + "/tmp/" + latin1), "latin1\n");
+  EXPECT_THAT(agent_->log(), Not(HasSubstr("session_ended")));
+}
+
+// O_DIRECT (fio --direct=1, dd iflag=direct): the kernel's page cache is
+// skipped for that open, and the agent reads and writes as for any other
+// (its own buffers are not aligned for O_DIRECT, so it never gets the flag).
+TEST_F(MountTest, ODirectReadsAndWritesGoThrough) {
+  std::string content(64 * 1024, '\0');
+  for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>('a' + i % 26);
+  writeHost(root_ + "/tmp/direct", content);
+  ASSERT_NO_FATAL_FAILURE(startAgent("rw"));
+  ASSERT_NO_FATAL_FAILURE(mount());
+  Result in = run({"dd", "if=" + mnt_ + "/tmp/direct", "iflag=direct", "bs=4096", "status=none"});
+  EXPECT_EQ(in.exit_code, 0) << in;
+  EXPECT_EQ(in.out, content);
+  Result out = run({"dd", "if=" + root_ + "/tmp/direct", "of=" + mnt_ + "/tmp/written",
+                    "oflag=direct", "bs=4096", "status=none"});
+  EXPECT_EQ(out.exit_code, 0) << out;
+  EXPECT_EQ(readFile(root_ + "/tmp/written"), content);
+}
+
 // Links, special files, extended attributes and fsync through the mount
 // reach the target as made there: ln -s, ln, mkfifo, a user.* xattr set,
 // listed, read and removed, fsync of a written file.

@@ -260,6 +260,36 @@ TEST_F(TypedApiTest, WatchesPushChangesAndAreLostWithAFailover) {
   });
 }
 
+// A listing in one round trip (the agent closes the directory itself)
+// takes no handle on either side: files opened after many listings work
+// on, and their handles are theirs.
+TEST_F(TypedApiTest, ListingsInOneRoundTripTakeNoHandle) {
+  tree_.file("d/a", "alpha");
+  tree_.file("d/b", "beta");
+  start(a_);
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    Target target = Target::create(ex, options({a_.address()}));
+    EXPECT_TRUE((co_await target.connect()).ok());
+    Files files(target);
+    std::vector<File> open;
+    for (int i = 0; i < 12; ++i) {
+      auto all = co_await files.list("/d", true);
+      EXPECT_TRUE(all.ok()) << all.status();
+      EXPECT_EQ(all.ok() ? all->size() : 0u, 4u);
+      auto f = co_await files.open(i % 2 == 0 ? "/d/a" : "/d/b", O_RDWR);
+      EXPECT_TRUE(f.ok()) << f.status();
+      if (f.ok()) open.push_back(*f);
+    }
+    for (size_t i = 0; i < open.size(); ++i) {
+      EXPECT_TRUE((co_await open[i].fsync(false)).ok()) << "file " << i;
+      auto data = co_await open[i].pread(0, 10);
+      EXPECT_EQ(data.ok() ? data->data : "?", i % 2 == 0 ? "alpha" : "beta") << "file " << i;
+    }
+    for (auto& f : open) EXPECT_TRUE((co_await f.close()).ok());
+    target.close();
+  });
+}
+
 TEST_F(TypedApiTest, DnsFromTheTargetsHostsFile) {
   tree_.file("etc/hosts", "10.1.2.3 db.example db\n127.0.0.1 localhost\n");
   tree_.file("etc/resolv.conf", "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n");

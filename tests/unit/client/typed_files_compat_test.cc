@@ -1,6 +1,7 @@
 // The typed file API against an agent that predates a field (a scripted
 // agent answering as the older one did): Directory::nextBatchPlus against
-// one that ignores FileReaddir.with_stat. No root.
+// one that ignores FileReaddir.with_stat, Files::list against one that
+// ignores FileOpendir.read_entries. No root.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -72,6 +73,60 @@ TEST(TypedFilesCompatTest, ReaddirPlusFromAnAgentWithoutStatsGivesEntriesWithout
       EXPECT_EQ(batch->entries[2].name, "f");
       EXPECT_EQ(batch->entries[2].ino, 7u);
     }
+    target.close();
+    agent->close();
+  });
+}
+
+// Files::list against an agent that predates FileOpendir.read_entries: it
+// answers the handle alone, and list() reads the batches and closes it.
+TEST(TypedFilesCompatTest, ListFromAnAgentWithoutOpendirEntriesReadsBatchesAndCloses) {
+  run([](asio::any_io_executor ex) -> net::awaitable<void> {
+    auto agent = std::make_shared<ScriptedAgent>(ex);
+    asio::co_spawn(
+        ex, [agent]() { return agent->serve(); }, asio::detached);
+    int readdirs = 0;
+    bool closed = false;
+    agent->on_request = [&](v1::Request r) {
+      v1::Response response;
+      response.set_request_id(r.request_id());
+      const v1::FileRequest& f = r.file();
+      if (f.has_opendir()) {
+        EXPECT_GT(f.opendir().read_entries(), 0u);
+        EXPECT_TRUE(f.opendir().close_at_eof());
+        response.mutable_file()->mutable_opened()->set_fd(9);  // nothing else: older agent
+      } else if (f.has_readdir()) {
+        EXPECT_EQ(f.readdir().dir(), 9u);
+        auto* entries = response.mutable_file()->mutable_entries();
+        v1::DirEntry* e = entries->add_entries();
+        e->set_name(readdirs == 0 ? "first" : "second");
+        e->mutable_stat()->set_size(readdirs == 0 ? 1 : 2);
+        entries->set_eof(readdirs == 1);
+        ++readdirs;
+      } else if (f.has_closedir()) {
+        closed = f.closedir().dir() == 9u;
+        response.mutable_file()->mutable_done();
+      }
+      agent->session().sendResponse(std::move(response));
+      agent->wake();
+    };
+
+    TargetOptions o;
+    o.endpoints = {agent->address()};
+    o.reconnect = false;
+    Target target = Target::create(ex, o);
+    EXPECT_TRUE((co_await target.connect()).ok());
+    Files files(target);
+    auto all = co_await files.list("/d", true);
+    EXPECT_TRUE(all.ok()) << all.status();
+    EXPECT_EQ(all.ok() ? all->size() : 0u, 2u);
+    if (all.ok() && all->size() == 2u) {
+      EXPECT_EQ((*all)[0].name, "first");
+      EXPECT_EQ((*all)[1].name, "second");
+      EXPECT_EQ((*all)[1].stat ? (*all)[1].stat->size : -1, 2);
+    }
+    EXPECT_EQ(readdirs, 2);
+    EXPECT_TRUE(closed) << "the handle was closed";
     target.close();
     agent->close();
   });

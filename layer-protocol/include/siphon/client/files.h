@@ -172,6 +172,12 @@ class Files {
   // Every entry of the directory at `path` ("." and ".." too, as the kernel
   // lists them).
   net::awaitable<absl::StatusOr<std::vector<DirEntry>>> readdir(std::string path);
+  // The same, with each entry's lstat when `with_stat` (as nextBatchPlus),
+  // in as few round trips as the agent allows: its opendir answer carries
+  // the first kListBatch entries and, when that is all, has closed the
+  // directory already (one round trip); otherwise batches follow.
+  net::awaitable<absl::StatusOr<std::vector<DirEntry>>> list(std::string path, bool with_stat);
+  static constexpr uint32_t kListBatch = 4096;
 
   // The whole file: preads `chunk` bytes each (0: the agent's read limit),
   // `depth` of them in flight.

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <filesystem>
+#include <map>
 #include <memory>
 
 #include "agent/files/file_service.h"
@@ -159,6 +160,74 @@ TEST_F(FileServiceHostTest, TheEndOfTheSessionClosesItsFiles) {
   service_->sessionEnded("ending");
   // The close runs on the blocking pool.
   EXPECT_TRUE(harness_->runUntil([&] { return fdsOpenOn(path) == 0; }));
+}
+
+// An opendir that reads at once: the first entries come with the handle;
+// with close_at_eof a whole listing closes the directory itself (no handle
+// kept, none of the session's open-files limit taken).
+TEST_F(FileServiceHostTest, AnOpendirAnswersItsFirstEntriesAndClosesAWholeListing) {
+  tree_.file("d/a", "1");
+  tree_.file("d/b", "22");
+  build(withMode(FsMode::kReadOnly, /*max_open_files=*/1));
+  auto host = std::make_shared<FakeSessionHost>("lister");
+  v1::FileRequest whole;
+  whole.mutable_opendir()->set_path("/d");
+  whole.mutable_opendir()->set_read_entries(100);
+  whole.mutable_opendir()->set_with_stat(true);
+  whole.mutable_opendir()->set_close_at_eof(true);
+  v1::Response r = call(host, 1, whole);
+  ASSERT_TRUE(r.file().has_opened()) << r.DebugString();
+  EXPECT_TRUE(r.file().opened().closed());
+  EXPECT_EQ(r.file().opened().fd(), 0u);
+  EXPECT_TRUE(r.file().opened().entries().eof());
+  std::map<std::string, int64_t> sizes;
+  for (const auto& e : r.file().opened().entries().entries()) sizes[e.name()] = e.stat().size();
+  EXPECT_EQ(sizes["a"], 1);
+  EXPECT_EQ(sizes["b"], 2);
+  EXPECT_EQ(sizes.size(), 4u) << ". and .. too";
+  // The one handle the session may hold is still free.
+  v1::Response file = call(host, 2, openReq("/d/a", O_RDONLY));
+  ASSERT_TRUE(file.file().has_opened()) << file.DebugString();
+  EXPECT_TRUE(call(host, 3, closeReq(file.file().opened().fd())).file().has_done());
+
+  // Two entries at once, then the handle reads on.
+  v1::FileRequest part;
+  part.mutable_opendir()->set_path("/d");
+  part.mutable_opendir()->set_read_entries(2);
+  part.mutable_opendir()->set_close_at_eof(true);
+  v1::Response p = call(host, 4, part);
+  ASSERT_TRUE(p.file().has_opened()) << p.DebugString();
+  EXPECT_FALSE(p.file().opened().closed());
+  EXPECT_EQ(p.file().opened().entries().entries_size(), 2);
+  EXPECT_FALSE(p.file().opened().entries().eof());
+  v1::FileRequest more;
+  more.mutable_readdir()->set_dir(p.file().opened().fd());
+  v1::Response rest = call(host, 5, more);
+  EXPECT_EQ(rest.file().entries().entries_size(), 2) << rest.DebugString();
+  EXPECT_TRUE(rest.file().entries().eof());
+
+  // A plain opendir is as before: the handle alone.
+  v1::FileRequest plain;
+  plain.mutable_opendir()->set_path("/d");
+  v1::Response h = call(host, 6, plain);
+  EXPECT_EQ(h.error().errno_value(), EMFILE) << "the partial listing's handle is held";
+  v1::FileRequest closedir;
+  closedir.mutable_closedir()->set_dir(p.file().opened().fd());
+  EXPECT_TRUE(call(host, 7, closedir).file().has_done());
+  v1::Response h2 = call(host, 8, plain);
+  ASSERT_TRUE(h2.file().has_opened()) << h2.DebugString();
+  EXPECT_FALSE(h2.file().opened().has_entries());
+  EXPECT_NE(h2.file().opened().fd(), 0u);
+  closedir.mutable_closedir()->set_dir(h2.file().opened().fd());
+  EXPECT_TRUE(call(host, 10, closedir).file().has_done());
+  // A missing directory is its errno, with or without the read.
+  EXPECT_EQ(call(host, 9, [] {
+              v1::FileRequest f;
+              f.mutable_opendir()->set_path("/missing");
+              f.mutable_opendir()->set_read_entries(10);
+              return f;
+            }()).error().errno_value(),
+            ENOENT);
 }
 
 }  // namespace
