@@ -97,6 +97,7 @@ net::awaitable<int> runMount(const CommandEnv& env, std::shared_ptr<MountFlags> 
   lr.on_stop = [raw](int) { raw->stop(); };
   lr.on_end = [raw](int) { raw->stop(); };
   lr.start();
+  co_await m->watchRoot();
   if (int rc = printOutput(mountedLine(target, o, env.target.endpoint(), env.json)); rc != 0) {
     m->stop();
   }

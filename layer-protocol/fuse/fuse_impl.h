@@ -163,6 +163,9 @@ void spawnCounted(FuseMount::Impl& m, net::awaitable<void> op, const char* what)
 void watchNode(FuseMount::Impl& m, uint64_t node);
 void nodeForgotten(FuseMount::Impl& m, uint64_t node);
 void spawnUnwatch(FuseMount::Impl& m, uint64_t watch);
+// The watch of `node` at `path`, made now (watchNode spawns this).
+net::awaitable<void> watchNow(FuseMount::Impl* m, uint64_t node, std::string path,
+                              uint64_t generation);
 void onChanges(FuseMount::Impl& m, const client::FileChanges& changes);
 // The listings lookups are answered from are stale: every one is dropped.
 inline void listingsChanged(FuseMount::Impl& m) {

@@ -78,6 +78,11 @@ class FuseMount {
   // umount) or stop(); then waits for the operations in flight and
   // unmounts. OK when it ended by either.
   net::awaitable<absl::Status> serve();
+  // Has the agent watch the mounted directory (fuse_watch.cc) before
+  // anything is served, so its names are kept for long from the first
+  // listing on. Optional (serve() watches it otherwise, a moment later);
+  // a refusal leaves the mount on its attribute timeout.
+  net::awaitable<void> watchRoot();
   // Ends serve() (from a signal handler's completion, say).
   void stop();
 

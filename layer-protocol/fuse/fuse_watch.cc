@@ -118,7 +118,29 @@ void invalEntry(Impl& m, uint64_t parent, const std::string& name) {
   if (m.notifier) m.notifier->push(Notice{true, parent, 0, 0, name});
 }
 
-net::awaitable<void> doWatch(Impl* m, uint64_t node, std::string path, uint64_t generation) {
+net::awaitable<void> doUnwatch(Impl* m, uint64_t watch) { (void)co_await m->files.unwatch(watch); }
+
+// A watch whose node is gone.
+void dropWatch(Impl& m, uint64_t watch) {
+  auto it = m.node_of.find(watch);
+  if (it == m.node_of.end()) return;
+  m.watch_of.erase(it->second);
+  m.node_of.erase(it);
+}
+
+// What the kernel holds may all be stale: every node's attributes and
+// pages, and every name (those of watched directories are kept for long,
+// fuse_ops.cc).
+void everythingChanged(Impl& m) {
+  listingsChanged(m);
+  m.stamps.clear();
+  for (uint64_t id : m.table.ids()) invalInode(m, id, 0);
+  for (const auto& [parent, name] : m.table.names()) invalEntry(m, parent, name);
+}
+
+}  // namespace
+
+net::awaitable<void> watchNow(Impl* m, uint64_t node, std::string path, uint64_t generation) {
   auto watch = co_await m->files.watch(path);
   m->watching.erase(node);
   if (generation != m->watch_generation) {
@@ -142,28 +164,6 @@ net::awaitable<void> doWatch(Impl* m, uint64_t node, std::string path, uint64_t 
   m->node_of[*watch] = node;
 }
 
-net::awaitable<void> doUnwatch(Impl* m, uint64_t watch) { (void)co_await m->files.unwatch(watch); }
-
-// A watch whose node is gone.
-void dropWatch(Impl& m, uint64_t watch) {
-  auto it = m.node_of.find(watch);
-  if (it == m.node_of.end()) return;
-  m.watch_of.erase(it->second);
-  m.node_of.erase(it);
-}
-
-// What the kernel holds may all be stale: every node's attributes and
-// pages, and every name (those of watched directories are kept for long,
-// fuse_ops.cc).
-void everythingChanged(Impl& m) {
-  listingsChanged(m);
-  m.stamps.clear();
-  for (uint64_t id : m.table.ids()) invalInode(m, id, 0);
-  for (const auto& [parent, name] : m.table.names()) invalEntry(m, parent, name);
-}
-
-}  // namespace
-
 void spawnUnwatch(Impl& m, uint64_t watch) {
   if (m.stopping) return;  // the session's end drops it on the agent
   spawnCounted(m, doUnwatch(&m, watch), "fuse_unwatch");
@@ -176,7 +176,7 @@ void watchNode(Impl& m, uint64_t node) {
   auto path = m.table.path(node);
   if (!path) return;
   m.watching.insert(node);
-  spawnCounted(m, doWatch(&m, node, *std::move(path), m.watch_generation), "fuse_watch");
+  spawnCounted(m, watchNow(&m, node, *std::move(path), m.watch_generation), "fuse_watch");
 }
 
 void nodeForgotten(Impl& m, uint64_t node) {
