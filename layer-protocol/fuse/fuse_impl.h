@@ -135,6 +135,8 @@ struct FuseMount::Impl {
   std::unordered_map<uint64_t, ContentStamp> stamps;
   FailedLookup failed_lookup;
   std::unordered_map<uint64_t, Listing> listings;  // by directory node
+  // Directories' attributes kept while pushes keep them true (fuse_watch.cc).
+  std::unordered_map<uint64_t, struct stat> dir_attrs;
   uint64_t modifications = 0;  // changes the mount made (listings across one are dropped)
 
   // Push invalidation (fuse_watch.cc): the watched directories' nodes and
@@ -155,6 +157,15 @@ struct FuseMount::Impl {
   net::Signal idle;
 };
 
+// The kernel reads ahead at most 128 KiB for a FUSE mount (its bdi's
+// default; INIT's max_readahead only lowers it), so a sequential reader
+// has one request in flight. As root, this mount's bdi
+// (/sys/class/bdi/MAJOR:MINOR/read_ahead_kb, found in /proc/self/
+// mountinfo: a stat of our own mountpoint would ask us) gets kReadaheadKib,
+// several 1 MiB requests in flight; as a user it stays (sysfs is root's).
+inline constexpr int kReadaheadKib = 8 * 1024;
+void raiseReadahead(FuseMount::Impl& m);
+
 // Runs `op` on the loop, counted in Impl::inflight (serve() waits for it).
 void spawnCounted(FuseMount::Impl& m, net::awaitable<void> op, const char* what);
 
@@ -171,7 +182,17 @@ void onChanges(FuseMount::Impl& m, const client::FileChanges& changes);
 inline void listingsChanged(FuseMount::Impl& m) {
   ++m.modifications;
   m.listings.clear();
+  m.dir_attrs.clear();
 }
+// Directory attributes (fuse_watch.cc). A directory's attributes change
+// only by what watches see: its entries (its own watch: mtime, link
+// count) and chmod, chown, utime (its parent's watch). So while both
+// watch, its attributes from a listing or a getattr are answered without
+// asking the agent again (find stats every directory it enters, after the
+// attribute timeout of the listing that named it). keepDirAttr stores
+// them when the parent watches; dirAttr answers them when both do.
+void keepDirAttr(FuseMount::Impl& m, uint64_t node, const struct stat& st);
+const struct stat* dirAttr(const FuseMount::Impl& m, uint64_t node);
 
 // libfuse's operation table (fuse_ops.cc).
 const struct fuse_lowlevel_ops& operations();

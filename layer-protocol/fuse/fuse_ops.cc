@@ -157,7 +157,10 @@ void replyEntry(Impl& m, fuse_req_t req, uint64_t parent, const std::string& nam
     m.table.forget(e.ino, 1);  // the kernel did not take it
     return;
   }
-  if (S_ISDIR(st.st_mode)) watchNode(m, e.ino);
+  if (S_ISDIR(st.st_mode)) {
+    watchNode(m, e.ino);
+    keepDirAttr(m, e.ino, st);
+  }
 }
 
 // After an operation that made `name` in `parent`: its attributes, as a
@@ -324,6 +327,10 @@ net::awaitable<void> doGetattr(Impl* m, fuse_req_t req, uint64_t ino, uint64_t f
     fuse_reply_attr(req, &out, m->attr_timeout);
     co_return;
   }
+  if (const struct stat* kept = dirAttr(*m, ino)) {
+    fuse_reply_attr(req, kept, m->attr_timeout);
+    co_return;
+  }
   auto path = m->table.path(ino);
   if (!path) {
     fuse_reply_err(req, ENOENT);
@@ -334,6 +341,7 @@ net::awaitable<void> doGetattr(Impl* m, fuse_req_t req, uint64_t ino, uint64_t f
     fuse_reply_err(req, errOf(st.status()));
     co_return;
   }
+  keepDirAttr(*m, ino, *st);
   fuse_reply_attr(req, &*st, m->attr_timeout);
 }
 
@@ -1010,7 +1018,10 @@ void opReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                  if (need > room) return need;
                  if (with_node) {
                    e.ino = m.table.lookup(ino, d.name);
-                   if (e.ino != 0 && S_ISDIR(d.stat->mode)) watchNode(m, e.ino);
+                   if (e.ino != 0 && S_ISDIR(d.stat->mode)) {
+                     watchNode(m, e.ino);
+                     keepDirAttr(m, e.ino, e.attr);
+                   }
                  }
                  return fuse_add_direntry_plus(req, buf, room, d.name.c_str(), &e, next);
                });
@@ -1024,7 +1035,10 @@ void opReleasedir(fuse_req_t req, fuse_ino_t, struct fuse_file_info* fi) {
 // ------------------------------------------------------------ session
 
 void opInit(void* userdata, struct fuse_conn_info* conn) {
-  (void)userdata;
+  // Once the kernel has the answer (it applies it as libfuse writes it),
+  // the readahead is raised past what INIT may set (raiseReadahead).
+  auto* m = static_cast<Impl*>(userdata);
+  net::asio::post(m->fd.get_executor(), [m] { raiseReadahead(*m); });
   conn->max_write = kMaxIo;
   conn->max_read = kMaxIo;  // as the max_read mount option says
   conn->max_readahead = kMaxIo;

@@ -120,10 +120,34 @@ void invalEntry(Impl& m, uint64_t parent, const std::string& name) {
 
 net::awaitable<void> doUnwatch(Impl* m, uint64_t watch) { (void)co_await m->files.unwatch(watch); }
 
+net::awaitable<void> refreshDirAttr(Impl* m, uint64_t node) {
+  auto path = m->table.path(node);
+  if (!path) co_return;
+  const uint64_t changes = m->modifications;
+  auto st = co_await m->files.lstat(*path);
+  auto it = m->dir_attrs.find(node);
+  if (it == m->dir_attrs.end()) co_return;  // dropped meanwhile
+  if (!st.ok() || changes != m->modifications) {
+    m->dir_attrs.erase(it);
+    co_return;
+  }
+  const struct stat& kept = it->second;
+  const bool same = kept.st_mtim.tv_sec == st->mtime_ns / 1000000000 &&
+                    kept.st_mtim.tv_nsec == st->mtime_ns % 1000000000 &&
+                    kept.st_ctim.tv_sec == st->ctime_ns / 1000000000 &&
+                    kept.st_ctim.tv_nsec == st->ctime_ns % 1000000000 &&
+                    static_cast<uint64_t>(kept.st_nlink) == st->nlink;
+  if (!same) {
+    m->dir_attrs.erase(it);
+    invalInode(*m, node, kAttributesOnly);
+  }
+}
+
 // A watch whose node is gone.
 void dropWatch(Impl& m, uint64_t watch) {
   auto it = m.node_of.find(watch);
   if (it == m.node_of.end()) return;
+  m.dir_attrs.erase(it->second);
   m.watch_of.erase(it->second);
   m.node_of.erase(it);
 }
@@ -162,6 +186,26 @@ net::awaitable<void> watchNow(Impl* m, uint64_t node, std::string path, uint64_t
   }
   m->watch_of[node] = *watch;
   m->node_of[*watch] = node;
+  if (m->dir_attrs.contains(node)) {
+    // Kept from before its own watch was in place: what changed meanwhile
+    // was seen by nobody. Asked once more, beside the kernel's requests.
+    spawnCounted(*m, refreshDirAttr(m, node), "fuse_dir_attr");
+  }
+}
+
+void keepDirAttr(Impl& m, uint64_t node, const struct stat& st) {
+  if (!S_ISDIR(st.st_mode) || m.attr_timeout <= 0) return;
+  const uint64_t parent = m.table.parentOf(node);
+  if (parent == 0 || !m.watch_of.contains(parent)) return;
+  m.dir_attrs[node] = st;
+}
+
+const struct stat* dirAttr(const Impl& m, uint64_t node) {
+  auto it = m.dir_attrs.find(node);
+  if (it == m.dir_attrs.end() || !m.watch_of.contains(node)) return nullptr;
+  const uint64_t parent = m.table.parentOf(node);
+  if (parent == 0 || !m.watch_of.contains(parent)) return nullptr;
+  return &it->second;
 }
 
 void spawnUnwatch(Impl& m, uint64_t watch) {
@@ -181,6 +225,7 @@ void watchNode(Impl& m, uint64_t node) {
 
 void nodeForgotten(Impl& m, uint64_t node) {
   if (m.table.known(node)) return;
+  m.dir_attrs.erase(node);
   auto it = m.watch_of.find(node);
   if (it == m.watch_of.end()) return;
   const uint64_t watch = it->second;
@@ -217,6 +262,10 @@ void onChanges(Impl& m, const client::FileChanges& c) {
     }
     ++m.changes_seen;
     m.listings.erase(dir);
+    if (f.name.empty() || f.created || f.removed) m.dir_attrs.erase(dir);
+    if (!f.name.empty()) {
+      if (const uint64_t child = m.table.find(dir, f.name); child != 0) m.dir_attrs.erase(child);
+    }
     if (f.name.empty()) {
       if (f.content || f.attributes) invalInode(m, dir, kAttributesOnly);
     } else {

@@ -109,6 +109,12 @@ uint64_t InodeTable::find(uint64_t parent, std::string_view name) const {
   return it == names_.end() ? 0 : it->second;
 }
 
+uint64_t InodeTable::parentOf(uint64_t id) const {
+  auto it = nodes_.find(id);
+  if (id == kRootId || it == nodes_.end() || !it->second.linked) return 0;
+  return it->second.parent;
+}
+
 std::vector<uint64_t> InodeTable::ids() const {
   std::vector<uint64_t> out;
   out.reserve(nodes_.size());

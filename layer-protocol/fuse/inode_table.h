@@ -56,6 +56,8 @@ class InodeTable {
   // The node of `name` in `parent`, no lookup counted; 0 when none.
   uint64_t find(uint64_t parent, std::string_view name) const;
   bool known(uint64_t id) const { return nodes_.contains(id); }
+  // The node's parent; 0 for the root, an unknown node or a removed one.
+  uint64_t parentOf(uint64_t id) const;
   // Every node's id.
   std::vector<uint64_t> ids() const;
   // Every (parent, name) the table knows.

@@ -374,7 +374,9 @@ TEST_F(MountTest, ChangesInTheTargetAreSeenWithinTheAttributeTimeout) {
 // changes is seen through the mount within seconds, which only the agent's
 // watch (inotify in the target) can tell the mount: a cached size, a cached
 // entry and a cached "no such file" all outlive a minute otherwise. tail -f
-// (which polls fstat on a FUSE file) sees the appended line.
+// (which polls fstat on a FUSE file) sees the appended line; a directory's
+// own attributes (its mode, its link count once a subdirectory is made),
+// which the mount keeps while watched, are seen changed too.
 TEST_F(MountTest, ChangesInTheTargetArePushedPastALongAttributeTimeout) {
   writeHost(root_ + "/tmp/app.log", "line 1\n");
   std::filesystem::create_directories(root_ + "/data/d");
@@ -384,6 +386,9 @@ TEST_F(MountTest, ChangesInTheTargetArePushedPastALongAttributeTimeout) {
   EXPECT_EQ(readFile(mnt_ + "/tmp/app.log"), "line 1\n");
   EXPECT_TRUE(std::filesystem::exists(mnt_ + "/data/d/old"));
   EXPECT_FALSE(std::filesystem::exists(mnt_ + "/data/d/later")) << "a cached negative entry";
+  struct stat dir_before {};
+  ASSERT_EQ(::stat((mnt_ + "/data/d").c_str(), &dir_before), 0);  // its attributes cached
+  EXPECT_EQ(dir_before.st_nlink, 2u);
   Proc tail({"tail", "-f", "-s", "0.1", mnt_ + "/tmp/app.log"}, cleanEnv());
   ASSERT_TRUE(tail.readUntil([](const std::string& out, const std::string&) {
     return out.find("line 1\n") != std::string::npos;
@@ -399,10 +404,15 @@ TEST_F(MountTest, ChangesInTheTargetArePushedPastALongAttributeTimeout) {
   }
   writeHost(root_ + "/data/d/later", "later\n");
   std::filesystem::remove(root_ + "/data/d/old");
+  ASSERT_EQ(::chmod((root_ + "/data/d").c_str(), 0700), 0);
+  std::filesystem::create_directories(root_ + "/data/d/sub");
   auto seen = [&] {
+    struct stat dir {};
     return readFile(mnt_ + "/tmp/app.log") == "line 1\nline 2\n" &&
            std::filesystem::exists(mnt_ + "/data/d/later") &&
-           !std::filesystem::exists(mnt_ + "/data/d/old");
+           !std::filesystem::exists(mnt_ + "/data/d/old") &&
+           ::stat((mnt_ + "/data/d").c_str(), &dir) == 0 && (dir.st_mode & 07777) == 0700 &&
+           dir.st_nlink == 3;
   };
   while (Clock::now() - changed < std::chrono::seconds(10) && !seen()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

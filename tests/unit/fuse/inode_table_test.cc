@@ -146,6 +146,9 @@ TEST(InodeTableTest, FindNamesANodeWithoutCountingALookup) {
   EXPECT_EQ(t.find(12345, "f"), 0u);
   EXPECT_EQ(t.lookups(f), 1u) << "find counts nothing";
   EXPECT_TRUE(t.known(f));
+  EXPECT_EQ(t.parentOf(f), d);
+  EXPECT_EQ(t.parentOf(d), kRoot);
+  EXPECT_EQ(t.parentOf(kRoot), 0u);
   auto ids = t.ids();
   std::sort(ids.begin(), ids.end());
   EXPECT_EQ(ids, (std::vector<uint64_t>{kRoot, d, f}));
