@@ -157,15 +157,6 @@ struct FuseMount::Impl {
   net::Signal idle;
 };
 
-// The kernel reads ahead at most 128 KiB for a FUSE mount (its bdi's
-// default; INIT's max_readahead only lowers it), so a sequential reader
-// has one request in flight. As root, this mount's bdi
-// (/sys/class/bdi/MAJOR:MINOR/read_ahead_kb, found in /proc/self/
-// mountinfo: a stat of our own mountpoint would ask us) gets kReadaheadKib,
-// several 1 MiB requests in flight; as a user it stays (sysfs is root's).
-inline constexpr int kReadaheadKib = 8 * 1024;
-void raiseReadahead(FuseMount::Impl& m);
-
 // Runs `op` on the loop, counted in Impl::inflight (serve() waits for it).
 void spawnCounted(FuseMount::Impl& m, net::awaitable<void> op, const char* what);
 

@@ -12,8 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -170,25 +168,6 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::mount(client::Target targe
   impl->files.setChangesHandler(
       [m = impl.get()](const client::FileChanges& changes) { onChanges(*m, changes); });
   return std::unique_ptr<FuseMount>(new FuseMount(std::move(impl), std::move(options)));
-}
-
-void raiseReadahead(FuseMount::Impl& m) {
-  if (geteuid() != 0) return;
-  // mountinfo: "ID PARENT MAJOR:MINOR ROOT MOUNTPOINT ..." (the mountpoint
-  // octal-escaped; ours has no space, tab or backslash in the common case,
-  // and an escaped one is simply not found: the readahead stays).
-  std::ifstream mountinfo("/proc/self/mountinfo");
-  std::string line;
-  std::string dev;
-  while (std::getline(mountinfo, line)) {
-    std::istringstream fields(line);
-    std::string id, parent, majmin, root, point;
-    if (!(fields >> id >> parent >> majmin >> root >> point)) continue;
-    if (point == m.mountpoint) dev = majmin;  // the last one: mounts stack
-  }
-  if (dev.empty()) return;
-  std::ofstream knob("/sys/class/bdi/" + dev + "/read_ahead_kb");
-  knob << kReadaheadKib;
 }
 
 void FuseMount::stop() {

@@ -1035,10 +1035,7 @@ void opReleasedir(fuse_req_t req, fuse_ino_t, struct fuse_file_info* fi) {
 // ------------------------------------------------------------ session
 
 void opInit(void* userdata, struct fuse_conn_info* conn) {
-  // Once the kernel has the answer (it applies it as libfuse writes it),
-  // the readahead is raised past what INIT may set (raiseReadahead).
-  auto* m = static_cast<Impl*>(userdata);
-  net::asio::post(m->fd.get_executor(), [m] { raiseReadahead(*m); });
+  (void)userdata;
   conn->max_write = kMaxIo;
   conn->max_read = kMaxIo;  // as the max_read mount option says
   conn->max_readahead = kMaxIo;
