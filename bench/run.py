@@ -962,6 +962,7 @@ http {{
             read = {"siphon": [], "local": [], "fscat": []}
             find = {"siphon": []}
             wan = []  # seconds for the find across the link
+            wan_git = []  # seconds for git status across the link, new mount
             cold = {"siphon": []}
             warm = {"siphon": []}
             fio_local = []  # the baseline of both: local reads from the page cache
@@ -989,6 +990,9 @@ http {{
                 wan.append(mounted(lambda: timed(find_argv), far_endpoint, link.near))
                 log(f"mount rep {rep + 1}/{self.reps}: find over the link {wan[-1]:.2f} s "
                     f"({wan[-1] / rtt / 100:.2f} round trips per directory)")
+                wan_git.append(mounted(lambda: git_status(mnt_repo), far_endpoint, link.near))
+                log(f"mount rep {rep + 1}/{self.reps}: git status over the link "
+                    f"{wan_git[-1]:.2f} s ({wan_git[-1] / rtt:.0f} round trips)")
                 if have_fio:
                     c, w = mounted(fio_mounted)
                     cold["siphon"].append(c)
@@ -1018,6 +1022,11 @@ http {{
                         {"siphon": summary([s / rtt / 100 for s in wan])}, {"absolute_max": 1.5},
                         {"rtt_ms": rtt * 1000, "round_trips_per_file": per_file,
                          "note": f"per file {per_file['median']:.4f}"})
+            self.record("fs mount, 20 ms RTT link: git status of the 5,000-file repository (52 "
+                        "directories), new mount", "round trips",
+                        {"siphon": summary([s / rtt for s in wan_git])}, {},
+                        {"rtt_ms": rtt * 1000, "seconds": summary(wan_git),
+                         "note": f"time / RTT; {summary(wan_git)['median']:.2f} s"})
             if have_fio:
                 local = {"local": summary(fio_local)}
                 self.record(f"fs mount: random 4 KiB reads, cold (fio, 4 jobs, each block of a "
