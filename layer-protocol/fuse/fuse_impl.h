@@ -29,8 +29,13 @@
 
 namespace siphon::fuse {
 
-// The largest read and write the kernel sends (max_read, max_write).
+// The largest read and write the kernel sends (max_read, max_write): 1 MiB,
+// or less so that one kernel read is one agent read (ioSize).
 inline constexpr uint32_t kMaxIo = 1 << 20;
+// kMaxIo, or the agent's read limit rounded down to whole pages when that
+// is smaller (the default limit is 1 MiB less a frame's headroom: a 1 MiB
+// read would be two agent reads, one of 1 KiB, and a copy to join them).
+uint32_t ioSize(uint32_t agent_max_read);
 // Where an absolute symlink that leaves the mounted directory points.
 inline constexpr const char* kOutsideMount = ".siphon-outside-mount";
 
@@ -128,6 +133,7 @@ struct FuseMount::Impl {
   std::string remote_dir;
   bool read_only = false;
   double attr_timeout = 1.0;
+  uint32_t max_io = kMaxIo;  // ioSize() of the session the mount began on
 
   uint64_t next_handle = 1;
   std::unordered_map<uint64_t, OpenFile> open_files;

@@ -23,6 +23,12 @@ namespace siphon::fuse {
 
 namespace asio = net::asio;
 
+uint32_t ioSize(uint32_t agent_max_read) {
+  constexpr uint32_t kPage = 4096;
+  const uint32_t pages = agent_max_read / kPage * kPage;
+  return pages >= kPage ? std::min(kMaxIo, pages) : kMaxIo;
+}
+
 absl::Status checkMountpoint(const std::string& path) {
   if (path.empty()) return absl::InvalidArgumentError("no mountpoint given");
   struct statx stx {};
@@ -133,10 +139,11 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::mount(client::Target targe
         absl::StrCat("--path ", options.remote_dir, ": must be absolute (inside the target)"));
   }
   auto impl = std::make_unique<Impl>(target, options);
+  impl->max_io = ioSize(impl->files.maxReadSize());
   // -o options: the kernel's large requests, the mount's mode, and
   // auto_unmount (fusermount3 unmounts when this process dies, even of
   // SIGKILL: the mount answers ENOTCONN, then goes, and never hangs).
-  std::string opts = absl::StrCat("fsname=siphon,subtype=siphon,max_read=", kMaxIo,
+  std::string opts = absl::StrCat("fsname=siphon,subtype=siphon,max_read=", impl->max_io,
                                   ",auto_unmount");
   if (options.read_only) opts += ",ro";
   std::vector<std::string> argv = {"siphon", "-o", opts};

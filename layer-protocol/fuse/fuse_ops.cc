@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/uio.h>
 
 #include <algorithm>
 #include <chrono>
@@ -817,7 +818,9 @@ net::awaitable<void> doRead(Impl* m, fuse_req_t req, uint64_t fh, size_t size, o
     const auto n = static_cast<uint32_t>(std::min<size_t>(chunk, size - done));
     parts.push_back(file.startPread(off + static_cast<off_t>(done), n));
   }
-  std::string data;
+  // The parts go to the kernel as they are, gathered (fuse_reply_iov): no
+  // copy to join them.
+  std::vector<std::string> data;
   absl::Status failed;
   bool short_read = false;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -830,11 +833,7 @@ net::awaitable<void> doRead(Impl* m, fuse_req_t req, uint64_t fh, size_t size, o
     }
     const size_t want = std::min<size_t>(chunk, size - i * chunk);
     const size_t got = part->data.size();
-    if (data.empty()) {
-      data = std::move(part->data);  // one part: no copy
-    } else {
-      data += part->data;
-    }
+    data.push_back(std::move(part->data));
     // A short part or the end: the file ends there; later parts are past it.
     if (got < want || part->eof) short_read = true;
   }
@@ -842,7 +841,12 @@ net::awaitable<void> doRead(Impl* m, fuse_req_t req, uint64_t fh, size_t size, o
     fuse_reply_err(req, handleErr(file, failed));
     co_return;
   }
-  fuse_reply_buf(req, data.data(), data.size());
+  std::vector<struct iovec> iov;
+  iov.reserve(data.size());
+  for (std::string& d : data) {
+    if (!d.empty()) iov.push_back(iovec{d.data(), d.size()});
+  }
+  fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
 }
 
 void opRead(fuse_req_t req, fuse_ino_t, size_t size, off_t off, struct fuse_file_info* fi) {
@@ -1035,10 +1039,10 @@ void opReleasedir(fuse_req_t req, fuse_ino_t, struct fuse_file_info* fi) {
 // ------------------------------------------------------------ session
 
 void opInit(void* userdata, struct fuse_conn_info* conn) {
-  (void)userdata;
-  conn->max_write = kMaxIo;
-  conn->max_read = kMaxIo;  // as the max_read mount option says
-  conn->max_readahead = kMaxIo;
+  const uint32_t io = static_cast<Impl*>(userdata)->max_io;
+  conn->max_write = io;
+  conn->max_read = io;  // as the max_read mount option says
+  conn->max_readahead = io;
   // O_TRUNC comes with the open (one round trip, not an open then a
   // truncate).
   if ((conn->capable & FUSE_CAP_ATOMIC_O_TRUNC) != 0) conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
