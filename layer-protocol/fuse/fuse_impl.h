@@ -169,6 +169,8 @@ void spawnCounted(FuseMount::Impl& m, net::awaitable<void> op, const char* what)
 // fuse_watch.cc: a directory node the kernel now has is watched (once); a
 // node gone from the table gives its watch back; what the watches saw.
 void watchNode(FuseMount::Impl& m, uint64_t node);
+// Whether `node` has no watch yet, none being made, and watches work.
+bool needsWatch(const FuseMount::Impl& m, uint64_t node);
 void nodeForgotten(FuseMount::Impl& m, uint64_t node);
 void spawnUnwatch(FuseMount::Impl& m, uint64_t watch);
 // The watch of `node` at `path`, made now (watchNode spawns this).

@@ -200,9 +200,7 @@ void FuseMount::stop() {
 
 net::awaitable<void> FuseMount::watchRoot() {
   Impl& m = *impl_;
-  if (m.watch_of.contains(InodeTable::kRootId) || m.watching.contains(InodeTable::kRootId)) {
-    co_return;
-  }
+  if (!needsWatch(m, InodeTable::kRootId)) co_return;
   m.watching.insert(InodeTable::kRootId);
   co_await watchNow(&m, InodeTable::kRootId, m.remote_dir, m.watch_generation);
 }

@@ -213,10 +213,12 @@ void spawnUnwatch(Impl& m, uint64_t watch) {
   spawnCounted(m, doUnwatch(&m, watch), "fuse_unwatch");
 }
 
+bool needsWatch(const Impl& m, uint64_t node) {
+  return m.watches_work && !m.stopping && !m.watch_of.contains(node) && !m.watching.contains(node);
+}
+
 void watchNode(Impl& m, uint64_t node) {
-  if (!m.watches_work || m.stopping || m.watch_of.contains(node) || m.watching.contains(node)) {
-    return;
-  }
+  if (!needsWatch(m, node)) return;
   auto path = m.table.path(node);
   if (!path) return;
   m.watching.insert(node);

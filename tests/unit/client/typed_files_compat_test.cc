@@ -23,11 +23,30 @@ void run(F body) {
   fakes::runCoroutine(std::move(body));
 }
 
+// A scripted agent serving on `ex`; its on_request answers with answer().
+std::shared_ptr<ScriptedAgent> servingAgent(asio::any_io_executor ex) {
+  auto agent = std::make_shared<ScriptedAgent>(ex);
+  asio::co_spawn(
+      ex, [agent]() { return agent->serve(); }, asio::detached);
+  return agent;
+}
+
+void answer(ScriptedAgent& agent, v1::Response response) {
+  agent.session().sendResponse(std::move(response));
+  agent.wake();
+}
+
+// A Target on the agent alone, without reconnecting.
+Target targetOf(asio::any_io_executor ex, const ScriptedAgent& agent) {
+  TargetOptions o;
+  o.endpoints = {agent.address()};
+  o.reconnect = false;
+  return Target::create(ex, o);
+}
+
 TEST(TypedFilesCompatTest, ReaddirPlusFromAnAgentWithoutStatsGivesEntriesWithoutStat) {
   run([](asio::any_io_executor ex) -> net::awaitable<void> {
-    auto agent = std::make_shared<ScriptedAgent>(ex);
-    asio::co_spawn(
-        ex, [agent]() { return agent->serve(); }, asio::detached);
+    auto agent = servingAgent(ex);
     bool asked_with_stat = false;
     agent->on_request = [&](v1::Request r) {
       v1::Response response;
@@ -50,14 +69,10 @@ TEST(TypedFilesCompatTest, ReaddirPlusFromAnAgentWithoutStatsGivesEntriesWithout
       } else {
         response.mutable_file()->mutable_done();
       }
-      agent->session().sendResponse(std::move(response));
-      agent->wake();
+      answer(*agent, std::move(response));
     };
 
-    TargetOptions o;
-    o.endpoints = {agent->address()};
-    o.reconnect = false;
-    Target target = Target::create(ex, o);
+    Target target = targetOf(ex, *agent);
     EXPECT_TRUE((co_await target.connect()).ok());
     Files files(target);
     auto dir = co_await files.openDirectory("/d");
@@ -82,9 +97,7 @@ TEST(TypedFilesCompatTest, ReaddirPlusFromAnAgentWithoutStatsGivesEntriesWithout
 // answers the handle alone, and list() reads the batches and closes it.
 TEST(TypedFilesCompatTest, ListFromAnAgentWithoutOpendirEntriesReadsBatchesAndCloses) {
   run([](asio::any_io_executor ex) -> net::awaitable<void> {
-    auto agent = std::make_shared<ScriptedAgent>(ex);
-    asio::co_spawn(
-        ex, [agent]() { return agent->serve(); }, asio::detached);
+    auto agent = servingAgent(ex);
     int readdirs = 0;
     bool closed = false;
     agent->on_request = [&](v1::Request r) {
@@ -107,14 +120,10 @@ TEST(TypedFilesCompatTest, ListFromAnAgentWithoutOpendirEntriesReadsBatchesAndCl
         closed = f.closedir().dir() == 9u;
         response.mutable_file()->mutable_done();
       }
-      agent->session().sendResponse(std::move(response));
-      agent->wake();
+      answer(*agent, std::move(response));
     };
 
-    TargetOptions o;
-    o.endpoints = {agent->address()};
-    o.reconnect = false;
-    Target target = Target::create(ex, o);
+    Target target = targetOf(ex, *agent);
     EXPECT_TRUE((co_await target.connect()).ok());
     Files files(target);
     auto all = co_await files.list("/d", true);
