@@ -34,6 +34,7 @@
 #include "agent/common/log.h"
 #include "agent/common/unique_fd.h"
 #include "agent/services/service.h"
+#include "siphon/heap.h"
 #include "siphon/status.h"
 
 namespace siphon::agent::files {
@@ -55,6 +56,8 @@ constexpr size_t kAnswerHeader = 1 + 8;
 // Reads and writes are bounded by --max-frame-size (at most 64 MiB); a
 // length past this is a broken peer, not a big file.
 constexpr uint32_t kMaxFrame = 80u << 20;
+// Answer buffers larger than this are not kept for the next call.
+constexpr size_t kSpareMax = 4u << 20;
 
 constexpr int kRootFd = 3;
 constexpr int kFirstConnFd = 4;
@@ -125,19 +128,22 @@ class HelperServer {
  public:
   HelperServer(int root_fd, GuardOptions guard) : fs_(root_fd, guard) {}
 
-  // The answer body for a request body.
-  std::string serve(const std::string& frame) {
+  // The answer to a request body, length prefix included, into *out: the
+  // connection's buffer, kept between answers (a read's MiB lands in memory
+  // already mapped, not in pages faulted in and cleared for each answer).
+  void serve(const std::string& frame, std::string* out) {
     uint64_t handle = 0;
     absl::StatusOr<v1::FileResponse> r = run(frame, &handle);
-    std::string out;
-    out.push_back(r.ok() ? 1 : 0);
-    putU64(out, handle);
+    out->assign(4, '\0');
+    out->push_back(r.ok() ? 1 : 0);
+    putU64(*out, handle);
     if (r.ok()) {
-      r->AppendToString(&out);
+      r->AppendToString(out);
     } else {
-      toProtoError(r.status()).AppendToString(&out);
+      toProtoError(r.status()).AppendToString(out);
     }
-    return out;
+    const auto n = static_cast<uint32_t>(out->size() - 4);
+    for (int i = 0; i < 4; ++i) (*out)[i] = static_cast<char>(n >> (8 * i));
   }
 
  private:
@@ -300,9 +306,15 @@ class Helper : public std::enable_shared_from_this<Helper> {
     if (!running_ || generation_ != gen) return lostError("it exited during the request");
     UniqueFd conn = std::move(free_.back());
     free_.pop_back();
+    // A buffer kept between answers (see serve()): at most one per
+    // connection, so a read's MiB lands in memory already mapped.
+    std::string answer;
+    if (!spare_.empty()) {
+      answer = std::move(spare_.back());
+      spare_.pop_back();
+    }
     lock.unlock();
 
-    std::string answer;
     const FrameRead got =
         writeFrame(conn.get(), frame) ? readFrameOf(conn.get(), &answer) : FrameRead::kClosed;
     const bool io_ok = got == FrameRead::kOk;
@@ -324,6 +336,9 @@ class Helper : public std::enable_shared_from_this<Helper> {
       }
     }
     lock.lock();
+    if (spare_.size() < kHelperConnections && answer.capacity() <= kSpareMax) {
+      spare_.push_back(std::move(answer));
+    }
     if (!parsed) {
       const std::string why =
           got == FrameRead::kClosed ? "its socket closed" : "it answered with a malformed frame";
@@ -490,6 +505,7 @@ class Helper : public std::enable_shared_from_this<Helper> {
   pid_t pid_ = -1;
   uint64_t generation_ = 0;
   std::vector<UniqueFd> free_;  // idle connections of the running helper
+  std::vector<std::string> spare_;  // answer buffers kept for the next calls
 };
 
 class RemoteFile : public FileObject {
@@ -629,12 +645,14 @@ int fsHelperMain(int argc, char** argv) {
   }
   GuardOptions guard;
   guard.all_processes = all_processes;
+  keepBulkBuffers();
   HelperServer server(kRootFd, guard);
   if (!writeAll(kFirstConnFd, "R")) return 1;
   auto serveConn = [&server](int fd) {
-    std::string frame;
+    std::string frame, answer;
     while (readFrame(fd, &frame)) {
-      if (!writeFrame(fd, server.serve(frame))) break;
+      server.serve(frame, &answer);
+      if (!writeAll(fd, answer)) break;
     }
     // The agent closed (or broke) a connection: it is gone or gave up on
     // this helper. Nothing else to serve.

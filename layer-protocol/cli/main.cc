@@ -21,6 +21,7 @@
 #include "cli/options.h"
 #include "cli/output.h"
 #include "siphon/client/client.h"
+#include "siphon/heap.h"
 #include "siphon/status.h"
 #include "siphon/transport/asio.h"
 #include "siphon/transport/tls.h"
@@ -76,6 +77,7 @@ net::awaitable<absl::StatusOr<v1::Response>> callOrReport(const CommandEnv& env,
 namespace {
 
 int realMain(int argc, char** argv) {
+  keepBulkBuffers();  // fs cat and fs mount: a MiB per read answer
   Flags flags;
   CLI::App app{"siphon: talk to a siphon-agent (info, env of the target)", "siphon"};
   app.fallthrough();  // global flags may also follow the command

@@ -9,7 +9,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -18,9 +20,11 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "fuse/fuse_impl.h"
 #include "siphon/client/errors.h"
 #include "siphon/status.h"
@@ -32,6 +36,7 @@ namespace {
 using Impl = FuseMount::Impl;
 using client::FileStat;
 
+constexpr uint32_t kFuseSuperMagic = 0x65735546;  // statfs f_type of a FUSE mount
 constexpr int64_t kTimeOmit = -1;  // the agent's "leave it" (files.proto)
 constexpr int64_t kTimeNow = -2;   // the agent's "now"
 
@@ -1038,8 +1043,38 @@ void opReleasedir(fuse_req_t req, fuse_ino_t, struct fuse_file_info* fi) {
 
 // ------------------------------------------------------------ session
 
+// The kernel's readahead for the mount: the INIT answer can only lower it
+// from the 128 KiB every FUSE mount starts with, which keeps about one read
+// in flight, so a sequential read waits a round trip per 128 KiB. The bdi's
+// read_ahead_kb can raise it (root only: a user's mount keeps 128 KiB).
+// From a thread of its own, after INIT: the stat that finds the mount's
+// device is answered by this mount's loop. Only a FUSE mount's bdi is
+// touched (the mount may have gone meanwhile, leaving the directory under).
+void raiseReadahead(std::string mountpoint, uint32_t kib) {
+  std::thread([mountpoint = std::move(mountpoint), kib] {
+    const int fd = ::open(mountpoint.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return;
+    struct stat st {};
+    struct statfs sfs {};
+    const bool fuse = ::fstat(fd, &st) == 0 && ::fstatfs(fd, &sfs) == 0 &&
+                      static_cast<uint32_t>(sfs.f_type) == kFuseSuperMagic;
+    ::close(fd);
+    if (!fuse) return;
+    const std::string knob =
+        absl::StrCat("/sys/class/bdi/", major(st.st_dev), ":", minor(st.st_dev), "/read_ahead_kb");
+    const int k = ::open(knob.c_str(), O_WRONLY | O_CLOEXEC);
+    if (k < 0) return;
+    const std::string value = std::to_string(kib);
+    (void)!::write(k, value.data(), value.size());
+    ::close(k);
+  }).detach();
+}
+
 void opInit(void* userdata, struct fuse_conn_info* conn) {
   const uint32_t io = static_cast<Impl*>(userdata)->max_io;
+  // Readahead of four of the largest reads: measured, 128 KiB gave 635 MB/s
+  // for a sequential read over loopback, 1 MiB 783, 4 MiB 927, 16 MiB 897.
+  raiseReadahead(static_cast<Impl*>(userdata)->mountpoint, 4 * io / 1024);
   conn->max_write = io;
   conn->max_read = io;  // as the max_read mount option says
   conn->max_readahead = io;
