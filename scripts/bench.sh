@@ -29,7 +29,7 @@ fi
 
 build=build-release
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSIPHON_TESTS=OFF >/dev/null
-ninja -C "$build" siphon-agent siphon service_bench codec_bench linkemu
+ninja -C "$build" siphon-agent siphon service_bench codec_bench linkemu fuse_ceiling
 
 args=("$@")
 only=""

@@ -21,11 +21,13 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -272,6 +274,34 @@ TEST_F(MountTest, ODirectReadsAndWritesGoThrough) {
                     "oflag=direct", "bs=4096", "status=none"});
   EXPECT_EQ(out.exit_code, 0) << out;
   EXPECT_EQ(readFile(root_ + "/tmp/written"), content);
+}
+
+// A sequential read keeps several reads in flight: the mount raises its
+// bdi's readahead from the 128 KiB every FUSE mount starts with to four of
+// its largest reads (fuse_ops.cc raiseReadahead), and a file read through
+// it is still the target's, byte for byte.
+TEST_F(MountTest, TheMountsReadaheadIsFourReads) {
+  std::string content(3 << 20, '\0');
+  for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>(i * 7 + i / 4096);
+  writeHost(root_ + "/tmp/seq", content);
+  ASSERT_NO_FATAL_FAILURE(startAgent("ro"));
+  ASSERT_NO_FATAL_FAILURE(mount({"--ro"}));
+  struct stat st {};
+  ASSERT_EQ(::stat(mnt_.c_str(), &st), 0);
+  const std::string knob = "/sys/class/bdi/" + std::to_string(major(st.st_dev)) + ":" +
+                           std::to_string(minor(st.st_dev)) + "/read_ahead_kb";
+  // Set from a thread of the mount's once INIT is answered: a bound.
+  int kib = 0;
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (Clock::now() < deadline) {
+    kib = std::atoi(readFile(knob).c_str());
+    if (kib > 128) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // Four reads of the agent's default limit (1 MiB less 1 KiB) rounded
+  // down to pages: 4 x 1,044,480 bytes.
+  EXPECT_EQ(kib, 4 * 1044480 / 1024) << knob;
+  EXPECT_EQ(readFile(mnt_ + "/tmp/seq"), content);
 }
 
 // Links, special files, extended attributes and fsync through the mount
