@@ -971,6 +971,11 @@ http {{
                 try:
                     if p.stdout.readline().strip() != "mounted":
                         raise RuntimeError("fuse_ceiling: not mounted")
+                    # The readahead siphon's mount sets itself: four reads.
+                    dev = os.stat(mnt).st_dev
+                    with open(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb",
+                              "w") as knob:
+                        knob.write(str(4 * 1044480 // 1024))
                     return size_mb / timed(dd(mnt + "/big.bin"))
                 finally:
                     self.procs.stop(p)

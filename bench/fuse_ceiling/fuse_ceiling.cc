@@ -2,7 +2,9 @@
 // that does no work, one read-only file whose bytes are in this process's
 // memory (touched before the mount), answered with fuse_reply_buf from a
 // single-threaded loop, with the kernel settings `siphon fs mount` uses
-// (max_read, readahead of four reads). What a read through it costs is
+// (max_read here; bench/run.py raises the readahead to four reads, as the
+// mount does for itself, from its own process: a stat of a FUSE mount from
+// the process serving it is how a killed server hangs). What a read through it costs is
 // FUSE's own: the kernel's request, the copy into the mount's page cache,
 // the reader's copy out. bench/run.py reads the same file size through it
 // beside the real mount, so "how far from FUSE itself" is a ratio of one run.
@@ -11,18 +13,14 @@
 // Prints "mounted" once the mount is up; serves until SIGTERM/SIGINT or
 // fusermount3 -u.
 #define FUSE_USE_VERSION 34
-#include <fcntl.h>
 #include <fuse_lowlevel.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
-#include <sys/sysmacros.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -31,7 +29,6 @@ namespace {
 
 constexpr fuse_ino_t kFileIno = 2;
 constexpr const char* kFileName = "big.bin";
-constexpr unsigned kFuseSuperMagic = 0x65735546;
 
 struct Ceiling {
   std::vector<char> bytes;
@@ -54,32 +51,10 @@ void fill(const Ceiling& c, fuse_ino_t ino, struct stat* st) {
   }
 }
 
-// As siphon's mount does (fuse_ops.cc raiseReadahead): the bdi's
-// read_ahead_kb, from a thread, after INIT.
-void raiseReadahead(std::string mountpoint, unsigned kib) {
-  std::thread([mountpoint = std::move(mountpoint), kib] {
-    const int fd = ::open(mountpoint.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return;
-    struct stat st {};
-    struct statfs sfs {};
-    const bool fuse = ::fstat(fd, &st) == 0 && ::fstatfs(fd, &sfs) == 0 &&
-                      static_cast<unsigned>(sfs.f_type) == kFuseSuperMagic;
-    ::close(fd);
-    if (!fuse) return;
-    const std::string knob = "/sys/class/bdi/" + std::to_string(major(st.st_dev)) + ":" +
-                             std::to_string(minor(st.st_dev)) + "/read_ahead_kb";
-    if (FILE* f = std::fopen(knob.c_str(), "w")) {
-      std::fprintf(f, "%u", kib);
-      std::fclose(f);
-    }
-  }).detach();
-}
-
 void opInit(void* userdata, struct fuse_conn_info* conn) {
   auto* c = static_cast<Ceiling*>(userdata);
   conn->max_read = c->max_read;
   conn->max_readahead = c->max_read;
-  raiseReadahead(c->mountpoint, 4 * c->max_read / 1024);
 }
 
 void opLookup(fuse_req_t req, fuse_ino_t parent, const char* name) {

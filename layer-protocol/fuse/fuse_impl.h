@@ -130,6 +130,7 @@ struct FuseMount::Impl {
   bool mounted = false;
 
   std::string mountpoint;
+  std::string mount_path;  // mountpoint made absolute before the mount (raiseReadahead)
   std::string remote_dir;
   bool read_only = false;
   double attr_timeout = 1.0;

@@ -159,6 +159,11 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::mount(client::Target targe
     return absl::FailedPreconditionError(
         absl::StrCat("cannot mount ", options.mountpoint, ": ", s.message()));
   }
+  // Before the mount: afterwards a path walk into it is served by us.
+  if (char* real = ::realpath(options.mountpoint.c_str(), nullptr)) {
+    impl->mount_path = real;
+    std::free(real);
+  }
   if (fuse_session_mount(impl->se, options.mountpoint.c_str()) != 0) {
     // What checkUserMount() cannot see: libfuse, or fusermount3 (which
     // auto_unmount goes through, as root too), printed why just before.

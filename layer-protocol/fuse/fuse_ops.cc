@@ -9,9 +9,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/statvfs.h>
-#include <sys/sysmacros.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -20,7 +18,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
-#include <thread>
+#include <fstream>
 #include <utility>
 #include <vector>
 
@@ -36,7 +34,6 @@ namespace {
 using Impl = FuseMount::Impl;
 using client::FileStat;
 
-constexpr uint32_t kFuseSuperMagic = 0x65735546;  // statfs f_type of a FUSE mount
 constexpr int64_t kTimeOmit = -1;  // the agent's "leave it" (files.proto)
 constexpr int64_t kTimeNow = -2;   // the agent's "now"
 
@@ -1043,38 +1040,71 @@ void opReleasedir(fuse_req_t req, fuse_ino_t, struct fuse_file_info* fi) {
 
 // ------------------------------------------------------------ session
 
+// A mount point as /proc/self/mountinfo writes it: space, tab, newline
+// and backslash as octal escapes.
+std::string mountinfoEscape(std::string_view path) {
+  std::string out;
+  for (const char c : path) {
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\\') {
+      const auto u = static_cast<unsigned char>(c);
+      out += '\\';
+      out += static_cast<char>('0' + (u >> 6));
+      out += static_cast<char>('0' + ((u >> 3) & 7));
+      out += static_cast<char>('0' + (u & 7));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 // The kernel's readahead for the mount: the INIT answer can only lower it
 // from the 128 KiB every FUSE mount starts with, which keeps about one read
 // in flight, so a sequential read waits a round trip per 128 KiB. The bdi's
 // read_ahead_kb can raise it (root only: a user's mount keeps 128 KiB).
-// From a thread of its own, after INIT: the stat that finds the mount's
-// device is answered by this mount's loop. Only a FUSE mount's bdi is
-// touched (the mount may have gone meanwhile, leaving the directory under).
-void raiseReadahead(std::string mountpoint, uint32_t kib) {
-  std::thread([mountpoint = std::move(mountpoint), kib] {
-    const int fd = ::open(mountpoint.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return;
-    struct stat st {};
-    struct statfs sfs {};
-    const bool fuse = ::fstat(fd, &st) == 0 && ::fstatfs(fd, &sfs) == 0 &&
-                      static_cast<uint32_t>(sfs.f_type) == kFuseSuperMagic;
-    ::close(fd);
-    if (!fuse) return;
-    const std::string knob =
-        absl::StrCat("/sys/class/bdi/", major(st.st_dev), ":", minor(st.st_dev), "/read_ahead_kb");
-    const int k = ::open(knob.c_str(), O_WRONLY | O_CLOEXEC);
-    if (k < 0) return;
-    const std::string value = std::to_string(kib);
-    (void)!::write(k, value.data(), value.size());
-    ::close(k);
-  }).detach();
+// The mount's device comes from /proc/self/mountinfo (the last fuse.siphon
+// entry at our mount point: one mounted over ours is refused before), never
+// from a stat of the mount: this process serves it, and a thread of ours
+// waiting on our own mount when the process is killed can never be woken
+// (the kernel waits for a FUSE answer it has sent uninterruptibly, and the
+// device that would abort it closes only when that thread exits).
+void raiseReadahead(const std::string& mount_path, uint32_t kib) {
+  if (mount_path.empty()) return;
+  std::ifstream in("/proc/self/mountinfo");
+  const std::string want = mountinfoEscape(mount_path);
+  std::string line, device;
+  while (std::getline(in, line)) {
+    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE ...
+    std::vector<std::string_view> f;
+    for (std::string_view rest = line; !rest.empty();) {
+      const size_t sp = rest.find(' ');
+      f.push_back(rest.substr(0, sp));
+      rest = sp == std::string_view::npos ? std::string_view() : rest.substr(sp + 1);
+    }
+    if (f.size() < 5 || f[4] != want) continue;
+    auto dash = std::find(f.begin() + 5, f.end(), "-");
+    if (dash == f.end() || dash + 1 == f.end() || *(dash + 1) != "fuse.siphon") continue;
+    device = std::string(f[2]);
+  }
+  if (device.empty()) return;
+  const std::string knob = absl::StrCat("/sys/class/bdi/", device, "/read_ahead_kb");
+  const int k = ::open(knob.c_str(), O_WRONLY | O_CLOEXEC);
+  if (k < 0) return;
+  const std::string value = std::to_string(kib);
+  (void)!::write(k, value.data(), value.size());
+  ::close(k);
 }
 
 void opInit(void* userdata, struct fuse_conn_info* conn) {
   const uint32_t io = static_cast<Impl*>(userdata)->max_io;
   // Readahead of four of the largest reads: measured, 128 KiB gave 635 MB/s
   // for a sequential read over loopback, 1 MiB 783, 4 MiB 927, 16 MiB 897.
-  raiseReadahead(static_cast<Impl*>(userdata)->mountpoint, 4 * io / 1024);
+  // After this INIT answer is written (the kernel applies it in that write).
+  Impl* m = static_cast<Impl*>(userdata);
+  net::asio::post(m->fd.get_executor(), [path = m->mount_path, kib = 4 * io / 1024,
+                                         life = std::weak_ptr<int>(m->life)] {
+    if (!life.expired()) raiseReadahead(path, kib);
+  });
   conn->max_write = io;
   conn->max_read = io;  // as the max_read mount option says
   conn->max_readahead = io;
