@@ -13,9 +13,11 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -52,7 +54,14 @@ enum Kind : uint8_t {
 };
 
 constexpr size_t kRequestHeader = 1 + 4 + 8;
+// An answer: [u32 length][kind][u64 handle], then for kAnswerOk a
+// FileResponse, for kAnswerError an Error, for kAnswerRead [u32 m] and a
+// FileResponse of m bytes whose FileData.data is left out: those bytes
+// are the rest of the frame.
 constexpr size_t kAnswerHeader = 1 + 8;
+constexpr char kAnswerError = 0;
+constexpr char kAnswerOk = 1;
+constexpr char kAnswerRead = 2;
 // Reads and writes are bounded by --max-frame-size (at most 64 MiB); a
 // length past this is a broken peer, not a big file.
 constexpr uint32_t kMaxFrame = 80u << 20;
@@ -90,6 +99,27 @@ bool writeAll(int fd, std::string_view data) {
   return true;
 }
 
+// head, then bulk, in as few sendmsg calls as the socket takes.
+bool writeAnswer(int fd, std::string_view head, std::string_view bulk) {
+  while (!head.empty() || !bulk.empty()) {
+    struct iovec iov[2];
+    int n_iov = 0;
+    if (!head.empty()) iov[n_iov++] = {const_cast<char*>(head.data()), head.size()};
+    if (!bulk.empty()) iov[n_iov++] = {const_cast<char*>(bulk.data()), bulk.size()};
+    struct msghdr msg {};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n_iov);
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    auto sent = static_cast<size_t>(n);
+    const size_t from_head = std::min(sent, head.size());
+    head.remove_prefix(from_head);
+    bulk.remove_prefix(sent - from_head);
+  }
+  return true;
+}
+
 bool readAll(int fd, char* buf, size_t size) {
   while (size > 0) {
     const ssize_t n = ::read(fd, buf, size);
@@ -116,6 +146,37 @@ FrameRead readFrameOf(int fd, std::string* out) {
 
 bool readFrame(int fd, std::string* out) { return readFrameOf(fd, out) == FrameRead::kOk; }
 
+// An answer (its length prefix stripped) into *head; for kAnswerRead the
+// head ends with its FileResponse and the read's bytes go to *bulk, read
+// there straight from the socket (the string that becomes the answer's
+// FileData.data, never copied out of a serialised message).
+FrameRead readAnswer(int fd, std::string* head, std::string* bulk) {
+  bulk->clear();
+  char len[4];
+  if (!readAll(fd, len, 4)) return FrameRead::kClosed;
+  const uint32_t n = static_cast<uint32_t>(getLE(len, 4));
+  if (n > kMaxFrame) return FrameRead::kMalformed;
+  constexpr size_t kReadHead = kAnswerHeader + 4;
+  if (n < kReadHead) {
+    head->resize(n);
+    return readAll(fd, head->data(), n) ? FrameRead::kOk : FrameRead::kClosed;
+  }
+  head->resize(kReadHead);
+  if (!readAll(fd, head->data(), kReadHead)) return FrameRead::kClosed;
+  size_t message = n - kReadHead;  // the rest, for other kinds
+  if ((*head)[0] == kAnswerRead) {
+    message = getLE(head->data() + kAnswerHeader, 4);
+    if (message > n - kReadHead) return FrameRead::kMalformed;
+  }
+  head->resize(kReadHead + message);
+  if (!readAll(fd, head->data() + kReadHead, message)) return FrameRead::kClosed;
+  if ((*head)[0] == kAnswerRead) {
+    bulk->resize(n - kReadHead - message);
+    if (!readAll(fd, bulk->data(), bulk->size())) return FrameRead::kClosed;
+  }
+  return FrameRead::kOk;
+}
+
 bool writeFrame(int fd, const std::string& body) {
   std::string len;
   putU32(len, static_cast<uint32_t>(body.size()));
@@ -128,21 +189,34 @@ class HelperServer {
  public:
   HelperServer(int root_fd, GuardOptions guard) : fs_(root_fd, guard) {}
 
-  // The answer to a request body, length prefix included, into *out: the
-  // connection's buffer, kept between answers (a read's MiB lands in memory
-  // already mapped, not in pages faulted in and cleared for each answer).
-  void serve(const std::string& frame, std::string* out) {
+  // The answer to a request body into *out, length prefix included: the
+  // connection's buffer, kept between answers. A read's bytes are left in
+  // *bulk, where pread put them, and go to the socket after *out (one
+  // sendmsg of both; see writeAnswer): kRead answers carry them after the
+  // message, not in it, so neither side copies them into or out of a
+  // serialised FileResponse.
+  void serve(const std::string& frame, std::string* out, std::string* bulk) {
     uint64_t handle = 0;
     absl::StatusOr<v1::FileResponse> r = run(frame, &handle);
+    bulk->clear();
     out->assign(4, '\0');
-    out->push_back(r.ok() ? 1 : 0);
-    putU64(*out, handle);
-    if (r.ok()) {
+    if (r.ok() && r->has_data() && !r->data().data().empty()) {
+      *bulk = std::move(*r->mutable_data()->mutable_data());
+      r->mutable_data()->clear_data();
+      out->push_back(kAnswerRead);
+      putU64(*out, handle);
+      putU32(*out, static_cast<uint32_t>(r->ByteSizeLong()));
       r->AppendToString(out);
     } else {
-      toProtoError(r.status()).AppendToString(out);
+      out->push_back(r.ok() ? kAnswerOk : kAnswerError);
+      putU64(*out, handle);
+      if (r.ok()) {
+        r->AppendToString(out);
+      } else {
+        toProtoError(r.status()).AppendToString(out);
+      }
     }
-    const auto n = static_cast<uint32_t>(out->size() - 4);
+    const auto n = static_cast<uint32_t>(out->size() - 4 + bulk->size());
     for (int i = 0; i < 4; ++i) (*out)[i] = static_cast<char>(n >> (8 * i));
   }
 
@@ -315,8 +389,9 @@ class Helper : public std::enable_shared_from_this<Helper> {
     }
     lock.unlock();
 
-    const FrameRead got =
-        writeFrame(conn.get(), frame) ? readFrameOf(conn.get(), &answer) : FrameRead::kClosed;
+    std::string bulk;
+    const FrameRead got = writeFrame(conn.get(), frame) ? readAnswer(conn.get(), &answer, &bulk)
+                                                        : FrameRead::kClosed;
     const bool io_ok = got == FrameRead::kOk;
     Reply reply;
     reply.generation = gen;
@@ -326,9 +401,13 @@ class Helper : public std::enable_shared_from_this<Helper> {
       reply.handle = getLE(answer.data() + 1, 8);
       const char* body = answer.data() + kAnswerHeader;
       const int size = static_cast<int>(answer.size() - kAnswerHeader);
-      if (answer[0] == 1) {
+      if (answer[0] == kAnswerOk) {
         parsed = reply.response.ParseFromArray(body, size);
-      } else if (answer[0] == 0) {
+      } else if (answer[0] == kAnswerRead && answer.size() >= kAnswerHeader + 4) {
+        parsed = reply.response.ParseFromArray(body + 4, size - 4) &&
+                 reply.response.has_data() && reply.response.data().data().empty();
+        if (parsed) *reply.response.mutable_data()->mutable_data() = std::move(bulk);
+      } else if (answer[0] == kAnswerError) {
         v1::Error e;
         parsed = e.ParseFromArray(body, size);
         error = fromProtoError(e);
@@ -649,10 +728,10 @@ int fsHelperMain(int argc, char** argv) {
   HelperServer server(kRootFd, guard);
   if (!writeAll(kFirstConnFd, "R")) return 1;
   auto serveConn = [&server](int fd) {
-    std::string frame, answer;
+    std::string frame, answer, bulk;
     while (readFrame(fd, &frame)) {
-      server.serve(frame, &answer);
-      if (!writeAll(fd, answer)) break;
+      server.serve(frame, &answer, &bulk);
+      if (!writeAnswer(fd, answer, bulk)) break;
     }
     // The agent closed (or broke) a connection: it is gone or gave up on
     // this helper. Nothing else to serve.

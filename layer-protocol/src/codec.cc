@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/io/coded_stream.h"
 #include "siphon/status.h"
 
 namespace siphon::protocol {
@@ -13,6 +14,9 @@ namespace {
 constexpr uint8_t kTagFrameData = (1 << 3) | 2;  // Frame.data, length-delimited
 constexpr uint8_t kTagStreamId = (1 << 3) | 0;   // StreamData.stream_id, varint
 constexpr uint8_t kTagPayload = (2 << 3) | 2;    // StreamData.payload, length-delimited
+// Reads with a file answer possibly next stop this far past the frame in
+// the buffer (FrameDecoder::prepare).
+constexpr size_t kDetachPeek = 64 * 1024;
 
 size_t putVarint(uint64_t v, char* out) {
   size_t n = 0;
@@ -106,14 +110,21 @@ void FrameDecoder::compact() {
 
 void FrameDecoder::feed(std::string_view bytes) {
   // An empty view may have a null data(); memcpy from null is undefined even
-  // for zero bytes.
-  if (bytes.empty()) return;
-  auto span = prepare(bytes.size());
-  std::memcpy(span.data(), bytes.data(), bytes.size());
-  commit(bytes.size());
+  // for zero bytes. A detached answer may take only the first part.
+  while (!bytes.empty()) {
+    auto span = prepare(bytes.size());
+    const size_t n = std::min(span.size(), bytes.size());
+    std::memcpy(span.data(), bytes.data(), n);
+    commit(n);
+    bytes.remove_prefix(n);
+  }
 }
 
 std::span<char> FrameDecoder::prepare(size_t min) {
+  if (detached_ && detached_->have < detached_->data.size()) {
+    return std::span<char>(detached_->data.data() + detached_->have,
+                           detached_->data.size() - detached_->have);
+  }
   // Move the unread bytes (a partial frame, up to a whole large one) to the
   // front only when the room after them is short: not on every read.
   if (pos_ == end_) {
@@ -126,13 +137,145 @@ std::span<char> FrameDecoder::prepare(size_t min) {
     // sizes and happens only while the buffer is growing.
     buf_.resize(std::max(end_ + min, buf_.size() * 2));
   }
-  return std::span<char>(buf_.data() + end_, buf_.size() - end_);
+  size_t room = buf_.size() - end_;
+  if (detach_min_ != 0) {
+    // Read up to a little past the end of the frame in the buffer (or of
+    // its length prefix), so a large file answer after it arrives mostly
+    // after its head was seen, into its own string.
+    size_t rest = kLengthPrefixSize;
+    if (end_ - pos_ >= kLengthPrefixSize) {
+      auto* p = reinterpret_cast<const uint8_t*>(buf_.data() + pos_);
+      const size_t len =
+          (size_t{p[0]} << 24) | (size_t{p[1]} << 16) | (size_t{p[2]} << 8) | size_t{p[3]};
+      rest = kLengthPrefixSize + len > end_ - pos_ ? kLengthPrefixSize + len - (end_ - pos_) : 0;
+    }
+    room = std::min(room, std::max(min, rest + kDetachPeek));
+  }
+  return std::span<char>(buf_.data() + end_, room);
 }
 
-void FrameDecoder::commit(size_t n) { end_ += n; }
+void FrameDecoder::commit(size_t n) {
+  if (detached_ && detached_->have < detached_->data.size()) {
+    detached_->have += n;
+  } else {
+    end_ += n;
+  }
+}
+
+namespace {
+
+// Skips one field of wire type `wt` at *p (after its tag); false when it
+// does not fit before `end`.
+bool skipField(uint64_t wt, const uint8_t** p, const uint8_t* end) {
+  uint64_t v = 0;
+  size_t n = 0;
+  switch (wt) {
+    case 0:
+      n = getVarint(*p, end, &v);
+      if (n == 0) return false;
+      *p += n;
+      return true;
+    case 1:
+      if (end - *p < 8) return false;
+      *p += 8;
+      return true;
+    case 2:
+      n = getVarint(*p, end, &v);
+      if (n == 0 || v > static_cast<uint64_t>(end - *p - static_cast<ptrdiff_t>(n))) return false;
+      *p += n + v;
+      return true;
+    case 5:
+      if (end - *p < 4) return false;
+      *p += 4;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Walks the fields at *p up to the first with tag `tag` (one byte), which
+// must be the message's last: it is length-delimited and its length runs to
+// `msg_end` exactly. On success *p is at its contents and *before_end at its
+// tag (the fields before it are [start, before_end)). `avail` is where the
+// bytes received so far end: the walk needs only the fields before it.
+bool findLastField(uint8_t tag, const uint8_t** p, const uint8_t* avail, const uint8_t* msg_end,
+                   const uint8_t** before_end) {
+  while (*p < avail) {
+    uint64_t t = 0;
+    size_t n = getVarint(*p, avail, &t);
+    if (n == 0) return false;
+    if (n == 1 && **p == tag) {
+      *before_end = *p;
+      *p += 1;
+      uint64_t len = 0;
+      n = getVarint(*p, avail, &len);
+      if (n == 0) return false;
+      *p += n;
+      return len == static_cast<uint64_t>(msg_end - *p);
+    }
+    *p += n;
+    if ((t >> 3) == 0 || !skipField(t & 7, p, avail)) return false;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool FrameDecoder::tryDetach(uint32_t len) {
+  // Frame{..., response = 10}: Response{..., file = 12}: FileResponse{...,
+  // data = 2}: FileData{..., data = 1}, each the last field of its message
+  // (as encodeFileDataResponseHead writes them). The fields before each are
+  // merged in wire order, as any protobuf parser would.
+  constexpr uint8_t kFrameResponse = (10 << 3) | 2;
+  constexpr uint8_t kResponseFile = (12 << 3) | 2;
+  constexpr uint8_t kFileData = (2 << 3) | 2;
+  constexpr uint8_t kDataBytes = (1 << 3) | 2;
+  const auto* start = reinterpret_cast<const uint8_t*>(buf_.data() + pos_ + kLengthPrefixSize);
+  const uint8_t* avail = reinterpret_cast<const uint8_t*>(buf_.data() + end_);
+  const uint8_t* frame_end = start + len;  // past avail: the frame is partial
+  const uint8_t* at[4] = {};      // where each message's fields start
+  const uint8_t* before[4] = {};  // where the fields before its last one end
+  const uint8_t tags[4] = {kFrameResponse, kResponseFile, kFileData, kDataBytes};
+  const uint8_t* p = start;
+  for (int i = 0; i < 4; ++i) {
+    at[i] = p;
+    if (!findLastField(tags[i], &p, avail, frame_end, &before[i])) return false;
+  }
+  const auto data_size = static_cast<size_t>(frame_end - p);
+  if (data_size == 0 || p > avail) return false;
+
+  auto d = std::make_unique<Detached>();
+  google::protobuf::MessageLite* msgs[4] = {&d->frame, nullptr, nullptr, nullptr};
+  for (int i = 0; i < 4; ++i) {
+    if (i == 1) msgs[1] = d->frame.mutable_response();
+    if (i == 2) msgs[2] = d->frame.mutable_response()->mutable_file();
+    if (i == 3) msgs[3] = d->frame.mutable_response()->mutable_file()->mutable_data();
+    google::protobuf::io::CodedInputStream in(at[i], static_cast<int>(before[i] - at[i]));
+    if (!msgs[i]->MergeFromCodedStream(&in) || !in.ConsumedEntireMessage()) return false;
+  }
+  d->wire_size = kLengthPrefixSize + len;
+  // What of the data is here already (a little: reads stop soon after a
+  // frame's head, see prepare()), then the rest straight into the string.
+  d->data.resize(data_size);
+  d->have = static_cast<size_t>(avail - p);
+  std::memcpy(d->data.data(), p, d->have);
+  pos_ = end_ = 0;
+  detached_ = std::move(d);
+  return true;
+}
 
 absl::StatusOr<std::optional<DecodedFrame>> FrameDecoder::next() {
   if (!error_.ok()) return error_;
+  if (detached_) {
+    if (detached_->have < detached_->data.size()) return std::nullopt;
+    std::optional<DecodedFrame> result(std::in_place);
+    result->wire_size = detached_->wire_size;
+    result->frame = std::move(detached_->frame);
+    *result->frame.mutable_response()->mutable_file()->mutable_data()->mutable_data() =
+        std::move(detached_->data);
+    detached_.reset();
+    return result;
+  }
   if (end_ - pos_ < kLengthPrefixSize) return std::nullopt;
   auto* p = reinterpret_cast<const uint8_t*>(buf_.data() + pos_);
   uint32_t len = (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | p[3];
@@ -146,7 +289,10 @@ absl::StatusOr<std::optional<DecodedFrame>> FrameDecoder::next() {
     error_ = protoError(v1::PROTOCOL_ERROR, "empty frame");
     return error_;
   }
-  if (end_ - pos_ < kLengthPrefixSize + len) return std::nullopt;
+  if (end_ - pos_ < kLengthPrefixSize + len) {
+    if (detach_min_ != 0 && len >= detach_min_ && tryDetach(len)) return next();
+    return std::nullopt;
+  }
   std::string_view body(buf_.data() + pos_ + kLengthPrefixSize, len);
   DecodedFrame out;
   out.wire_size = kLengthPrefixSize + len;
@@ -187,6 +333,7 @@ std::string FrameDecoder::takeBuffered() {
 
 void FrameDecoder::reset() {
   pos_ = end_ = 0;
+  detached_.reset();
   error_ = absl::OkStatus();
 }
 

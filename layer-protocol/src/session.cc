@@ -30,7 +30,11 @@ Session::Session(Role role, SessionLimits limits, TimePoint now)
       now_(now),
       last_received_(now),
       last_ping_(now),
-      next_stream_id_(role == Role::kClient ? 1 : 2) {}
+      next_stream_id_(role == Role::kClient ? 1 : 2) {
+  // The client receives file reads' bytes straight into their FileData
+  // strings (codec.h): no copy out of the receive buffer.
+  if (role == Role::kClient) decoder_.setDetachFileData(kDetachedDataMin);
+}
 
 bool Session::isLocalStream(uint64_t stream_id) const {
   bool odd = (stream_id & 1) != 0;

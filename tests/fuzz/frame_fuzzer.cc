@@ -115,6 +115,57 @@ void fuzzDecoder(std::string_view in) {
   check(dec.buffered() == 0, "takeBuffered empties the decoder");
 }
 
+// A decoder receiving large file answers into their own strings
+// (setDetachFileData, the client's) decodes the same frames as a plain one,
+// and fails where it fails, whatever the chunking. The input is also made
+// to start with a valid file answer head now and then, so the fuzzer need
+// not find that layout on its own.
+void fuzzDetached(std::string_view raw) {
+  Choices choose(raw);
+  std::string in;
+  if (choose.upTo(1)) {
+    v1::Response r;
+    r.set_request_id(choose.upTo(1000));
+    r.mutable_file()->mutable_data()->set_eof(choose.upTo(1) != 0);
+    const size_t data = 1 + choose.upTo(raw.size() + 100);
+    in = encodeFileDataResponseHead(r, data);
+  }
+  in.append(raw);
+  const uint32_t max = choose.upTo(1) ? 512 : kDefaultMaxFrameSize;
+  auto frames = [&](FrameDecoder& dec, bool detach) {
+    std::vector<std::string> out;  // each frame re-encoded, then "error"
+    if (detach) dec.setDetachFileData(1 + choose.upTo(64));
+    std::string_view rest = in;
+    bool failed = false;
+    while (!rest.empty() && !failed) {
+      std::span<char> room = dec.prepare(1 + choose.upTo(300));
+      check(!room.empty(), "prepare gives some room");
+      const size_t n = std::min({room.size(), rest.size(), 1 + choose.upTo(rest.size())});
+      std::copy(rest.begin(), rest.begin() + static_cast<ptrdiff_t>(n), room.begin());
+      dec.commit(n);
+      rest.remove_prefix(n);
+      while (true) {
+        auto next = dec.next();
+        if (!next.ok()) {
+          out.push_back("error " + std::string(next.status().message()));
+          failed = true;
+          break;
+        }
+        if (!next->has_value()) break;
+        const DecodedFrame& d = **next;
+        out.push_back(d.is_data ? encodeDataFrame(d.data.stream_id, d.data.payload)
+                                : encodeFrame(d.frame));
+        out.push_back(std::to_string(d.wire_size));
+      }
+    }
+    if (!failed) out.push_back("buffered " + std::to_string(dec.buffered()));
+    return out;
+  };
+  FrameDecoder plain(max), detached(max);
+  check(frames(plain, false) == frames(detached, true),
+        "a detaching decoder decodes what a plain one does");
+}
+
 // ------------------------------------------------------------ session
 
 // Answers like an application: accepts streams, consumes and echoes data,
@@ -367,6 +418,7 @@ extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view in(reinterpret_cast<const char*>(data), size);
   siphon::protocol::fuzzDecoder(in);
+  siphon::protocol::fuzzDetached(in);
   siphon::protocol::fuzzSession(siphon::protocol::Role::kAgent, in);
   siphon::protocol::fuzzSession(siphon::protocol::Role::kClient, in);
   return 0;

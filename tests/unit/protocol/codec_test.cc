@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <string>
@@ -380,6 +382,159 @@ TEST(CodecTest, FileDataResponseHeadMakesAnOrdinaryFrame) {
       EXPECT_EQ(wire.size(), encodeFrame(f).size());
     }
   }
+}
+
+// A file read answer of `size` bytes, as the agent writes it: the head,
+// then the data as their own buffer.
+std::string fileAnswer(uint64_t request_id, size_t size, bool eof, v1::Response* want) {
+  std::string data(size, '\0');
+  for (size_t i = 0; i < size; ++i) data[i] = static_cast<char>(i * 13 + request_id);
+  v1::Response r;
+  r.set_request_id(request_id);
+  r.mutable_file()->mutable_data()->set_eof(eof);
+  std::string wire = encodeFileDataResponseHead(r, data.size()) + data;
+  *want = r;
+  want->mutable_file()->mutable_data()->set_data(data);
+  return wire;
+}
+
+// What the session's reader does: prepare(64 KiB), fill at most `chunk` of
+// it, commit, take every frame. Returns the frames; *into_final counts the
+// bytes that were received into the string a frame's data ended in.
+std::vector<Got> receiveInChunks(FrameDecoder& dec, std::string_view wire, size_t chunk,
+                                 size_t* into_final) {
+  std::vector<Got> out;
+  std::vector<std::pair<const char*, size_t>> spans;  // where bytes were put
+  *into_final = 0;
+  while (!wire.empty()) {
+    std::span<char> room = dec.prepare(64 * 1024);
+    EXPECT_FALSE(room.empty());
+    const size_t n = std::min({room.size(), wire.size(), chunk});
+    std::memcpy(room.data(), wire.data(), n);
+    spans.emplace_back(room.data(), n);
+    dec.commit(n);
+    wire.remove_prefix(n);
+    while (true) {
+      auto next = dec.next();
+      EXPECT_TRUE(next.ok()) << next.status();
+      if (!next.ok() || !next->has_value()) break;
+      DecodedFrame& d = **next;
+      if (d.frame.has_response() && d.frame.response().file().has_data()) {
+        const std::string& data = d.frame.response().file().data().data();
+        for (auto [at, len] : spans) {
+          if (at >= data.data() && at + len <= data.data() + data.size()) *into_final += len;
+        }
+      }
+      out.push_back(copyOf(d));
+      spans.clear();
+    }
+  }
+  return out;
+}
+
+// A client's decoder receives a large file answer's data straight into the
+// string it is handed out in (no copy out of a receive buffer), between
+// other frames, in every chunking the socket may give; the frames are the
+// ones a plain decoder gives.
+TEST(CodecTest, DetachedFileDataLandsInItsOwnString) {
+  std::vector<v1::Response> wants(3);
+  std::string wire = encodeDataFrame(3, "before") +
+                     fileAnswer(7, 1 << 20, false, &wants[0]) +
+                     fileAnswer(8, 200000, true, &wants[1]) + encodeDataFrame(5, "between") +
+                     fileAnswer(9, 20000, false, &wants[2]);
+  FrameDecoder plain;
+  plain.setMaxFrameSize(2u << 20);
+  plain.feed(wire);
+  std::vector<Got> want = drain(plain);
+  ASSERT_EQ(want.size(), 5u);
+  for (size_t chunk : {size_t{1} << 30, size_t{65536}, size_t{4096}, size_t{1000}, size_t{7}}) {
+    SCOPED_TRACE(testing::Message() << "chunks of " << chunk);
+    FrameDecoder dec(2u << 20);
+    dec.setDetachFileData(16 * 1024);
+    size_t into_final = 0;
+    std::vector<Got> got = receiveInChunks(dec, wire, chunk, &into_final);
+    ASSERT_NO_FATAL_FAILURE(expectSame(got, want));
+    EXPECT_TRUE(MessageDifferencer::Equals(got[1].frame.response(), wants[0]));
+    EXPECT_TRUE(MessageDifferencer::Equals(got[2].frame.response(), wants[1]));
+    EXPECT_TRUE(MessageDifferencer::Equals(got[4].frame.response(), wants[2]));
+    EXPECT_EQ(dec.buffered(), 0u);
+    // All but the little read with each head (a read stops at most 64 KiB
+    // past the frame before it) went straight to the final strings.
+    const size_t data_bytes = (1 << 20) + 200000 + 20000;
+    EXPECT_GE(into_final, data_bytes - 3 * 64 * 1024) << into_final;
+  }
+  // Off (the default, and the agent's): the same frames. (Where their
+  // bytes went says nothing here: a buffer that grew was freed, and a
+  // frame's string may be allocated where it was.)
+  FrameDecoder off(2u << 20);
+  size_t into_final = 0;
+  std::vector<Got> got = receiveInChunks(off, wire, 65536, &into_final);
+  ASSERT_NO_FATAL_FAILURE(expectSame(got, want));
+}
+
+// Encodings other than the agent's layout (the generated class puts the
+// data before eof; an error field after the body) are parsed whole, as
+// before; so is a frame that breaks off inside its head.
+TEST(CodecTest, OtherFileAnswerLayoutsAreParsedWhole) {
+  std::vector<v1::Frame> frames(3);
+  frames[0].mutable_response()->set_request_id(1);
+  frames[0].mutable_response()->mutable_file()->mutable_data()->set_data(std::string(100000, 'x'));
+  frames[0].mutable_response()->mutable_file()->mutable_data()->set_eof(true);
+  frames[1].mutable_response()->set_request_id(2);
+  frames[1].mutable_response()->mutable_file()->mutable_data()->set_data(std::string(50000, 'y'));
+  std::string wire;
+  for (int i = 0; i < 2; ++i) wire += encodeFrame(frames[i]);
+  // Response.error after Response.file: the file is not the last field.
+  std::string odd = frames[1].response().SerializeAsString();
+  v1::Error e;
+  e.set_message("late");
+  odd += std::string(1, static_cast<char>((2 << 3) | 2)) +
+         std::string(1, static_cast<char>(e.ByteSizeLong())) + e.SerializeAsString();
+  v1::Frame f2;
+  ASSERT_TRUE(f2.ParseFromString(std::string(1, static_cast<char>((10 << 3) | 2)) +
+                                 [&] {
+                                   std::string len;
+                                   uint64_t n = odd.size();
+                                   while (n >= 0x80) {
+                                     len.push_back(static_cast<char>(n | 0x80));
+                                     n >>= 7;
+                                   }
+                                   len.push_back(static_cast<char>(n));
+                                   return len;
+                                 }() +
+                                 odd));
+  frames[2] = f2;
+  wire += encodeFrame(frames[2]);
+  for (size_t chunk : {size_t{65536}, size_t{3}}) {
+    FrameDecoder dec;
+    dec.setDetachFileData(16 * 1024);
+    size_t into_final = 0;
+    std::vector<Got> got = receiveInChunks(dec, wire, chunk, &into_final);
+    ASSERT_EQ(got.size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(MessageDifferencer::Equals(got[i].frame, frames[i])) << i;
+    }
+  }
+}
+
+// A cut (reset) in the middle of a detached answer leaves nothing behind:
+// the frames after it decode from their first byte.
+TEST(CodecTest, ResetDropsADetachedAnswer) {
+  v1::Response want;
+  std::string big = fileAnswer(4, 300000, false, &want);
+  FrameDecoder dec;
+  dec.setDetachFileData(16 * 1024);
+  dec.feed(std::string_view(big).substr(0, 100000));
+  auto none = dec.next();
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  EXPECT_EQ(dec.buffered(), 100000u);
+  dec.reset();
+  EXPECT_EQ(dec.buffered(), 0u);
+  dec.feed(big);
+  std::vector<Got> got = drain(dec);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(MessageDifferencer::Equals(got[0].frame.response(), want));
 }
 
 TEST(CodecTest, StreamZeroAndEmptyPayload) {

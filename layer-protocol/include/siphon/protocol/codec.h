@@ -5,7 +5,9 @@
 // the socket as a second buffer, and the decoder parses them in place, handing
 // out a view into its receive buffer. Every other frame goes through the
 // generated classes. Both forms are the ordinary protobuf wire format, so any
-// protobuf parser reads what we write.
+// protobuf parser reads what we write. Large file read answers are the other
+// bulk path: their data goes out as a second buffer too, and the decoder can
+// receive it straight into its final string (setDetachFileData).
 //
 // Call-order rules (FrameDecoder): feed() or prepare()/commit() bytes, then
 // call next() until it returns nullopt. A DataView from next() is valid until
@@ -14,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -52,10 +55,20 @@ class FrameDecoder {
   void setMaxFrameSize(uint32_t max_frame_size) { max_frame_size_ = max_frame_size; }
   uint32_t maxFrameSize() const { return max_frame_size_; }
 
+  // File read answers (Frame.response with Response.file.data last, as
+  // encodeFileDataResponseHead lays them out) of at least `min` bytes get
+  // their data received straight into the string that becomes
+  // FileData.data: once such a frame's head is here, prepare() hands out
+  // the room left in that string, and reads at a frame's end stop soon
+  // after it, so the next frame's data is not read into the buffer first.
+  // 0 (the default): off. Not for a decoder whose takeBuffered() is used.
+  void setDetachFileData(size_t min) { detach_min_ = min; }
+
   // Appends received bytes.
   void feed(std::string_view bytes);
-  // Zero-copy receive: a writable span of at least `min` bytes at the end of
-  // the buffer; commit(n) makes the first n of them readable.
+  // Zero-copy receive: a writable span at the end of the buffer, of at
+  // least `min` bytes unless a detached file read's data needs fewer;
+  // commit(n) makes the first n of them readable.
   std::span<char> prepare(size_t min);
   void commit(size_t n);
 
@@ -67,17 +80,34 @@ class FrameDecoder {
   // Bytes received but not yet returned as frames; handing them to another
   // decoder (after the handshake) loses nothing.
   std::string takeBuffered();
-  size_t buffered() const { return end_ - pos_; }
+  size_t buffered() const {
+    // A detached answer's head is here too: all but the data still to come.
+    return end_ - pos_ +
+           (detached_ ? detached_->wire_size - detached_->data.size() + detached_->have : 0);
+  }
   void reset();
 
  private:
+  // A file read answer whose data is being received into `data`.
+  struct Detached {
+    v1::Frame frame;  // everything but the data
+    std::string data;
+    size_t have = 0;
+    size_t wire_size = 0;
+  };
+
   void compact();
+  // Starts a Detached for the partial frame of `len` bytes at pos_ when it
+  // is a file read answer whose head is all here; false otherwise.
+  bool tryDetach(uint32_t len);
 
   uint32_t max_frame_size_;
   std::string buf_;
   size_t pos_ = 0;  // first unread byte
   size_t end_ = 0;  // end of readable bytes; buf_.size() may be larger
   absl::Status error_;
+  size_t detach_min_ = 0;
+  std::unique_ptr<Detached> detached_;
 };
 
 // Appends [length][frame] to *out. The caller checks sizes against the limit
