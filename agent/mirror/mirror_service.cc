@@ -114,14 +114,29 @@ class MirrorStream final : public StreamEndpoint,
     flush();
   }
 
-  // Now, without waiting for the queue (unsubscribe, drain).
+  // Now, without waiting for the queue (unsubscribe, drain). What the
+  // queue still held (the client had not given credit for it, or had not
+  // accepted the stream yet) is counted in the reset's message and in the
+  // gaps, so that no mirrored byte goes unreported.
   void resetNow(const v1::Error& error) {
     if (dead_) return;
     const auto self = shared_from_this();  // unregistering may drop the last other owner
     auto s = session_.lock();
+    uint64_t undelivered = 0;
+    for (const Item& item : queue_) {
+      if (item.kind == Item::kRecord) undelivered += item.record.size() - 1;
+      if (item.kind == Item::kGap) undelivered += item.gap;
+    }
     die();
     if (!s || s->ended()) return;
-    s->resetStream(id_, error);
+    v1::Error told = error;
+    if (undelivered > 0) {
+      told.set_message(
+          absl::StrCat(error.message(), " (", undelivered, " mirrored bytes not delivered)"));
+      stats_.gap_bytes += undelivered;
+      ++stats_.gaps;
+    }
+    s->resetStream(id_, told);
     s->unregisterStream(id_);
     s->wake();
   }

@@ -60,10 +60,12 @@ net::awaitable<int> runMount(const CommandEnv& env, std::shared_ptr<MountFlags> 
     printError(absl::StrCat("fs mount: --attr-timeout: ", timeout.status().message()));
     co_return kExitUsage;
   }
-  if (absl::Status s = fuse::checkMountpoint(f->mountpoint); !s.ok()) {
+  std::string reclaimed;
+  if (absl::Status s = fuse::checkMountpoint(f->mountpoint, &reclaimed); !s.ok()) {
     printError(absl::StrCat("fs mount: ", s.message()));
     co_return kExitUsage;
   }
+  if (!reclaimed.empty()) printError(absl::StrCat("fs mount: ", reclaimed));
   fuse::MountOptions o;
   std::error_code ec;
   o.mountpoint = std::filesystem::absolute(f->mountpoint, ec).lexically_normal().string();

@@ -4,6 +4,7 @@
 
 #define FUSE_USE_VERSION 35
 #include <fuse_lowlevel.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -131,6 +132,15 @@ struct FuseMount::Impl {
 
   std::string mountpoint;
   std::string mount_path;  // mountpoint made absolute before the mount (raiseReadahead)
+  // A second descriptor of the mount's /dev/fuse, numbered above
+  // fusermount3's socket (holdDeviceAboveSocket in fuse_mount.c); -1 if none.
+  int device_guard = -1;
+  // Closed before an unmount, which libfuse makes with no descriptor of
+  // the device left open (it closes its own first).
+  void closeDeviceGuard() {
+    if (device_guard >= 0) ::close(device_guard);
+    device_guard = -1;
+  }
   std::string remote_dir;
   bool read_only = false;
   double attr_timeout = 1.0;
@@ -193,6 +203,16 @@ inline void listingsChanged(FuseMount::Impl& m) {
 // them when the parent watches; dirAttr answers them when both do.
 void keepDirAttr(FuseMount::Impl& m, uint64_t node, const struct stat& st);
 const struct stat* dirAttr(const FuseMount::Impl& m, uint64_t node);
+
+// The last mount at `path` (absolute) in /proc/self/mountinfo: its device
+// (MAJ:MIN) and type (fuse.siphon for ours); nullopt when nothing is
+// mounted there. Read from the table, never by a stat of the path, which
+// for our own mount would be served by this process.
+struct MountEntry {
+  std::string device;
+  std::string fstype;
+};
+std::optional<MountEntry> lastMountAt(const std::string& path);
 
 // libfuse's operation table (fuse_ops.cc).
 const struct fuse_lowlevel_ops& operations();

@@ -4,16 +4,25 @@
 #include "fuse/fuse_mount.h"
 
 #include <fcntl.h>
+#include <spawn.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <optional>
+#include <set>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "fuse/fuse_impl.h"
@@ -29,17 +38,107 @@ uint32_t ioSize(uint32_t agent_max_read) {
   return pages >= kPage ? std::min(kMaxIo, pages) : kMaxIo;
 }
 
-absl::Status checkMountpoint(const std::string& path) {
+// A mount point as /proc/self/mountinfo writes it: space, tab, newline
+// and backslash as octal escapes.
+std::string mountinfoEscape(std::string_view path) {
+  std::string out;
+  for (const char c : path) {
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\\') {
+      const auto u = static_cast<unsigned char>(c);
+      out += '\\';
+      out += static_cast<char>('0' + (u >> 6));
+      out += static_cast<char>('0' + ((u >> 3) & 7));
+      out += static_cast<char>('0' + (u & 7));
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::optional<MountEntry> lastMountAt(const std::string& path) {
+  std::ifstream in("/proc/self/mountinfo");
+  const std::string want = mountinfoEscape(path);
+  std::optional<MountEntry> last;
+  std::string line;
+  while (std::getline(in, line)) {
+    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE ...
+    std::vector<std::string_view> f;
+    for (std::string_view rest = line; !rest.empty();) {
+      const size_t sp = rest.find(' ');
+      f.push_back(rest.substr(0, sp));
+      rest = sp == std::string_view::npos ? std::string_view() : rest.substr(sp + 1);
+    }
+    if (f.size() < 5 || f[4] != want) continue;
+    auto dash = std::find(f.begin() + 5, f.end(), "-");
+    if (dash == f.end() || dash + 1 == f.end()) continue;
+    last = MountEntry{std::string(f[2]), std::string(*(dash + 1))};
+  }
+  return last;
+}
+
+namespace {
+
+// `path` made absolute with its directory's symlinks resolved, as
+// mountinfo names mount points, without a lookup of `path` itself (a dead
+// mount answers that with ENOTCONN). "" when its directory cannot be.
+std::string mountPathOf(const std::string& path) {
+  std::filesystem::path p = std::filesystem::path(path).lexically_normal();
+  if (!p.has_filename()) p = p.parent_path();  // "dir/" -> "dir"
+  const std::string parent = p.has_parent_path() ? p.parent_path().string() : ".";
+  char* real = ::realpath(parent.c_str(), nullptr);
+  if (real == nullptr) return "";
+  std::string out = real;
+  std::free(real);
+  if (out.back() != '/') out += '/';
+  return out + p.filename().string();
+}
+
+// Unmounts the dead mount at `abs` lazily: root directly, a user through
+// fusermount3 (which lets a user unmount only the user's own mounts).
+absl::Status unmountDead(const std::string& abs) {
+  if (geteuid() == 0) {
+    if (::umount2(abs.c_str(), MNT_DETACH) != 0) return errnoStatus(errno, "umount " + abs);
+    return absl::OkStatus();
+  }
+  const char* argv[] = {"fusermount3", "-u", "-z", "-q", abs.c_str(), nullptr};
+  pid_t pid = -1;
+  if (const int err = ::posix_spawnp(&pid, "fusermount3", nullptr, nullptr,
+                                     const_cast<char* const*>(argv), environ);
+      err != 0) {
+    return errnoStatus(err, "running fusermount3 -u -z");
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return absl::FailedPreconditionError("fusermount3 -u -z failed");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status checkMountpoint(const std::string& path, std::string* reclaimed) {
   if (path.empty()) return absl::InvalidArgumentError("no mountpoint given");
   struct statx stx {};
   if (::statx(AT_FDCWD, path.c_str(), 0, STATX_TYPE, &stx) != 0) {
     const int err = errno;
-    if (err == ENOTCONN) {
+    if (err != ENOTCONN) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", std::strerror(err)));
+    }
+    const std::string abs = mountPathOf(path);
+    const std::optional<MountEntry> entry = abs.empty() ? std::nullopt : lastMountAt(abs);
+    const bool ours = entry && entry->fstype == "fuse.siphon";
+    absl::Status gone = ours && reclaimed ? unmountDead(abs) : absl::OkStatus();
+    if (!ours || !reclaimed || !gone.ok() ||
+        ::statx(AT_FDCWD, path.c_str(), 0, STATX_TYPE, &stx) != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           path, " is a FUSE mount whose server is gone: unmount it first (fusermount3 -u ", path,
-          ")"));
+          ")", gone.ok() ? "" : absl::StrCat(" (", gone.message(), ")")));
     }
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", std::strerror(err)));
+    *reclaimed = absl::StrCat("unmounted the siphon mount left at ", path,
+                              " by a siphon that is gone");
   }
   if (!S_ISDIR(stx.stx_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is not a directory"));
@@ -103,6 +202,46 @@ absl::Status checkUserMount(const std::string& mountpoint) {
   return absl::OkStatus();
 }
 
+// The descriptors open now.
+std::set<int> openFds() {
+  std::set<int> fds;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    if (absl::SimpleAtoi(e.path().filename().string(), &fd)) fds.insert(fd);
+  }
+  return fds;
+}
+
+// auto_unmount's one race, closed. fusermount3 waits on a socket whose
+// other end libfuse leaves open in this process (and inheritable); when
+// that end closes it unmounts, but only if the mount then answers ENOTCONN,
+// that is, if our /dev/fuse descriptor is closed already. A process that
+// dies closes its descriptors and the kernel releases the files last
+// closed first, so the socket, numbered above the /dev/fuse descriptor
+// libfuse received after making it, went first: fusermount3 woke while the
+// mount still had its server, found no ENOTCONN, and left a dead mount
+// behind (seen under load). A second /dev/fuse descriptor above the socket
+// makes the device go first. The socket, found among the descriptors the
+// mount opened as the one whose peer is fusermount3, is also made
+// close-on-exec, so that no program this process starts keeps the mount
+// from going with it.
+int holdDeviceAboveSocket(int device, const std::set<int>& before) {
+  for (const int fd : openFds()) {
+    if (fd == device || before.count(fd) != 0) continue;
+    struct ucred peer {};
+    socklen_t len = sizeof peer;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.pid <= 0) continue;
+    std::ifstream comm(absl::StrCat("/proc/", peer.pid, "/comm"));
+    std::string name;
+    if (!std::getline(comm, name) || name != "fusermount3") continue;
+    ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    if (fd < device) return -1;  // the device goes first already
+    return ::fcntl(device, F_DUPFD_CLOEXEC, fd + 1);
+  }
+  return -1;
+}
+
 }  // namespace
 
 FuseMount::Impl::Impl(client::Target t, MountOptions o)
@@ -120,6 +259,7 @@ FuseMount::Impl::~Impl() {
   notifier.reset();  // joined while the session it writes to exists
   if (se) {
     if (fd.is_open()) fd.release();
+    closeDeviceGuard();
     if (mounted) fuse_session_unmount(se);
     fuse_session_destroy(se);
   }
@@ -164,6 +304,7 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::mount(client::Target targe
     impl->mount_path = real;
     std::free(real);
   }
+  const std::set<int> before = openFds();
   if (fuse_session_mount(impl->se, options.mountpoint.c_str()) != 0) {
     // What checkUserMount() cannot see: libfuse, or fusermount3 (which
     // auto_unmount goes through, as root too), printed why just before.
@@ -173,6 +314,7 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::mount(client::Target targe
   }
   impl->mounted = true;
   const int kfd = fuse_session_fd(impl->se);
+  impl->device_guard = holdDeviceAboveSocket(kfd, before);
   const int flags = ::fcntl(kfd, F_GETFL);
   if (flags >= 0) ::fcntl(kfd, F_SETFL, flags | O_NONBLOCK);
   impl->fd.assign(kfd);
@@ -238,6 +380,7 @@ net::awaitable<absl::Status> FuseMount::serve() {
   // The answers still owed: the client's call timeout bounds each.
   while (m.inflight > 0) co_await m.idle.wait();
   m.fd.release();
+  m.closeDeviceGuard();
   if (m.mounted) {
     fuse_session_unmount(m.se);
     m.mounted = false;

@@ -58,8 +58,13 @@ struct MountOptions {
 };
 
 // A mountpoint a mount can use: an existing, empty directory that is not a
-// mount already. INVALID_ARGUMENT / FAILED_PRECONDITION say which.
-absl::Status checkMountpoint(const std::string& path);
+// mount already. INVALID_ARGUMENT / FAILED_PRECONDITION say which. With
+// `reclaimed`, a siphon mount left there by a siphon that is gone (it
+// answers ENOTCONN: killed while fusermount3 could not unmount it) is
+// unmounted (lazily, as fusermount3's auto_unmount would have) and
+// *reclaimed says so; any other FUSE mount whose server is gone is an
+// error that says how to unmount it.
+absl::Status checkMountpoint(const std::string& path, std::string* reclaimed = nullptr);
 
 class FuseMount {
  public:

@@ -18,7 +18,6 @@
 #include <cstring>
 #include <optional>
 #include <string>
-#include <fstream>
 #include <utility>
 #include <vector>
 
@@ -1040,54 +1039,22 @@ void opReleasedir(fuse_req_t req, fuse_ino_t, struct fuse_file_info* fi) {
 
 // ------------------------------------------------------------ session
 
-// A mount point as /proc/self/mountinfo writes it: space, tab, newline
-// and backslash as octal escapes.
-std::string mountinfoEscape(std::string_view path) {
-  std::string out;
-  for (const char c : path) {
-    if (c == ' ' || c == '\t' || c == '\n' || c == '\\') {
-      const auto u = static_cast<unsigned char>(c);
-      out += '\\';
-      out += static_cast<char>('0' + (u >> 6));
-      out += static_cast<char>('0' + ((u >> 3) & 7));
-      out += static_cast<char>('0' + (u & 7));
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
 // The kernel's readahead for the mount: the INIT answer can only lower it
 // from the 128 KiB every FUSE mount starts with, which keeps about one read
 // in flight, so a sequential read waits a round trip per 128 KiB. The bdi's
 // read_ahead_kb can raise it (root only: a user's mount keeps 128 KiB).
-// The mount's device comes from /proc/self/mountinfo (the last fuse.siphon
-// entry at our mount point: one mounted over ours is refused before), never
-// from a stat of the mount: this process serves it, and a thread of ours
-// waiting on our own mount when the process is killed can never be woken
-// (the kernel waits for a FUSE answer it has sent uninterruptibly, and the
-// device that would abort it closes only when that thread exits).
+// The mount's device comes from /proc/self/mountinfo (the last entry at our
+// mount point, if it is fuse.siphon: one mounted over ours is refused
+// before), never from a stat of the mount: this process serves it, and a
+// thread of ours waiting on our own mount when the process is killed can
+// never be woken (the kernel waits for a FUSE answer it has sent
+// uninterruptibly, and the device that would abort it closes only when
+// that thread exits).
 void raiseReadahead(const std::string& mount_path, uint32_t kib) {
   if (mount_path.empty()) return;
-  std::ifstream in("/proc/self/mountinfo");
-  const std::string want = mountinfoEscape(mount_path);
-  std::string line, device;
-  while (std::getline(in, line)) {
-    // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE ...
-    std::vector<std::string_view> f;
-    for (std::string_view rest = line; !rest.empty();) {
-      const size_t sp = rest.find(' ');
-      f.push_back(rest.substr(0, sp));
-      rest = sp == std::string_view::npos ? std::string_view() : rest.substr(sp + 1);
-    }
-    if (f.size() < 5 || f[4] != want) continue;
-    auto dash = std::find(f.begin() + 5, f.end(), "-");
-    if (dash == f.end() || dash + 1 == f.end() || *(dash + 1) != "fuse.siphon") continue;
-    device = std::string(f[2]);
-  }
-  if (device.empty()) return;
-  const std::string knob = absl::StrCat("/sys/class/bdi/", device, "/read_ahead_kb");
+  const std::optional<MountEntry> entry = lastMountAt(mount_path);
+  if (!entry || entry->fstype != "fuse.siphon") return;
+  const std::string knob = absl::StrCat("/sys/class/bdi/", entry->device, "/read_ahead_kb");
   const int k = ::open(knob.c_str(), O_WRONLY | O_CLOEXEC);
   if (k < 0) return;
   const std::string value = std::to_string(kib);

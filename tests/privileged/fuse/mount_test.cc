@@ -31,6 +31,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -530,6 +531,44 @@ TEST_F(MountTest, SigkillLeavesNoHangingMount) {
   // And a new mount works at once.
   ASSERT_NO_FATAL_FAILURE(mount({"--ro"}));
   EXPECT_TRUE(std::filesystem::exists(mnt_ + "/bin/busybox"));
+}
+
+// The mount a siphon killed with SIGKILL leaves when its fusermount3
+// cannot unmount it (here it is killed first; before the device's
+// descriptor was held above fusermount3's socket, a race under load did
+// the same): it answers ENOTCONN, and the next mount there unmounts it
+// and mounts, saying so.
+TEST_F(MountTest, ANewMountReplacesTheDeadMountOfAKilledSiphon) {
+  ASSERT_NO_FATAL_FAILURE(startAgent("ro"));
+  ASSERT_NO_FATAL_FAILURE(mount({"--ro"}));
+  std::vector<pid_t> helpers;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string stat = readFile(e.path().string() + "/stat");
+    // PID (COMM) STATE PPID ...
+    const size_t close = stat.rfind(") ");
+    if (stat.find("(fusermount3)") == std::string::npos || close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    std::string state;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == mount_->pid()) helpers.push_back(std::stoi(e.path().filename().string()));
+  }
+  ASSERT_EQ(helpers.size(), 1u) << "the mount's fusermount3 is not a child of siphon";
+  ASSERT_EQ(::kill(helpers[0], SIGKILL), 0);
+  mount_->signal(SIGKILL);
+  (void)mount_->finish();
+  Result ls = run({"ls", mnt_});
+  EXPECT_NE(ls.exit_code, -1) << "ls hung on a dead mount";
+  EXPECT_THAT(ls.err, HasSubstr("Transport endpoint is not connected")) << ls;
+  EXPECT_TRUE(isMounted(mnt_)) << "nothing was left to replace";
+
+  ASSERT_NO_FATAL_FAILURE(mount({"--ro"}));
+  EXPECT_THAT(mount_->err, HasSubstr("unmounted the siphon mount left at " + mnt_));
+  EXPECT_TRUE(std::filesystem::exists(mnt_ + "/bin/busybox"));
+  // Only one mount there: the dead one went.
+  Result mounts = run({"sh", "-c", "grep -c ' " + mnt_ + " ' /proc/self/mountinfo"});
+  EXPECT_EQ(mounts.out, "1\n") << mounts;
 }
 
 TEST_F(MountTest, BadMountpointsAndPathsAreOneLineAndAnExitCode) {

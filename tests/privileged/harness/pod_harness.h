@@ -532,6 +532,7 @@ class Proc {
   }
   // Never kill(-1, ...): once reaped the pid is -1, which would signal
   // every process we may signal.
+  pid_t pid() const { return child_.pid(); }
   void signal(int sig) {
     if (child_.pid() > 0) ::kill(child_.pid(), sig);
   }

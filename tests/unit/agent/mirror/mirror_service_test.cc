@@ -500,11 +500,50 @@ TEST_F(MirrorServiceTest, DrainEndsMirroredStreamsAtOnce) {
     capture_->push({opened(connection(4, 40000, 80)), data(4, kUp, "in flight")});
     EXPECT_TRUE(co_await waitStreams(*streams, 1));
     if (streams->got.empty()) co_return;
+    // The drain once the bytes arrived (before, they may still wait at the
+    // agent for the stream's acceptance: the next test).
+    auto first = co_await streams->got[0].first->readEvent();
+    EXPECT_TRUE(first.ok() && first->has_value()) << first.status();
+    if (!first.ok() || !first->has_value()) co_return;
+    EXPECT_EQ((*first)->data, std::string(1, static_cast<char>(v1::CLIENT_TO_SERVER)) + "in flight");
     agent_.server().requestDrain("test");
     Transcript t = co_await readAll(streams->got[0].first);
-    EXPECT_EQ(t.up, "in flight");
+    EXPECT_EQ(t.up, "");
     EXPECT_EQ(errorCodeOf(t.end), v1::AGENT_DRAINING) << t.end;
+    EXPECT_EQ(t.end.message().find("not delivered"), absl::string_view::npos) << t.end;
     EXPECT_TRUE(co_await eventually([&] { return capture_->saw("stop"); }));
+    c->close();
+  });
+}
+
+// Bytes the agent still holds when a drain ends the stream (here: the
+// client never accepts it, so nothing can be sent) are not lost silently:
+// the reset says how many (and the service counts them as a gap).
+TEST_F(MirrorServiceTest, ADrainCountsTheBytesItDidNotDeliver) {
+  start();
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    client::ClientOptions o;
+    o.endpoints = {agent_.address()};
+    o.token = kToken;
+    auto c = client::Client::create(ex, o);
+    auto held = std::make_shared<std::vector<std::shared_ptr<client::ClientStream>>>();
+    c->setStreamAcceptor([held](std::shared_ptr<client::ClientStream> stream, v1::StreamOpen) {
+      held->push_back(std::move(stream));  // never accepted
+    });
+    EXPECT_TRUE((co_await c->connect()).ok());
+    EXPECT_TRUE((co_await subscribe(c, 80, false)).ok());
+    capture_->push({opened(connection(6, 40000, 80)), data(6, kUp, "twelve bytes")});
+    EXPECT_TRUE(co_await eventually([&] { return !held->empty(); }));
+    EXPECT_TRUE(co_await eventually([&] { return capture_->released.load() > 0; }));
+    if (held->empty()) co_return;
+    agent_.server().requestDrain("test");
+    auto ev = co_await held->front()->readEvent();
+    EXPECT_FALSE(ev.ok());
+    if (ev.ok()) co_return;
+    EXPECT_EQ(errorCodeOf(ev.status()), v1::AGENT_DRAINING) << ev.status();
+    EXPECT_NE(ev.status().message().find("12 mirrored bytes not delivered"),
+              absl::string_view::npos)
+        << ev.status();
     c->close();
   });
 }
