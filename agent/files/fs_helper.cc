@@ -11,13 +11,17 @@
 #include <signal.h>
 #include <sys/fsuid.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdio>
@@ -35,9 +39,15 @@
 #include "agent/common/capabilities.h"
 #include "agent/common/log.h"
 #include "agent/common/unique_fd.h"
+#include "agent/files/handles.h"
+#include "agent/files/root_fs.h"
 #include "agent/services/service.h"
 #include "siphon/heap.h"
 #include "siphon/status.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
 
 namespace siphon::agent::files {
 namespace {
@@ -99,8 +109,9 @@ bool writeAll(int fd, std::string_view data) {
   return true;
 }
 
-// head, then bulk, in as few sendmsg calls as the socket takes.
-bool writeAnswer(int fd, std::string_view head, std::string_view bulk) {
+// head, then bulk, in as few sendmsg calls as the socket takes; `pass`
+// (-1: none) goes with the first bytes, as SCM_RIGHTS.
+bool writeAnswer(int fd, std::string_view head, std::string_view bulk, int pass = -1) {
   while (!head.empty() || !bulk.empty()) {
     struct iovec iov[2];
     int n_iov = 0;
@@ -109,9 +120,21 @@ bool writeAnswer(int fd, std::string_view head, std::string_view bulk) {
     struct msghdr msg {};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<size_t>(n_iov);
+    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    if (pass >= 0) {
+      std::memset(control, 0, sizeof control);
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof control;
+      struct cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &pass, sizeof(int));
+    }
     ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return false;
+    pass = -1;  // sent with the first bytes
     auto sent = static_cast<size_t>(n);
     const size_t from_head = std::min(sent, head.size());
     head.remove_prefix(from_head);
@@ -150,10 +173,43 @@ bool readFrame(int fd, std::string* out) { return readFrameOf(fd, out) == FrameR
 // head ends with its FileResponse and the read's bytes go to *bulk, read
 // there straight from the socket (the string that becomes the answer's
 // FileData.data, never copied out of a serialised message).
-FrameRead readAnswer(int fd, std::string* head, std::string* bulk) {
+//
+// A descriptor the helper passed with the answer (an open's, see
+// HelperServer::run) lands in *passed, close-on-exec; one the agent cannot
+// take (its descriptor limit) is dropped by the kernel, and the file is
+// then read through the helper.
+FrameRead readAnswer(int fd, std::string* head, std::string* bulk, UniqueFd* passed) {
   bulk->clear();
+  passed->reset();
   char len[4];
-  if (!readAll(fd, len, 4)) return FrameRead::kClosed;
+  {
+    struct iovec iov = {len, sizeof len};
+    struct msghdr msg {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    ssize_t n;
+    do {
+      n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) return FrameRead::kClosed;
+    for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int got = -1;
+        std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        if (i == 0 && !passed->valid()) {
+          passed->reset(got);
+        } else {
+          ::close(got);
+        }
+      }
+    }
+    if (n < 4 && !readAll(fd, len + n, 4 - static_cast<size_t>(n))) return FrameRead::kClosed;
+  }
   const uint32_t n = static_cast<uint32_t>(getLE(len, 4));
   if (n > kMaxFrame) return FrameRead::kMalformed;
   constexpr size_t kReadHead = kAnswerHeader + 4;
@@ -185,6 +241,44 @@ bool writeFrame(int fd, const std::string& body) {
 
 // ============================================================ helper side
 
+// Whether the agent may read an open file itself, on this descriptor (the
+// same open file: the same offset), sparing the bytes two copies and a hop
+// through the helper. It was opened here, with the target's identity and
+// inside its root, so the open's checks are the target's; what must hold
+// besides is that reading checks nothing more of whoever reads. So: a
+// regular file open for reading on a file system of data (disk, memory,
+// overlay, NFS, which use the opener's credentials), never procfs, sysfs
+// and the like, whose files check the reader at each read (/proc/PID/stack
+// asks ptrace_may_access of the reader: the agent would pass where the
+// target does not), nor FUSE, whose server sees each reader.
+bool readsInTheAgent(int fd) {
+  static constexpr unsigned long kDataFileSystems[] = {
+      0xEF53,      // ext2, ext3, ext4
+      0x58465342,  // xfs
+      0x9123683E,  // btrfs
+      0x01021994,  // tmpfs
+      0x858458f6,  // ramfs
+      0x794c7630,  // overlayfs
+      0xF2F52010,  // f2fs
+      0x73717368,  // squashfs
+      0xE0F5E1E2,  // erofs
+      0x6969,      // nfs
+      0x2fc12fc1,  // zfs
+      0x4d44,      // vfat, msdos
+      0x2011BAB0,  // exfat
+      0x9660,      // iso9660
+  };
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || (flags & O_ACCMODE) == O_WRONLY || (flags & O_PATH) != 0) return false;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  struct statfs fs {};
+  if (::fstatfs(fd, &fs) != 0) return false;
+  const auto type = static_cast<unsigned long>(fs.f_type);
+  return std::find(std::begin(kDataFileSystems), std::end(kDataFileSystems), type) !=
+         std::end(kDataFileSystems);
+}
+
 class HelperServer {
  public:
   HelperServer(int root_fd, GuardOptions guard) : fs_(root_fd, guard) {}
@@ -195,9 +289,12 @@ class HelperServer {
   // sendmsg of both; see writeAnswer): kRead answers carry them after the
   // message, not in it, so neither side copies them into or out of a
   // serialised FileResponse.
-  void serve(const std::string& frame, std::string* out, std::string* bulk) {
+  //
+  // *pass: a descriptor to send with the answer, or -1 (see run()).
+  void serve(const std::string& frame, std::string* out, std::string* bulk, int* pass) {
     uint64_t handle = 0;
-    absl::StatusOr<v1::FileResponse> r = run(frame, &handle);
+    *pass = -1;
+    absl::StatusOr<v1::FileResponse> r = run(frame, &handle, pass);
     bulk->clear();
     out->assign(4, '\0');
     if (r.ok() && r->has_data() && !r->data().data().empty()) {
@@ -221,7 +318,8 @@ class HelperServer {
   }
 
  private:
-  absl::StatusOr<v1::FileResponse> run(const std::string& frame, uint64_t* new_handle) {
+  absl::StatusOr<v1::FileResponse> run(const std::string& frame, uint64_t* new_handle,
+                                       int* pass) {
     if (frame.size() < kRequestHeader) return protoError(v1::INVALID_ARGUMENT, "short request");
     const auto kind = static_cast<Kind>(frame[0]);
     const auto aux = static_cast<uint32_t>(getLE(frame.data() + 1, 4));
@@ -235,6 +333,11 @@ class HelperServer {
       case kOpen: {
         auto h = fs_.open(req);
         if (!h.ok()) return h.status();
+        if (auto* f = std::get_if<std::shared_ptr<FileObject>>(&*h)) {
+          if (auto* open = dynamic_cast<OpenFile*>(f->get()); open && readsInTheAgent(open->fd.get())) {
+            *pass = open->fd.get();
+          }
+        }
         std::lock_guard<std::mutex> lock(mu_);
         *new_handle = next_++;
         handles_.emplace(*new_handle, *std::move(h));
@@ -350,9 +453,17 @@ class Helper : public std::enable_shared_from_this<Helper> {
     uint64_t generation = 0;
     uint64_t handle = 0;
     v1::FileResponse response;
+    UniqueFd passed;  // an open's descriptor, when the helper sent one
   };
 
-  explicit Helper(HelperOptions options) : options_(std::move(options)) {}
+  explicit Helper(HelperOptions options) : options_(std::move(options)) {
+    // Files the agent reads itself hold a descriptor each: at most a
+    // quarter of its limit, so that sockets never run short for them.
+    struct rlimit lim {};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+      local_budget_ = static_cast<int64_t>(lim.rlim_cur / 4);
+    }
+  }
   ~Helper() {
     std::lock_guard<std::mutex> lock(mu_);
     stopLocked();
@@ -390,8 +501,10 @@ class Helper : public std::enable_shared_from_this<Helper> {
     lock.unlock();
 
     std::string bulk;
-    const FrameRead got = writeFrame(conn.get(), frame) ? readAnswer(conn.get(), &answer, &bulk)
-                                                        : FrameRead::kClosed;
+    UniqueFd passed;
+    const FrameRead got = writeFrame(conn.get(), frame)
+                              ? readAnswer(conn.get(), &answer, &bulk, &passed)
+                              : FrameRead::kClosed;
     const bool io_ok = got == FrameRead::kOk;
     Reply reply;
     reply.generation = gen;
@@ -429,7 +542,34 @@ class Helper : public std::enable_shared_from_this<Helper> {
       cv_.notify_one();
     }
     if (!error.ok()) return error;
+    if (kind == kOpen && passed.valid() && pidfd_.valid()) {
+      if (local_files_.fetch_add(1) < local_budget_) {
+        reply.passed = std::move(passed);
+      } else {
+        local_files_.fetch_sub(1);  // read through the helper
+      }
+    }
     return reply;
+  }
+
+  // One file the agent read itself is closed (see Reply::passed).
+  void localFileClosed() { local_files_.fetch_sub(1); }
+
+  // Whether the helper that opened a file (`generation`) still runs, for a
+  // read the agent makes itself on the file's descriptor: the same answers
+  // as call() would give (EIO once when it is found gone, EBADF after), so
+  // a file outlives its helper no more when read here than through it.
+  absl::Status usable(uint64_t generation) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!running_ || generation != generation_) {
+      return errnoRefusal(EBADF, "the file helper that held this file has exited; open it again");
+    }
+    pollfd p{pidfd_.get(), POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0) {
+      loseLocked(generation, "it exited");
+      return lostError("it exited");
+    }
+    return absl::OkStatus();
   }
 
  private:
@@ -545,6 +685,10 @@ class Helper : public std::enable_shared_from_this<Helper> {
                                             message.empty() ? "no answer" : message));
     }
     pid_ = pid;
+    // Readable once the helper exits: how reads the agent makes itself see
+    // it gone (usable()). None on a kernel before 5.3: files are then read
+    // through the helper only.
+    pidfd_.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
     running_ = true;
     ++generation_;
     free_ = std::move(ours);
@@ -572,6 +716,7 @@ class Helper : public std::enable_shared_from_this<Helper> {
     if (!running_) return;
     ::kill(pid_, SIGKILL);
     reap(pid_);
+    pidfd_.reset();
     running_ = false;
     free_.clear();
     cv_.notify_all();
@@ -582,31 +727,60 @@ class Helper : public std::enable_shared_from_this<Helper> {
   std::condition_variable cv_;
   bool running_ = false;
   pid_t pid_ = -1;
+  UniqueFd pidfd_;  // the running helper's
   uint64_t generation_ = 0;
+  std::atomic<int64_t> local_files_{0};  // files with a descriptor here
+  int64_t local_budget_ = 1024;
   std::vector<UniqueFd> free_;  // idle connections of the running helper
   std::vector<std::string> spare_;  // answer buffers kept for the next calls
 };
 
+// A file the helper holds. Reads of a regular file go to `local`, the
+// helper's descriptor passed to the agent, when it sent one: read here
+// into the string that becomes the answer, they skip the helper's copy
+// into its socket and the agent's out of it. Everything else (writes,
+// seeks, fstat, truncate, sync, close) goes to the helper.
 class RemoteFile : public FileObject {
  public:
-  RemoteFile(std::shared_ptr<Helper> h, uint64_t gen, uint64_t id)
-      : helper_(std::move(h)), gen_(gen), id_(id) {}
+  RemoteFile(std::shared_ptr<Helper> h, uint64_t gen, uint64_t id, UniqueFd local)
+      : helper_(std::move(h)), gen_(gen), id_(id), local_(std::move(local)) {}
   ~RemoteFile() override {
+    dropLocal();
     if (!closed_) (void)helper_->call(gen_, kRelease, 0, id_, R());
   }
   absl::StatusOr<v1::FileResponse> call(const R& req, uint32_t max_read) override {
+    if (local_.valid() && (req.op_case() == R::kRead || req.op_case() == R::kPread)) {
+      if (absl::Status s = helper_->usable(gen_); !s.ok()) return s;
+      absl::StatusOr<v1::FileData> d =
+          req.op_case() == R::kRead
+              ? readFd(local_.get(), std::min(req.read().size(), max_read))
+              : preadFd(local_.get(), std::min(req.pread().size(), max_read),
+                        req.pread().offset());
+      if (!d.ok()) return d.status();
+      v1::FileResponse r;
+      *r.mutable_data() = *std::move(d);
+      return r;
+    }
     auto r = helper_->call(gen_, kFileCall, max_read, id_, req);
     if (!r.ok()) return r.status();
     return std::move(r->response);
   }
   absl::Status close() override {
     closed_ = true;
+    dropLocal();  // first, so that the helper's close is the file's last
     return helper_->call(gen_, kClose, 0, id_, R()).status();
   }
 
  private:
+  void dropLocal() {
+    if (!local_.valid()) return;
+    local_.reset();
+    helper_->localFileClosed();
+  }
+
   std::shared_ptr<Helper> helper_;
   uint64_t gen_, id_;
+  UniqueFd local_;
   bool closed_ = false;
 };
 
@@ -643,8 +817,8 @@ class HelperFileSystem : public FileSystem {
       return Handle(std::shared_ptr<DirObject>(
           std::make_shared<RemoteDir>(helper_, r->generation, r->handle)));
     }
-    return Handle(std::shared_ptr<FileObject>(
-        std::make_shared<RemoteFile>(helper_, r->generation, r->handle)));
+    return Handle(std::shared_ptr<FileObject>(std::make_shared<RemoteFile>(
+        helper_, r->generation, r->handle, std::move(r->passed))));
   }
 
   absl::StatusOr<v1::FileResponse> path(const R& req, bool writes_refused) override {
@@ -729,9 +903,12 @@ int fsHelperMain(int argc, char** argv) {
   if (!writeAll(kFirstConnFd, "R")) return 1;
   auto serveConn = [&server](int fd) {
     std::string frame, answer, bulk;
+    int pass = -1;
     while (readFrame(fd, &frame)) {
-      server.serve(frame, &answer, &bulk);
-      if (!writeAnswer(fd, answer, bulk)) break;
+      // The descriptor is the handle's own: it stays open here until the
+      // handle's release, after this answer went.
+      server.serve(frame, &answer, &bulk, &pass);
+      if (!writeAnswer(fd, answer, bulk, pass)) break;
     }
     // The agent closed (or broke) a connection: it is gone or gave up on
     // this helper. Nothing else to serve.

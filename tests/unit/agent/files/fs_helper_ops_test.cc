@@ -5,13 +5,19 @@
 // take an identity (setgroups needs CAP_SETGID).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <variant>
+#include <vector>
 
 #include "agent/files/fs_helper.h"
 #include "siphon/status.h"
@@ -114,6 +120,214 @@ TEST_F(FsHelperOpsTest, LinksNodesXattrsFsyncAndReaddirWithStat) {
   rm.mutable_removexattr()->set_name("user.a");
   EXPECT_TRUE(path(rm).ok());
   EXPECT_EQ(errnoOf(path(rm).status()), ENODATA);
+}
+
+// The descriptors of this process open to `host_path`.
+int fdsOpenTo(const std::string& host_path) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    std::error_code ignored;
+    if (std::filesystem::read_symlink(e.path(), ignored) == host_path) ++n;
+  }
+  return n;
+}
+
+// The file helpers this process runs (its children running fs-helper).
+std::vector<pid_t> helpers() {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::istringstream children(testing::ScratchTree::read(t.path().string() + "/children"));
+    pid_t pid = 0;
+    while (children >> pid) {
+      const std::string cmd =
+          testing::ScratchTree::read("/proc/" + std::to_string(pid) + "/cmdline");
+      if (cmd.find("fs-helper") != std::string::npos) out.push_back(pid);
+    }
+  }
+  return out;
+}
+
+// /proc/PID/io's rchar: bytes the process read (files and sockets); nullopt
+// where this process may not see it.
+std::optional<uint64_t> rcharOf(pid_t pid) {
+  std::istringstream in(testing::ScratchTree::read("/proc/" + std::to_string(pid) + "/io"));
+  std::string key;
+  uint64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "rchar:") return value;
+  }
+  return std::nullopt;
+}
+
+// A regular file's reads are the agent's own, on the descriptor the helper
+// passed with the open (the same open file: one offset, seen by the
+// helper's seeks and writes and by the agent's reads alike); writes, seeks
+// and the rest still go to the helper, and close gives the descriptor back.
+TEST_F(FsHelperOpsTest, ARegularFileIsReadOnTheHelpersDescriptorInTheAgent) {
+  const std::string big(8 << 20, 'b');
+  tree_.file("f", "0123456789");
+  tree_.file("big", big);
+  R open;
+  open.mutable_open()->set_path("/f");
+  open.mutable_open()->set_flags(O_RDWR);
+  auto h = fs_->open(open);
+  ASSERT_TRUE(h.ok()) << h.status();
+  auto file = std::get<std::shared_ptr<FileObject>>(*h);
+  EXPECT_EQ(fdsOpenTo(tree_.inRoot("f")), 1) << "the helper's descriptor, passed to the agent";
+
+  R read;
+  read.mutable_read()->set_size(4);
+  auto a = file->call(read, 1 << 20);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->data().data(), "0123");
+  // The helper's write moves the shared offset; the agent's read follows.
+  R write;
+  write.mutable_write()->set_data("ab");
+  ASSERT_TRUE(file->call(write, 1 << 20).ok());
+  auto b = file->call(read, 1 << 20);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->data().data(), "6789");
+  R seek;
+  seek.mutable_seek()->set_offset(2);
+  seek.mutable_seek()->set_whence(SEEK_SET);
+  ASSERT_TRUE(file->call(seek, 1 << 20).ok());
+  auto c = file->call(read, 1 << 20);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->data().data(), "23ab");
+  R pread;
+  pread.mutable_pread()->set_size(100);
+  pread.mutable_pread()->set_offset(8);
+  auto d = file->call(pread, 1 << 20);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->data().data(), "89");
+  EXPECT_TRUE(d->data().eof());
+  EXPECT_TRUE(file->close().ok());
+  EXPECT_EQ(fdsOpenTo(tree_.inRoot("f")), 0) << "close gives the descriptor back";
+  file.reset();
+
+  // 8 MiB read: the helper reads (nearly) none of it where its counters
+  // can be seen (a helper that is not dumpable hides them from a user).
+  R open_big;
+  open_big.mutable_open()->set_path("/big");
+  open_big.mutable_open()->set_flags(O_RDONLY);
+  auto hb = fs_->open(open_big);
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  auto fb = std::get<std::shared_ptr<FileObject>>(*hb);
+  const std::vector<pid_t> running = helpers();
+  ASSERT_EQ(running.size(), 1u);
+  const std::optional<uint64_t> before = rcharOf(running[0]);
+  std::string got;
+  R chunk;
+  chunk.mutable_read()->set_size(1 << 20);
+  for (;;) {
+    auto r = fb->call(chunk, 1 << 20);
+    ASSERT_TRUE(r.ok()) << r.status();
+    got += r->data().data();
+    if (r->data().data().empty() || r->data().eof()) break;
+  }
+  EXPECT_TRUE(got == big) << got.size();
+  if (const std::optional<uint64_t> after = rcharOf(running[0]); before && after) {
+    EXPECT_LT(*after - *before, 1u << 20) << "the helper read the bytes itself";
+  }
+}
+
+// The agent holds at most a quarter of its descriptor limit for files it
+// reads itself; past that, files are read through the helper, and read the
+// same.
+TEST(FsHelperBudgetTest, PastItsShareOfDescriptorsTheAgentReadsThroughTheHelper) {
+  struct rlimit was {};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &was), 0);
+  struct rlimit low = was;
+  low.rlim_cur = 64;  // a budget of 16
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &low), 0);
+  testing::ScratchTree tree;
+  HelperOptions o;
+  o.exe = SIPHON_AGENT_BIN;
+  o.root_fd = tree.rootFd();
+  o.target_pid = 0;
+  auto fs = makeHelperFileSystem(o);
+  ::setrlimit(RLIMIT_NOFILE, &was);  // the budget was taken at creation
+  std::vector<std::shared_ptr<FileObject>> files;
+  int passed = 0;
+  for (int i = 0; i < 20; ++i) {
+    const std::string name = "f" + std::to_string(i);
+    tree.file(name, "content " + std::to_string(i));
+    R open;
+    open.mutable_open()->set_path("/" + name);
+    auto h = fs->open(open);
+    if (!h.ok() && i == 0) GTEST_SKIP() << "the file helper does not start here: " << h.status();
+    ASSERT_TRUE(h.ok()) << h.status();
+    files.push_back(std::get<std::shared_ptr<FileObject>>(*h));
+    passed += fdsOpenTo(tree.inRoot(name));
+  }
+  EXPECT_EQ(passed, 16);
+  for (int i = 0; i < 20; ++i) {
+    R read;
+    read.mutable_read()->set_size(100);
+    auto r = files[i]->call(read, 1 << 20);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->data().data(), "content " + std::to_string(i));
+  }
+  // Closed ones give their share back.
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(files[i]->close().ok());
+  files.erase(files.begin(), files.begin() + 4);
+  tree.file("late", "late");
+  R open;
+  open.mutable_open()->set_path("/late");
+  auto h = fs->open(open);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(fdsOpenTo(tree.inRoot("late")), 1);
+}
+
+// A file of procfs is read by the helper, never on a descriptor in the
+// agent: some of its files check the reader at each read, and the agent is
+// not the target.
+TEST_F(FsHelperOpsTest, AProcFileIsReadByTheHelperItself) {
+  tree_.dir("proc");
+  if (::mount("proc", tree_.inRoot("proc").c_str(), "proc", 0, nullptr) != 0) {
+    GTEST_SKIP() << "cannot mount proc here: " << std::strerror(errno);
+  }
+  R open;
+  open.mutable_open()->set_path("/proc/version");
+  open.mutable_open()->set_flags(O_RDONLY);
+  auto h = fs_->open(open);
+  EXPECT_TRUE(h.ok()) << h.status();
+  if (h.ok()) {
+    EXPECT_EQ(fdsOpenTo(tree_.inRoot("proc/version")), 0)
+        << "a procfs descriptor was passed to the agent";
+    auto file = std::get<std::shared_ptr<FileObject>>(*h);
+    R read;
+    read.mutable_read()->set_size(4096);
+    auto r = file->call(read, 1 << 20);
+    EXPECT_TRUE(r.ok() && r->data().data().rfind("Linux", 0) == 0) << r.status();
+    EXPECT_TRUE(file->close().ok());
+  }
+  h = absl::InternalError("released");
+  ::umount2(tree_.inRoot("proc").c_str(), MNT_DETACH);
+}
+
+// Opened for writing only, or not a regular file: nothing is passed, and
+// everything goes through the helper as before.
+TEST_F(FsHelperOpsTest, AWriteOnlyFileOrADirectoryKeepsItsDescriptorInTheHelper) {
+  tree_.file("w", "");
+  R open;
+  open.mutable_open()->set_path("/w");
+  open.mutable_open()->set_flags(O_WRONLY);
+  auto h = fs_->open(open);
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(fdsOpenTo(tree_.inRoot("w")), 0);
+  auto file = std::get<std::shared_ptr<FileObject>>(*h);
+  R write;
+  write.mutable_write()->set_data("xyz");
+  auto w = file->call(write, 1 << 20);
+  ASSERT_TRUE(w.ok()) << w.status();
+  R read;
+  read.mutable_read()->set_size(3);
+  EXPECT_EQ(errnoOf(file->call(read, 1 << 20).status()), EBADF) << "the kernel's answer";
+  EXPECT_TRUE(file->close().ok());
+  EXPECT_EQ(testing::ScratchTree::read(tree_.inRoot("w")), "xyz");
 }
 
 }  // namespace
