@@ -365,12 +365,23 @@ TEST_F(FileIdentityTest, AKilledHelperFailsItsHandlesAndANewOneServes) {
     if (helpers.size() != 1) co_return;
     first = helpers[0];
     ::kill(first, SIGKILL);
-    // Dead (a zombie until the agent notices), so the next call sees it.
+    // Dead, all its threads (a zombie until the agent notices), so the next
+    // call sees it: through the helper's socket, or, for a read the agent
+    // makes itself, its pidfd, which is readable only once the last thread
+    // exited (a leader in state Z may still have threads exiting).
     const auto deadline = Clock::now() + kProcessDeadline;
+    const std::string proc = "/proc/" + std::to_string(first);
     while (Clock::now() < deadline) {
-      const std::string stat = readFile("/proc/" + std::to_string(first) + "/stat");
+      const std::string stat = readFile(proc + "/stat");
       const size_t paren = stat.rfind(')');
-      if (paren == std::string::npos || stat[paren + 2] == 'Z') break;
+      if (paren == std::string::npos) break;
+      size_t threads = 0;
+      std::error_code ec;
+      for (const auto& t : std::filesystem::directory_iterator(proc + "/task", ec)) {
+        (void)t;
+        ++threads;
+      }
+      if (stat[paren + 2] == 'Z' && threads <= 1) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
     auto lost = co_await fileCall(c, preadOf(fd));
