@@ -38,17 +38,7 @@ using agent::files::testing::ScratchTree;
 constexpr pid_t kSelfPid = 4242;
 constexpr char kToken[] = "typed-api-token";
 
-// How many of this process's fds (the in-process agent's among them) are
-// open on `path`.
-int fdsOpenOn(const std::string& path) {
-  int n = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    std::error_code rec;
-    if (std::filesystem::read_symlink(e.path(), rec) == path) ++n;
-  }
-  return n;
-}
+using agent::files::testing::fdsOpenOn;
 
 class TypedApiTest : public ::testing::Test {
  protected:

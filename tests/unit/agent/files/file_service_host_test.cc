@@ -46,16 +46,7 @@ v1::FileRequest closeReq(uint64_t fd) {
   return r;
 }
 
-// How many of this process's fds are open on `path`.
-int fdsOpenOn(const std::string& path) {
-  int n = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    std::error_code rec;
-    if (std::filesystem::read_symlink(e.path(), rec) == path) ++n;
-  }
-  return n;
-}
+using testing::fdsOpenOn;
 
 AgentConfig withMode(FsMode mode, size_t max_open_files = 64) {
   AgentConfig c;

@@ -37,16 +37,7 @@ constexpr char kToken[] = "files-token";
 
 using fakes::RootedProcFs;
 
-// How many of this process's fds are open on `path`.
-int fdsOpenOn(const std::string& path) {
-  int n = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    std::error_code rec;
-    if (std::filesystem::read_symlink(e.path(), rec) == path) ++n;
-  }
-  return n;
-}
+using testing::fdsOpenOn;
 
 v1::FileRequest openReq(const std::string& path, int flags, uint32_t mode = 0) {
   v1::FileRequest r;

@@ -24,6 +24,18 @@
 
 namespace siphon::agent::files::testing {
 
+// How many of this process's fds (an in-process agent's among them) are
+// open on `path`.
+inline int fdsOpenOn(const std::string& path) {
+  int n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    std::error_code rec;
+    if (std::filesystem::read_symlink(e.path(), rec) == path) ++n;
+  }
+  return n;
+}
+
 inline std::string randomToken() {
   std::random_device rd;
   std::string out;

@@ -122,16 +122,16 @@ TEST_F(FsHelperOpsTest, LinksNodesXattrsFsyncAndReaddirWithStat) {
   EXPECT_EQ(errnoOf(path(rm).status()), ENODATA);
 }
 
-// The descriptors of this process open to `host_path`.
-int fdsOpenTo(const std::string& host_path) {
-  int n = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    std::error_code ignored;
-    if (std::filesystem::read_symlink(e.path(), ignored) == host_path) ++n;
-  }
-  return n;
+using testing::fdsOpenOn;
+
+// `path` in the helper's root, opened with `flags`.
+absl::StatusOr<Handle> openIn(FileSystem& fs, const std::string& path, int flags) {
+  R open;
+  open.mutable_open()->set_path(path);
+  open.mutable_open()->set_flags(flags);
+  return fs.open(open);
 }
+
 
 // The file helpers this process runs (its children running fs-helper).
 std::vector<pid_t> helpers() {
@@ -169,13 +169,10 @@ TEST_F(FsHelperOpsTest, ARegularFileIsReadOnTheHelpersDescriptorInTheAgent) {
   const std::string big(8 << 20, 'b');
   tree_.file("f", "0123456789");
   tree_.file("big", big);
-  R open;
-  open.mutable_open()->set_path("/f");
-  open.mutable_open()->set_flags(O_RDWR);
-  auto h = fs_->open(open);
+  auto h = openIn(*fs_, "/f", O_RDWR);
   ASSERT_TRUE(h.ok()) << h.status();
   auto file = std::get<std::shared_ptr<FileObject>>(*h);
-  EXPECT_EQ(fdsOpenTo(tree_.inRoot("f")), 1) << "the helper's descriptor, passed to the agent";
+  EXPECT_EQ(fdsOpenOn(tree_.inRoot("f")), 1) << "the helper's descriptor, passed to the agent";
 
   R read;
   read.mutable_read()->set_size(4);
@@ -204,15 +201,12 @@ TEST_F(FsHelperOpsTest, ARegularFileIsReadOnTheHelpersDescriptorInTheAgent) {
   EXPECT_EQ(d->data().data(), "89");
   EXPECT_TRUE(d->data().eof());
   EXPECT_TRUE(file->close().ok());
-  EXPECT_EQ(fdsOpenTo(tree_.inRoot("f")), 0) << "close gives the descriptor back";
+  EXPECT_EQ(fdsOpenOn(tree_.inRoot("f")), 0) << "close gives the descriptor back";
   file.reset();
 
   // 8 MiB read: the helper reads (nearly) none of it where its counters
   // can be seen (a helper that is not dumpable hides them from a user).
-  R open_big;
-  open_big.mutable_open()->set_path("/big");
-  open_big.mutable_open()->set_flags(O_RDONLY);
-  auto hb = fs_->open(open_big);
+  auto hb = openIn(*fs_, "/big", O_RDONLY);
   ASSERT_TRUE(hb.ok()) << hb.status();
   auto fb = std::get<std::shared_ptr<FileObject>>(*hb);
   const std::vector<pid_t> running = helpers();
@@ -254,13 +248,11 @@ TEST(FsHelperBudgetTest, PastItsShareOfDescriptorsTheAgentReadsThroughTheHelper)
   for (int i = 0; i < 20; ++i) {
     const std::string name = "f" + std::to_string(i);
     tree.file(name, "content " + std::to_string(i));
-    R open;
-    open.mutable_open()->set_path("/" + name);
-    auto h = fs->open(open);
+    auto h = openIn(*fs, "/" + name, O_RDONLY);
     if (!h.ok() && i == 0) GTEST_SKIP() << "the file helper does not start here: " << h.status();
     ASSERT_TRUE(h.ok()) << h.status();
     files.push_back(std::get<std::shared_ptr<FileObject>>(*h));
-    passed += fdsOpenTo(tree.inRoot(name));
+    passed += fdsOpenOn(tree.inRoot(name));
   }
   EXPECT_EQ(passed, 16);
   for (int i = 0; i < 20; ++i) {
@@ -274,11 +266,9 @@ TEST(FsHelperBudgetTest, PastItsShareOfDescriptorsTheAgentReadsThroughTheHelper)
   for (int i = 0; i < 4; ++i) EXPECT_TRUE(files[i]->close().ok());
   files.erase(files.begin(), files.begin() + 4);
   tree.file("late", "late");
-  R open;
-  open.mutable_open()->set_path("/late");
-  auto h = fs->open(open);
+  auto h = openIn(*fs, "/late", O_RDONLY);
   ASSERT_TRUE(h.ok()) << h.status();
-  EXPECT_EQ(fdsOpenTo(tree.inRoot("late")), 1);
+  EXPECT_EQ(fdsOpenOn(tree.inRoot("late")), 1);
 }
 
 // A file of procfs is read by the helper, never on a descriptor in the
@@ -289,13 +279,10 @@ TEST_F(FsHelperOpsTest, AProcFileIsReadByTheHelperItself) {
   if (::mount("proc", tree_.inRoot("proc").c_str(), "proc", 0, nullptr) != 0) {
     GTEST_SKIP() << "cannot mount proc here: " << std::strerror(errno);
   }
-  R open;
-  open.mutable_open()->set_path("/proc/version");
-  open.mutable_open()->set_flags(O_RDONLY);
-  auto h = fs_->open(open);
+  auto h = openIn(*fs_, "/proc/version", O_RDONLY);
   EXPECT_TRUE(h.ok()) << h.status();
   if (h.ok()) {
-    EXPECT_EQ(fdsOpenTo(tree_.inRoot("proc/version")), 0)
+    EXPECT_EQ(fdsOpenOn(tree_.inRoot("proc/version")), 0)
         << "a procfs descriptor was passed to the agent";
     auto file = std::get<std::shared_ptr<FileObject>>(*h);
     R read;
@@ -312,12 +299,9 @@ TEST_F(FsHelperOpsTest, AProcFileIsReadByTheHelperItself) {
 // everything goes through the helper as before.
 TEST_F(FsHelperOpsTest, AWriteOnlyFileOrADirectoryKeepsItsDescriptorInTheHelper) {
   tree_.file("w", "");
-  R open;
-  open.mutable_open()->set_path("/w");
-  open.mutable_open()->set_flags(O_WRONLY);
-  auto h = fs_->open(open);
+  auto h = openIn(*fs_, "/w", O_WRONLY);
   ASSERT_TRUE(h.ok()) << h.status();
-  EXPECT_EQ(fdsOpenTo(tree_.inRoot("w")), 0);
+  EXPECT_EQ(fdsOpenOn(tree_.inRoot("w")), 0);
   auto file = std::get<std::shared_ptr<FileObject>>(*h);
   R write;
   write.mutable_write()->set_data("xyz");
