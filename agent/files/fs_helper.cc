@@ -7,6 +7,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/magic.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/fsuid.h>
@@ -253,20 +254,11 @@ bool writeFrame(int fd, const std::string& body) {
 // target does not), nor FUSE, whose server sees each reader.
 bool readsInTheAgent(int fd) {
   static constexpr unsigned long kDataFileSystems[] = {
-      0xEF53,      // ext2, ext3, ext4
-      0x58465342,  // xfs
-      0x9123683E,  // btrfs
-      0x01021994,  // tmpfs
-      0x858458f6,  // ramfs
-      0x794c7630,  // overlayfs
-      0xF2F52010,  // f2fs
-      0x73717368,  // squashfs
-      0xE0F5E1E2,  // erofs
-      0x6969,      // nfs
-      0x2fc12fc1,  // zfs
-      0x4d44,      // vfat, msdos
-      0x2011BAB0,  // exfat
-      0x9660,      // iso9660
+      EXT4_SUPER_MAGIC,  // ext2, ext3, ext4
+      XFS_SUPER_MAGIC,       BTRFS_SUPER_MAGIC,  TMPFS_MAGIC,      RAMFS_MAGIC,
+      OVERLAYFS_SUPER_MAGIC, F2FS_SUPER_MAGIC,   SQUASHFS_MAGIC,   EROFS_SUPER_MAGIC_V1,
+      NFS_SUPER_MAGIC,       MSDOS_SUPER_MAGIC,  EXFAT_SUPER_MAGIC, ISOFS_SUPER_MAGIC,
+      0x2fc12fc1,  // zfs (out of tree: not in linux/magic.h)
   };
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0 || (flags & O_ACCMODE) == O_WRONLY || (flags & O_PATH) != 0) return false;

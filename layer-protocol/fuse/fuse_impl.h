@@ -133,7 +133,7 @@ struct FuseMount::Impl {
   std::string mountpoint;
   std::string mount_path;  // mountpoint made absolute before the mount (raiseReadahead)
   // A second descriptor of the mount's /dev/fuse, numbered above
-  // fusermount3's socket (holdDeviceAboveSocket in fuse_mount.c); -1 if none.
+  // fusermount3's socket (holdDeviceAboveSocket in fuse_mount.cc); -1 if none.
   int device_guard = -1;
   // Closed before an unmount, which libfuse makes with no descriptor of
   // the device left open (it closes its own first).
