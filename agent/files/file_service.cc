@@ -1,6 +1,7 @@
 #include "agent/files/file_service.h"
 
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -131,6 +132,11 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
           }
           read_size = *room;
         }
+        if (req.op_case() == R::kPread && read_size >= protocol::kDetachedDataMin &&
+            protocol::PipedBytes::live() < pipe_budget_) {
+          runPread(std::move(session), id, *std::move(file), std::move(req), read_size);
+          return;
+        }
         runBlocking(std::move(session), id,
                     [file = *std::move(file), req = std::move(req), read_size] {
                       return file->call(req, read_size);
@@ -211,6 +217,33 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
     net::asio::post(ctx_.blocking, [io = &ctx_.io, session = std::move(session), id,
                                     job = std::move(job)]() mutable {
       Result r = job();
+      net::asio::post(*io, [session = std::move(session), id, r = std::move(r)]() mutable {
+        reply(*session, id, std::move(r));
+      });
+    });
+  }
+
+  // A large pread on the blocking pool: spliced into a pipe when the file
+  // allows (root_fs.h, splicePreadFd), so that the answer's bytes go to the
+  // socket uncopied (protocol/piped_bytes.h); otherwise read as any call.
+  void runPread(std::shared_ptr<SessionHost> session, uint64_t id,
+                std::shared_ptr<FileObject> file, R req, uint32_t read_size) {
+    net::asio::post(ctx_.blocking, [io = &ctx_.io, session = std::move(session), id,
+                                    file = std::move(file), req = std::move(req),
+                                    read_size]() mutable {
+      auto piped = file->splicePread(req.pread().offset(), read_size);
+      if (piped.ok() && piped->has_value()) {
+        net::asio::post(*io, [session = std::move(session), id,
+                              p = std::move(**piped)]() mutable {
+          v1::Response response;
+          response.set_request_id(id);
+          response.mutable_file()->mutable_data()->set_eof(p.eof);
+          session->respond(std::move(response), std::move(p.bytes));
+        });
+        return;
+      }
+      Result r = piped.ok() ? file->call(req, read_size) : Result(piped.status());
+      file.reset();  // a close waiting for this read happens here, on the pool
       net::asio::post(*io, [session = std::move(session), id, r = std::move(r)]() mutable {
         reply(*session, id, std::move(r));
       });
@@ -388,7 +421,17 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
     session.respond(std::move(response));
   }
 
+  // Pipes that piped reads may hold at once, all sessions together (each
+  // is a descriptor until the client acknowledges its answer): an eighth
+  // of the descriptor limit; past it reads are copied.
+  static int64_t pipeBudget() {
+    struct rlimit lim {};
+    if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return 1024;
+    return static_cast<int64_t>(lim.rlim_cur / 8);
+  }
+
   ServiceContext& ctx_;
+  const int64_t pipe_budget_ = pipeBudget();
   std::shared_ptr<FileSystem> fs_;
   HandleTable table_;     // event loop only
   FileWatches watches_;  // event loop only

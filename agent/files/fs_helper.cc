@@ -757,6 +757,11 @@ class RemoteFile : public FileObject {
     if (!r.ok()) return r.status();
     return std::move(r->response);
   }
+  absl::StatusOr<std::optional<PipedRead>> splicePread(int64_t offset, uint32_t size) override {
+    if (!local_.valid()) return std::nullopt;
+    if (absl::Status s = helper_->usable(gen_); !s.ok()) return s;
+    return splicePreadFd(local_.get(), size, offset);
+  }
   absl::Status close() override {
     closed_ = true;
     dropLocal();  // first, so that the helper's close is the file's last

@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/common/unique_fd.h"
+#include "agent/files/root_fs.h"
 #include "siphon/v1/files.pb.h"
 
 namespace siphon::agent::files {
@@ -35,6 +36,12 @@ class FileObject {
   // read, pread, write, pwrite, seek, fstat, ftruncate, fsync: the request as the
   // client sent it, its read size already clamped to `max_read`.
   virtual absl::StatusOr<v1::FileResponse> call(const v1::FileRequest& req, uint32_t max_read) = 0;
+  // A pread whose bytes go into a pipe (root_fs.h, splicePreadFd), when
+  // this object can do that; nullopt sends the caller to call().
+  virtual absl::StatusOr<std::optional<PipedRead>> splicePread(int64_t /*offset*/,
+                                                               uint32_t /*size*/) {
+    return std::nullopt;
+  }
   // The client's close, once no other request holds the object: its error
   // (EIO, ENOSPC on NFS...). Called at most once; the destructor then does
   // nothing more.
@@ -54,6 +61,9 @@ class DirObject {
 struct OpenFile : FileObject {
   explicit OpenFile(UniqueFd f) : fd(std::move(f)) {}
   absl::StatusOr<v1::FileResponse> call(const v1::FileRequest& req, uint32_t max_read) override;
+  absl::StatusOr<std::optional<PipedRead>> splicePread(int64_t offset, uint32_t size) override {
+    return splicePreadFd(fd.get(), size, offset);
+  }
   absl::Status close() override;
   UniqueFd fd;
 };

@@ -409,6 +409,48 @@ absl::StatusOr<v1::FileData> preadFd(int fd, uint32_t size, int64_t offset) {
   return finishRead(fd, std::move(buf), n, size, offset + n);
 }
 
+absl::StatusOr<std::optional<PipedRead>> splicePreadFd(int fd, uint32_t size, int64_t offset) {
+  if (offset < 0) return errnoStatus(EINVAL, "pread");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || size == 0) return std::nullopt;
+  // The pipe takes a buffer per page (or larger folio) the range touches:
+  // room for all of them, so that the splice never waits for a reader.
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t pages = (static_cast<uint64_t>(offset) % page + size + page - 1) / page;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return std::nullopt;
+  UniqueFd out(fds[0]), in(fds[1]);
+  const int capacity = ::fcntl(in.get(), F_GETPIPE_SZ);
+  if (capacity < 0 || static_cast<uint64_t>(capacity) < pages * page) {
+    if (::fcntl(in.get(), F_SETPIPE_SZ, static_cast<int>(pages * page)) < 0) return std::nullopt;
+  }
+  loff_t at = offset;
+  size_t have = 0;
+  while (have < size) {
+    const ssize_t n = ::splice(fd, &at, in.get(), nullptr, size - have, SPLICE_F_NONBLOCK);
+    if (n > 0) {
+      have += static_cast<size_t>(n);
+      continue;
+    }
+    if (n == 0) break;  // the end of the file
+    if (errno == EINTR) continue;
+    // A file system without splice, or a pipe full before the end (more
+    // buffers than pages): the copying read does it.
+    if (errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP || errno == EAGAIN) {
+      return std::nullopt;
+    }
+    return lastErrnoStatus("pread");
+  }
+  in.reset();
+  PipedRead r;
+  r.eof = have == 0;
+  if (!r.eof && ::fstat(fd, &st) == 0 && st.st_size > 0) {
+    r.eof = offset + static_cast<int64_t>(have) >= st.st_size;
+  }
+  r.bytes = std::make_shared<protocol::PipedBytes>(out.release(), have);
+  return r;
+}
+
 absl::StatusOr<uint64_t> writeFd(int fd, std::string_view data) {
   ssize_t n;
   do {

@@ -36,6 +36,8 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "agent/common/unique_fd.h"
+#include "siphon/protocol/piped_bytes.h"
 #include "siphon/v1/files.pb.h"
 
 namespace siphon::agent::files {
@@ -166,6 +169,16 @@ v1::FileStat toFileStat(const struct stat& st);
 // for them only an empty read is the end).
 absl::StatusOr<v1::FileData> readFd(int fd, uint32_t size);
 absl::StatusOr<v1::FileData> preadFd(int fd, uint32_t size, int64_t offset);
+// A pread of a regular file into a pipe (splice: the pipe holds the
+// file's pages, nothing is copied), for an answer the transport splices on
+// (protocol/piped_bytes.h). nullopt when this read cannot go that way (not
+// a regular file, a file system without splice, no pipe of the size):
+// preadFd then.
+struct PipedRead {
+  std::shared_ptr<protocol::PipedBytes> bytes;
+  bool eof = false;
+};
+absl::StatusOr<std::optional<PipedRead>> splicePreadFd(int fd, uint32_t size, int64_t offset);
 absl::StatusOr<uint64_t> writeFd(int fd, std::string_view data);
 absl::StatusOr<uint64_t> pwriteFd(int fd, std::string_view data, int64_t offset);
 absl::StatusOr<int64_t> seekFd(int fd, int64_t offset, int whence);

@@ -158,15 +158,26 @@ void AgentSession::lose(std::string_view reason) {
 }
 
 void AgentSession::respond(v1::Response response) {
+  countAnswer(response);
+  if (ended_) return;
+  session_.sendResponse(std::move(response));
+  if (transport_) transport_->wake();
+}
+
+void AgentSession::respond(v1::Response response, std::shared_ptr<protocol::PipedBytes> data) {
+  countAnswer(response);
+  if (ended_) return;
+  session_.sendResponse(std::move(response), std::move(data));
+  if (transport_) transport_->wake();
+}
+
+void AgentSession::countAnswer(const v1::Response& response) {
   if (auto it = request_kinds_.find(response.request_id()); it != request_kinds_.end()) {
     metrics().requestAnswered(it->second.first, it->second.second, response);
     request_kinds_.erase(it);
   } else if (response.has_error()) {
     metrics().errorSent(response.error().code(), metrics::ErrorFrame::kResponse);
   }
-  if (ended_) return;
-  session_.sendResponse(std::move(response));
-  if (transport_) transport_->wake();
 }
 
 void AgentSession::notifyDraining(int64_t deadline_unix_ms, std::string_view reason) {

@@ -63,6 +63,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   void detachForResume();
   // SessionHost (agent/services/session_host.h): what services see.
   void respond(v1::Response response) override;
+  void respond(v1::Response response, std::shared_ptr<protocol::PipedBytes> data) override;
   // Ends the session now: transport closed, removed from the registry.
   void end(std::string_view reason);
   // Ends a session that is lost (not resumed within the grace period, a
@@ -121,6 +122,8 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   void onGoaway(v1::Goaway goaway) override;
 
  private:
+  // The request metrics of an answer about to go.
+  void countAnswer(const v1::Response& response);
   StreamEndpoint* endpoint(uint64_t stream_id);
 
   void transportEnded(uint64_t generation, const absl::Status& why);

@@ -16,4 +16,14 @@ void SessionHost::respondError(uint64_t request_id, const absl::Status& status,
   respond(std::move(r));
 }
 
+void SessionHost::respond(v1::Response response, std::shared_ptr<protocol::PipedBytes> data) {
+  auto bytes = data->materialize();
+  if (!bytes.ok()) {
+    respondError(response.request_id(), bytes.status());
+    return;
+  }
+  response.mutable_file()->mutable_data()->set_data(std::string(*bytes));
+  respond(std::move(response));
+}
+
 }  // namespace siphon::agent

@@ -48,6 +48,11 @@ class SessionHost {
 
   // Sends the answer to a request (dropped once the session ended).
   virtual void respond(v1::Response response) = 0;
+  // A file read's answer whose bytes are in a pipe (protocol/piped_bytes.h):
+  // `response` holds its FileData without data. The default reads the pipe
+  // into the answer and respond()s it (a fake's way); AgentSession sends
+  // the pipe itself.
+  virtual void respond(v1::Response response, std::shared_ptr<protocol::PipedBytes> data);
   // The error answer to request `request_id`; `context` (when given) goes
   // before the status's message ("steal port 80: ...").
   void respondError(uint64_t request_id, const absl::Status& status, std::string_view context = {});

@@ -121,9 +121,10 @@ void FrameDecoder::feed(std::string_view bytes) {
 }
 
 std::span<char> FrameDecoder::prepare(size_t min) {
-  if (detached_ && detached_->have < detached_->data.size()) {
+  declinePipe();  // bytes asked for in memory: the detached data comes here
+  if (detached_ && detached_->have < detached_->size) {
     return std::span<char>(detached_->data.data() + detached_->have,
-                           detached_->data.size() - detached_->have);
+                           detached_->size - detached_->have);
   }
   // Move the unread bytes (a partial frame, up to a whole large one) to the
   // front only when the room after them is short: not on every read.
@@ -155,7 +156,7 @@ std::span<char> FrameDecoder::prepare(size_t min) {
 }
 
 void FrameDecoder::commit(size_t n) {
-  if (detached_ && detached_->have < detached_->data.size()) {
+  if (detached_ && detached_->have < detached_->size) {
     detached_->have += n;
   } else {
     end_ += n;
@@ -256,23 +257,48 @@ bool FrameDecoder::tryDetach(uint32_t len) {
   d->wire_size = kLengthPrefixSize + len;
   // What of the data is here already (a little: reads stop soon after a
   // frame's head, see prepare()), then the rest straight into the string.
-  d->data.resize(data_size);
+  d->size = data_size;
   d->have = static_cast<size_t>(avail - p);
+  // An answer its caller takes from a pipe keeps only what is here in
+  // memory; the rest waits for commitPiped() (or declinePipe()).
+  d->pipe_wait = pipe_requests_.contains(d->frame.response().request_id());
+  d->data.resize(d->pipe_wait ? d->have : data_size);
   std::memcpy(d->data.data(), p, d->have);
   pos_ = end_ = 0;
   detached_ = std::move(d);
   return true;
 }
 
+size_t FrameDecoder::pipeWanted() const {
+  return detached_ && detached_->pipe_wait ? detached_->size - detached_->have : 0;
+}
+
+void FrameDecoder::commitPiped(std::shared_ptr<PipedBytes> piped) {
+  if (pipeWanted() == 0 || piped->size() != pipeWanted()) {
+    error_ = protoError(v1::INTERNAL, "piped bytes that the frame being received did not want");
+    return;
+  }
+  detached_->piped = std::move(piped);
+  detached_->have = detached_->size;
+  detached_->pipe_wait = false;
+}
+
+void FrameDecoder::declinePipe() {
+  if (!detached_ || !detached_->pipe_wait) return;
+  detached_->data.resize(detached_->size);
+  detached_->pipe_wait = false;
+}
+
 absl::StatusOr<std::optional<DecodedFrame>> FrameDecoder::next() {
   if (!error_.ok()) return error_;
   if (detached_) {
-    if (detached_->have < detached_->data.size()) return std::nullopt;
+    if (detached_->have < detached_->size) return std::nullopt;
     std::optional<DecodedFrame> result(std::in_place);
     result->wire_size = detached_->wire_size;
     result->frame = std::move(detached_->frame);
     *result->frame.mutable_response()->mutable_file()->mutable_data()->mutable_data() =
         std::move(detached_->data);
+    result->piped = std::move(detached_->piped);
     detached_.reset();
     return result;
   }

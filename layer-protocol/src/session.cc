@@ -19,6 +19,7 @@ std::vector<std::string_view> WriteBatch::buffers() const {
   for (const auto& f : frames) {
     out.emplace_back(f->head);
     if (!f->payload.empty()) out.emplace_back(f->payload);
+    if (f->piped && f->piped->materialized()) out.emplace_back(*f->piped->materialize());
   }
   return out;
 }
@@ -78,6 +79,26 @@ absl::Status Session::onBytes(std::string_view bytes, SessionHandler& handler, T
 absl::Status Session::onRead(size_t n, SessionHandler& handler, TimePoint now) {
   decoder_.commit(n);
   return processDecoded(handler, now);
+}
+
+absl::Status Session::onPiped(std::shared_ptr<PipedBytes> piped, SessionHandler& handler,
+                              TimePoint now) {
+  decoder_.commitPiped(std::move(piped));
+  return processDecoded(handler, now);
+}
+
+void SessionHandler::onResponse(v1::Response response, std::shared_ptr<PipedBytes> piped) {
+  // A handler that takes no pipes gets the bytes in memory.
+  auto bytes = piped->materialize();
+  if (!bytes.ok()) {
+    v1::Response error;
+    error.set_request_id(response.request_id());
+    *error.mutable_error() = toProtoError(bytes.status());
+    onResponse(std::move(error));
+    return;
+  }
+  response.mutable_file()->mutable_data()->mutable_data()->append(*bytes);
+  onResponse(std::move(response));
 }
 
 absl::Status Session::processDecoded(SessionHandler& handler, TimePoint now) {
@@ -189,7 +210,12 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
     }
     case v1::Frame::kResponse:
       pending_requests_.erase(f.response().request_id());
-      handler.onResponse(std::move(*f.mutable_response()));
+      decoder_.forgetPiped(f.response().request_id());
+      if (decoded.piped) {
+        handler.onResponse(std::move(*f.mutable_response()), std::move(decoded.piped));
+      } else {
+        handler.onResponse(std::move(*f.mutable_response()));
+      }
       return absl::OkStatus();
     case v1::Frame::kOpen: {
       uint64_t id = f.open().stream_id();
@@ -544,7 +570,7 @@ absl::StatusOr<size_t> Session::reserveResponse(uint64_t request_id, size_t want
   return granted;
 }
 
-void Session::sendResponse(v1::Response response) {
+bool Session::admitResponse(v1::Response& response, size_t size) {
   incoming_requests_.erase(response.request_id());
   uint64_t reserved = 0;
   if (auto it = reserved_.find(response.request_id()); it != reserved_.end()) {
@@ -552,19 +578,37 @@ void Session::sendResponse(v1::Response response) {
     reserved_total_ -= reserved;
     reserved_.erase(it);
   }
-  if (const size_t size = response.ByteSizeLong(); size > kSmallResponse &&
-                                                   size > reserved + kSmallResponse &&
-                                                   bufferedBytes() + size > answerCap()) {
-    absl::Status full = limitHit(protoError(
-        v1::SESSION_BUFFER_FULL,
-        absl::StrCat("answer of ", size, " bytes dropped: the agent holds ", bufferedBytes(),
-                     " bytes the client has not acknowledged and answers may take ",
-                     bufferLimitText())));
-    v1::Response error;
-    error.set_request_id(response.request_id());
-    *error.mutable_error() = toProtoError(full);
-    response = std::move(error);
+  if (size <= kSmallResponse || size <= reserved + kSmallResponse ||
+      bufferedBytes() + size <= answerCap()) {
+    return true;
   }
+  absl::Status full = limitHit(protoError(
+      v1::SESSION_BUFFER_FULL,
+      absl::StrCat("answer of ", size, " bytes dropped: the agent holds ", bufferedBytes(),
+                   " bytes the client has not acknowledged and answers may take ",
+                   bufferLimitText())));
+  v1::Response error;
+  error.set_request_id(response.request_id());
+  *error.mutable_error() = toProtoError(full);
+  response = std::move(error);
+  return false;
+}
+
+void Session::sendResponse(v1::Response response, std::shared_ptr<PipedBytes> data) {
+  if (!admitResponse(response, response.ByteSizeLong() + data->size())) {
+    sendResponse(std::move(response));
+    return;
+  }
+  auto out = std::make_shared<OutFrame>();
+  out->head = encodeFileDataResponseHead(response, data->size());
+  out->piped = std::move(data);
+  queueSequenced(std::move(out));
+}
+
+void Session::sendResponse(v1::Response response) {
+  // An answer already admitted (the piped form's refusal) passes again:
+  // its request is no longer pending, so nothing is reserved for it.
+  (void)admitResponse(response, response.ByteSizeLong());
   if (response.has_file() && response.file().has_data() &&
       response.file().data().data().size() >= kDetachedDataMin) {
     // A file read's bytes go to the socket from where they were read into,

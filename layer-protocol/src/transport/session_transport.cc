@@ -121,19 +121,59 @@ awaitable<void> SessionTransport::writer(std::shared_ptr<SessionTransport> self)
     protocol::WriteBatch batch = session_.takeWrites(1 << 20);
     buffers.clear();
     error_code ec;
+    absl::Status failed;
     if (stream_.tls()) {
       // asio::ssl writes one buffer per call, each its own record: small
       // frames would cost a record and a system call each. Encryption
-      // copies the bytes anyway; gather them first.
-      gathered_.clear();
-      for (std::string_view b : batch.buffers()) gathered_.append(b);
-      co_await asio::async_write(stream_, asio::buffer(gathered_),
-                                 asio::redirect_error(use_awaitable, ec));
+      // copies the bytes anyway; gather them first (piped reads too).
+      for (const auto& f : batch.frames) {
+        if (!f->piped) continue;
+        if (auto m = f->piped->materialize(); !m.ok()) failed = m.status();
+      }
+      if (failed.ok()) {
+        gathered_.clear();
+        for (std::string_view b : batch.buffers()) gathered_.append(b);
+        co_await asio::async_write(stream_, asio::buffer(gathered_),
+                                   asio::redirect_error(use_awaitable, ec));
+      }
     } else {
-      for (std::string_view b : batch.buffers()) buffers.emplace_back(b.data(), b.size());
-      co_await asio::async_write(stream_, buffers, asio::redirect_error(use_awaitable, ec));
+      for (const auto& f : batch.frames) {
+        buffers.emplace_back(f->head.data(), f->head.size());
+        if (!f->payload.empty()) buffers.emplace_back(f->payload.data(), f->payload.size());
+        if (!f->piped) continue;
+        size_t spliced = 0;
+        if (!f->piped->materialized() && pipes_.usable()) {
+          // What is gathered, this frame's head included, goes first; then
+          // the read's bytes from their pipe, uncopied.
+          co_await asio::async_write(stream_, buffers, asio::redirect_error(use_awaitable, ec));
+          buffers.clear();
+          if (ec || closed_) break;
+          auto sent = co_await pipes_.send(stream_.socket(), *f->piped);
+          if (!sent.ok()) {
+            failed = sent.status();
+            break;
+          }
+          spliced = *sent;
+          if (spliced == f->piped->size()) continue;
+        }
+        // Whatever did not splice goes from memory.
+        auto bytes = f->piped->materialize();
+        if (!bytes.ok()) {
+          failed = bytes.status();
+          break;
+        }
+        buffers.emplace_back(bytes->data() + spliced, bytes->size() - spliced);
+      }
+      if (!ec && failed.ok() && !closed_ && !buffers.empty()) {
+        co_await asio::async_write(stream_, buffers, asio::redirect_error(use_awaitable, ec));
+      }
     }
     if (closed_) break;
+    if (!failed.ok()) {
+      fail(protoError(v1::UNAVAILABLE,
+                      absl::StrCat("write to ", peer_, ": ", failed.message())));
+      break;
+    }
     if (ec) {
       fail(protoError(v1::UNAVAILABLE, absl::StrCat("write to ", peer_, ": ", ec.message())));
       break;

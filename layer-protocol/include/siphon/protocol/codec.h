@@ -21,8 +21,10 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 
 #include "absl/status/statusor.h"
+#include "siphon/protocol/piped_bytes.h"
 #include "siphon/v1/frame.pb.h"
 
 namespace siphon::protocol {
@@ -46,6 +48,9 @@ struct DecodedFrame {
   DataView data;         // is_data
   v1::Frame frame;       // !is_data
   size_t wire_size = 0;  // prefix included
+  // A file read answer received into a pipe (FrameDecoder::commitPiped):
+  // its FileData.data holds the bytes that came first, these the rest.
+  std::shared_ptr<PipedBytes> piped;
 };
 
 class FrameDecoder {
@@ -63,6 +68,21 @@ class FrameDecoder {
   // after it, so the next frame's data is not read into the buffer first.
   // 0 (the default): off. Not for a decoder whose takeBuffered() is used.
   void setDetachFileData(size_t min) { detach_min_ = min; }
+
+  // Piped receive: a detached answer to a request marked expectPiped()
+  // keeps in memory only the bytes of its data already received;
+  // pipeWanted() then says how many are still to come, for the transport
+  // to splice from its socket into a pipe and hand over with commitPiped()
+  // (the frame then comes from next() with DecodedFrame::piped).
+  // declinePipe(), or any prepare()/feed(), takes them in memory instead.
+  // The mark outlives reset() (a resumed transport receives the answer
+  // again) until forgetPiped().
+  void expectPiped(uint64_t request_id) { pipe_requests_.insert(request_id); }
+  void forgetPiped(uint64_t request_id) { pipe_requests_.erase(request_id); }
+  size_t pipeWanted() const;
+  // `piped` holds exactly pipeWanted() bytes (else an INTERNAL error).
+  void commitPiped(std::shared_ptr<PipedBytes> piped);
+  void declinePipe();
 
   // Appends received bytes.
   void feed(std::string_view bytes);
@@ -82,8 +102,7 @@ class FrameDecoder {
   std::string takeBuffered();
   size_t buffered() const {
     // A detached answer's head is here too: all but the data still to come.
-    return end_ - pos_ +
-           (detached_ ? detached_->wire_size - detached_->data.size() + detached_->have : 0);
+    return end_ - pos_ + (detached_ ? detached_->wire_size - detached_->size + detached_->have : 0);
   }
   void reset();
 
@@ -92,8 +111,11 @@ class FrameDecoder {
   struct Detached {
     v1::Frame frame;  // everything but the data
     std::string data;
+    size_t size = 0;  // of the data
     size_t have = 0;
     size_t wire_size = 0;
+    bool pipe_wait = false;  // the rest is to come by commitPiped()
+    std::shared_ptr<PipedBytes> piped;
   };
 
   void compact();
@@ -107,6 +129,7 @@ class FrameDecoder {
   size_t end_ = 0;  // end of readable bytes; buf_.size() may be larger
   absl::Status error_;
   size_t detach_min_ = 0;
+  std::unordered_set<uint64_t> pipe_requests_;
   std::unique_ptr<Detached> detached_;
 };
 

@@ -83,6 +83,7 @@
 #include "absl/status/statusor.h"
 #include "siphon/protocol/codec.h"
 #include "siphon/protocol/limits.h"
+#include "siphon/protocol/piped_bytes.h"
 #include "siphon/v1/frame.pb.h"
 
 namespace siphon::protocol {
@@ -108,12 +109,14 @@ inline constexpr std::chrono::milliseconds kWindowGrowPeriod{10};
 
 // One encoded frame: `head` holds the whole frame, or for data frames and
 // large file read answers the hand-written header with the bytes in
-// `payload` (two buffers on the wire).
+// `payload` (two buffers on the wire), or for a file read the agent
+// spliced, in `piped` (piped_bytes.h: the transport sends them).
 struct OutFrame {
   std::string head;
   std::string payload;
+  std::shared_ptr<PipedBytes> piped;
   bool sequenced = false;
-  size_t size() const { return head.size() + payload.size(); }
+  size_t size() const { return head.size() + payload.size() + (piped ? piped->size() : 0); }
 };
 
 // Frames to write, in order. Keep the batch alive until the write completes.
@@ -121,7 +124,9 @@ struct WriteBatch {
   std::vector<std::shared_ptr<const OutFrame>> frames;
   size_t bytes = 0;
   bool empty() const { return frames.empty(); }
-  // Views of every buffer, in wire order (two per data frame).
+  // Views of every buffer, in wire order (two per data frame). A piped
+  // frame's bytes are there only once materialized (PipedBytes): a
+  // transport that splices sends them itself.
   std::vector<std::string_view> buffers() const;
 };
 
@@ -133,6 +138,10 @@ class SessionHandler {
   // requests the session answers TOO_MANY_PENDING_REQUESTS itself, without a call.
   virtual void onRequest(v1::Request /*request*/) {}
   virtual void onResponse(v1::Response /*response*/) {}
+  // An answer to a request marked with expectPiped() whose data came into
+  // a pipe: FileData.data holds the first bytes, `piped` the rest. The
+  // default reads the pipe and calls onResponse() above.
+  virtual void onResponse(v1::Response response, std::shared_ptr<PipedBytes> piped);
   // The peer opened a stream: answer with acceptStream() or resetStream().
   virtual void onStreamOpen(v1::StreamOpen /*open*/) {}
   virtual void onStreamAccept(v1::StreamAccept /*accept*/) {}
@@ -170,6 +179,12 @@ class Session {
   // Zero-copy form: read into readBuffer(), then onRead(n).
   std::span<char> readBuffer(size_t min = 64 * 1024) { return decoder_.prepare(min); }
   absl::Status onRead(size_t n, SessionHandler& handler, TimePoint now);
+  // Piped receive (client side, codec.h): the answer being received is to
+  // a request marked expectPiped() and pipeWanted() of its bytes are still
+  // to come. The transport splices them into a pipe and hands it to
+  // onPiped(), or reads them as usual (readBuffer() takes them in memory).
+  size_t pipeWanted() const { return decoder_.pipeWanted(); }
+  absl::Status onPiped(std::shared_ptr<PipedBytes> piped, SessionHandler& handler, TimePoint now);
 
   bool hasWrites() const;
   // Frames to write now, up to about `max_bytes` (at least one frame).
@@ -224,6 +239,10 @@ class Session {
   // reserved for it nor the buffer (up to 2 x replay_buffer_bytes) is
   // replaced by a SESSION_BUFFER_FULL error.
   void sendResponse(v1::Response response);
+  // A file read's answer whose bytes are in `data` (piped_bytes.h), sent
+  // after the answer's head as FileData.data; `response` holds that
+  // FileData without data. The same room rules as above.
+  void sendResponse(v1::Response response, std::shared_ptr<PipedBytes> data);
   // Room for up to `wanted` bytes of the answer to incoming request
   // `request_id` (a file read), held until sendResponse() for it: the
   // lesser of `wanted` and what the buffer has left below 2 x
@@ -233,6 +252,11 @@ class Session {
   size_t pendingRequests() const { return pending_requests_.size(); }
   // Requests still waiting for a response (to fail them when the session dies).
   std::vector<uint64_t> pendingRequestIds() const;
+  // The answer to request `request_id` (a file read) may come with its
+  // bytes in a pipe (SessionHandler::onResponse with `piped`), when the
+  // transport can splice; forgetPiped() when its caller gave up.
+  void expectPiped(uint64_t request_id) { decoder_.expectPiped(request_id); }
+  void forgetPiped(uint64_t request_id) { decoder_.forgetPiped(request_id); }
 
   // Opens a stream; assigns and returns its id and sets the credit the peer
   // gets. TOO_MANY_STREAMS past the stream limit.
@@ -312,6 +336,10 @@ class Session {
   std::string bufferLimitText() const;
   // Reports a limit hit to the observer; returns `status`.
   absl::Status limitHit(absl::Status status);
+  // sendResponse()'s first steps: the request is answered, its reserved
+  // room freed; false (and `response` replaced by a SESSION_BUFFER_FULL
+  // error) when an answer of `size` bytes does not fit.
+  bool admitResponse(v1::Response& response, size_t size);
 
   Role role_;
   SessionLimits limits_;

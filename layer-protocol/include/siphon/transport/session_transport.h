@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "siphon/protocol/session.h"
 #include "siphon/transport/asio.h"
+#include "siphon/transport/pipe_sender.h"
 #include "siphon/transport/stream.h"
 
 namespace siphon::net {
@@ -46,6 +47,7 @@ class SessionTransport : public std::enable_shared_from_this<SessionTransport> {
 
   Stream stream_;
   std::string gathered_;  // TLS: the batch in one buffer, one record per 16 KiB
+  PipeSender pipes_;      // plain TCP: piped file reads go by splice
   protocol::Session& session_;
   protocol::SessionHandler& handler_;
   std::string initial_;

@@ -1,0 +1,84 @@
+#include "siphon/transport/pipe_sender.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "siphon/status.h"
+
+namespace siphon::net {
+
+PipeSender::~PipeSender() { drop(); }
+
+void PipeSender::drop() {
+  if (read_ >= 0) ::close(read_);
+  if (write_ >= 0) ::close(write_);
+  read_ = write_ = -1;
+  capacity_ = 0;
+}
+
+bool PipeSender::ready(size_t size) {
+  if (read_ < 0) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) return false;
+    read_ = fds[0];
+    write_ = fds[1];
+    const int got = ::fcntl(write_, F_GETPIPE_SZ);
+    capacity_ = got > 0 ? static_cast<size_t>(got) : 0;
+  }
+  if (capacity_ >= size) return true;
+  const int got = ::fcntl(write_, F_SETPIPE_SZ, static_cast<int>(size));
+  if (got < 0) return false;
+  capacity_ = static_cast<size_t>(got);
+  return capacity_ >= size;
+}
+
+awaitable<absl::StatusOr<size_t>> PipeSender::send(tcp::socket& socket, protocol::PipedBytes& data) {
+  if (disabled_ || data.materialized() || data.size() == 0) co_return size_t{0};
+  // The scratch pipe needs as many slots as the data's pipe has buffers:
+  // the same capacity is enough.
+  const int data_capacity = ::fcntl(data.fd(), F_GETPIPE_SZ);
+  if (data_capacity <= 0 || !ready(static_cast<size_t>(data_capacity))) co_return size_t{0};
+  ssize_t teed;
+  do {
+    teed = ::tee(data.fd(), write_, data.size(), SPLICE_F_NONBLOCK);
+  } while (teed < 0 && errno == EINTR);
+  if (teed <= 0) co_return size_t{0};  // the scratch pipe is still empty
+  error_code ec;
+  if (!socket.non_blocking()) socket.non_blocking(true, ec);
+  if (ec) {
+    drop();
+    disabled_ = true;
+    co_return size_t{0};
+  }
+  const auto want = static_cast<size_t>(teed);
+  size_t sent = 0;
+  while (sent < want) {
+    const ssize_t n = ::splice(read_, nullptr, socket.native_handle(), nullptr, want - sent,
+                               SPLICE_F_NONBLOCK);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    const int err = n == 0 ? EPIPE : errno;
+    if (err == EINTR) continue;
+    if (err == EAGAIN) {
+      co_await socket.async_wait(tcp::socket::wait_write, asio::redirect_error(use_awaitable, ec));
+      if (!ec) continue;
+      drop();  // the rest of the scratch pipe is nobody's now
+      co_return protoError(v1::UNAVAILABLE, absl::StrCat("wait to write: ", ec.message()));
+    }
+    drop();
+    if (sent == 0 && (err == EINVAL || err == ENOSYS || err == EOPNOTSUPP)) {
+      disabled_ = true;  // this socket takes no splice: the caller writes it all
+      co_return size_t{0};
+    }
+    co_return protoError(v1::UNAVAILABLE, absl::StrCat("splice: ", std::strerror(err)));
+  }
+  co_return sent;
+}
+
+}  // namespace siphon::net
