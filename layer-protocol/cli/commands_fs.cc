@@ -186,7 +186,7 @@ net::awaitable<int> catOne(const CommandEnv& env, const std::string& path) {
   Files files(env.target);
   auto file = co_await files.open(path, O_RDONLY);
   if (!file.ok()) co_return report(what, file.status());
-  const absl::Status failure = co_await catFile(*file, files.maxReadSize());
+  const absl::Status failure = co_await catFile(*file, files.readChunk());
   (void)co_await file->close();  // a read-only close has nothing to report
   if (!failure.ok()) co_return report(what, failure);
   co_return kExitOk;

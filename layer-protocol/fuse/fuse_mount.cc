@@ -38,6 +38,18 @@ uint32_t ioSize(uint32_t agent_max_read) {
   return pages >= kPage ? std::min(kMaxIo, pages) : kMaxIo;
 }
 
+bool pipeHoldsRead(uint32_t io) {
+  // libfuse sizes its pipe to the read plus a page per buffer and header
+  // (fuse_send_data_iov); a read comes in two buffers per part, and a
+  // part per agent read: 16 pages cover a read of up to 7 parts.
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return false;
+  const bool ok = ::fcntl(fds[0], F_SETPIPE_SZ, static_cast<int>(io + 16 * 4096)) >= 0;
+  ::close(fds[0]);
+  ::close(fds[1]);
+  return ok;
+}
+
 // A mount point as /proc/self/mountinfo writes it: space, tab, newline
 // and backslash as octal escapes.
 std::string mountinfoEscape(std::string_view path) {
@@ -280,6 +292,16 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::mount(client::Target targe
   }
   auto impl = std::make_unique<Impl>(target, options);
   impl->max_io = ioSize(impl->files.maxReadSize());
+  // Reads by splice (fuse_impl.h), at the size a pipe can hold: without
+  // CAP_SYS_RESOURCE no pipe is above fs.pipe-max-size (1 MiB by default),
+  // and a read of kSpliceIo leaves room for the buffers TCP cuts pages
+  // into (a page per segment's end) and libfuse's header.
+  if (pipeHoldsRead(impl->max_io)) {
+    impl->splice_reads = true;
+  } else if (pipeHoldsRead(kSpliceIo)) {
+    impl->max_io = std::min(impl->max_io, kSpliceIo);
+    impl->splice_reads = true;
+  }
   // -o options: the kernel's large requests, the mount's mode, and
   // auto_unmount (fusermount3 unmounts when this process dies, even of
   // SIGKILL: the mount answers ENOTCONN, then goes, and never hangs).

@@ -805,6 +805,39 @@ void opCreate(fuse_req_t req, fuse_ino_t parent, const char* name, mode_t mode,
   startChanging(req, doCreate(&implOf(req), req, parent, name, mode, *fi));
 }
 
+// A read some of whose parts came in pipes: each part's bytes in memory,
+// then its pipe's. libfuse splices the pipes into its own and that into
+// /dev/fuse (FUSE_CAP_SPLICE_WRITE), so the bytes reach the mount's page
+// cache with the kernel's one copy; when its pipe cannot hold them it reads
+// them into memory and writes them as usual.
+void replyPiped(fuse_req_t req, std::vector<client::FileData>& parts) {
+  const size_t count = 2 * parts.size();
+  std::vector<char> storage(sizeof(struct fuse_bufvec) + count * sizeof(struct fuse_buf));
+  auto* bufv = reinterpret_cast<struct fuse_bufvec*>(storage.data());
+  *bufv = FUSE_BUFVEC_INIT(0);
+  bufv->count = 0;
+  for (client::FileData& p : parts) {
+    if (!p.data.empty()) {
+      struct fuse_buf& b = bufv->buf[bufv->count++];
+      b = fuse_buf{};
+      b.size = p.data.size();
+      b.mem = p.data.data();
+    }
+    if (p.piped && p.piped->size() > 0) {
+      struct fuse_buf& b = bufv->buf[bufv->count++];
+      b = fuse_buf{};
+      b.size = p.piped->size();
+      b.flags = FUSE_BUF_IS_FD;
+      b.fd = p.piped->fd();
+    }
+  }
+  if (bufv->count == 0) {
+    fuse_reply_buf(req, nullptr, 0);
+    return;
+  }
+  fuse_reply_data(req, bufv, FUSE_BUF_SPLICE_MOVE);
+}
+
 net::awaitable<void> doRead(Impl* m, fuse_req_t req, uint64_t fh, size_t size, off_t off) {
   auto it = m->open_files.find(fh);
   if (it == m->open_files.end()) {
@@ -817,11 +850,12 @@ net::awaitable<void> doRead(Impl* m, fuse_req_t req, uint64_t fh, size_t size, o
   std::vector<client::Pending<client::FileData>> parts;
   for (size_t done = 0; done < size; done += chunk) {
     const auto n = static_cast<uint32_t>(std::min<size_t>(chunk, size - done));
-    parts.push_back(file.startPread(off + static_cast<off_t>(done), n));
+    parts.push_back(file.startPread(off + static_cast<off_t>(done), n, m->splice_reads));
   }
-  // The parts go to the kernel as they are, gathered (fuse_reply_iov): no
-  // copy to join them.
-  std::vector<std::string> data;
+  // The parts go to the kernel as they are, gathered (fuse_reply_iov, or
+  // fuse_reply_data when some came in pipes): no copy to join them.
+  std::vector<client::FileData> data;
+  bool piped = false;
   absl::Status failed;
   bool short_read = false;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -833,8 +867,9 @@ net::awaitable<void> doRead(Impl* m, fuse_req_t req, uint64_t fh, size_t size, o
       continue;
     }
     const size_t want = std::min<size_t>(chunk, size - i * chunk);
-    const size_t got = part->data.size();
-    data.push_back(std::move(part->data));
+    const size_t got = part->size();
+    piped = piped || part->piped;
+    data.push_back(*std::move(part));
     // A short part or the end: the file ends there; later parts are past it.
     if (got < want || part->eof) short_read = true;
   }
@@ -842,10 +877,14 @@ net::awaitable<void> doRead(Impl* m, fuse_req_t req, uint64_t fh, size_t size, o
     fuse_reply_err(req, handleErr(file, failed));
     co_return;
   }
+  if (piped) {
+    replyPiped(req, data);
+    co_return;
+  }
   std::vector<struct iovec> iov;
   iov.reserve(data.size());
-  for (std::string& d : data) {
-    if (!d.empty()) iov.push_back(iovec{d.data(), d.size()});
+  for (client::FileData& d : data) {
+    if (!d.data.empty()) iov.push_back(iovec{d.data.data(), d.data.size()});
   }
   fuse_reply_iov(req, iov.data(), static_cast<int>(iov.size()));
 }
@@ -1064,11 +1103,12 @@ void raiseReadahead(const std::string& mount_path, uint32_t kib) {
 
 void opInit(void* userdata, struct fuse_conn_info* conn) {
   const uint32_t io = static_cast<Impl*>(userdata)->max_io;
-  // Readahead of four of the largest reads: measured, 128 KiB gave 635 MB/s
-  // for a sequential read over loopback, 1 MiB 783, 4 MiB 927, 16 MiB 897.
-  // After this INIT answer is written (the kernel applies it in that write).
+  // Readahead of four of the largest reads (readaheadBytes): measured,
+  // 128 KiB gave 635 MB/s for a sequential read over loopback, 1 MiB 783,
+  // 4 MiB 927, 16 MiB 897. After this INIT answer is written (the kernel
+  // applies it in that write).
   Impl* m = static_cast<Impl*>(userdata);
-  net::asio::post(m->fd.get_executor(), [path = m->mount_path, kib = 4 * io / 1024,
+  net::asio::post(m->fd.get_executor(), [path = m->mount_path, kib = readaheadBytes(io) / 1024,
                                          life = std::weak_ptr<int>(m->life)] {
     if (!life.expired()) raiseReadahead(path, kib);
   });
@@ -1083,6 +1123,12 @@ void opInit(void* userdata, struct fuse_conn_info* conn) {
   conn->want &= ~FUSE_CAP_WRITEBACK_CACHE;
   // A new size or mtime from the agent drops the pages the kernel has.
   if ((conn->capable & FUSE_CAP_AUTO_INVAL_DATA) != 0) conn->want |= FUSE_CAP_AUTO_INVAL_DATA;
+  // Reads answered from pipes (replyPiped) when libfuse's pipe can hold one.
+  if (m->splice_reads && (conn->capable & FUSE_CAP_SPLICE_WRITE) != 0) {
+    conn->want |= FUSE_CAP_SPLICE_WRITE;
+  } else {
+    m->splice_reads = false;
+  }
 }
 
 struct fuse_lowlevel_ops makeOperations() {

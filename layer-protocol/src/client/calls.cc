@@ -83,8 +83,9 @@ std::shared_ptr<Link> Client::linkOf(uint64_t generation) const {
   return nullptr;
 }
 
-net::awaitable<absl::StatusOr<v1::Response>> Client::call(v1::Request request,
-                                                          std::chrono::milliseconds timeout) {
+net::awaitable<absl::StatusOr<v1::Response>> Client::call(
+    v1::Request request, std::chrono::milliseconds timeout,
+    std::shared_ptr<protocol::PipedBytes>* piped) {
   if (!lost_.ok()) co_return lost_;
   if (!link_) co_return protoError(v1::FAILED_PRECONDITION, "not connected");
   const auto deadline = steady_timer::clock_type::now() + timeout;
@@ -144,7 +145,7 @@ net::awaitable<absl::StatusOr<v1::Response>> Client::call(v1::Request request,
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - steady_timer::clock_type::now());
   auto response = co_await callOn(link, std::move(request),
-                                  std::max(left, std::chrono::milliseconds(1)), 0);
+                                  std::max(left, std::chrono::milliseconds(1)), 0, piped);
   if (closes) handles_.erase(*handle);
   if (unsubscribing && (response.ok() || errorCodeOf(response.status()) == v1::NOT_FOUND)) {
     auto it = subscriptions_.find(*unsubscribing);
@@ -195,10 +196,9 @@ void Client::closeHandleNoWait(uint64_t handle, bool directory) {
   if (link->session->sendRequest(std::move(request)).ok()) link->wake();
 }
 
-net::awaitable<absl::StatusOr<v1::Response>> Client::callOn(std::shared_ptr<Link> link_in,
-                                                            v1::Request request,
-                                                            std::chrono::milliseconds timeout,
-                                                            uint64_t subscription) {
+net::awaitable<absl::StatusOr<v1::Response>> Client::callOn(
+    std::shared_ptr<Link> link_in, v1::Request request, std::chrono::milliseconds timeout,
+    uint64_t subscription, std::shared_ptr<protocol::PipedBytes>* piped) {
   const std::shared_ptr<Link> link = std::move(link_in);
   if (!link->lost.ok()) co_return link->lost;
   auto pending = std::make_shared<Pending>(ex_);
@@ -210,12 +210,19 @@ net::awaitable<absl::StatusOr<v1::Response>> Client::callOn(std::shared_ptr<Link
   auto id = link->session->sendRequest(std::move(request));
   if (!id.ok()) co_return id.status();
   link->pending[*id] = pending;
+  // Marked before any byte of the answer can arrive (the request is not
+  // written until wake()); the session forgets the mark as it answers.
+  if (piped) link->session->expectPiped(*id);
   link->wake();
   auto deadline = steady_timer::clock_type::now() + timeout;
   while (!pending->result && steady_timer::clock_type::now() < deadline) {
     co_await pending->done.wait(deadline);
   }
   link->pending.erase(*id);
+  if (piped) {
+    if (link->session) link->session->forgetPiped(*id);
+    *piped = std::move(pending->piped);
+  }
   if (!pending->result) {
     co_return protoError(v1::TIMEOUT, absl::StrCat("no response to request ", *id, " within ",
                                                    timeout.count(), " ms"));
@@ -256,7 +263,8 @@ absl::Status Client::acceptStream(ClientStream& stream) {
 
 // ------------------------------------------------------- from the Links
 
-void Client::onResponse(Link& link, v1::Response response) {
+void Client::onResponse(Link& link, v1::Response response,
+                        std::shared_ptr<protocol::PipedBytes> piped) {
   auto it = link.pending.find(response.request_id());
   if (it == link.pending.end()) {
     // Timed out meanwhile. A subscribe the agent made after its caller gave
@@ -287,6 +295,7 @@ void Client::onResponse(Link& link, v1::Response response) {
       response.mutable_subscribed()->set_subscription_id(id);
     }
     p.result = std::move(response);
+    p.piped = std::move(piped);
   }
   p.done.notify();
 }

@@ -14,7 +14,9 @@ namespace siphon::client {
 using FileResult = absl::StatusOr<v1::FileResponse>;
 
 // The file answer, or the call's error (an Error{ERRNO} as an errno status).
-net::awaitable<FileResult> fileCall(std::shared_ptr<TargetCore> core, v1::FileRequest f);
+// `piped`: Client::call's (a read's data may come in a pipe).
+net::awaitable<FileResult> fileCall(std::shared_ptr<TargetCore> core, v1::FileRequest f,
+                                    std::shared_ptr<protocol::PipedBytes>* piped = nullptr);
 // A call whose answer carries nothing (FileDone).
 net::awaitable<absl::Status> doneCall(std::shared_ptr<TargetCore> core, v1::FileRequest f);
 

@@ -29,11 +29,12 @@ struct HandleState {
   bool closed = false;
 };
 
-net::awaitable<FileResult> fileCall(std::shared_ptr<TargetCore> core_in, v1::FileRequest f) {
+net::awaitable<FileResult> fileCall(std::shared_ptr<TargetCore> core_in, v1::FileRequest f,
+                                    std::shared_ptr<protocol::PipedBytes>* piped) {
   const std::shared_ptr<TargetCore> core = std::move(core_in);
   v1::Request request;
   *request.mutable_file() = std::move(f);
-  auto r = co_await core->call(std::move(request));
+  auto r = co_await core->call(std::move(request), piped);
   if (!r.ok()) co_return r.status();
   if (!r->has_file()) co_return wrongKind("file");
   co_return std::move(*r->mutable_file());
@@ -71,7 +72,7 @@ FileStat statFrom(const v1::FileStat& s) {
 absl::StatusOr<FileData> dataFrom(FileResult r) {
   if (!r.ok()) return r.status();
   if (!r->has_data()) return wrongKind("read");
-  return FileData{std::move(*r->mutable_data()->mutable_data()), r->data().eof()};
+  return FileData{std::move(*r->mutable_data()->mutable_data()), r->data().eof(), nullptr};
 }
 
 absl::StatusOr<uint64_t> writtenFrom(const FileResult& r) {
@@ -116,14 +117,18 @@ absl::StatusOr<FileStat> statOf(FileResult r, std::string_view what) {
 // Pipelined calls: started detached, answered into a slot. Requests go out
 // in the order they were started (spawn queues them on the executor).
 net::awaitable<void> runPread(std::shared_ptr<HandleState> state_in, int64_t offset, uint32_t size,
-                              std::shared_ptr<PendingSlot<FileData>> slot_in) {
+                              bool piped, std::shared_ptr<PendingSlot<FileData>> slot_in) {
   const auto state = std::move(state_in);
   const auto slot = std::move(slot_in);
   if (state->closed) {
     slot->set(closedStatus(state->handle));
     co_return;
   }
-  slot->set(dataFrom(co_await fileCall(state->core, preadRequest(state->handle, offset, size))));
+  std::shared_ptr<protocol::PipedBytes> pipe;
+  auto data = dataFrom(co_await fileCall(state->core, preadRequest(state->handle, offset, size),
+                                         piped ? &pipe : nullptr));
+  if (data.ok()) data->piped = std::move(pipe);
+  slot->set(std::move(data));
 }
 
 net::awaitable<void> runPwrite(std::shared_ptr<HandleState> state_in, int64_t offset,
@@ -226,9 +231,9 @@ net::awaitable<absl::StatusOr<uint64_t>> File::pwrite(int64_t offset, std::strin
       co_await fileCall(state->core, pwriteRequest(state->handle, offset, std::move(data))));
 }
 
-Pending<FileData> File::startPread(int64_t offset, uint32_t size) {
+Pending<FileData> File::startPread(int64_t offset, uint32_t size, bool piped) {
   auto slot = std::make_shared<PendingSlot<FileData>>(state_->core->ex);
-  net::spawn(state_->core->ex, runPread(state_, offset, size, slot), "client_pread",
+  net::spawn(state_->core->ex, runPread(state_, offset, size, piped, slot), "client_pread",
              failSlot(slot));
   return Pending<FileData>(slot);
 }
@@ -330,6 +335,11 @@ Files::Files(const Target& target) : core_(target.core()) {}
 
 uint32_t Files::maxReadSize() const { return core_->client->maxReadSize(); }
 
+uint32_t Files::readChunk() const {
+  const uint32_t max = maxReadSize();
+  return max >= 4096 ? max / 4096 * 4096 : max;
+}
+
 net::awaitable<absl::StatusOr<File>> Files::open(std::string path, int flags, uint32_t mode) {
   const auto core = core_;
   v1::FileRequest f;
@@ -395,7 +405,7 @@ net::awaitable<absl::StatusOr<std::string>> Files::readFile(std::string path, si
   const auto core = core_;
   auto file = co_await open(std::move(path), O_RDONLY);
   if (!file.ok()) co_return file.status();
-  if (chunk == 0) chunk = core->client->maxReadSize();
+  if (chunk == 0) chunk = readChunk();
   depth = std::max<size_t>(depth, 1);
   // Preads ahead up to `depth`; a short read that is not the end (the file
   // changed under us) drops what was issued past it and goes on from there.

@@ -34,6 +34,7 @@ struct Client::Pending {
   bool subscribe = false;
   uint64_t subscription = 0;  // the client id to keep (a failover's resubscribe); 0: a new one
   v1::Request request;        // kept for a later failover
+  std::shared_ptr<protocol::PipedBytes> piped;  // a piped read's data (Client::call)
 };
 
 // One session with one agent: the protocol state, the transport that carries
@@ -93,6 +94,9 @@ struct Link : protocol::SessionHandler, std::enable_shared_from_this<Link> {
   // protocol::SessionHandler. Requests, opens and notices go to the Client
   // (calls.cc); stream frames to their ClientStream (streams.cc).
   void onResponse(v1::Response response) override { client.onResponse(*this, std::move(response)); }
+  void onResponse(v1::Response response, std::shared_ptr<protocol::PipedBytes> piped) override {
+    client.onResponse(*this, std::move(response), std::move(piped));
+  }
   void onStreamOpen(v1::StreamOpen open) override { client.onStreamOpen(*this, std::move(open)); }
   void onDraining(v1::Draining draining) override {
     client.onDraining(*this, std::move(draining));

@@ -93,9 +93,10 @@ void TargetCore::install() {
   });
 }
 
-net::awaitable<absl::StatusOr<v1::Response>> TargetCore::call(v1::Request request) {
+net::awaitable<absl::StatusOr<v1::Response>> TargetCore::call(
+    v1::Request request, std::shared_ptr<protocol::PipedBytes>* piped) {
   const std::shared_ptr<Client> c = client;
-  co_return co_await c->call(std::move(request), timeout);
+  co_return co_await c->call(std::move(request), timeout, piped);
 }
 
 std::shared_ptr<SubscriptionState> TargetCore::subscription(uint64_t id) {

@@ -54,7 +54,9 @@ struct TargetCore : std::enable_shared_from_this<TargetCore> {
 
   // Sets the Client's acceptor and handlers, holding this core weakly.
   void install();
-  net::awaitable<absl::StatusOr<v1::Response>> call(v1::Request request);
+  // `piped`: Client::call's.
+  net::awaitable<absl::StatusOr<v1::Response>> call(
+      v1::Request request, std::shared_ptr<protocol::PipedBytes>* piped = nullptr);
   // The state of subscription `id`, made when it is not known yet (a stream
   // may come before the Subscribed answer reached its caller).
   std::shared_ptr<SubscriptionState> subscription(uint64_t id);

@@ -1,6 +1,7 @@
 #include "siphon/transport/pipe_sender.h"
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -79,6 +80,72 @@ awaitable<absl::StatusOr<size_t>> PipeSender::send(tcp::socket& socket, protocol
     co_return protoError(v1::UNAVAILABLE, absl::StrCat("splice: ", std::strerror(err)));
   }
   co_return sent;
+}
+
+awaitable<absl::StatusOr<PipeReceiver::Received>> PipeReceiver::receive(tcp::socket& socket,
+                                                                       size_t n) {
+  Received out;
+  if (disabled_ || n == 0) co_return out;
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) co_return out;
+  // The socket's bytes come as a buffer per page fragment of each skb: a
+  // page can be cut in two by an skb's end, so twice the pages, else as
+  // many (a fragment-heavy stream then ends in memory, below).
+  if (::fcntl(fds[1], F_SETPIPE_SZ, static_cast<int>(2 * n)) < 0 &&
+      ::fcntl(fds[1], F_SETPIPE_SZ, static_cast<int>(n)) < 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    disabled_ = true;
+    co_return out;
+  }
+  auto piped = std::make_shared<protocol::PipedBytes>(fds[0], n);
+  const int in = fds[1];
+  struct CloseIn {
+    int fd;
+    ~CloseIn() { ::close(fd); }
+  } close_in{in};
+  error_code ec;
+  if (!socket.non_blocking()) socket.non_blocking(true, ec);
+  if (ec) {
+    disabled_ = true;
+    co_return out;
+  }
+  size_t have = 0;
+  int stalls = 0;  // splices in a row that took nothing while bytes waited
+  while (have < n) {
+    const ssize_t k =
+        ::splice(socket.native_handle(), nullptr, in, nullptr, n - have, SPLICE_F_NONBLOCK);
+    if (k > 0) {
+      have += static_cast<size_t>(k);
+      stalls = 0;
+      continue;
+    }
+    if (k == 0) co_return protoError(v1::UNAVAILABLE, "connection closed by the peer");
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN) {
+      co_return protoError(v1::UNAVAILABLE, absl::StrCat("splice: ", std::strerror(errno)));
+    }
+    int queued = 0;
+    if (::ioctl(socket.native_handle(), FIONREAD, &queued) == 0 && queued > 0) {
+      // Bytes wait in the socket: they may have come just after the splice
+      // looked, so once more; taking none twice, the pipe is full. What it
+      // holds goes back to memory, and the session reads the rest there.
+      if (++stalls < 2) continue;
+      out.partial.resize(have);
+      for (size_t got = 0; got < have;) {
+        const ssize_t r = ::read(piped->fd(), out.partial.data() + got, have - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) co_return protoError(v1::INTERNAL, "a receive pipe lost its bytes");
+        got += static_cast<size_t>(r);
+      }
+      co_return out;
+    }
+    stalls = 0;
+    co_await socket.async_wait(tcp::socket::wait_read, asio::redirect_error(use_awaitable, ec));
+    if (ec) co_return protoError(v1::UNAVAILABLE, absl::StrCat("wait to read: ", ec.message()));
+  }
+  out.piped = std::move(piped);
+  co_return out;
 }
 
 }  // namespace siphon::net

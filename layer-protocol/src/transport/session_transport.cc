@@ -68,19 +68,41 @@ awaitable<absl::Status> SessionTransport::run() {
     wake();
   }
   while (!closed_ && !close_after_flush_) {
-    auto buf = session_.readBuffer(64 * 1024);
-    error_code ec;
-    size_t n = co_await stream_.async_read_some(asio::buffer(buf.data(), buf.size()),
-                                                asio::redirect_error(use_awaitable, ec));
-    if (closed_) break;
-    if (ec) {
-      fail(
-          ec == asio::error::eof || ec == ssl::error::stream_truncated
-              ? protoError(v1::UNAVAILABLE, absl::StrCat("connection closed by ", peer_))
-              : protoError(v1::UNAVAILABLE, absl::StrCat("read from ", peer_, ": ", ec.message())));
-      break;
+    absl::Status s;
+    bool taken = false;  // by the piped receive
+    if (const size_t want = session_.pipeWanted();
+        want > 0 && !stream_.tls() && pipes_in_.usable()) {
+      // A file read answer its caller takes from a pipe: its bytes go from
+      // the socket into one, uncopied (pipe_sender.h).
+      auto got = co_await pipes_in_.receive(stream_.socket(), want);
+      if (closed_) break;
+      if (!got.ok()) {
+        fail(protoError(v1::UNAVAILABLE, absl::StrCat("read from ", peer_, ": ", got.status().message())));
+        break;
+      }
+      // Without a pipe, the read below takes the bytes in memory.
+      taken = got->piped || !got->partial.empty();
+      if (got->piped) {
+        s = session_.onPiped(std::move(got->piped), handler_, protocol::Clock::now());
+      } else if (!got->partial.empty()) {
+        s = session_.onBytes(got->partial, handler_, protocol::Clock::now());
+      }
     }
-    absl::Status s = session_.onRead(n, handler_, protocol::Clock::now());
+    if (!taken) {
+      auto buf = session_.readBuffer(64 * 1024);
+      error_code ec;
+      size_t n = co_await stream_.async_read_some(asio::buffer(buf.data(), buf.size()),
+                                                  asio::redirect_error(use_awaitable, ec));
+      if (closed_) break;
+      if (ec) {
+        fail(ec == asio::error::eof || ec == ssl::error::stream_truncated
+                 ? protoError(v1::UNAVAILABLE, absl::StrCat("connection closed by ", peer_))
+                 : protoError(v1::UNAVAILABLE,
+                              absl::StrCat("read from ", peer_, ": ", ec.message())));
+        break;
+      }
+      s = session_.onRead(n, handler_, protocol::Clock::now());
+    }
     if (!s.ok()) {
       // Tell the peer why, then close once the Goaway is written.
       session_.sendGoaway(errorCodeOf(s), sv(s.message()));

@@ -3,7 +3,9 @@
 // split and coalesced every way, and the typed, sticky errors.
 #include "siphon/protocol/codec.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -535,6 +537,98 @@ TEST(CodecTest, ResetDropsADetachedAnswer) {
   std::vector<Got> got = drain(dec);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_TRUE(MessageDifferencer::Equals(got[0].frame.response(), want));
+}
+
+// A pipe holding `bytes` (read end; the write end is closed).
+std::shared_ptr<PipedBytes> pipeOf(std::string_view bytes) {
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  EXPECT_GE(::fcntl(fds[1], F_SETPIPE_SZ, static_cast<int>(std::max<size_t>(bytes.size(), 4096))), 0);
+  EXPECT_EQ(::write(fds[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  ::close(fds[1]);
+  return std::make_shared<PipedBytes>(fds[0], bytes.size());
+}
+
+// Piped receive (the client's mount): an answer to a marked request keeps
+// in memory what came with its head and waits for the rest in a pipe; the
+// frames after it decode as ever, and an unmarked answer is whole.
+TEST(CodecTest, AMarkedAnswerTakesTheRestOfItsDataFromAPipe) {
+  v1::Response want;
+  const std::string big = fileAnswer(4, 300000, true, &want);
+  v1::Response other;
+  const std::string unmarked = fileAnswer(5, 100000, false, &other);
+  const std::string after = encodeDataFrame(9, "after");
+  FrameDecoder dec;
+  dec.setDetachFileData(16 * 1024);
+  dec.expectPiped(4);
+  dec.feed(std::string_view(big).substr(0, 5000));
+  auto none = dec.next();
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  const size_t wanted = dec.pipeWanted();
+  EXPECT_EQ(wanted, big.size() - 5000);
+  EXPECT_EQ(dec.buffered(), 5000u);
+  dec.commitPiped(pipeOf(std::string_view(big).substr(5000)));
+  EXPECT_EQ(dec.pipeWanted(), 0u);
+  auto got = dec.next();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_TRUE(got->has_value());
+  ASSERT_NE((*got)->piped, nullptr);
+  EXPECT_EQ((*got)->wire_size, big.size());
+  const std::string head_part = (*got)->frame.response().file().data().data();
+  auto rest = (*got)->piped->materialize();
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_EQ(head_part + std::string(*rest), want.file().data().data());
+  EXPECT_TRUE((*got)->frame.response().file().data().eof());
+  EXPECT_EQ((*got)->frame.response().request_id(), 4u);
+  dec.forgetPiped(4);
+
+  dec.feed(unmarked + after);
+  EXPECT_EQ(dec.pipeWanted(), 0u);
+  std::vector<Got> frames = drain(dec);
+  ASSERT_EQ(frames.size(), 2u);
+  EXPECT_TRUE(MessageDifferencer::Equals(frames[0].frame.response(), other));
+  EXPECT_EQ(frames[1].payload, "after");
+  EXPECT_EQ(dec.buffered(), 0u);
+}
+
+// A transport that does not splice (TLS, no pipe to be had) reads the bytes
+// as usual: prepare() declines the pipe and the data is whole in memory.
+TEST(CodecTest, AMarkedAnswerReadInMemoryIsWhole) {
+  v1::Response want;
+  const std::string big = fileAnswer(4, 300000, false, &want);
+  for (size_t chunk : {size_t{65536}, size_t{1000}}) {
+    FrameDecoder dec;
+    dec.setDetachFileData(16 * 1024);
+    dec.expectPiped(4);
+    size_t into_final = 0;
+    std::vector<Got> got = receiveInChunks(dec, big, chunk, &into_final);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_TRUE(MessageDifferencer::Equals(got[0].frame.response(), want));
+    EXPECT_EQ(dec.pipeWanted(), 0u);
+  }
+}
+
+// The mark outlives a cut (a resumed transport receives the answer again);
+// a pipe of the wrong size is the decoder's sticky INTERNAL error.
+TEST(CodecTest, PipeMarkOutlivesResetAndAWrongPipeIsAnError) {
+  v1::Response want;
+  const std::string big = fileAnswer(4, 300000, false, &want);
+  FrameDecoder dec;
+  dec.setDetachFileData(16 * 1024);
+  dec.expectPiped(4);
+  dec.feed(std::string_view(big).substr(0, 2000));
+  ASSERT_TRUE(dec.next().ok());
+  EXPECT_GT(dec.pipeWanted(), 0u);
+  dec.reset();
+  EXPECT_EQ(dec.pipeWanted(), 0u);
+  dec.feed(std::string_view(big).substr(0, 3000));
+  ASSERT_TRUE(dec.next().ok());
+  EXPECT_EQ(dec.pipeWanted(), big.size() - 3000);
+  dec.commitPiped(pipeOf("short"));
+  auto bad = dec.next();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(errorCodeOf(bad.status()), v1::INTERNAL);
 }
 
 TEST(CodecTest, StreamZeroAndEmptyPayload) {

@@ -191,8 +191,13 @@ class Client : public std::enable_shared_from_this<Client> {
 
   // A unary request. The response's error (if any) comes back as a status.
   // During a failover it waits (within `timeout`) for the new session.
+  // With `piped`, a file read answer's data may come in a pipe: the
+  // response's FileData.data holds its first bytes and *piped the rest (or
+  // *piped stays null and data holds them all). Plain TCP only: over TLS,
+  // or when no pipe can be had, the bytes come in memory.
   net::awaitable<absl::StatusOr<v1::Response>> call(
-      v1::Request request, std::chrono::milliseconds timeout = std::chrono::seconds(30));
+      v1::Request request, std::chrono::milliseconds timeout = std::chrono::seconds(30),
+      std::shared_ptr<protocol::PipedBytes>* piped = nullptr);
 
   // Opens a stream and waits for the agent to accept it (or reset it: the
   // reset's code comes back as the status).
@@ -299,10 +304,9 @@ class Client : public std::enable_shared_from_this<Client> {
                      std::optional<v1::Draining> draining);
   net::awaitable<void> failover(std::shared_ptr<Client> self, std::shared_ptr<Link> from,
                                 FailoverEvent event, std::optional<v1::Draining> draining);
-  net::awaitable<absl::StatusOr<v1::Response>> callOn(std::shared_ptr<Link> link,
-                                                      v1::Request request,
-                                                      std::chrono::milliseconds timeout,
-                                                      uint64_t subscription);
+  net::awaitable<absl::StatusOr<v1::Response>> callOn(
+      std::shared_ptr<Link> link, v1::Request request, std::chrono::milliseconds timeout,
+      uint64_t subscription, std::shared_ptr<protocol::PipedBytes>* piped = nullptr);
   // Fails what `link` carries; the current link's loss moves the client to
   // another agent or ends it.
   void linkLost(const std::shared_ptr<Link>& link, const absl::Status& why);
@@ -320,7 +324,8 @@ class Client : public std::enable_shared_from_this<Client> {
   absl::Status mapUnsubscribe(v1::Request& request, bool* gone);
 
   // From the Links' SessionHandler.
-  void onResponse(Link& link, v1::Response response);
+  void onResponse(Link& link, v1::Response response,
+                  std::shared_ptr<protocol::PipedBytes> piped = nullptr);
   void onStreamOpen(Link& link, v1::StreamOpen open);
   // Maps the stream's subscription id and gives it to the acceptor.
   void handOver(Link& link, std::shared_ptr<ClientStream> stream, v1::StreamOpen open);

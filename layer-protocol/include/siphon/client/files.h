@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "siphon/client/pending.h"
 #include "siphon/client/target.h"
+#include "siphon/protocol/piped_bytes.h"
 
 namespace siphon::client {
 
@@ -75,9 +76,14 @@ struct DirBatch {
 };
 
 // What a read returned: the bytes, and whether the end of the file was seen.
+// A read started with `piped` (startPread) may have its bytes in two parts:
+// `data`, then those in `piped` (a pipe the caller splices on, or reads
+// with PipedBytes::materialize()). size() counts both.
 struct FileData {
   std::string data;
   bool eof = false;
+  std::shared_ptr<protocol::PipedBytes> piped;
+  size_t size() const { return data.size() + (piped ? piped->size() : 0); }
 };
 
 struct HandleState;
@@ -94,7 +100,10 @@ class File {
   net::awaitable<absl::StatusOr<FileData>> pread(int64_t offset, uint32_t size);
   net::awaitable<absl::StatusOr<uint64_t>> write(std::string data);
   net::awaitable<absl::StatusOr<uint64_t>> pwrite(int64_t offset, std::string data);
-  Pending<FileData> startPread(int64_t offset, uint32_t size);
+  // With `piped`, a large answer's bytes may stay in a pipe (FileData):
+  // over plain TCP the agent splices the file's pages into the socket and
+  // the client splices them out, so neither copies them.
+  Pending<FileData> startPread(int64_t offset, uint32_t size, bool piped = false);
   Pending<uint64_t> startPwrite(int64_t offset, std::string data);
   net::awaitable<absl::StatusOr<int64_t>> seek(int64_t offset, int whence);
   net::awaitable<absl::StatusOr<FileStat>> stat();
@@ -168,6 +177,11 @@ class Files {
   // session: the agent's --max-read-size. A larger one is answered short.
   // Writes of this size fit in a frame too.
   uint32_t maxReadSize() const;
+  // The size a sequential reader's reads are best of: maxReadSize() in
+  // whole pages (when it is one or more), so each read starts on a page and
+  // the agent can splice it (a read that straddles one page more than its
+  // pipe holds is copied instead).
+  uint32_t readChunk() const;
 
   // Every entry of the directory at `path` ("." and ".." too, as the kernel
   // lists them).
@@ -179,7 +193,7 @@ class Files {
   net::awaitable<absl::StatusOr<std::vector<DirEntry>>> list(std::string path, bool with_stat);
   static constexpr uint32_t kListBatch = 4096;
 
-  // The whole file: preads `chunk` bytes each (0: the agent's read limit),
+  // The whole file: preads `chunk` bytes each (0: readChunk()),
   // `depth` of them in flight.
   net::awaitable<absl::StatusOr<std::string>> readFile(std::string path, size_t depth = 8,
                                                        uint32_t chunk = 0);

@@ -4,10 +4,18 @@
 // splice(2) from ours into the socket. The socket's skbs then hold the
 // file's pages; over loopback the receiver's copy is the only one.
 //
-// Threads: one per socket's executor (the SessionTransport's writer).
+// PipeReceiver is the other end: the bytes of a file read answer the
+// session wants piped (Session::pipeWanted) go from the socket into a new
+// pipe by splice(2), which takes the skbs' pages without copying them, and
+// the pipe goes to the caller (the mount splices it into /dev/fuse).
+//
+// Threads: one per socket's executor (the SessionTransport's writer and
+// reader).
 #pragma once
 
 #include <cstddef>
+#include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "siphon/protocol/piped_bytes.h"
@@ -41,6 +49,27 @@ class PipeSender {
 
   int read_ = -1, write_ = -1;
   size_t capacity_ = 0;
+  bool disabled_ = false;
+};
+
+class PipeReceiver {
+ public:
+  struct Received {
+    // All `n` bytes, in a pipe; or null when they could not be spliced:
+    // then `partial` holds what was taken from the socket before that (the
+    // caller feeds it to the session, which takes the rest in memory).
+    std::shared_ptr<protocol::PipedBytes> piped;
+    std::string partial;
+  };
+  // Takes the next `n` bytes of `socket` (made non-blocking) into a pipe,
+  // waiting for them as needed. An error is the socket's (or its end).
+  awaitable<absl::StatusOr<Received>> receive(tcp::socket& socket, size_t n);
+
+  // False once no pipe of the size could be had (an unprivileged process
+  // past fs.pipe-max-size): the caller reads in memory from then on.
+  bool usable() const { return !disabled_; }
+
+ private:
   bool disabled_ = false;
 };
 

@@ -48,6 +48,7 @@ class SessionTransport : public std::enable_shared_from_this<SessionTransport> {
   Stream stream_;
   std::string gathered_;  // TLS: the batch in one buffer, one record per 16 KiB
   PipeSender pipes_;      // plain TCP: piped file reads go by splice
+  PipeReceiver pipes_in_;  // and come so, when the session wants them piped
   protocol::Session& session_;
   protocol::SessionHandler& handler_;
   std::string initial_;

@@ -316,6 +316,38 @@ TEST_F(RootFsTest, ReadsReportEofExactly) {
   EXPECT_EQ(errnoOf(writeFd(fd->get(), "x").status()), EBADF) << "opened read-only";
 }
 
+// Spliced reads (the agent's large preads): the same bytes and eof as
+// preadFd at aligned and unaligned offsets, the end exactly; a file that
+// is not regular (a FIFO, procfs-like size 0 files are regular but splice
+// as they can) is left to preadFd.
+TEST_F(RootFsTest, SplicedReadsMatchCopyingReads) {
+  std::string content(300000, '\0');
+  for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>(i * 7 + i / 4096);
+  tree_.file("big", content);
+  auto fd = fs_.open("/big", O_RDONLY, 0);
+  ASSERT_TRUE(fd.ok());
+  for (auto [offset, size] : std::vector<std::pair<int64_t, uint32_t>>{
+           {0, 65536}, {4096, 131072}, {1000, 70000}, {299000, 5000}, {300000, 4096}}) {
+    SCOPED_TRACE(::testing::Message() << "offset " << offset << " size " << size);
+    auto piped = splicePreadFd(fd->get(), size, offset);
+    ASSERT_TRUE(piped.ok()) << piped.status();
+    ASSERT_TRUE(piped->has_value()) << "a regular file on the test's file system splices";
+    auto copied = preadFd(fd->get(), size, offset);
+    ASSERT_TRUE(copied.ok());
+    auto bytes = (*piped)->bytes->materialize();
+    ASSERT_TRUE(bytes.ok()) << bytes.status();
+    EXPECT_TRUE(*bytes == copied->data());
+    EXPECT_EQ((*piped)->eof, copied->eof());
+  }
+  EXPECT_EQ(errnoOf(splicePreadFd(fd->get(), 10, -1).status()), EINVAL);
+  ASSERT_EQ(::mkfifo((tree_.root() + "/fifo").c_str(), 0600), 0);
+  auto fifo = fs_.open("/fifo", O_RDONLY | O_NONBLOCK, 0);
+  ASSERT_TRUE(fifo.ok());
+  auto none = splicePreadFd(fifo->get(), 65536, 0);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+}
+
 TEST_F(RootFsTest, WriteCreateTruncate) {
   auto fd = fs_.open("/new", O_RDWR | O_CREAT | O_EXCL, 0640);
   ASSERT_TRUE(fd.ok()) << fd.status();

@@ -1,0 +1,162 @@
+// PipeSender and PipeReceiver over a loopback TCP connection: a piped file
+// read goes from its pipe into the socket and from the socket into a new
+// pipe with the same bytes; the data pipe keeps them (a resume sends them
+// again); the receiver takes exactly its frame's bytes, not the next one's.
+#include "siphon/transport/pipe_sender.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "siphon/transport/spawn.h"
+
+namespace siphon::net {
+namespace {
+
+// A pipe holding `bytes`; its write end is closed.
+std::shared_ptr<protocol::PipedBytes> pipeOf(const std::string& bytes) {
+  int fds[2];
+  EXPECT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+  EXPECT_GE(::fcntl(fds[1], F_SETPIPE_SZ, static_cast<int>(bytes.size())), 0);
+  EXPECT_EQ(::write(fds[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  ::close(fds[1]);
+  return std::make_shared<protocol::PipedBytes>(fds[0], bytes.size());
+}
+
+std::string pattern(size_t n, int seed) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>((i * 31 + seed) & 0xff);
+  return s;
+}
+
+struct Pair {
+  explicit Pair(asio::io_context& io) : a(io), b(io) {
+    tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+    a.connect(acceptor.local_endpoint());
+    acceptor.accept(b);
+  }
+  tcp::socket a, b;
+};
+
+struct Outcome {
+  bool done = false;
+  size_t sent_first = 0, sent_again = 0;
+  std::string first, second, tail;
+  std::string error;
+};
+
+awaitable<void> sendTwice(tcp::socket& s, PipeSender& sender, protocol::PipedBytes& data,
+                          std::string trailer, Outcome* out) {
+  auto first = co_await sender.send(s, data);
+  if (!first.ok()) {
+    out->error = first.status().ToString();
+    co_return;
+  }
+  out->sent_first = *first;
+  auto again = co_await sender.send(s, data);  // a replay: the same bytes
+  if (!again.ok()) {
+    out->error = again.status().ToString();
+    co_return;
+  }
+  out->sent_again = *again;
+  co_await asio::async_write(s, asio::buffer(trailer), use_awaitable);
+}
+
+awaitable<void> receiveTwice(tcp::socket& s, PipeReceiver& receiver, size_t n, size_t trailer,
+                             Outcome* out) {
+  for (std::string* into : {&out->first, &out->second}) {
+    auto got = co_await receiver.receive(s, n);
+    if (!got.ok()) {
+      out->error = got.status().ToString();
+      co_return;
+    }
+    if (got->piped) {
+      auto bytes = got->piped->materialize();
+      if (!bytes.ok()) {
+        out->error = bytes.status().ToString();
+        co_return;
+      }
+      *into = std::string(*bytes);
+    } else {
+      // The pipe filled: what it held, then the rest from the socket.
+      *into = got->partial;
+      std::string rest(n - into->size(), '\0');
+      co_await asio::async_read(s, asio::buffer(rest), use_awaitable);
+      *into += rest;
+    }
+  }
+  out->tail.resize(trailer);
+  co_await asio::async_read(s, asio::buffer(out->tail), use_awaitable);
+  out->done = true;
+}
+
+TEST(PipeTest, BytesGoFromPipeToSocketToPipeAndTheDataPipeKeepsThem) {
+  for (size_t n : {size_t{4096}, size_t{300000}, size_t{1} << 20}) {
+    SCOPED_TRACE(testing::Message() << n << " bytes");
+    asio::io_context io;
+    Pair pair(io);
+    const std::string bytes = pattern(n, static_cast<int>(n % 251));
+    auto data = pipeOf(bytes);
+    PipeSender sender;
+    PipeReceiver receiver;
+    Outcome sent, got;
+    spawn(io, sendTwice(pair.a, sender, *data, "trailer", &sent), "send");
+    spawn(io, receiveTwice(pair.b, receiver, n, 7, &got), "receive");
+    io.run();
+    ASSERT_EQ(sent.error, "");
+    ASSERT_EQ(got.error, "");
+    EXPECT_EQ(sent.sent_first, n);
+    EXPECT_EQ(sent.sent_again, n);
+    ASSERT_TRUE(got.done);
+    EXPECT_TRUE(got.first == bytes) << "first copy differs";
+    EXPECT_TRUE(got.second == bytes) << "the replay differs";
+    EXPECT_EQ(got.tail, "trailer");  // not taken by the second receive
+    EXPECT_FALSE(data->materialized());
+    auto kept = data->materialize();  // the data pipe still holds them all
+    ASSERT_TRUE(kept.ok()) << kept.status();
+    EXPECT_TRUE(*kept == bytes);
+  }
+}
+
+// A materialized frame (TLS took it into memory) is the caller's to send:
+// the sender sends none of it.
+TEST(PipeTest, AMaterializedFrameIsLeftToTheCaller) {
+  asio::io_context io;
+  Pair pair(io);
+  auto data = pipeOf(pattern(8192, 3));
+  ASSERT_TRUE(data->materialize().ok());
+  PipeSender sender;
+  size_t sent = 99;
+  spawn(io,
+        [](tcp::socket& s, PipeSender& p, protocol::PipedBytes& d,
+           size_t* out) -> awaitable<void> {
+          auto r = co_await p.send(s, d);
+          *out = r.ok() ? *r : 12345;
+        }(pair.a, sender, *data, &sent),
+        "send");
+  io.run();
+  EXPECT_EQ(sent, 0u);
+}
+
+// The peer's close during a receive is an error, not bytes.
+TEST(PipeTest, ThePeersCloseEndsAReceive) {
+  asio::io_context io;
+  Pair pair(io);
+  PipeReceiver receiver;
+  std::string error;
+  asio::write(pair.a, asio::buffer(std::string(100, 'x')));
+  pair.a.close();
+  spawn(io,
+        [](tcp::socket& s, PipeReceiver& r, std::string* out) -> awaitable<void> {
+          auto got = co_await r.receive(s, 5000);
+          *out = got.ok() ? "ok" : std::string(got.status().message());
+        }(pair.b, receiver, &error),
+        "receive");
+  io.run();
+  EXPECT_NE(error.find("closed"), std::string::npos) << error;
+}
+
+}  // namespace
+}  // namespace siphon::net
