@@ -82,8 +82,8 @@ awaitable<absl::StatusOr<size_t>> PipeSender::send(tcp::socket& socket, protocol
   co_return sent;
 }
 
-awaitable<absl::StatusOr<PipeReceiver::Received>> PipeReceiver::receive(tcp::socket& socket,
-                                                                       size_t n) {
+awaitable<absl::StatusOr<PipeReceiver::Received>> PipeReceiver::receive(
+    tcp::socket& socket, size_t n, std::function<void()> progress) {
   Received out;
   if (disabled_ || n == 0) co_return out;
   int fds[2];
@@ -118,6 +118,7 @@ awaitable<absl::StatusOr<PipeReceiver::Received>> PipeReceiver::receive(tcp::soc
     if (k > 0) {
       have += static_cast<size_t>(k);
       stalls = 0;
+      if (progress) progress();
       continue;
     }
     if (k == 0) co_return protoError(v1::UNAVAILABLE, "connection closed by the peer");

@@ -74,7 +74,9 @@ awaitable<absl::Status> SessionTransport::run() {
         want > 0 && !stream_.tls() && pipes_in_.usable()) {
       // A file read answer its caller takes from a pipe: its bytes go from
       // the socket into one, uncopied (pipe_sender.h).
-      auto got = co_await pipes_in_.receive(stream_.socket(), want);
+      auto got = co_await pipes_in_.receive(stream_.socket(), want, [this] {
+        session_.onPipedProgress(protocol::Clock::now());
+      });
       if (closed_) break;
       if (!got.ok()) {
         fail(protoError(v1::UNAVAILABLE, absl::StrCat("read from ", peer_, ": ", got.status().message())));

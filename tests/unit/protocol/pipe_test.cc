@@ -140,6 +140,38 @@ TEST(PipeTest, AMaterializedFrameIsLeftToTheCaller) {
   EXPECT_EQ(sent, 0u);
 }
 
+// Bytes that come slowly are reported as they come (the session's
+// keepalive counts them: a read over a slow link outlasts its timeout).
+awaitable<void> sendSlowly(asio::io_context& io, tcp::socket& s, std::string bytes) {
+  for (size_t at = 0; at < bytes.size(); at += 8192) {
+    co_await asio::async_write(s, asio::buffer(bytes.data() + at, 8192), use_awaitable);
+    asio::steady_timer t(io, std::chrono::milliseconds(20));
+    co_await t.async_wait(use_awaitable);
+  }
+}
+
+awaitable<void> receiveCounting(tcp::socket& s, PipeReceiver& r, size_t n, int* progress,
+                                std::string* out) {
+  auto got = co_await r.receive(s, n, [progress] { ++*progress; });
+  if (!got.ok() || !got->piped) co_return;
+  auto bytes = got->piped->materialize();
+  if (bytes.ok()) *out = std::string(*bytes);
+}
+
+TEST(PipeTest, SlowBytesAreReportedAsTheyCome) {
+  asio::io_context io;
+  Pair pair(io);
+  const std::string bytes = pattern(4 * 8192, 9);
+  PipeReceiver receiver;
+  int progress = 0;
+  std::string got;
+  spawn(io, sendSlowly(io, pair.a, bytes), "send");
+  spawn(io, receiveCounting(pair.b, receiver, bytes.size(), &progress, &got), "receive");
+  io.run();
+  EXPECT_TRUE(got == bytes);
+  EXPECT_GE(progress, 4) << "once per chunk at least";
+}
+
 // The peer's close during a receive is an error, not bytes.
 TEST(PipeTest, ThePeersCloseEndsAReceive) {
   asio::io_context io;

@@ -185,6 +185,9 @@ class Session {
   // onPiped(), or reads them as usual (readBuffer() takes them in memory).
   size_t pipeWanted() const { return decoder_.pipeWanted(); }
   absl::Status onPiped(std::shared_ptr<PipedBytes> piped, SessionHandler& handler, TimePoint now);
+  // Bytes of the answer being piped arrived: the peer is not silent
+  // (keepalive), though no frame is complete yet.
+  void onPipedProgress(TimePoint now) { last_received_ = now; }
 
   bool hasWrites() const;
   // Frames to write now, up to about `max_bytes` (at least one frame).

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -62,8 +63,11 @@ class PipeReceiver {
     std::string partial;
   };
   // Takes the next `n` bytes of `socket` (made non-blocking) into a pipe,
-  // waiting for them as needed. An error is the socket's (or its end).
-  awaitable<absl::StatusOr<Received>> receive(tcp::socket& socket, size_t n);
+  // waiting for them as needed; `progress` is called as bytes come (a
+  // slow link's read may take longer than a keepalive timeout). An error
+  // is the socket's (or its end).
+  awaitable<absl::StatusOr<Received>> receive(tcp::socket& socket, size_t n,
+                                              std::function<void()> progress = {});
 
   // False once no pipe of the size could be had (an unprivileged process
   // past fs.pipe-max-size): the caller reads in memory from then on.
