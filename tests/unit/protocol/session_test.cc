@@ -5,7 +5,9 @@
 // Over 600 lines: one state machine's cases sharing the session pair below.
 #include "siphon/protocol/session.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <map>
@@ -540,6 +542,63 @@ TEST(SessionTest, AFileReadAnswerGoesAsTwoBuffersWithoutACopy) {
     EXPECT_TRUE(p.ch.responses[0].file().data().data() == want);
     EXPECT_TRUE(p.ch.responses[0].file().data().eof());
   }
+}
+
+std::shared_ptr<PipedBytes> pipeHolding(std::string_view bytes) {
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  EXPECT_GE(::fcntl(fds[1], F_SETPIPE_SZ, static_cast<int>(bytes.size())), 0);
+  EXPECT_EQ(::write(fds[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  ::close(fds[1]);
+  return std::make_shared<PipedBytes>(fds[0], bytes.size());
+}
+
+// A read the agent spliced: its frame holds the pipe (counted in the
+// batch, not in the buffers until materialized); the client, having marked
+// the request, takes the bytes after the head from a pipe; and after a cut
+// the replay is the same frame with the same bytes.
+TEST(SessionTest, APipedReadAnswerIsSentFromItsPipeAndReplayedWhole) {
+  Pipe p;
+  auto id = p.client.sendRequest(envRequest("read"));
+  ASSERT_TRUE(id.ok());
+  p.client.expectPiped(*id);
+  ASSERT_TRUE(p.toAgent().ok());
+  std::string data(200000, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i % 253);
+  v1::Response r;
+  r.set_request_id(*id);
+  r.mutable_file()->mutable_data()->set_eof(true);
+  p.agent.sendResponse(std::move(r), pipeHolding(data));
+  WriteBatch b = p.agent.takeWrites();
+  ASSERT_FALSE(b.empty());
+  const OutFrame& frame = *b.frames.back();
+  ASSERT_NE(frame.piped, nullptr);
+  EXPECT_EQ(frame.size(), frame.head.size() + data.size());
+  EXPECT_GE(b.bytes, data.size());
+  EXPECT_LT(bytesOf(b).size(), data.size()) << "the pipe's bytes are the transport's to send";
+  ASSERT_TRUE(frame.piped->materialize().ok());  // as a TLS transport does
+  const std::string wire = bytesOf(b);
+  ASSERT_EQ(wire.size(), b.bytes);
+
+  const size_t rest = data.size() - 1000;  // the head and 1000 bytes come in memory
+  ASSERT_TRUE(p.client.onBytes(std::string_view(wire).substr(0, wire.size() - rest), p.ch, p.now).ok());
+  EXPECT_TRUE(p.ch.responses.empty());
+  ASSERT_EQ(p.client.pipeWanted(), rest);
+  ASSERT_TRUE(p.client.onPiped(pipeHolding(std::string_view(wire).substr(wire.size() - rest)),
+                               p.ch, p.now)
+                  .ok());
+  ASSERT_EQ(p.ch.responses.size(), 1u);
+  EXPECT_TRUE(p.ch.responses[0].file().data().data() == data);
+  EXPECT_TRUE(p.ch.responses[0].file().data().eof());
+
+  // The transport is cut before the client's ack: the agent replays it.
+  p.agent.onTransportLost();
+  ASSERT_TRUE(p.agent.resume(0, p.now).ok());
+  std::vector<Frame> replayed = framesOf(p.agent.takeWrites());
+  auto it = std::find_if(replayed.begin(), replayed.end(),
+                         [](const Frame& f) { return f.frame.has_response(); });
+  ASSERT_NE(it, replayed.end());
+  EXPECT_TRUE(it->frame.response().file().data().data() == data);
 }
 
 TEST(SessionTest, ZeroCopyReadPath) {
