@@ -6,11 +6,15 @@
 //
 // Seed corpus: run the binary with SIPHON_FUZZ_WRITE_SEEDS=DIR to write a few
 // valid exchanges there and exit (scripts/fuzz.sh does).
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -119,13 +123,17 @@ void fuzzDecoder(std::string_view in) {
 // (setDetachFileData, the client's) decodes the same frames as a plain one,
 // and fails where it fails, whatever the chunking. The input is also made
 // to start with a valid file answer head now and then, so the fuzzer need
-// not find that layout on its own.
+// not find that layout on its own. Sometimes that answer's request is
+// marked piped, and the bytes it still wants go in a pipe (the client's
+// splice receive): the frames are the same again.
 void fuzzDetached(std::string_view raw) {
   Choices choose(raw);
   std::string in;
+  std::optional<uint64_t> piped_id;
   if (choose.upTo(1)) {
     v1::Response r;
     r.set_request_id(choose.upTo(1000));
+    if (choose.upTo(1)) piped_id = r.request_id();
     r.mutable_file()->mutable_data()->set_eof(choose.upTo(1) != 0);
     const size_t data = 1 + choose.upTo(raw.size() + 100);
     in = encodeFileDataResponseHead(r, data);
@@ -135,15 +143,28 @@ void fuzzDetached(std::string_view raw) {
   auto frames = [&](FrameDecoder& dec, bool detach) {
     std::vector<std::string> out;  // each frame re-encoded, then "error"
     if (detach) dec.setDetachFileData(1 + choose.upTo(64));
+    if (detach && piped_id) dec.expectPiped(*piped_id);
     std::string_view rest = in;
     bool failed = false;
     while (!rest.empty() && !failed) {
-      std::span<char> room = dec.prepare(1 + choose.upTo(300));
-      check(!room.empty(), "prepare gives some room");
-      const size_t n = std::min({room.size(), rest.size(), 1 + choose.upTo(rest.size())});
-      std::copy(rest.begin(), rest.begin() + static_cast<ptrdiff_t>(n), room.begin());
-      dec.commit(n);
-      rest.remove_prefix(n);
+      // A pipe's default 64 KiB take the wanted bytes without a reader.
+      if (const size_t wanted = dec.pipeWanted();
+          wanted > 0 && wanted <= rest.size() && wanted <= 65536) {
+        int fds[2];
+        check(::pipe(fds) == 0, "pipe");
+        check(::write(fds[1], rest.data(), wanted) == static_cast<ssize_t>(wanted),
+              "the pipe takes the bytes");
+        ::close(fds[1]);
+        dec.commitPiped(std::make_shared<PipedBytes>(fds[0], wanted));
+        rest.remove_prefix(wanted);
+      } else {
+        std::span<char> room = dec.prepare(1 + choose.upTo(300));
+        check(!room.empty(), "prepare gives some room");
+        const size_t n = std::min({room.size(), rest.size(), 1 + choose.upTo(rest.size())});
+        std::copy(rest.begin(), rest.begin() + static_cast<ptrdiff_t>(n), room.begin());
+        dec.commit(n);
+        rest.remove_prefix(n);
+      }
       while (true) {
         auto next = dec.next();
         if (!next.ok()) {
@@ -152,7 +173,13 @@ void fuzzDetached(std::string_view raw) {
           break;
         }
         if (!next->has_value()) break;
-        const DecodedFrame& d = **next;
+        DecodedFrame& d = **next;
+        if (d.piped) {
+          auto bytes = d.piped->materialize();
+          check(bytes.ok(), "a committed pipe holds its bytes");
+          d.frame.mutable_response()->mutable_file()->mutable_data()->mutable_data()->append(
+              *bytes);
+        }
         out.push_back(d.is_data ? encodeDataFrame(d.data.stream_id, d.data.payload)
                                 : encodeFrame(d.frame));
         out.push_back(std::to_string(d.wire_size));
