@@ -1,0 +1,458 @@
+#include "exec/sandbox.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <linux/netfilter_ipv4.h>
+#include <linux/netfilter_ipv6/ip6_tables.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace siphon::exec {
+namespace {
+
+// What the child sends on its socket: the listeners (kReady, with the fds),
+// or why it stopped: a step that failed with an errno (kStepFailed), a
+// command that failed with its status and the start of its stderr
+// (kCommandFailed), the exec's errno (kExecFailed). A successful exec closes
+// the socket (close-on-exec): the parent reads its end.
+enum Kind : uint8_t { kReady = 1, kStepFailed, kCommandFailed, kExecFailed };
+
+struct Message {
+  Kind kind;
+  int step;     // index into the child's plan (kStepFailed, kCommandFailed)
+  int err;      // errno, or the command's wait status
+  int has_v6;   // kReady: two fds were sent
+  char text[512];  // kCommandFailed: the start of its stderr
+};
+
+// A plan made before the fork: the child only makes system calls on it
+// (another thread of the parent may hold malloc's lock at the fork).
+struct Plan {
+  bool user_namespace = false;
+  std::string uid_map_outer, gid_map_outer;  // "0 UID 1": root inside, for the set-up
+  std::string uid_map_inner, gid_map_inner;  // "UID 0 1": the caller's ids again
+  std::string hostname;
+  // Each command's argv; "%4" and "%6" in them become the listeners' ports.
+  std::vector<std::vector<std::string>> commands4, commands6;
+  std::vector<std::string> argv, env;
+};
+
+// The steps' names, for the parent's messages (kStepFailed's `step`).
+constexpr const char* kSteps[] = {
+    "setpgid",          "unshare the namespaces", "write setgroups",
+    "write uid_map",    "write gid_map",          "make the mounts private",
+    "sethostname",      "listen on 127.0.0.1",    "listen on ::1",
+    "run a command",    "drop to the caller's ids", "send the listeners"};
+enum Step {
+  kSetpgid,
+  kUnshare,
+  kSetgroups,
+  kUidMap,
+  kGidMap,
+  kMountPrivate,
+  kHostname,
+  kListen4,
+  kListen6,
+  kCommand,
+  kDrop,
+  kSend,
+};
+
+[[noreturn]] void childFail(int sock, Kind kind, int step, int err, const char* text = nullptr,
+                            size_t text_len = 0) {
+  Message m{};
+  m.kind = kind;
+  m.step = step;
+  m.err = err;
+  if (text) std::memcpy(m.text, text, std::min(text_len, sizeof(m.text) - 1));
+  (void)!::send(sock, &m, sizeof(m), MSG_NOSIGNAL);
+  ::_exit(127);
+}
+
+bool writeFile(const char* path, const std::string& s) {
+  const int fd = ::open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::write(fd, s.data(), s.size()) == static_cast<ssize_t>(s.size());
+  ::close(fd);
+  return ok;
+}
+
+int listenOn(int family, uint16_t* port) {
+  const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_storage ss{};
+  socklen_t len;
+  if (family == AF_INET) {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    a->sin_family = AF_INET;
+    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    len = sizeof(*a);
+  } else {
+    const int one = 1;
+    (void)::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof(one));
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    a->sin6_family = AF_INET6;
+    a->sin6_addr = in6addr_loopback;
+    len = sizeof(*a);
+  }
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 || ::listen(fd, SOMAXCONN) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  *port = ntohs(family == AF_INET ? reinterpret_cast<sockaddr_in*>(&ss)->sin_port
+                                  : reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
+  return fd;
+}
+
+// Writes `v` in decimal at `out` (room for 6 characters); returns the end.
+char* putPort(char* out, uint16_t v) {
+  char tmp[6];
+  int n = 0;
+  do {
+    tmp[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  while (n > 0) *out++ = tmp[--n];
+  *out = '\0';
+  return out;
+}
+
+// Runs one command of the plan (its "%4"/"%6" made the port) and waits;
+// on failure reports it with the start of its stderr and exits.
+void runCommand(int sock, const std::vector<std::string>& cmd, uint16_t port, int index) {
+  char port_text[8];
+  putPort(port_text, port);
+  const char* argv[32];
+  size_t n = 0;
+  for (const std::string& a : cmd) {
+    if (n + 1 >= sizeof(argv) / sizeof(argv[0])) break;
+    argv[n++] = (a == "%4" || a == "%6") ? port_text : a.c_str();
+  }
+  argv[n] = nullptr;
+  int err_pipe[2];
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) childFail(sock, kStepFailed, kCommand, errno);
+  const pid_t pid = ::fork();
+  if (pid < 0) childFail(sock, kStepFailed, kCommand, errno);
+  if (pid == 0) {
+    ::dup2(err_pipe[1], 2);
+    const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) ::dup2(null, 1);
+    ::execvp(argv[0], const_cast<char* const*>(argv));
+    const char* what = errno == ENOENT ? "not found (is it installed?)" : "cannot be run";
+    (void)!::write(2, argv[0], std::strlen(argv[0]));
+    (void)!::write(2, ": ", 2);
+    (void)!::write(2, what, std::strlen(what));
+    ::_exit(127);
+  }
+  ::close(err_pipe[1]);
+  char text[512];
+  size_t have = 0;
+  while (have < sizeof(text)) {
+    const ssize_t r = ::read(err_pipe[0], text + have, sizeof(text) - have);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    have += static_cast<size_t>(r);
+  }
+  ::close(err_pipe[0]);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    childFail(sock, kCommandFailed, index, status, text, have);
+  }
+}
+
+[[noreturn]] void child(int sock, const Plan& plan, const char* const* argv,
+                        const char* const* envp) {
+  if (::setpgid(0, 0) != 0) childFail(sock, kStepFailed, kSetpgid, errno);
+  int flags = CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWUTS;
+  if (plan.user_namespace) flags |= CLONE_NEWUSER;
+  if (::unshare(flags) != 0) childFail(sock, kStepFailed, kUnshare, errno);
+  if (plan.user_namespace) {
+    if (!writeFile("/proc/self/setgroups", "deny")) childFail(sock, kStepFailed, kSetgroups, errno);
+    if (!writeFile("/proc/self/uid_map", plan.uid_map_outer)) {
+      childFail(sock, kStepFailed, kUidMap, errno);
+    }
+    if (!writeFile("/proc/self/gid_map", plan.gid_map_outer)) {
+      childFail(sock, kStepFailed, kGidMap, errno);
+    }
+  }
+  // Mounts made for the program (siphon fs mount of --fs-remote paths) stay
+  // in its namespace.
+  if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+    childFail(sock, kStepFailed, kMountPrivate, errno);
+  }
+  if (!plan.hostname.empty() &&
+      ::sethostname(plan.hostname.data(), plan.hostname.size()) != 0) {
+    childFail(sock, kStepFailed, kHostname, errno);
+  }
+  uint16_t port4 = 0, port6 = 0;
+  const int l4 = listenOn(AF_INET, &port4);
+  if (l4 < 0) childFail(sock, kStepFailed, kListen4, errno);
+  // ::1 needs lo up; the IPv6 listener comes after the first command.
+  int index = 0;
+  for (const auto& cmd : plan.commands4) runCommand(sock, cmd, port4, index++);
+  int l6 = -1;
+  if (!plan.commands6.empty()) {
+    l6 = listenOn(AF_INET6, &port6);
+    // No IPv6 on this machine: IPv4 only (nothing to steer).
+    if (l6 >= 0) {
+      for (const auto& cmd : plan.commands6) runCommand(sock, cmd, port6, index++);
+    }
+  }
+  if (plan.user_namespace) {
+    // The program runs as the caller, without the capabilities the set-up
+    // had: a user namespace inside the first, mapping the ids back.
+    if (::unshare(CLONE_NEWUSER) != 0) childFail(sock, kStepFailed, kDrop, errno);
+    if (!writeFile("/proc/self/setgroups", "deny") ||
+        !writeFile("/proc/self/uid_map", plan.uid_map_inner) ||
+        !writeFile("/proc/self/gid_map", plan.gid_map_inner)) {
+      childFail(sock, kStepFailed, kDrop, errno);
+    }
+  }
+  Message m{};
+  m.kind = kReady;
+  m.has_v6 = l6 >= 0 ? 1 : 0;
+  int fds[2] = {l4, l6};
+  char control[CMSG_SPACE(sizeof(fds))] = {};
+  iovec iov{&m, sizeof(m)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * (l6 >= 0 ? 2 : 1));
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int) * (l6 >= 0 ? 2 : 1));
+  std::memcpy(CMSG_DATA(c), fds, sizeof(int) * (l6 >= 0 ? 2 : 1));
+  if (::sendmsg(sock, &msg, MSG_NOSIGNAL) < 0) childFail(sock, kStepFailed, kSend, errno);
+  ::close(l4);
+  if (l6 >= 0) ::close(l6);
+  ::execvpe(argv[0], const_cast<char* const*>(argv), const_cast<char* const*>(envp));
+  childFail(sock, kExecFailed, 0, errno);
+}
+
+std::string commandText(const Plan& plan, int index) {
+  const size_t n4 = plan.commands4.size();
+  const auto& cmd = static_cast<size_t>(index) < n4 ? plan.commands4[index]
+                                                    : plan.commands6[index - n4];
+  return absl::StrJoin(cmd, " ");
+}
+
+std::vector<std::vector<std::string>> ipv4Commands() {
+  const std::string addr = kSandboxAddress4;
+  return {
+      {"ip", "link", "set", "lo", "up"},
+      {"ip", "addr", "add", addr + "/32", "dev", "lo"},
+      {"ip", "route", "add", "default", "dev", "lo", "src", addr},
+      // The listener itself is not redirected; everything else TCP is.
+      {"iptables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", "127.0.0.1", "--dport",
+       "%4", "-j", "RETURN"},
+      {"iptables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-j", "REDIRECT",
+       "--to-ports", "%4"},
+  };
+}
+
+std::vector<std::vector<std::string>> ipv6Commands() {
+  const std::string addr = kSandboxAddress6;
+  return {
+      {"ip", "-6", "addr", "add", addr + "/128", "dev", "lo", "nodad"},
+      {"ip", "-6", "route", "add", "default", "dev", "lo", "src", addr},
+      {"ip6tables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", "::1", "--dport", "%6",
+       "-j", "RETURN"},
+      {"ip6tables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-j", "REDIRECT",
+       "--to-ports", "%6"},
+  };
+}
+
+absl::Status stepError(const Plan& plan, const Message& m) {
+  const std::string why = std::strerror(m.err);
+  if (m.step == kUnshare && plan.user_namespace && (m.err == EPERM || m.err == ENOSPC)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot make a user namespace (", why,
+        "): unprivileged user namespaces are off on this machine; check the sysctls "
+        "kernel.unprivileged_userns_clone (Debian) and user.max_user_namespaces, or run "
+        "siphon as root"));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("setting up the program's namespaces: ", kSteps[m.step], ": ", why));
+}
+
+}  // namespace
+
+Sandbox::~Sandbox() { reset(); }
+
+Sandbox::Sandbox(Sandbox&& other) noexcept
+    : pid_(std::exchange(other.pid_, -1)),
+      tcp4_(std::exchange(other.tcp4_, -1)),
+      tcp6_(std::exchange(other.tcp6_, -1)) {}
+
+Sandbox& Sandbox::operator=(Sandbox&& other) noexcept {
+  if (this != &other) {
+    reset();
+    pid_ = std::exchange(other.pid_, -1);
+    tcp4_ = std::exchange(other.tcp4_, -1);
+    tcp6_ = std::exchange(other.tcp6_, -1);
+  }
+  return *this;
+}
+
+void Sandbox::reset() {
+  if (tcp4_ >= 0) ::close(tcp4_);
+  if (tcp6_ >= 0) ::close(tcp6_);
+  tcp4_ = tcp6_ = -1;
+  pid_ = -1;  // the caller waits for the program
+}
+
+int Sandbox::releaseTcp4() { return std::exchange(tcp4_, -1); }
+int Sandbox::releaseTcp6() { return std::exchange(tcp6_, -1); }
+
+absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec) {
+  if (spec.argv.empty()) return absl::InvalidArgumentError("no program to run");
+  Plan plan;
+  plan.user_namespace = ::geteuid() != 0;
+  const uid_t uid = ::geteuid();
+  const gid_t gid = ::getegid();
+  plan.uid_map_outer = absl::StrCat("0 ", uid, " 1");
+  plan.gid_map_outer = absl::StrCat("0 ", gid, " 1");
+  plan.uid_map_inner = absl::StrCat(uid, " 0 1");
+  plan.gid_map_inner = absl::StrCat(gid, " 0 1");
+  plan.hostname = spec.hostname;
+  plan.commands4 = ipv4Commands();
+  if (::access("/proc/net/if_inet6", F_OK) == 0) plan.commands6 = ipv6Commands();
+  std::vector<const char*> argv, envp;
+  for (const auto& a : spec.argv) argv.push_back(a.c_str());
+  argv.push_back(nullptr);
+  for (const auto& e : spec.env) envp.push_back(e.c_str());
+  envp.push_back(nullptr);
+
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) {
+    return absl::InternalError(absl::StrCat("socketpair: ", std::strerror(errno)));
+  }
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int e = errno;
+    ::close(sv[0]);
+    ::close(sv[1]);
+    return absl::ResourceExhaustedError(absl::StrCat("fork: ", std::strerror(e)));
+  }
+  if (pid == 0) {
+    ::close(sv[0]);
+    child(sv[1], plan, argv.data(), envp.data());
+  }
+  ::close(sv[1]);
+  const int sock = sv[0];
+  auto reap = [pid] {
+    int status;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  };
+  auto receive = [sock](Message* m, int* fds, size_t nfds) -> ssize_t {
+    char control[CMSG_SPACE(2 * sizeof(int))] = {};
+    iovec iov{m, sizeof(*m)};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t n;
+    do {
+      n = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        const size_t got = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        std::memcpy(fds, CMSG_DATA(c), std::min(got, nfds) * sizeof(int));
+      }
+    }
+    return n;
+  };
+
+  Message m{};
+  int fds[2] = {-1, -1};
+  ssize_t n = receive(&m, fds, 2);
+  if (n != static_cast<ssize_t>(sizeof(m)) || m.kind != kReady) {
+    ::close(sock);
+    reap();
+    if (n != static_cast<ssize_t>(sizeof(m))) {
+      return absl::InternalError("the program's namespaces: the set-up process died");
+    }
+    if (m.kind == kCommandFailed) {
+      std::string text(m.text, strnlen(m.text, sizeof(m.text)));
+      while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+      return absl::FailedPreconditionError(
+          absl::StrCat("setting up the program's namespaces: `", commandText(plan, m.step),
+                       "` failed", text.empty() ? "" : ": ", text));
+    }
+    return stepError(plan, m);
+  }
+  Sandbox box;
+  box.pid_ = pid;
+  box.tcp4_ = fds[0];
+  box.tcp6_ = m.has_v6 ? fds[1] : -1;
+  // The exec: the socket closes (close-on-exec), or its errno comes.
+  Message e{};
+  int none[2] = {-1, -1};
+  n = receive(&e, none, 2);
+  ::close(sock);
+  if (n == static_cast<ssize_t>(sizeof(e)) && e.kind == kExecFailed) {
+    reap();
+    box.reset();
+    const std::string what = absl::StrCat(spec.argv[0], ": ", std::strerror(e.err));
+    if (e.err == ENOENT) return absl::NotFoundError(what);
+    if (e.err == EACCES || e.err == EPERM) return absl::PermissionDeniedError(what);
+    return absl::FailedPreconditionError(what);
+  }
+  return box;
+}
+
+absl::StatusOr<Destination> originalDestination(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof(ss);
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+    return absl::InternalError(absl::StrCat("getsockname: ", std::strerror(errno)));
+  }
+  Destination d;
+  char text[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET) {
+    sockaddr_in orig{};
+    len = sizeof(orig);
+    if (::getsockopt(fd, SOL_IP, SO_ORIGINAL_DST, &orig, &len) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("SO_ORIGINAL_DST: ", std::strerror(errno)));
+    }
+    ::inet_ntop(AF_INET, &orig.sin_addr, text, sizeof(text));
+    d.port = ntohs(orig.sin_port);
+    d.loopback = (ntohl(orig.sin_addr.s_addr) >> 24) == 127;
+  } else {
+    sockaddr_in6 orig{};
+    len = sizeof(orig);
+    if (::getsockopt(fd, SOL_IPV6, IP6T_SO_ORIGINAL_DST, &orig, &len) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("IP6T_SO_ORIGINAL_DST: ", std::strerror(errno)));
+    }
+    ::inet_ntop(AF_INET6, &orig.sin6_addr, text, sizeof(text));
+    d.port = ntohs(orig.sin6_port);
+    d.loopback = IN6_IS_ADDR_LOOPBACK(&orig.sin6_addr);
+  }
+  d.address = text;
+  return d;
+}
+
+}  // namespace siphon::exec

@@ -1,0 +1,89 @@
+// The program's own namespaces, the ground `siphon exec` (issue 21) stands
+// on: a local program started in new network, mount and UTS namespaces (and
+// a user namespace when siphon is not root, so no privilege is needed where
+// unprivileged user namespaces are allowed), where every TCP connection it
+// or any child makes, IPv4 and IPv6, loopback included, is redirected (nat
+// OUTPUT REDIRECT in that namespace) to one of two listeners that siphon
+// holds. siphon accepts on them from its own namespace (a socket keeps the
+// namespace it was made in) and learns from SO_ORIGINAL_DST where each was
+// going: it then makes the connection from the target through the agent,
+// or locally. No LD_PRELOAD: static binaries, Go, JVMs and shell scripts
+// are steered the same way.
+//
+// Inside, the namespace's loopback is up, a default route (IPv4 and IPv6)
+// goes into it from an address of its own (kSandboxAddress4/6), and the
+// rules are `iptables`/`ip6tables` ones made by those commands (iproute2's
+// `ip` too): all three must be installed. The program runs as the caller's
+// uid and gid (a second user namespace maps them back once the network is
+// made), in its own process group.
+//
+// Threads: startSandbox() forks; call it before any thread of the process
+// holds a lock the child would need (the child runs only system calls and
+// execs until the program starts).
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace siphon::exec {
+
+// The program's own addresses in its namespace (the source of what it
+// sends): from ranges no pod uses (RFC 2544's benchmarking range, a ULA).
+inline constexpr const char* kSandboxAddress4 = "198.18.255.254";
+inline constexpr const char* kSandboxAddress6 = "fd5e:5e00::1";
+
+struct SandboxSpec {
+  std::vector<std::string> argv;  // argv[0] is looked up in PATH
+  std::vector<std::string> env;   // the program's environment, NAME=VALUE
+  std::string hostname;           // of its UTS namespace; empty: the machine's
+};
+
+class Sandbox {
+ public:
+  Sandbox() = default;
+  ~Sandbox();
+  Sandbox(Sandbox&& other) noexcept;
+  Sandbox& operator=(Sandbox&& other) noexcept;
+  Sandbox(const Sandbox&) = delete;
+  Sandbox& operator=(const Sandbox&) = delete;
+
+  // The program; it leads its own process group (signals go to -pid()).
+  pid_t pid() const { return pid_; }
+  // The listeners every redirected connection arrives at (-1: none, when
+  // the machine has no IPv6). Owned here; release() hands one over.
+  int tcp4() const { return tcp4_; }
+  int tcp6() const { return tcp6_; }
+  int releaseTcp4();
+  int releaseTcp6();
+
+ private:
+  friend absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec);
+  void reset();
+
+  pid_t pid_ = -1;
+  int tcp4_ = -1;
+  int tcp6_ = -1;
+};
+
+// Starts the program in its namespaces. Errors: FAILED_PRECONDITION when
+// namespaces cannot be made here (unprivileged user namespaces are off: the
+// message names the setting to check) or a needed command is missing;
+// NOT_FOUND / PERMISSION_DENIED when the program cannot be executed (its
+// errno), after which nothing of it is left.
+absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec);
+
+// Where a connection accepted on a Sandbox listener was going (its
+// SO_ORIGINAL_DST, IPv4 or IPv6): an address and a port.
+struct Destination {
+  std::string address;  // numeric
+  uint16_t port = 0;
+  bool loopback = false;  // 127.0.0.0/8 or ::1
+};
+absl::StatusOr<Destination> originalDestination(int accepted_fd);
+
+}  // namespace siphon::exec
