@@ -1,6 +1,8 @@
 #include "siphon/transport/pipe_sender.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -11,6 +13,40 @@
 #include "siphon/status.h"
 
 namespace siphon::net {
+namespace {
+
+// splice(2) into a socket whose peer is gone raises SIGPIPE (it takes no
+// MSG_NOSIGNAL), which kills a process that does not ignore it (the agent
+// does; a program embedding the library need not). Unless SIGPIPE is
+// ignored, it is blocked around the call and one the call raised is taken
+// before the mask comes back: also when the call returns bytes (it sends
+// in batches, and a later batch's EPIPE raises it all the same).
+ssize_t spliceToSocket(int from, int socket, size_t n) {
+  struct sigaction current {};
+  if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_IGN) {
+    return ::splice(from, nullptr, socket, nullptr, n, SPLICE_F_NONBLOCK);
+  }
+  sigset_t pipe_set, old, pending;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  sigemptyset(&pending);
+  ::sigpending(&pending);
+  const bool was_pending = sigismember(&pending, SIGPIPE) == 1;
+  ::pthread_sigmask(SIG_BLOCK, &pipe_set, &old);
+  const ssize_t k = ::splice(from, nullptr, socket, nullptr, n, SPLICE_F_NONBLOCK);
+  const int err = errno;
+  sigemptyset(&pending);
+  if (!was_pending && ::sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE) == 1) {
+    const timespec zero{};
+    while (::sigtimedwait(&pipe_set, nullptr, &zero) < 0 && errno == EINTR) {
+    }
+  }
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  errno = err;
+  return k;
+}
+
+}  // namespace
 
 PipeSender::~PipeSender() { drop(); }
 
@@ -58,8 +94,7 @@ awaitable<absl::StatusOr<size_t>> PipeSender::send(tcp::socket& socket, protocol
   const auto want = static_cast<size_t>(teed);
   size_t sent = 0;
   while (sent < want) {
-    const ssize_t n = ::splice(read_, nullptr, socket.native_handle(), nullptr, want - sent,
-                               SPLICE_F_NONBLOCK);
+    const ssize_t n = spliceToSocket(read_, socket.native_handle(), want - sent);
     if (n > 0) {
       sent += static_cast<size_t>(n);
       continue;

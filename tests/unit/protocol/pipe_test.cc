@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <string>
@@ -170,6 +171,35 @@ TEST(PipeTest, SlowBytesAreReportedAsTheyCome) {
   io.run();
   EXPECT_TRUE(got == bytes);
   EXPECT_GE(progress, 4) << "once per chunk at least";
+}
+
+// A send into a connection the peer closed is an error for the caller,
+// not a SIGPIPE that kills the process (this test process does not ignore
+// SIGPIPE: splice has no MSG_NOSIGNAL).
+awaitable<void> sendUntilError(tcp::socket& s, PipeSender& sender, protocol::PipedBytes& data,
+                               std::string* error) {
+  // The first failure is the reset (ECONNRESET); the sends after it get
+  // EPIPE, which is what raises the signal.
+  for (int i = 0; i < 20; ++i) {
+    auto r = co_await sender.send(s, data);
+    if (!r.ok()) *error += std::string(r.status().message()) + "; ";
+  }
+}
+
+TEST(PipeTest, ASendToAClosedPeerIsAnErrorNotASignal) {
+  struct sigaction current {};
+  ASSERT_EQ(::sigaction(SIGPIPE, nullptr, &current), 0);
+  ASSERT_NE(current.sa_handler, SIG_IGN) << "the test needs SIGPIPE's default";
+  asio::io_context io;
+  Pair pair(io);
+  pair.b.set_option(asio::socket_base::linger(true, 0));
+  pair.b.close();  // RST: the next sends fail with EPIPE or ECONNRESET
+  auto data = pipeOf(pattern(1 << 20, 5));
+  PipeSender sender;
+  std::string error;
+  spawn(io, sendUntilError(pair.a, sender, *data, &error), "send");
+  io.run();
+  EXPECT_NE(error, "") << "the sends never failed";
 }
 
 // The peer's close during a receive is an error, not bytes.
