@@ -38,6 +38,20 @@ std::string readAll(int fd) {
   return out;
 }
 
+// The next connection on `listener` was going to `want` and carries
+// `payload`.
+void expectConnection(int listener, const Destination& want, const std::string& payload) {
+  const int fd = acceptOne(listener);
+  ASSERT_GE(fd, 0) << "no connection from the program to " << want.address;
+  auto d = originalDestination(fd);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->address, want.address);
+  EXPECT_EQ(d->port, want.port);
+  EXPECT_EQ(d->loopback, want.loopback);
+  EXPECT_EQ(readAll(fd), payload);
+  ::close(fd);
+}
+
 int waitExit(pid_t pid) {
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
@@ -75,36 +89,14 @@ TEST(SandboxTest, EveryConnectionArrivesWithWhereItWasGoing) {
   spec.hostname = "pod-7";
   START_OR_SKIP(box, spec);
 
-  const int a = acceptOne(box->tcp4());
-  ASSERT_GE(a, 0) << "no connection from the program";
-  auto d = originalDestination(a);
-  ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_EQ(d->address, "10.96.0.10");
-  EXPECT_EQ(d->port, 80);
-  EXPECT_FALSE(d->loopback);
-  EXPECT_EQ(readAll(a), absl::StrCat("pod-7 ", ::geteuid())) << "its hostname, the caller's uid";
-  ::close(a);
-
+  // Its hostname and the caller's uid come with the first.
+  ASSERT_NO_FATAL_FAILURE(expectConnection(box->tcp4(), {"10.96.0.10", 80, false},
+                                           absl::StrCat("pod-7 ", ::geteuid())));
   if (box->tcp6() >= 0) {
-    const int b = acceptOne(box->tcp6());
-    ASSERT_GE(b, 0);
-    auto d6 = originalDestination(b);
-    ASSERT_TRUE(d6.ok()) << d6.status();
-    EXPECT_EQ(d6->address, "fd12::5");
-    EXPECT_EQ(d6->port, 443);
-    EXPECT_EQ(readAll(b), "six");
-    ::close(b);
+    ASSERT_NO_FATAL_FAILURE(expectConnection(box->tcp6(), {"fd12::5", 443, false}, "six"));
   }
-
-  const int c = acceptOne(box->tcp4());
-  ASSERT_GE(c, 0);
-  auto dl = originalDestination(c);
-  ASSERT_TRUE(dl.ok()) << dl.status();
-  EXPECT_EQ(dl->address, "127.0.0.1");
-  EXPECT_EQ(dl->port, 5432);
-  EXPECT_TRUE(dl->loopback) << "loopback is steered too: the caller chooses where it goes";
-  EXPECT_EQ(readAll(c), "loopback");
-  ::close(c);
+  // Loopback is steered too: the caller chooses where it goes.
+  ASSERT_NO_FATAL_FAILURE(expectConnection(box->tcp4(), {"127.0.0.1", 5432, true}, "loopback"));
 
   EXPECT_EQ(waitExit(box->pid()), 3);
   EXPECT_EQ(::getpgid(box->pid()), -1) << "gone with its process group";
