@@ -187,6 +187,12 @@ TEST_F(FileServiceTest, LargeReadsComePipedToACallerThatAsks) {
         if (!want_pipe) {
           EXPECT_EQ(piped, nullptr);
         }
+        // The 200,000-byte read's pipe (2x its bytes) holds it however TCP
+        // cut its pages; a 1 MiB read's may fill (the largest pipe here is
+        // 1 MiB) and come in memory.
+        if (want_pipe && size == 200000) {
+          EXPECT_NE(piped, nullptr) << "a read its pipe holds came in memory";
+        }
         if (piped) {
           ++piped_answers;
           auto rest = piped->materialize();
@@ -202,7 +208,7 @@ TEST_F(FileServiceTest, LargeReadsComePipedToACallerThatAsks) {
     EXPECT_TRUE((co_await call(c, closeReq(fd))).ok());
     c->close();
   });
-  EXPECT_GE(piped_answers, 2u) << "the large asked-for pipes came";
+  EXPECT_GE(piped_answers, 1u) << "the large asked-for pipes came";
   EXPECT_TRUE(fakes::eventually([] { return protocol::PipedBytes::live() == 0; },
                                 std::chrono::seconds(10)))
       << protocol::PipedBytes::live() << " pipes left open";
