@@ -3,9 +3,7 @@
 // split and coalesced every way, and the typed, sticky errors.
 #include "siphon/protocol/codec.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -18,6 +16,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "siphon/status.h"
+#include "tests/fakes/piped_bytes.h"
 
 namespace siphon::protocol {
 namespace {
@@ -539,15 +538,6 @@ TEST(CodecTest, ResetDropsADetachedAnswer) {
   EXPECT_TRUE(MessageDifferencer::Equals(got[0].frame.response(), want));
 }
 
-// A pipe holding `bytes` (read end; the write end is closed).
-std::shared_ptr<PipedBytes> pipeOf(std::string_view bytes) {
-  int fds[2];
-  EXPECT_EQ(::pipe(fds), 0);
-  EXPECT_GE(::fcntl(fds[1], F_SETPIPE_SZ, static_cast<int>(std::max<size_t>(bytes.size(), 4096))), 0);
-  EXPECT_EQ(::write(fds[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
-  ::close(fds[1]);
-  return std::make_shared<PipedBytes>(fds[0], bytes.size());
-}
 
 // Piped receive (the client's mount): an answer to a marked request keeps
 // in memory what came with its head and waits for the rest in a pipe; the
@@ -568,7 +558,7 @@ TEST(CodecTest, AMarkedAnswerTakesTheRestOfItsDataFromAPipe) {
   const size_t wanted = dec.pipeWanted();
   EXPECT_EQ(wanted, big.size() - 5000);
   EXPECT_EQ(dec.buffered(), 5000u);
-  dec.commitPiped(pipeOf(std::string_view(big).substr(5000)));
+  dec.commitPiped(fakes::pipeHolding(std::string_view(big).substr(5000)));
   EXPECT_EQ(dec.pipeWanted(), 0u);
   auto got = dec.next();
   ASSERT_TRUE(got.ok()) << got.status();
@@ -625,7 +615,7 @@ TEST(CodecTest, PipeMarkOutlivesResetAndAWrongPipeIsAnError) {
   dec.feed(std::string_view(big).substr(0, 3000));
   ASSERT_TRUE(dec.next().ok());
   EXPECT_EQ(dec.pipeWanted(), big.size() - 3000);
-  dec.commitPiped(pipeOf("short"));
+  dec.commitPiped(fakes::pipeHolding("short"));
   auto bad = dec.next();
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(errorCodeOf(bad.status()), v1::INTERNAL);

@@ -12,19 +12,11 @@
 #include <string>
 
 #include "siphon/transport/spawn.h"
+#include "tests/fakes/piped_bytes.h"
 
 namespace siphon::net {
 namespace {
 
-// A pipe holding `bytes`; its write end is closed.
-std::shared_ptr<protocol::PipedBytes> pipeOf(const std::string& bytes) {
-  int fds[2];
-  EXPECT_EQ(::pipe2(fds, O_CLOEXEC), 0);
-  EXPECT_GE(::fcntl(fds[1], F_SETPIPE_SZ, static_cast<int>(bytes.size())), 0);
-  EXPECT_EQ(::write(fds[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
-  ::close(fds[1]);
-  return std::make_shared<protocol::PipedBytes>(fds[0], bytes.size());
-}
 
 std::string pattern(size_t n, int seed) {
   std::string s(n, '\0');
@@ -99,7 +91,7 @@ TEST(PipeTest, BytesGoFromPipeToSocketToPipeAndTheDataPipeKeepsThem) {
     asio::io_context io;
     Pair pair(io);
     const std::string bytes = pattern(n, static_cast<int>(n % 251));
-    auto data = pipeOf(bytes);
+    auto data = fakes::pipeHolding(bytes);
     PipeSender sender;
     PipeReceiver receiver;
     Outcome sent, got;
@@ -126,7 +118,7 @@ TEST(PipeTest, BytesGoFromPipeToSocketToPipeAndTheDataPipeKeepsThem) {
 TEST(PipeTest, AMaterializedFrameIsLeftToTheCaller) {
   asio::io_context io;
   Pair pair(io);
-  auto data = pipeOf(pattern(8192, 3));
+  auto data = fakes::pipeHolding(pattern(8192, 3));
   ASSERT_TRUE(data->materialize().ok());
   PipeSender sender;
   size_t sent = 99;
@@ -194,7 +186,7 @@ TEST(PipeTest, ASendToAClosedPeerIsAnErrorNotASignal) {
   Pair pair(io);
   pair.b.set_option(asio::socket_base::linger(true, 0));
   pair.b.close();  // RST: the next sends fail with EPIPE or ECONNRESET
-  auto data = pipeOf(pattern(1 << 20, 5));
+  auto data = fakes::pipeHolding(pattern(1 << 20, 5));
   PipeSender sender;
   std::string error;
   spawn(io, sendUntilError(pair.a, sender, *data, &error), "send");

@@ -5,9 +5,7 @@
 // Over 600 lines: one state machine's cases sharing the session pair below.
 #include "siphon/protocol/session.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <map>
@@ -17,6 +15,7 @@
 
 #include "siphon/protocol/codec.h"
 #include "siphon/status.h"
+#include "tests/fakes/piped_bytes.h"
 
 namespace siphon::protocol {
 namespace {
@@ -544,15 +543,6 @@ TEST(SessionTest, AFileReadAnswerGoesAsTwoBuffersWithoutACopy) {
   }
 }
 
-std::shared_ptr<PipedBytes> pipeHolding(std::string_view bytes) {
-  int fds[2];
-  EXPECT_EQ(::pipe(fds), 0);
-  EXPECT_GE(::fcntl(fds[1], F_SETPIPE_SZ, static_cast<int>(bytes.size())), 0);
-  EXPECT_EQ(::write(fds[1], bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
-  ::close(fds[1]);
-  return std::make_shared<PipedBytes>(fds[0], bytes.size());
-}
-
 // A read the agent spliced: its frame holds the pipe (counted in the
 // batch, not in the buffers until materialized); the client, having marked
 // the request, takes the bytes after the head from a pipe; and after a cut
@@ -568,7 +558,7 @@ TEST(SessionTest, APipedReadAnswerIsSentFromItsPipeAndReplayedWhole) {
   v1::Response r;
   r.set_request_id(*id);
   r.mutable_file()->mutable_data()->set_eof(true);
-  p.agent.sendResponse(std::move(r), pipeHolding(data));
+  p.agent.sendResponse(std::move(r), fakes::pipeHolding(data));
   WriteBatch b = p.agent.takeWrites();
   ASSERT_FALSE(b.empty());
   const OutFrame& frame = *b.frames.back();
@@ -584,9 +574,8 @@ TEST(SessionTest, APipedReadAnswerIsSentFromItsPipeAndReplayedWhole) {
   ASSERT_TRUE(p.client.onBytes(std::string_view(wire).substr(0, wire.size() - rest), p.ch, p.now).ok());
   EXPECT_TRUE(p.ch.responses.empty());
   ASSERT_EQ(p.client.pipeWanted(), rest);
-  ASSERT_TRUE(p.client.onPiped(pipeHolding(std::string_view(wire).substr(wire.size() - rest)),
-                               p.ch, p.now)
-                  .ok());
+  auto rest_pipe = fakes::pipeHolding(std::string_view(wire).substr(wire.size() - rest));
+  ASSERT_TRUE(p.client.onPiped(std::move(rest_pipe), p.ch, p.now).ok());
   ASSERT_EQ(p.ch.responses.size(), 1u);
   EXPECT_TRUE(p.ch.responses[0].file().data().data() == data);
   EXPECT_TRUE(p.ch.responses[0].file().data().eof());
