@@ -3,9 +3,13 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/netfilter_ipv4.h>
+#include <linux/if.h>
+#include <linux/if_tun.h>
 #include <linux/netfilter_ipv6/ip6_tables.h>
 #include <netinet/in.h>
 #include <sched.h>
+#include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -32,7 +36,8 @@ struct Message {
   Kind kind;
   int step;     // index into the child's plan (kStepFailed, kCommandFailed)
   int err;      // errno, or the command's wait status
-  int has_v6;   // kReady: two fds were sent
+  int has_v6;   // kReady: the IPv6 listener is among the fds
+  int has_tun;  // kReady: the TUN device is the last of them
   char text[512];  // kCommandFailed: the start of its stderr
 };
 
@@ -43,8 +48,13 @@ struct Plan {
   std::string uid_map_outer, gid_map_outer;  // "0 UID 1": root inside, for the set-up
   std::string uid_map_inner, gid_map_inner;  // "UID 0 1": the caller's ids again
   std::string hostname;
+  std::vector<FileOverlay> files;
+  bool udp = false;
   // Each command's argv; "%4" and "%6" in them become the listeners' ports.
-  std::vector<std::vector<std::string>> commands4, commands6;
+  // The UDP ones run once the TUN device exists; those after udp_v6_from
+  // only with IPv6.
+  std::vector<std::vector<std::string>> commands4, commands6, commands_udp;
+  size_t udp_v6_from = 0;
   std::vector<std::string> argv, env;
 };
 
@@ -53,7 +63,8 @@ constexpr const char* kSteps[] = {
     "setpgid",          "unshare the namespaces", "write setgroups",
     "write uid_map",    "write gid_map",          "make the mounts private",
     "sethostname",      "listen on 127.0.0.1",    "listen on ::1",
-    "run a command",    "drop to the caller's ids", "send the listeners"};
+    "run a command",    "drop to the caller's ids", "send the listeners",
+    "bind a file over", "make the TUN device " /* kTunName */};
 enum Step {
   kSetpgid,
   kUnshare,
@@ -67,6 +78,8 @@ enum Step {
   kCommand,
   kDrop,
   kSend,
+  kBindFile,
+  kTun,
 };
 
 [[noreturn]] void childFail(int sock, Kind kind, int step, int err, const char* text = nullptr,
@@ -196,6 +209,13 @@ void runCommand(int sock, const std::vector<std::string>& cmd, uint16_t port, in
   if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
     childFail(sock, kStepFailed, kMountPrivate, errno);
   }
+  for (size_t i = 0; i < plan.files.size(); ++i) {
+    if (::mount(plan.files[i].source.c_str(), plan.files[i].target.c_str(), nullptr, MS_BIND,
+                nullptr) != 0) {
+      childFail(sock, kStepFailed, kBindFile, errno, plan.files[i].target.c_str(),
+                plan.files[i].target.size());
+    }
+  }
   if (!plan.hostname.empty() &&
       ::sethostname(plan.hostname.data(), plan.hostname.size()) != 0) {
     childFail(sock, kStepFailed, kHostname, errno);
@@ -214,6 +234,20 @@ void runCommand(int sock, const std::vector<std::string>& cmd, uint16_t port, in
       for (const auto& cmd : plan.commands6) runCommand(sock, cmd, port6, index++);
     }
   }
+  int tun = -1;
+  if (plan.udp) {
+    tun = ::open("/dev/net/tun", O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    if (tun < 0) childFail(sock, kStepFailed, kTun, errno);
+    ifreq ifr{};
+    ifr.ifr_flags = IFF_TUN | IFF_NO_PI;
+    std::memcpy(ifr.ifr_name, kTunName, std::strlen(kTunName));
+    if (::ioctl(tun, TUNSETIFF, &ifr) != 0) childFail(sock, kStepFailed, kTun, errno);
+    index = static_cast<int>(plan.commands4.size() + plan.commands6.size());
+    for (size_t i = 0; i < plan.commands_udp.size(); ++i, ++index) {
+      if (i >= plan.udp_v6_from && l6 < 0) break;
+      runCommand(sock, plan.commands_udp[i], 0, index);
+    }
+  }
   if (plan.user_namespace) {
     // The program runs as the caller, without the capabilities the set-up
     // had: a user namespace inside the first, mapping the ids back.
@@ -227,31 +261,43 @@ void runCommand(int sock, const std::vector<std::string>& cmd, uint16_t port, in
   Message m{};
   m.kind = kReady;
   m.has_v6 = l6 >= 0 ? 1 : 0;
-  int fds[2] = {l4, l6};
+  m.has_tun = tun >= 0 ? 1 : 0;
+  int fds[3] = {l4, -1, -1};
+  size_t nfds = 1;
+  if (l6 >= 0) fds[nfds++] = l6;
+  if (tun >= 0) fds[nfds++] = tun;
   char control[CMSG_SPACE(sizeof(fds))] = {};
   iovec iov{&m, sizeof(m)};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;
-  msg.msg_controllen = CMSG_SPACE(sizeof(int) * (l6 >= 0 ? 2 : 1));
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
   cmsghdr* c = CMSG_FIRSTHDR(&msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int) * (l6 >= 0 ? 2 : 1));
-  std::memcpy(CMSG_DATA(c), fds, sizeof(int) * (l6 >= 0 ? 2 : 1));
+  c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+  std::memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
   if (::sendmsg(sock, &msg, MSG_NOSIGNAL) < 0) childFail(sock, kStepFailed, kSend, errno);
-  ::close(l4);
-  if (l6 >= 0) ::close(l6);
+  for (size_t i = 0; i < nfds; ++i) ::close(fds[i]);
+  // The program starts with the dispositions a shell would give it: siphon
+  // ignores SIGPIPE (a closed stdout is an error to report), and a thread
+  // of it may have had signals blocked at the fork.
+  ::signal(SIGPIPE, SIG_DFL);
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
   ::execvpe(argv[0], const_cast<char* const*>(argv), const_cast<char* const*>(envp));
   childFail(sock, kExecFailed, 0, errno);
 }
 
 std::string commandText(const Plan& plan, int index) {
-  const size_t n4 = plan.commands4.size();
-  const auto& cmd = static_cast<size_t>(index) < n4 ? plan.commands4[index]
-                                                    : plan.commands6[index - n4];
-  return absl::StrJoin(cmd, " ");
+  size_t i = static_cast<size_t>(index);
+  for (const auto* list : {&plan.commands4, &plan.commands6, &plan.commands_udp}) {
+    if (i < list->size()) return absl::StrJoin((*list)[i], " ");
+    i -= list->size();
+  }
+  return "?";
 }
 
 std::vector<std::vector<std::string>> ipv4Commands() {
@@ -280,8 +326,37 @@ std::vector<std::vector<std::string>> ipv6Commands() {
   };
 }
 
+// The UDP routes: every datagram to an address that is not local goes to
+// the TUN device (a rule by protocol, ahead of the main table; local and
+// loopback addresses stay with the local table, which comes first).
+std::vector<std::vector<std::string>> udpCommands(size_t* v6_from) {
+  const std::string table = "53";
+  std::vector<std::vector<std::string>> out = {
+      // 65535: a whole IPv4 datagram of any size in one packet.
+      {"ip", "link", "set", kTunName, "mtu", "65535", "up"},
+      {"ip", "rule", "add", "ipproto", "udp", "lookup", table, "pref", "100"},
+      {"ip", "route", "add", "default", "dev", kTunName, "src", kSandboxAddress4, "table", table},
+  };
+  *v6_from = out.size();
+  out.push_back({"ip", "-6", "rule", "add", "ipproto", "udp", "lookup", table, "pref", "100"});
+  out.push_back({"ip", "-6", "route", "add", "default", "dev", kTunName, "src", kSandboxAddress6,
+                 "table", table});
+  return out;
+}
+
 absl::Status stepError(const Plan& plan, const Message& m) {
   const std::string why = std::strerror(m.err);
+  if (m.step == kBindFile) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("setting up the program's namespaces: cannot show the target's ",
+                     std::string(m.text, strnlen(m.text, sizeof(m.text))), " there: ", why));
+  }
+  if (m.step == kTun) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "setting up the program's namespaces: cannot make the TUN device for its UDP "
+        "(/dev/net/tun: ",
+        why, "; is the tun module loaded?)"));
+  }
   if (m.step == kUnshare && plan.user_namespace && (m.err == EPERM || m.err == ENOSPC)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot make a user namespace (", why,
@@ -300,7 +375,8 @@ Sandbox::~Sandbox() { reset(); }
 Sandbox::Sandbox(Sandbox&& other) noexcept
     : pid_(std::exchange(other.pid_, -1)),
       tcp4_(std::exchange(other.tcp4_, -1)),
-      tcp6_(std::exchange(other.tcp6_, -1)) {}
+      tcp6_(std::exchange(other.tcp6_, -1)),
+      tun_(std::exchange(other.tun_, -1)) {}
 
 Sandbox& Sandbox::operator=(Sandbox&& other) noexcept {
   if (this != &other) {
@@ -308,6 +384,7 @@ Sandbox& Sandbox::operator=(Sandbox&& other) noexcept {
     pid_ = std::exchange(other.pid_, -1);
     tcp4_ = std::exchange(other.tcp4_, -1);
     tcp6_ = std::exchange(other.tcp6_, -1);
+    tun_ = std::exchange(other.tun_, -1);
   }
   return *this;
 }
@@ -315,12 +392,14 @@ Sandbox& Sandbox::operator=(Sandbox&& other) noexcept {
 void Sandbox::reset() {
   if (tcp4_ >= 0) ::close(tcp4_);
   if (tcp6_ >= 0) ::close(tcp6_);
-  tcp4_ = tcp6_ = -1;
+  if (tun_ >= 0) ::close(tun_);
+  tcp4_ = tcp6_ = tun_ = -1;
   pid_ = -1;  // the caller waits for the program
 }
 
 int Sandbox::releaseTcp4() { return std::exchange(tcp4_, -1); }
 int Sandbox::releaseTcp6() { return std::exchange(tcp6_, -1); }
+int Sandbox::releaseTun() { return std::exchange(tun_, -1); }
 
 absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec) {
   if (spec.argv.empty()) return absl::InvalidArgumentError("no program to run");
@@ -333,6 +412,9 @@ absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec) {
   plan.uid_map_inner = absl::StrCat(uid, " 0 1");
   plan.gid_map_inner = absl::StrCat(gid, " 0 1");
   plan.hostname = spec.hostname;
+  plan.files = spec.files;
+  plan.udp = spec.udp;
+  if (plan.udp) plan.commands_udp = udpCommands(&plan.udp_v6_from);
   plan.commands4 = ipv4Commands();
   if (::access("/proc/net/if_inet6", F_OK) == 0) plan.commands6 = ipv6Commands();
   std::vector<const char*> argv, envp;
@@ -364,7 +446,7 @@ absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec) {
     }
   };
   auto receive = [sock](Message* m, int* fds, size_t nfds) -> ssize_t {
-    char control[CMSG_SPACE(2 * sizeof(int))] = {};
+    char control[CMSG_SPACE(3 * sizeof(int))] = {};
     iovec iov{m, sizeof(*m)};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -385,8 +467,8 @@ absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec) {
   };
 
   Message m{};
-  int fds[2] = {-1, -1};
-  ssize_t n = receive(&m, fds, 2);
+  int fds[3] = {-1, -1, -1};
+  ssize_t n = receive(&m, fds, 3);
   if (n != static_cast<ssize_t>(sizeof(m)) || m.kind != kReady) {
     ::close(sock);
     reap();
@@ -406,10 +488,11 @@ absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec) {
   box.pid_ = pid;
   box.tcp4_ = fds[0];
   box.tcp6_ = m.has_v6 ? fds[1] : -1;
+  box.tun_ = m.has_tun ? fds[m.has_v6 ? 2 : 1] : -1;
   // The exec: the socket closes (close-on-exec), or its errno comes.
   Message e{};
-  int none[2] = {-1, -1};
-  n = receive(&e, none, 2);
+  int none[3] = {-1, -1, -1};
+  n = receive(&e, none, 3);
   ::close(sock);
   if (n == static_cast<ssize_t>(sizeof(e)) && e.kind == kExecFailed) {
     reap();

@@ -37,10 +37,24 @@ namespace siphon::exec {
 inline constexpr const char* kSandboxAddress4 = "198.18.255.254";
 inline constexpr const char* kSandboxAddress6 = "fd5e:5e00::1";
 
+// A file of siphon's shown at `target` in the program's view (a bind mount
+// in its mount namespace): the target's resolv.conf and hosts.
+struct FileOverlay {
+  std::string source;  // a regular file the caller made; may be removed once started
+  std::string target;  // an existing file (symlinks followed), e.g. /etc/resolv.conf
+};
+
+// The program's UDP: a TUN device (kTunName) takes every UDP datagram to a
+// non-local address (a routing rule by protocol), IPv4 and IPv6; siphon
+// reads and writes whole IP packets on it (exec/packet.h).
+inline constexpr const char* kTunName = "siphon0";
+
 struct SandboxSpec {
   std::vector<std::string> argv;  // argv[0] is looked up in PATH
   std::vector<std::string> env;   // the program's environment, NAME=VALUE
   std::string hostname;           // of its UTS namespace; empty: the machine's
+  std::vector<FileOverlay> files;
+  bool udp = false;  // make the TUN device (Sandbox::tun())
 };
 
 class Sandbox {
@@ -58,8 +72,11 @@ class Sandbox {
   // the machine has no IPv6). Owned here; release() hands one over.
   int tcp4() const { return tcp4_; }
   int tcp6() const { return tcp6_; }
+  // The TUN device's descriptor (SandboxSpec::udp), non-blocking; -1 without.
+  int tun() const { return tun_; }
   int releaseTcp4();
   int releaseTcp6();
+  int releaseTun();
 
  private:
   friend absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec);
@@ -68,6 +85,7 @@ class Sandbox {
   pid_t pid_ = -1;
   int tcp4_ = -1;
   int tcp6_ = -1;
+  int tun_ = -1;
 };
 
 // Starts the program in its namespaces. Errors: FAILED_PRECONDITION when

@@ -11,13 +11,20 @@
 
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "absl/strings/match.h"
+#include "exec/packet.h"
 #include "absl/strings/str_cat.h"
 
 namespace siphon::exec {
@@ -139,6 +146,108 @@ TEST(SandboxTest, AMissingCommandIsNamed) {
       << box.status();
   int status;
   EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1);
+}
+
+// What the program's view shows at /etc/resolv.conf and /etc/hosts is
+// what siphon put there; the machine's files are untouched.
+TEST(SandboxTest, FilesAreShownInTheProgramsViewOnly) {
+  char dir_template[] = "/tmp/siphon-sandbox-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string resolv = dir + "/resolv.conf";
+  std::ofstream(resolv) << "search ns.svc.cluster.local\nnameserver 10.96.0.10\n";
+  ::chmod(dir.c_str(), 0755);
+  ::chmod(resolv.c_str(), 0644);
+  int out[2];
+  ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);
+  SandboxSpec spec;
+  // The program's stdout is ours (the pipe, by fd 1 of a shell redirect).
+  spec.argv = {"/bin/sh", "-c", "cat /etc/resolv.conf"};
+  spec.files = {{resolv, "/etc/resolv.conf"}};
+  const int saved = ::dup(1);
+  ::dup2(out[1], 1);
+  auto box = startSandbox(spec);
+  ::dup2(saved, 1);
+  ::close(saved);
+  ::close(out[1]);
+  if (!box.ok() && absl::StrContains(box.status().message(), "user namespace")) {
+    ::close(out[0]);
+    std::filesystem::remove_all(dir);
+    GTEST_SKIP() << box.status();
+  }
+  ASSERT_TRUE(box.ok()) << box.status();
+  EXPECT_EQ(readAll(out[0]), "search ns.svc.cluster.local\nnameserver 10.96.0.10\n");
+  ::close(out[0]);
+  EXPECT_EQ(waitExit(box->pid()), 0);
+  std::ifstream machine("/etc/resolv.conf");
+  std::string first;
+  std::getline(machine, first);
+  EXPECT_NE(first, "search ns.svc.cluster.local") << "the machine's own file changed";
+  std::filesystem::remove_all(dir);
+
+  SandboxSpec missing;
+  missing.argv = {"/bin/true"};
+  missing.files = {{resolv, "/nonexistent/resolv.conf"}};
+  auto failed = startSandbox(missing);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_TRUE(absl::StrContains(failed.status().message(),
+                                "cannot show the target's /nonexistent/resolv.conf there"))
+      << failed.status();
+}
+
+// Every UDP datagram to an address that is not local, IPv4 and IPv6,
+// arrives whole on the TUN device; an answer written there reaches the
+// program's socket.
+TEST(SandboxTest, UdpDatagramsArriveOnTheTunDevice) {
+  if (::access("/dev/net/tun", R_OK | W_OK) != 0) {
+    GTEST_SKIP() << "/dev/net/tun is not open to this user: " << std::strerror(errno);
+  }
+  constexpr char kUdpProgram[] = R"(
+import os, socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(10)
+s.sendto(b"ping4", ("10.96.0.10", 53))
+data, peer = s.recvfrom(100)
+assert data == b"pong4" and peer == ("10.96.0.10", 53), (data, peer)
+if os.path.exists("/proc/net/if_inet6"):
+    s6 = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    s6.settimeout(10)
+    s6.sendto(b"ping6", ("fd12::5", 5353))
+    data, peer = s6.recvfrom(100)
+    assert data == b"pong6" and peer[:2] == ("fd12::5", 5353), (data, peer)
+sys.exit(5)
+)";
+  SandboxSpec spec;
+  spec.argv = {"/usr/bin/python3", "-c", kUdpProgram};
+  spec.udp = true;
+  START_OR_SKIP(box, spec);
+  ASSERT_GE(box->tun(), 0);
+  auto answer = [&](const std::string& want_payload, const std::string& want_dst,
+                    uint16_t want_port, const std::string& reply) {
+    // Skip what else the kernel sends there (IPv6 router solicitations).
+    for (int i = 0; i < 50; ++i) {
+      pollfd p{box->tun(), POLLIN, 0};
+      ASSERT_EQ(::poll(&p, 1, 10000), 1) << "no datagram for " << want_dst;
+      std::string packet(65536, '\0');
+      const ssize_t n = ::read(box->tun(), packet.data(), packet.size());
+      if (n <= 0) continue;
+      packet.resize(static_cast<size_t>(n));
+      auto udp = parseUdp(packet);
+      if (!udp) continue;
+      EXPECT_EQ(udp->flow.dstAddress(), want_dst);
+      EXPECT_EQ(udp->flow.dst_port, want_port);
+      EXPECT_EQ(udp->payload, want_payload);
+      const std::string back = buildUdpReply(udp->flow, reply);
+      ASSERT_EQ(::write(box->tun(), back.data(), back.size()), static_cast<ssize_t>(back.size()));
+      return;
+    }
+    FAIL() << "no UDP datagram among 50 packets";
+  };
+  ASSERT_NO_FATAL_FAILURE(answer("ping4", "10.96.0.10", 53, "pong4"));
+  if (::access("/proc/net/if_inet6", F_OK) == 0) {
+    ASSERT_NO_FATAL_FAILURE(answer("ping6", "fd12::5", 5353, "pong6"));
+  }
+  EXPECT_EQ(waitExit(box->pid()), 5) << "the program's asserts held";
 }
 
 }  // namespace

@@ -1,0 +1,153 @@
+// What `siphon exec` decides about routes, the environment and exit codes
+// (layer-protocol/exec/policy.h).
+#include "exec/policy.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace siphon::exec {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+AddressRule rule(std::string_view text, Via via) {
+  auto r = parseAddressRule(text, via);
+  EXPECT_TRUE(r.ok()) << text << ": " << r.status();
+  return r.ok() ? *r : AddressRule{};
+}
+
+TEST(AddressRuleTest, ParsesEveryForm) {
+  auto r = rule("10.0.0.0/8", Via::kLocal);
+  EXPECT_FALSE(r.v6);
+  EXPECT_EQ(r.bits, 8);
+  EXPECT_EQ(r.port, 0);
+  r = rule("10.1.2.3", Via::kLocal);
+  EXPECT_EQ(r.bits, 32);
+  r = rule("10.0.0.0/16:5432", Via::kLocal);
+  EXPECT_EQ(r.bits, 16);
+  EXPECT_EQ(r.port, 5432);
+  r = rule("fd00::/8", Via::kLocal);
+  EXPECT_TRUE(r.v6);
+  EXPECT_EQ(r.bits, 8);
+  r = rule("[fd00::/8]:80", Via::kLocal);
+  EXPECT_TRUE(r.v6);
+  EXPECT_EQ(r.port, 80);
+  r = rule("[::1]:6379", Via::kLocal);
+  EXPECT_EQ(r.bits, 128);
+  EXPECT_EQ(r.port, 6379);
+}
+
+TEST(AddressRuleTest, BadRulesSayWhy) {
+  for (const char* bad : {"", "svc", "10.0.0.0/33", "10.0.0.0/x", "10.0.0.1:0", "10.0.0.1:99999",
+                          "10.0.0.1:", "[fd00::/8", "[fd00::]x", "fd00::/129", "[::1]:"}) {
+    auto r = parseAddressRule(bad, Via::kLocal);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(r.status().message(), HasSubstr("want CIDR[:PORT]")) << bad;
+  }
+}
+
+TEST(RoutesTest, LoopbackIsLocalAndTheRestGoesToTheTarget) {
+  Routes routes;
+  EXPECT_EQ(routes.route("127.0.0.1", 80), Via::kLocal);
+  EXPECT_EQ(routes.route("127.9.9.9", 80), Via::kLocal);
+  EXPECT_EQ(routes.route("::1", 80), Via::kLocal);
+  EXPECT_EQ(routes.route("::ffff:127.0.0.1", 80), Via::kLocal);
+  EXPECT_EQ(routes.route("10.96.0.10", 53), Via::kTarget);
+  EXPECT_EQ(routes.route("fd00::1", 80), Via::kTarget);
+  EXPECT_EQ(routes.route("not an address", 80), Via::kTarget);
+  Routes remote({}, /*remote_loopback=*/true);
+  EXPECT_EQ(remote.route("127.0.0.1", 5432), Via::kTarget);
+  EXPECT_EQ(remote.route("::1", 5432), Via::kTarget);
+}
+
+TEST(RoutesTest, TheMostSpecificRuleWins) {
+  Routes routes({rule("10.0.0.0/8", Via::kLocal), rule("10.1.0.0/16", Via::kTarget),
+                 rule("10.1.0.0/16:443", Via::kLocal), rule("127.0.0.1:6379", Via::kTarget),
+                 rule("fd00::/8", Via::kLocal)},
+                false);
+  EXPECT_EQ(routes.route("10.2.3.4", 80), Via::kLocal);    // /8
+  EXPECT_EQ(routes.route("10.1.3.4", 80), Via::kTarget);   // /16 beats /8
+  EXPECT_EQ(routes.route("10.1.3.4", 443), Via::kLocal);   // the port beats no port
+  EXPECT_EQ(routes.route("11.0.0.1", 80), Via::kTarget);   // no rule
+  EXPECT_EQ(routes.route("127.0.0.1", 6379), Via::kTarget);  // a rule beats the loopback default
+  EXPECT_EQ(routes.route("127.0.0.1", 6380), Via::kLocal);
+  EXPECT_EQ(routes.route("fd12::1", 80), Via::kLocal);
+  EXPECT_EQ(routes.route("10.2.3.4", 80), Via::kLocal);
+  // An IPv4 rule never matches an IPv6 address of the same bytes.
+  EXPECT_EQ(routes.route("a00::1", 80), Via::kTarget);
+}
+
+TEST(RoutesTest, ATieGoesToThisMachine) {
+  Routes routes({rule("10.0.0.0/8", Via::kTarget), rule("10.0.0.0/8", Via::kLocal)}, false);
+  EXPECT_EQ(routes.route("10.0.0.1", 80), Via::kLocal);
+  Routes other_order({rule("10.0.0.0/8", Via::kLocal), rule("10.0.0.0/8", Via::kTarget)}, false);
+  EXPECT_EQ(other_order.route("10.0.0.1", 80), Via::kLocal);
+}
+
+TEST(RoutesTest, ZeroPrefixMatchesEverything) {
+  Routes routes({rule("0.0.0.0/0", Via::kLocal), rule("::/0", Via::kLocal)}, false);
+  EXPECT_EQ(routes.route("10.0.0.1", 80), Via::kLocal);
+  EXPECT_EQ(routes.route("fd00::1", 80), Via::kLocal);
+}
+
+TEST(EnvironmentTest, TheTargetWinsExceptForTheDevelopersOwn) {
+  const std::vector<std::string> local = {"PATH=/usr/bin", "HOME=/home/dev", "TERM=xterm",
+                                          "EDITOR=vim", "LANG=C", "KEEP=mine", "junk"};
+  const std::vector<std::pair<std::string, std::string>> target = {
+      {"PATH", "/pod/bin"}, {"HOME", "/root"},      {"LANG", "en_US.UTF-8"},
+      {"DB_URL", "pg://db"}, {"SSH_AUTH_SOCK", "/x"}, {"DISPLAY", ":9"}};
+  auto env = overlayEnvironment(local, target, {});
+  EXPECT_THAT(env, ElementsAre("DB_URL=pg://db", "EDITOR=vim", "HOME=/home/dev", "KEEP=mine",
+                               "LANG=en_US.UTF-8", "PATH=/usr/bin", "TERM=xterm"));
+}
+
+TEST(EnvironmentTest, IncludeExcludeAndSet) {
+  const std::vector<std::string> local = {"A_LOCAL=1", "LANG=C"};
+  const std::vector<std::pair<std::string, std::string>> target = {
+      {"DB_URL", "pg://db"}, {"DB_PASSWORD", "s3cret"}, {"LANG", "de"}, {"KUBE_X", "k"}};
+  EnvOverlay o;
+  o.include = {"DB_*", "KUBE_*"};
+  o.exclude = {"*PASSWORD*"};
+  o.set = {"KUBE_X=override", "NEW=v=with=equals"};
+  auto env = overlayEnvironment(local, target, o);
+  EXPECT_THAT(env, ElementsAre("A_LOCAL=1", "DB_URL=pg://db", "KUBE_X=override", "LANG=C",
+                               "NEW=v=with=equals"));
+}
+
+TEST(EnvironmentTest, AssignmentsAreChecked) {
+  EXPECT_TRUE(checkEnvAssignment("A=").ok());
+  EXPECT_TRUE(checkEnvAssignment("A=b=c").ok());
+  EXPECT_FALSE(checkEnvAssignment("A").ok());
+  EXPECT_FALSE(checkEnvAssignment("=b").ok());
+  EXPECT_THAT(checkEnvAssignment("").message(), HasSubstr("want NAME=VALUE"));
+}
+
+int statusOf(void (*body)()) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    body();
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return status;
+}
+
+TEST(ExitCodeTest, ItsOwnCodeOr128PlusTheSignal) {
+  EXPECT_EQ(exitCodeOf(statusOf([] { _exit(0); })), 0);
+  EXPECT_EQ(exitCodeOf(statusOf([] { _exit(7); })), 7);
+  EXPECT_EQ(exitCodeOf(statusOf([] {
+              signal(SIGTERM, SIG_DFL);
+              raise(SIGTERM);
+            })),
+            128 + SIGTERM);
+  EXPECT_EQ(exitCodeOf(statusOf([] { raise(SIGKILL); })), 128 + SIGKILL);
+}
+
+}  // namespace
+}  // namespace siphon::exec
