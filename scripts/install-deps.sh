@@ -34,6 +34,9 @@ PKGS=(
   # `siphon fs mount`: libfuse3 and fusermount3; the tools its tests run on
   # the mount (git, sqlite3; diff, find and tar are in every Debian).
   libfuse3-dev fuse3 git sqlite3
+  # `siphon exec`: real programs in its tests (dig reads resolv.conf itself,
+  # busybox's wget is static).
+  bind9-dnsutils
 )
 
 # containerd's .proto files, for the agent's gRPC client generated at build

@@ -35,8 +35,14 @@ struct CommandEnv {
 using CommandRun = std::function<net::awaitable<int>(const CommandEnv&)>;
 
 struct Command {
+  Command(CLI::App* a, CommandRun r,
+          std::function<void(client::ClientOptions&)> c = nullptr)
+      : app(a), run(std::move(r)), configure(std::move(c)) {}
   CLI::App* app = nullptr;  // the (sub)subcommand whose parsed() selects it
   CommandRun run;
+  // What the command sets in the client's options before it connects
+  // (exec: how long to look for another agent); may be empty.
+  std::function<void(client::ClientOptions&)> configure;
 };
 
 // Registration, one function per area (commands_<area>.cc).
@@ -49,6 +55,10 @@ void addStealCommands(CLI::App& app, std::vector<Command>& out);  // steal
 void addMirrorCommands(CLI::App& app, std::vector<Command>& out);  // mirror
 void addCaptureCommands(CLI::App& app, std::vector<Command>& out);  // capture
 void addSessionsCommands(CLI::App& app, std::vector<Command>& out);  // sessions
+struct ExecTail;
+// exec (commands_exec.cc); `tail`: the words after its `--` (exec_config.h),
+// filled before parsing.
+void addExecCommand(CLI::App& app, std::vector<Command>& out, const ExecTail* tail);
 
 // One line on stderr: "siphon: <message>".
 void printError(std::string_view message);

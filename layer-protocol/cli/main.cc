@@ -7,6 +7,7 @@
 // Exit codes: see cli/exit_codes.h (0 ok, 1 error, 2 usage, 3 agent
 // unreachable, 4 session rejected).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -17,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cli/command.h"
+#include "cli/exec_config.h"
 #include "cli/exit_codes.h"
 #include "cli/options.h"
 #include "cli/output.h"
@@ -123,12 +125,18 @@ int realMain(int argc, char** argv) {
   addMirrorCommands(app, commands);
   addCaptureCommands(app, commands);
   addSessionsCommands(app, commands);
+  ExecTail exec_tail;
+  addExecCommand(app, commands, &exec_tail);
   app.footer(
       "Exit codes: 0 ok, 1 error, 2 usage, 3 agent unreachable, 4 session rejected by the "
       "agent.");
 
   try {
-    app.parse(argc, argv);
+    // The words after exec's `--` are the program's: CLI11 never sees them.
+    std::vector<std::string> args(argv + 1, argv + argc);
+    args = splitExecTail(args, &exec_tail);
+    std::reverse(args.begin(), args.end());  // CLI11 takes them last first
+    app.parse(args);
   } catch (const CLI::ParseError& e) {
     // --help prints and exits 0; every parse error is a usage error, told in
     // one line like the other failures.
@@ -201,7 +209,9 @@ int realMain(int argc, char** argv) {
 
   CommandRun command;
   for (const auto& c : commands) {
-    if (c.app->parsed()) command = c.run;
+    if (!c.app->parsed()) continue;
+    command = c.run;
+    if (c.configure) c.configure(options);
   }
   if (!command) {
     printError("no command given (see siphon --help)");

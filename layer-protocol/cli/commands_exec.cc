@@ -1,0 +1,836 @@
+// `siphon exec`: a local program, any program, run as if it ran inside the
+// target (docs/EXEC.md).
+//
+//   siphon exec [OPTIONS] -- COMMAND [ARGS...]
+//
+// The program runs in namespaces of its own (exec/sandbox.h): every TCP
+// connection it makes arrives at siphon's listeners and is made from the
+// target through the agent (client::Connections, as `siphon forward` makes
+// its connections) or from this machine (loopback by default; --local,
+// --remote and --remote-loopback choose per destination, exec/policy.h).
+// Its UDP arrives as IP packets on a TUN device and each flow is a UDP
+// connection of the agent's. Names resolve as the target resolves them: its
+// resolv.conf and hosts are shown at /etc in the program's view, and the
+// lookups themselves are UDP and TCP like any other traffic, sent to the
+// target's nameservers from the target. Its environment is the target's
+// over the local one; its hostname is the target's.
+//
+// siphon exits with the program's exit code (128+N for signal N); SIGINT,
+// SIGTERM and SIGHUP go to its process group. A session lost for good
+// (no agent left for --agent-lost-timeout) stops the program with SIGTERM
+// (SIGKILL 10 s later) and exits 3 with a line that says why.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cli/bridge.h"
+#include "cli/command.h"
+#include "cli/exec_config.h"
+#include "cli/exit_codes.h"
+#include "cli/format.h"
+#include "cli/json_writer.h"
+#include "cli/long_running.h"
+#include "cli/options.h"
+#include "exec/packet.h"
+#include "exec/policy.h"
+#include "exec/sandbox.h"
+#include "siphon/client/connections.h"
+#include "siphon/client/env.h"
+#include "siphon/client/errors.h"
+#include "siphon/client/files.h"
+#include "siphon/status.h"
+#include "siphon/transport/spawn.h"
+
+extern char** environ;
+
+namespace siphon::cli {
+namespace {
+
+namespace asio = net::asio;
+using client::ErrorCode;
+using exec::Via;
+
+constexpr size_t kChunk = 64 * 1024;
+// How long a connection to this machine may take to answer.
+constexpr auto kLocalConnectTimeout = std::chrono::seconds(10);
+// After the program ends: how long its connections may take to pass on
+// what it wrote before siphon closes the session.
+constexpr auto kDrainAfterExit = std::chrono::seconds(5);
+// After SIGTERM for a lost session: then SIGKILL.
+constexpr auto kStopGrace = std::chrono::seconds(10);
+// A UDP flow with no datagram either way for this long is closed (a DNS
+// one sooner: each lookup is a flow of its own).
+constexpr auto kUdpIdle = std::chrono::seconds(60);
+constexpr auto kDnsIdle = std::chrono::seconds(5);
+// Datagrams held per flow while the agent makes its socket; more are
+// dropped, as a full socket buffer would.
+constexpr size_t kUdpPendingMax = 64;
+constexpr size_t kUdpFlowsMax = 4096;
+
+// Coroutines take their arguments by value and move them into locals first
+// (GCC 12: see commands_net.cc).
+
+struct ExecState;
+void killDescendants();
+
+// A connection of the program made by the agent: counted while it lives.
+class ExecBridge : public Bridge {
+ public:
+  ExecBridge(net::tcp::socket local_socket, client::Connection s, std::weak_ptr<ExecState> state)
+      : Bridge(std::move(local_socket), std::move(s)), state_(std::move(state)) {}
+
+ protected:
+  void finished() override;
+
+ private:
+  std::weak_ptr<ExecState> state_;
+};
+
+// A connection of the program made from this machine: two local sockets
+// joined both ways, with the same semantics as Bridge (EOF is a half-close,
+// a failure an abort of the other side).
+struct LocalSplice : std::enable_shared_from_this<LocalSplice> {
+  LocalSplice(net::tcp::socket a_in, net::tcp::socket b_in, std::weak_ptr<ExecState> s)
+      : a(std::move(a_in)), b(std::move(b_in)), state(std::move(s)) {}
+  net::tcp::socket a;  // the program's
+  net::tcp::socket b;  // ours, to the destination
+  std::weak_ptr<ExecState> state;
+  int running = 2;
+
+  void start();
+  void done();
+  static net::awaitable<void> pump(std::shared_ptr<LocalSplice> self, bool a_to_b);
+};
+
+struct UdpFlowState {
+  exec::UdpFlow flow;
+  Via via = Via::kTarget;
+  client::Connection conn;           // kTarget, once made
+  std::optional<asio::ip::udp::socket> local;  // kLocal
+  std::vector<std::string> pending;  // payloads before the socket exists
+  std::vector<std::string> pending_packets;  // their packets (for ICMP)
+  bool ready = false;
+  bool sending = false;
+  bool closed = false;
+  asio::steady_timer::time_point last;
+};
+
+struct ExecState : std::enable_shared_from_this<ExecState> {
+  ExecState(const CommandEnv& env, asio::any_io_executor ex)
+      : executor(ex),
+        connections(env.target),
+        run(env, "exec", [json = env.json](std::string line) { printLine(std::move(line), json); }),
+        json(env.json),
+        hup(ex),
+        chld(ex),
+        tun(ex),
+        sweep(ex) {}
+
+  asio::any_io_executor executor;
+  client::Connections connections;
+  LongRunning run;
+  bool json = false;
+  exec::Routes routes;
+  pid_t pid = -1;
+  std::vector<std::shared_ptr<net::tcp::acceptor>> acceptors;
+  asio::signal_set hup;
+  asio::signal_set chld;
+  asio::posix::stream_descriptor tun;
+  asio::steady_timer sweep;
+  std::map<exec::UdpFlow, std::shared_ptr<UdpFlowState>> flows;
+  size_t connections_open = 0;
+  std::optional<int> exit_code;  // the program's, once it ended
+  bool stopping = false;         // the program ended: no new work
+
+  static void printLine(std::string line, bool json) {
+    (void)json;
+    if (!line.empty() && line.back() != '\n') line.push_back('\n');
+    std::fputs(line.c_str(), stderr);
+    std::fflush(stderr);
+  }
+  void event(JsonLine line) {
+    if (!json) return;
+    printLine(line.take(), true);
+  }
+  void connectionEvent(std::string_view proto, const exec::Destination& d, Via via,
+                       const absl::Status& s) {
+    if (!json) return;
+    JsonLine line("connection");
+    line.add("protocol", proto)
+        .add("to", hostPort(d.address, d.port))
+        .add("via", via == Via::kTarget ? "target" : "local")
+        .addBool("ok", s.ok());
+    if (!s.ok()) line.add("error", sv(s.message()));
+    event(std::move(line));
+  }
+
+  // Reaps the program and every orphan of it (siphon is their subreaper).
+  void reap() {
+    if (pid <= 0) return;
+    while (true) {
+      int status = 0;
+      const pid_t r = ::waitpid(-1, &status, WNOHANG);
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) break;
+      if (r == pid && !exit_code) {
+        exit_code = exec::exitCodeOf(status);
+        // What it leaves goes with it: nothing of the program outlives it.
+        killDescendants();
+        stopServing();
+        run.notify();
+      }
+    }
+  }
+  void armChld() {
+    chld.async_wait([weak = weak_from_this()](net::error_code ec, int) {
+      auto self = weak.lock();
+      if (ec || !self) return;
+      self->reap();
+      if (!self->exit_code) self->armChld();
+    });
+  }
+  void armHup() {
+    hup.async_wait([weak = weak_from_this()](net::error_code ec, int signo) {
+      auto self = weak.lock();
+      if (ec || !self) return;
+      self->signalProgram(signo);
+      self->armHup();
+    });
+  }
+  void signalProgram(int signo) {
+    if (pid > 0 && !exit_code) ::kill(-pid, signo);
+  }
+  // No new connections or datagrams (the program is gone).
+  void stopServing() {
+    stopping = true;
+    net::error_code ignored;
+    for (auto& a : acceptors) a->close(ignored);
+    tun.close(ignored);
+    sweep.cancel();
+    for (auto& [flow, f] : flows) closeFlow(*f);
+    flows.clear();
+  }
+  void connectionDone() {
+    if (connections_open > 0) --connections_open;
+    run.notify();
+  }
+
+  // ------------------------------------------------------------ UDP
+  void closeFlow(UdpFlowState& f) {
+    if (f.closed) return;
+    f.closed = true;
+    if (f.conn.stream()) f.conn.reset(ErrorCode::kCancelled, "the program's UDP flow ended");
+    if (f.local) {
+      net::error_code ignored;
+      f.local->close(ignored);
+    }
+  }
+  void writeTun(const std::string& packet) {
+    if (!tun.is_open()) return;
+    // A TUN write takes the whole packet or fails: a datagram lost, as UDP
+    // may lose one.
+    (void)!::write(tun.native_handle(), packet.data(), packet.size());
+  }
+  void armSweep() {
+    sweep.expires_after(std::chrono::seconds(1));
+    sweep.async_wait([weak = weak_from_this()](net::error_code ec) {
+      auto self = weak.lock();
+      if (ec || !self || self->stopping) return;
+      const auto now = asio::steady_timer::clock_type::now();
+      for (auto it = self->flows.begin(); it != self->flows.end();) {
+        UdpFlowState& f = *it->second;
+        const auto idle = f.flow.dst_port == 53 ? kDnsIdle : kUdpIdle;
+        if (f.ready && !f.sending && now - f.last > idle) {
+          self->closeFlow(f);
+          it = self->flows.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      self->armSweep();
+    });
+  }
+  void dropFlow(const std::shared_ptr<UdpFlowState>& f) {
+    closeFlow(*f);
+    auto it = flows.find(f->flow);
+    if (it != flows.end() && it->second == f) flows.erase(it);
+  }
+};
+
+// Every process left of the program (its process group, and what it
+// started in sessions of their own: orphans come to siphon, the
+// subreaper): killed and reaped.
+void killDescendants() {
+  for (int round = 0; round < 50; ++round) {
+    std::vector<pid_t> children;
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+      std::ifstream in(task.path() / "children");
+      pid_t child;
+      while (in >> child) children.push_back(child);
+    }
+    if (children.empty()) return;
+    for (pid_t child : children) ::kill(child, SIGKILL);
+    // Each one's death makes its own children ours: the next round.
+    for (pid_t child : children) {
+      while (::waitpid(child, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+}
+
+void ExecBridge::finished() {
+  if (auto s = state_.lock()) s->connectionDone();
+}
+
+void LocalSplice::start() {
+  auto ex = a.get_executor();
+  auto fail = [self = shared_from_this()] {
+    abortSocket(self->a);
+    abortSocket(self->b);
+  };
+  net::spawn(ex, pump(shared_from_this(), true), "exec_local_a_to_b", fail);
+  net::spawn(ex, pump(shared_from_this(), false), "exec_local_b_to_a", fail);
+}
+
+void LocalSplice::done() {
+  if (--running > 0) return;
+  net::error_code ignored;
+  a.close(ignored);
+  b.close(ignored);
+  if (auto s = state.lock()) s->connectionDone();
+}
+
+net::awaitable<void> LocalSplice::pump(std::shared_ptr<LocalSplice> self_in, bool a_to_b) {
+  const std::shared_ptr<LocalSplice> self = std::move(self_in);
+  net::tcp::socket& from = a_to_b ? self->a : self->b;
+  net::tcp::socket& to = a_to_b ? self->b : self->a;
+  std::string buf(kChunk, '\0');
+  while (true) {
+    net::error_code ec;
+    const size_t n = co_await from.async_read_some(asio::buffer(buf),
+                                                   asio::redirect_error(net::use_awaitable, ec));
+    if (ec == asio::error::eof) {
+      net::error_code ignored;
+      to.shutdown(net::tcp::socket::shutdown_send, ignored);
+      break;
+    }
+    if (ec) {
+      // A reset one side is a reset the other.
+      abortSocket(to);
+      abortSocket(from);
+      break;
+    }
+    co_await asio::async_write(to, asio::buffer(buf.data(), n),
+                               asio::redirect_error(net::use_awaitable, ec));
+    if (ec) {
+      abortSocket(to);
+      abortSocket(from);
+      break;
+    }
+  }
+  self->done();
+}
+
+// One connection of the program: made where the routes say, or reset (the
+// program sees the connection fail as the network failed it).
+net::awaitable<void> serveConnection(std::shared_ptr<ExecState> state_in,
+                                     std::shared_ptr<net::tcp::socket> socket_in) {
+  const std::shared_ptr<ExecState> st = std::move(state_in);
+  const std::shared_ptr<net::tcp::socket> sock = std::move(socket_in);
+  auto dest = exec::originalDestination(sock->native_handle());
+  if (!dest.ok()) {
+    abortSocket(*sock);
+    st->connectionDone();
+    co_return;
+  }
+  const Via via = st->routes.route(dest->address, dest->port);
+  net::error_code ec;
+  sock->set_option(net::tcp::no_delay(true), ec);
+  if (via == Via::kLocal) {
+    net::tcp::socket out(st->executor);
+    auto address = asio::ip::make_address(dest->address, ec);
+    absl::Status s;
+    if (ec) {
+      s = absl::InvalidArgumentError(ec.message());
+    } else {
+      // (No co_await inside ?: with GCC 12.)
+      std::vector<net::tcp::endpoint> endpoints;
+      endpoints.emplace_back(address, dest->port);
+      s = co_await connectLocal(out, std::move(endpoints), kLocalConnectTimeout,
+                                hostPort(dest->address, dest->port));
+    }
+    st->connectionEvent("tcp", *dest, via, s);
+    if (!s.ok() || st->stopping) {
+      abortSocket(*sock);
+      st->connectionDone();
+      co_return;
+    }
+    std::make_shared<LocalSplice>(std::move(*sock), std::move(out), st)->start();
+    co_return;
+  }
+  auto connection = co_await st->connections.connectTcp(dest->address, dest->port);
+  st->connectionEvent("tcp", *dest, via, connection.status());
+  if (!connection.ok() || st->stopping) {
+    abortSocket(*sock);
+    st->run.checkLost(connection.status());
+    st->connectionDone();
+    co_return;
+  }
+  std::make_shared<ExecBridge>(std::move(*sock), *std::move(connection), st)->start();
+}
+
+net::awaitable<void> acceptLoop(std::shared_ptr<ExecState> state_in,
+                                std::shared_ptr<net::tcp::acceptor> acceptor_in) {
+  const std::shared_ptr<ExecState> st = std::move(state_in);
+  const std::shared_ptr<net::tcp::acceptor> acc = std::move(acceptor_in);
+  while (!st->stopping) {
+    auto sock = std::make_shared<net::tcp::socket>(st->executor);
+    net::error_code ec;
+    co_await acc->async_accept(*sock, asio::redirect_error(net::use_awaitable, ec));
+    if (st->stopping || ec == asio::error::operation_aborted) break;
+    if (ec) {
+      // EMFILE and the like: say so, and keep serving (a moment later).
+      printError(absl::StrCat("exec: accept: ", ec.message()));
+      asio::steady_timer pause(st->executor, std::chrono::milliseconds(100));
+      co_await pause.async_wait(asio::redirect_error(net::use_awaitable, ec));
+      continue;
+    }
+    ++st->connections_open;
+    net::spawn(st->executor, serveConnection(st, sock), "exec_connection", [st, sock] {
+      abortSocket(*sock);
+      st->connectionDone();
+    });
+  }
+}
+
+// ------------------------------------------------------------ UDP
+
+// Sends what a flow holds, in order, one datagram at a time.
+net::awaitable<void> sendFlow(std::shared_ptr<ExecState> state_in,
+                              std::shared_ptr<UdpFlowState> flow_in) {
+  const std::shared_ptr<ExecState> st = std::move(state_in);
+  const std::shared_ptr<UdpFlowState> f = std::move(flow_in);
+  f->sending = true;
+  while (!f->pending.empty() && !f->closed) {
+    std::string payload = std::move(f->pending.front());
+    f->pending.erase(f->pending.begin());
+    f->pending_packets.erase(f->pending_packets.begin());
+    if (f->via == Via::kTarget) {
+      absl::Status s = co_await f->conn.write(std::move(payload));
+      if (!s.ok()) {
+        st->run.checkLost(s);
+        st->dropFlow(f);
+        break;
+      }
+    } else {
+      net::error_code ec;
+      co_await f->local->async_send(asio::buffer(payload),
+                                    asio::redirect_error(net::use_awaitable, ec));
+      if (ec && ec != asio::error::connection_refused) {
+        st->dropFlow(f);
+        break;
+      }
+    }
+  }
+  f->sending = false;
+}
+
+// The answers of a flow, back to the program as packets.
+net::awaitable<void> receiveFlow(std::shared_ptr<ExecState> state_in,
+                                 std::shared_ptr<UdpFlowState> flow_in) {
+  const std::shared_ptr<ExecState> st = std::move(state_in);
+  const std::shared_ptr<UdpFlowState> f = std::move(flow_in);
+  std::string buf;
+  while (!f->closed) {
+    std::string payload;
+    if (f->via == Via::kTarget) {
+      auto chunk = co_await f->conn.read();
+      if (!chunk.ok() || !chunk->has_value()) {
+        // The destination refused (ICMP to the agent's socket): the same
+        // to the program's. Anything else ends the flow quietly.
+        if (!chunk.ok() && !f->closed &&
+            absl::StrContains(chunk.status().message(), "refused")) {
+          exec::UdpFlow sent = f->flow;  // the program's datagram, as it went
+          std::swap(sent.src, sent.dst);
+          std::swap(sent.src_port, sent.dst_port);
+          st->writeTun(exec::buildPortUnreachable(f->flow, exec::buildUdpReply(sent, "")));
+        }
+        if (!chunk.ok()) st->run.checkLost(chunk.status());
+        break;
+      }
+      payload = std::move(**chunk);
+    } else {
+      buf.resize(65536);
+      net::error_code ec;
+      const size_t n = co_await f->local->async_receive(
+          asio::buffer(buf), asio::redirect_error(net::use_awaitable, ec));
+      if (ec == asio::error::connection_refused) continue;
+      if (ec) break;
+      payload.assign(buf.data(), n);
+    }
+    f->last = asio::steady_timer::clock_type::now();
+    st->writeTun(exec::buildUdpReply(f->flow, payload));
+  }
+  st->dropFlow(f);
+}
+
+net::awaitable<void> openFlow(std::shared_ptr<ExecState> state_in,
+                              std::shared_ptr<UdpFlowState> flow_in) {
+  const std::shared_ptr<ExecState> st = std::move(state_in);
+  const std::shared_ptr<UdpFlowState> f = std::move(flow_in);
+  const std::string dst = f->flow.dstAddress();
+  const exec::Destination dest{dst, f->flow.dst_port, false};
+  absl::Status status;
+  if (f->via == Via::kTarget) {
+    auto conn = co_await st->connections.connectUdp(dst, f->flow.dst_port);
+    status = conn.status();
+    if (conn.ok()) f->conn = *std::move(conn);
+  } else {
+    net::error_code ec;
+    auto address = asio::ip::make_address(dst, ec);
+    if (!ec) {
+      f->local.emplace(st->executor);
+      f->local->open(address.is_v6() ? asio::ip::udp::v6() : asio::ip::udp::v4(), ec);
+      if (!ec) f->local->connect(asio::ip::udp::endpoint(address, f->flow.dst_port), ec);
+    }
+    if (ec) status = absl::UnavailableError(absl::StrCat("udp ", dst, ": ", ec.message()));
+  }
+  st->connectionEvent("udp", dest, f->via, status);
+  if (!status.ok() || f->closed) {
+    // Unreachable from where it would be sent: the program hears so.
+    if (!status.ok()) {
+      for (const std::string& packet : f->pending_packets) {
+        st->writeTun(exec::buildPortUnreachable(f->flow, packet));
+      }
+      st->run.checkLost(status);
+    }
+    st->dropFlow(f);
+    co_return;
+  }
+  f->ready = true;
+  f->last = asio::steady_timer::clock_type::now();
+  net::spawn(st->executor, receiveFlow(st, f), "exec_udp_receive", [st, f] { st->dropFlow(f); });
+  co_await sendFlow(st, f);
+}
+
+void onDatagram(const std::shared_ptr<ExecState>& st, std::string packet) {
+  auto udp = exec::parseUdp(packet);
+  if (!udp) return;  // not a whole UDP datagram (router solicitations...)
+  std::shared_ptr<UdpFlowState>& slot = st->flows[udp->flow];
+  const bool fresh = slot == nullptr;
+  if (fresh) {
+    if (st->flows.size() > kUdpFlowsMax) {
+      st->flows.erase(udp->flow);
+      return;  // dropped, as a full table would
+    }
+    slot = std::make_shared<UdpFlowState>();
+    slot->flow = udp->flow;
+    slot->via = st->routes.route(udp->flow.dstAddress(), udp->flow.dst_port);
+  }
+  std::shared_ptr<UdpFlowState> f = slot;
+  f->last = asio::steady_timer::clock_type::now();
+  if (f->pending.size() >= kUdpPendingMax) return;
+  f->pending.emplace_back(udp->payload);
+  f->pending_packets.push_back(f->ready ? std::string() : packet);
+  if (fresh) {
+    net::spawn(st->executor, openFlow(st, f), "exec_udp_open", [st, f] { st->dropFlow(f); });
+  } else if (f->ready && !f->sending) {
+    net::spawn(st->executor, sendFlow(st, f), "exec_udp_send", [st, f] { st->dropFlow(f); });
+  }
+}
+
+net::awaitable<void> tunLoop(std::shared_ptr<ExecState> state_in) {
+  const std::shared_ptr<ExecState> st = std::move(state_in);
+  std::string buf(65536, '\0');
+  while (!st->stopping && st->tun.is_open()) {
+    net::error_code ec;
+    co_await st->tun.async_wait(asio::posix::descriptor_base::wait_read,
+                                asio::redirect_error(net::use_awaitable, ec));
+    if (ec || st->stopping) break;
+    // Every packet there is now, then wait again.
+    for (int i = 0; i < 256; ++i) {
+      const ssize_t n = ::read(st->tun.native_handle(), buf.data(), buf.size());
+      if (n <= 0) break;
+      onDatagram(st, buf.substr(0, static_cast<size_t>(n)));
+    }
+  }
+}
+
+// ------------------------------------------------------------ set-up
+
+std::string trimmed(std::string s) {
+  absl::StripAsciiWhitespace(&s);
+  return s;
+}
+
+// A temporary directory (mode 0755: the program, run as the caller, reads
+// its files), removed with this object.
+struct TempDir {
+  std::string path;
+  ~TempDir() {
+    if (path.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+  absl::Status make() {
+    const char* base = std::getenv("TMPDIR");
+    std::string pattern = absl::StrCat(base && *base ? base : "/tmp", "/siphon-exec-XXXXXX");
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat("mkdtemp ", pattern, ": ", std::strerror(errno)));
+    }
+    path = pattern;
+    ::chmod(path.c_str(), 0755);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::string> write(const std::string& name, const std::string& content) {
+    const std::string file = absl::StrCat(path, "/", name);
+    std::ofstream out(file, std::ios::binary);
+    out << content;
+    out.close();
+    if (!out) return absl::InternalError(absl::StrCat("write ", file, ": ", std::strerror(errno)));
+    ::chmod(file.c_str(), 0644);
+    return file;
+  }
+};
+
+// The target's resolv.conf for the program. Without UDP (no TUN device for
+// this user) lookups are made over TCP (`options use-vc`), which the
+// program's namespace steers like any connection.
+std::string resolvConfFor(std::string content, bool udp) {
+  if (udp) return content;
+  if (!content.empty() && content.back() != '\n') content.push_back('\n');
+  return content + "# siphon exec: no UDP for this program; lookups over TCP\noptions use-vc\n";
+}
+
+std::string commandLine(const std::vector<std::string>& argv) { return absl::StrJoin(argv, " "); }
+
+net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
+  auto ex = co_await asio::this_coro::executor;
+  auto st = std::make_shared<ExecState>(env, ex);
+
+  // The routes (checked at parse time).
+  std::vector<exec::AddressRule> rules;
+  for (const auto& r : flags.local) rules.push_back(*exec::parseAddressRule(r, Via::kLocal));
+  for (const auto& r : flags.remote) rules.push_back(*exec::parseAddressRule(r, Via::kTarget));
+  st->routes = exec::Routes(std::move(rules), flags.remote_loopback);
+
+  // What the program is to see of the target.
+  std::vector<std::pair<std::string, std::string>> target_env;
+  if (!flags.no_target_env) {
+    client::Env target_vars(env.target);
+    auto vars = co_await target_vars.get();
+    if (!vars.ok()) co_return reportFailure("exec: the target's environment", vars.status());
+    for (auto& v : *vars) target_env.emplace_back(std::move(v.name), std::move(v.value));
+  }
+  client::Files files(env.target);
+  std::string hostname = flags.hostname;
+  if (hostname.empty()) {
+    auto text = co_await files.readFile("/etc/hostname");
+    if (text.ok()) hostname = trimmed(*text);
+    if (hostname.empty()) {
+      for (const auto& [name, value] : target_env) {
+        if (name == "HOSTNAME") hostname = value;
+      }
+    }
+  }
+  const bool udp = !flags.no_udp && ::access("/dev/net/tun", R_OK | W_OK) == 0;
+  const int tun_errno = errno;
+  TempDir dir;
+  std::vector<exec::FileOverlay> overlays;
+  if (!flags.local_dns) {
+    if (absl::Status s = dir.make(); !s.ok()) {
+      printError(absl::StrCat("exec: ", s.message()));
+      co_return kExitError;
+    }
+    for (const char* path : {"/etc/resolv.conf", "/etc/hosts"}) {
+      auto text = co_await files.readFile(path);
+      if (!text.ok()) {
+        if (client::errorCode(text.status()) == ErrorCode::kNotFound) continue;
+        co_return reportFailure(absl::StrCat("exec: the target's ", path), text.status());
+      }
+      const bool resolv = absl::EndsWith(path, "resolv.conf");
+      auto file = dir.write(resolv ? "resolv.conf" : "hosts",
+                            resolv ? resolvConfFor(*std::move(text), udp) : *std::move(text));
+      if (!file.ok()) {
+        printError(absl::StrCat("exec: ", file.status().message()));
+        co_return kExitError;
+      }
+      // The local path must exist to be covered; a machine without one
+      // keeps none.
+      if (::access(path, F_OK) == 0) overlays.push_back({*file, path});
+    }
+  }
+  if (!udp && !flags.no_udp && !env.json) {
+    printError(absl::StrCat("exec: the program's UDP stays in its own namespace (/dev/net/tun: ",
+                            std::strerror(tun_errno),
+                            "); its lookups go over TCP. Run as root, or make /dev/net/tun "
+                            "readable and writable (mode 0666), to carry UDP"));
+  }
+
+  std::vector<std::string> local_env;
+  for (char** e = environ; e && *e; ++e) local_env.emplace_back(*e);
+  exec::EnvOverlay overlay{flags.env_include, flags.env_exclude, flags.env_set};
+  exec::SandboxSpec spec;
+  spec.argv = flags.command;
+  spec.env = exec::overlayEnvironment(local_env, target_env, overlay);
+  spec.hostname = hostname;
+  spec.files = overlays;
+  spec.udp = udp;
+  // Orphans of the program come to siphon, which reaps them and, when the
+  // program ends, ends them: a daemon it started is not left running.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  auto box = exec::startSandbox(spec);
+  if (!box.ok()) {
+    printError(absl::StrCat("exec: ", box.status().message()));
+    // As a shell says it: 127 not found, 126 found but not runnable.
+    if (absl::IsNotFound(box.status())) co_return 127;
+    if (absl::IsPermissionDenied(box.status())) co_return 126;
+    co_return kExitError;
+  }
+  st->pid = box->pid();
+  std::error_code cleanup_ignored;
+  std::filesystem::remove_all(dir.path, cleanup_ignored);  // the bind mounts hold the files
+  dir.path.clear();
+
+  net::error_code ec;
+  if (box->tcp4() >= 0) {
+    st->acceptors.push_back(
+        std::make_shared<net::tcp::acceptor>(ex, net::tcp::v4(), box->releaseTcp4()));
+  }
+  if (box->tcp6() >= 0) {
+    st->acceptors.push_back(
+        std::make_shared<net::tcp::acceptor>(ex, net::tcp::v6(), box->releaseTcp6()));
+  }
+  if (box->tun() >= 0) st->tun.assign(box->releaseTun(), ec);
+
+  // Signals: INT and TERM (LongRunning) and HUP go to the program, which
+  // decides; its end ends siphon.
+  st->run.on_stop = [weak = std::weak_ptr<ExecState>(st)](int signo) {
+    if (auto s = weak.lock()) s->signalProgram(signo);
+  };
+  st->run.on_end = st->run.on_stop;
+  st->run.on_event = [weak = std::weak_ptr<ExecState>(st)](const client::LinkEvent& e) {
+    auto s = weak.lock();
+    if (!s) return;
+    using Kind = client::LinkEvent::Kind;
+    if (e.kind == Kind::kMoved) {
+      if (s->json) {
+        s->event(std::move(JsonLine("moved")
+                               .add("from", e.from)
+                               .add("to", e.to)
+                               .add("reason", e.reason)
+                               .add("connections_reset", static_cast<uint64_t>(e.streams))));
+      } else {
+        printError(absl::StrCat("exec: moved to agent ", e.to, " (", e.reason, "); ",
+                                plural(e.streams, "connection"), " of the old agent ",
+                                e.draining ? "finish there" : "reset"));
+      }
+    } else if (e.kind == Kind::kLost && s->json) {
+      s->event(std::move(JsonLine("lost").add("reason", sv(e.status.message()))));
+    }
+  };
+  st->run.start();
+  st->hup.add(SIGHUP, ec);
+  st->chld.add(SIGCHLD, ec);
+  st->armHup();
+  st->armChld();
+  st->reap();  // it may have ended before SIGCHLD was watched
+
+  if (st->json) {
+    st->event(std::move(JsonLine("started")
+                            .add("pid", static_cast<uint64_t>(st->pid))
+                            .add("command", commandLine(flags.command))
+                            .add("hostname", hostname)
+                            .addBool("udp", udp)));
+  }
+  for (auto& acc : st->acceptors) {
+    net::spawn(ex, acceptLoop(st, acc), "exec_accept", [st] { st->stopServing(); });
+  }
+  if (st->tun.is_open()) {
+    net::spawn(ex, tunLoop(st), "exec_tun", [] {});
+    st->armSweep();
+  }
+
+  // Until the program ends. A lost session stops it: SIGTERM, then SIGKILL.
+  std::optional<asio::steady_timer::time_point> kill_at;
+  while (!st->exit_code) {
+    if (!st->run.lost().ok() && !kill_at) {
+      printError(absl::StrCat("exec: ", st->run.lost().message(), "; stopping ",
+                              flags.command.front(), " (SIGTERM)"));
+      st->signalProgram(SIGTERM);
+      kill_at = asio::steady_timer::clock_type::now() + kStopGrace;
+    }
+    if (kill_at && asio::steady_timer::clock_type::now() >= *kill_at) {
+      st->signalProgram(SIGKILL);
+      kill_at = asio::steady_timer::time_point::max();
+    }
+    // A bounded wait: a notify while nobody waits is not kept.
+    co_await st->run.wait(asio::steady_timer::clock_type::now() + std::chrono::milliseconds(200));
+    st->reap();
+  }
+  st->stopServing();
+  // Its connections pass on what it wrote, then end (its sockets are
+  // closed); not longer than kDrainAfterExit.
+  const auto drain_until = asio::steady_timer::clock_type::now() + kDrainAfterExit;
+  while (st->connections_open > 0 && asio::steady_timer::clock_type::now() < drain_until) {
+    co_await st->run.wait(std::min(drain_until, asio::steady_timer::clock_type::now() +
+                                                    std::chrono::milliseconds(100)));
+  }
+  const bool lost = !st->run.lost().ok();
+  if (st->json) {
+    st->event(std::move(JsonLine("exited")
+                            .add("code", static_cast<uint64_t>(*st->exit_code))
+                            .addBool("session_lost", lost)));
+  }
+  st->run.finish();
+  net::error_code ignored;
+  st->hup.cancel(ignored);
+  st->chld.cancel(ignored);
+  if (lost) co_return kExitUnreachable;
+  co_return *st->exit_code;
+}
+
+}  // namespace
+
+void addExecCommand(CLI::App& app, std::vector<Command>& out, const ExecTail* tail) {
+  auto flags = std::make_shared<ExecFlags>();
+  CLI::App* exec = app.add_subcommand(
+      "exec",
+      "Run a local program as if it ran inside the target: its connections, names, "
+      "environment and hostname are the target's (siphon exec [OPTIONS] -- COMMAND [ARGS...])");
+  registerExecFlags(*exec, *flags);
+  exec->callback([flags, exec, tail] {
+    absl::Status s = finishExecFlags(*flags, *exec, *tail);
+    if (!s.ok()) throw CLI::ValidationError("exec", std::string(s.message()));
+  });
+  out.push_back({exec,
+                 [flags](const CommandEnv& env) -> net::awaitable<int> {
+                   co_return co_await runExec(env, *flags);
+                 },
+                 [flags](client::ClientOptions& options) {
+                   options.failover_timeout = flags->agent_lost_timeout_ms;
+                 }});
+}
+
+}  // namespace siphon::cli

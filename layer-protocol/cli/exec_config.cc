@@ -1,0 +1,255 @@
+#include "cli/exec_config.h"
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "cli/options.h"
+#include "exec/policy.h"
+
+namespace siphon::cli {
+namespace {
+
+using google::protobuf::Value;
+
+const char* kindName(const Value& v) {
+  switch (v.kind_case()) {
+    case Value::kNullValue:
+      return "null";
+    case Value::kNumberValue:
+      return "a number";
+    case Value::kStringValue:
+      return "a string";
+    case Value::kBoolValue:
+      return "a boolean";
+    case Value::kStructValue:
+      return "an object";
+    case Value::kListValue:
+      return "a list";
+    case Value::KIND_NOT_SET:
+      break;
+  }
+  return "empty";
+}
+
+absl::Status wrong(const std::string& origin, const std::string& key, const char* want,
+                   const Value& v) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(origin, ": \"", key, "\" is ", kindName(v), ", not ", want));
+}
+
+absl::Status takeBool(const std::string& origin, const std::string& key, const Value& v,
+                      bool* out) {
+  if (v.kind_case() != Value::kBoolValue) return wrong(origin, key, "a boolean", v);
+  *out = v.bool_value();
+  return absl::OkStatus();
+}
+
+absl::Status takeString(const std::string& origin, const std::string& key, const Value& v,
+                        std::string* out) {
+  if (v.kind_case() != Value::kStringValue) return wrong(origin, key, "a string", v);
+  *out = v.string_value();
+  return absl::OkStatus();
+}
+
+absl::Status takeList(const std::string& origin, const std::string& key, const Value& v,
+                      std::vector<std::string>* out) {
+  if (v.kind_case() != Value::kListValue) return wrong(origin, key, "a list of strings", v);
+  out->clear();
+  for (const Value& item : v.list_value().values()) {
+    if (item.kind_case() != Value::kStringValue) {
+      return wrong(origin, key + "[]", "a string", item);
+    }
+    out->push_back(item.string_value());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void registerExecFlags(CLI::App& exec, ExecFlags& flags) {
+  exec.add_option("-f,--config", flags.config_file,
+                  "A JSON file with these options by name (\"local\": [...], \"env\": {...}, "
+                  "\"command\": [...]); flags given here win");
+  exec.add_flag("--remote-loopback", flags.remote_loopback,
+                "Send connections to loopback to the target's loopback (a sidecar) instead of "
+                "this machine's");
+  exec.add_option("--local", flags.local,
+                  "CIDR[:PORT] (IPv6 in brackets with a port): connections there are made from "
+                  "this machine; repeatable")
+      ->allow_extra_args(false);
+  exec.add_option("--remote", flags.remote,
+                  "CIDR[:PORT]: connections there are made from the target; repeatable (the "
+                  "most specific rule wins, a tie goes to --local)")
+      ->allow_extra_args(false);
+  exec.add_option("--env", flags.env_set, "NAME=VALUE in the program's environment, over both; "
+                                          "repeatable")
+      ->allow_extra_args(false);
+  exec.add_option("--env-include", flags.env_include,
+                  "Take only the target's variables whose names match this glob; repeatable")
+      ->allow_extra_args(false);
+  exec.add_option("--env-exclude", flags.env_exclude,
+                  "Keep the local value of variables matching this glob; repeatable (PATH, "
+                  "HOME, TERM, DISPLAY and SSH_AUTH_SOCK always stay local)")
+      ->allow_extra_args(false);
+  exec.add_flag("--no-target-env", flags.no_target_env,
+                "Run with the local environment only");
+  exec.add_option("--hostname", flags.hostname,
+                  "The program's hostname (default: the target's /etc/hostname, else its "
+                  "HOSTNAME)");
+  exec.add_option("--agent-lost-timeout", flags.agent_lost_timeout,
+                  "With no agent left for this long, stop the program (SIGTERM) and exit 3")
+      ->capture_default_str();
+  exec.add_flag("--no-udp", flags.no_udp,
+                "Leave the program's UDP in its own namespace (lookups then go over TCP)");
+  exec.add_flag("--local-dns", flags.local_dns,
+                "Keep this machine's /etc/resolv.conf and /etc/hosts for the program");
+  // Everything from the first word that is not an option of exec's is the
+  // command and its arguments, taken as they are; siphon's options do not
+  // reach into it.
+  exec.prefix_command();
+  exec.fallthrough(false);
+}
+
+std::vector<std::string> splitExecTail(const std::vector<std::string>& args, ExecTail* tail) {
+  bool seen_exec = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "exec") seen_exec = true;
+    if (args[i] == "--" && seen_exec) {
+      tail->present = true;
+      tail->words.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+      return std::vector<std::string>(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+  return args;
+}
+
+absl::Status mergeExecConfig(const std::string& json, const std::string& origin,
+                             const std::function<bool(const std::string&)>& given,
+                             ExecFlags& flags) {
+  const size_t first = json.find_first_not_of(" \t\r\n");
+  if (first == std::string::npos || json[first] != '{') {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ": not a JSON object"));
+  }
+  google::protobuf::Struct root;
+  auto parsed = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &root);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ": malformed JSON: ", std::string(parsed.message())));
+  }
+  for (const auto& [key, value] : root.fields()) {
+    absl::Status s;
+    const bool skip = given(key);
+    if (key == "remote-loopback") {
+      bool v = false;
+      s = takeBool(origin, key, value, &v);
+      if (s.ok() && !skip) flags.remote_loopback = v;
+    } else if (key == "no-target-env" || key == "no-udp" || key == "local-dns") {
+      bool v = false;
+      s = takeBool(origin, key, value, &v);
+      bool* out = key == "no-target-env" ? &flags.no_target_env
+                  : key == "no-udp"      ? &flags.no_udp
+                                         : &flags.local_dns;
+      if (s.ok() && !skip) *out = v;
+    } else if (key == "hostname" || key == "agent-lost-timeout") {
+      std::string v;
+      s = takeString(origin, key, value, &v);
+      if (s.ok() && !skip) (key == "hostname" ? flags.hostname : flags.agent_lost_timeout) = v;
+    } else if (key == "local" || key == "remote" || key == "env-include" ||
+               key == "env-exclude" || key == "command") {
+      std::vector<std::string> v;
+      s = takeList(origin, key, value, &v);
+      std::vector<std::string>* out = key == "local"         ? &flags.local
+                                      : key == "remote"      ? &flags.remote
+                                      : key == "env-include" ? &flags.env_include
+                                      : key == "env-exclude" ? &flags.env_exclude
+                                                             : &flags.command;
+      if (s.ok() && !skip) *out = std::move(v);
+    } else if (key == "env") {
+      // An object of NAME: VALUE, or a list of "NAME=VALUE".
+      std::vector<std::string> v;
+      if (value.kind_case() == Value::kStructValue) {
+        for (const auto& [name, item] : value.struct_value().fields()) {
+          if (item.kind_case() != Value::kStringValue) {
+            return wrong(origin, "env." + name, "a string", item);
+          }
+          v.push_back(absl::StrCat(name, "=", item.string_value()));
+        }
+        std::sort(v.begin(), v.end());
+      } else {
+        s = takeList(origin, key, value, &v);
+      }
+      // Flags given add to (and win over) the file's: they come last.
+      if (s.ok()) flags.env_set.insert(flags.env_set.begin(), v.begin(), v.end());
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          origin, ": unknown option \"", key,
+          "\" (known: local, remote, remote-loopback, env, env-include, env-exclude, "
+          "no-target-env, hostname, agent-lost-timeout, no-udp, local-dns, command)"));
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status finishExecFlags(ExecFlags& flags, const CLI::App& exec, const ExecTail& tail) {
+  // The command: after `--`, or what prefix_command() left.
+  std::vector<std::string> rest = exec.remaining();
+  if (tail.present) {
+    if (!rest.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown option ", rest.front(), " of exec (siphon's own options go before `exec`)"));
+    }
+    rest = tail.words;
+  }
+  if (!rest.empty()) flags.command = rest;
+  if (!flags.config_file.empty()) {
+    std::ifstream in(flags.config_file, std::ios::binary);
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("-f ", flags.config_file, ": cannot read it: ", std::strerror(errno)));
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    auto given = [&exec, &rest](const std::string& key) {
+      if (key == "command") return !rest.empty();
+      if (key == "env") return false;  // merged, the flags' last
+      return exec.count("--" + key) > 0;
+    };
+    absl::Status s = mergeExecConfig(text.str(), flags.config_file, given, flags);
+    if (!s.ok()) return s;
+  }
+  if (flags.command.empty()) {
+    return absl::InvalidArgumentError("no program to run (siphon exec [OPTIONS] -- COMMAND ...)");
+  }
+  for (const auto& r : flags.local) {
+    if (auto p = exec::parseAddressRule(r, exec::Via::kLocal); !p.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--local: ", p.status().message()));
+    }
+  }
+  for (const auto& r : flags.remote) {
+    if (auto p = exec::parseAddressRule(r, exec::Via::kTarget); !p.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--remote: ", p.status().message()));
+    }
+  }
+  for (const auto& e : flags.env_set) {
+    if (absl::Status s = exec::checkEnvAssignment(e); !s.ok()) return s;
+  }
+  auto d = parseDuration(flags.agent_lost_timeout);
+  if (!d.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--agent-lost-timeout: ", d.status().message()));
+  }
+  flags.agent_lost_timeout_ms = *d;
+  return absl::OkStatus();
+}
+
+}  // namespace siphon::cli

@@ -1,0 +1,66 @@
+// `siphon exec`'s options: the flags, and the config file (-f siphon.json)
+// that holds the same names so a project can keep its set-up next to its
+// code. A flag given on the command line wins over the file.
+//
+//   {
+//     "local": ["10.0.0.0/8:5432"], "remote": ["127.0.0.1:6379"],
+//     "remote-loopback": false,
+//     "env": {"LOG_LEVEL": "debug"}, "env-include": ["DB_*"], "env-exclude": ["*SECRET*"],
+//     "hostname": "pod-7", "agent-lost-timeout": "60s",
+//     "no-udp": false, "local-dns": false, "no-target-env": false,
+//     "command": ["python3", "app.py"]
+//   }
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace siphon::cli {
+
+struct ExecFlags {
+  std::vector<std::string> command;
+  std::string config_file;
+  bool remote_loopback = false;
+  std::vector<std::string> local, remote;  // CIDR[:PORT]
+  std::vector<std::string> env_set;        // NAME=VALUE
+  std::vector<std::string> env_include, env_exclude;
+  bool no_target_env = false;
+  std::string hostname;  // empty: the target's
+  std::string agent_lost_timeout = "60s";
+  bool no_udp = false;     // UDP stays in the program's namespace
+  bool local_dns = false;  // keep this machine's resolv.conf and hosts
+  // Parsed by finishExecFlags().
+  std::chrono::milliseconds agent_lost_timeout_ms{60000};
+};
+
+// The flags on `exec` (the subcommand). The command is everything after
+// `--`, or from the first word that is not an option of exec's; siphon's
+// own options (--agent...) go before `exec`.
+void registerExecFlags(CLI::App& exec, ExecFlags& flags);
+
+// The command line split at the first `--` after an `exec` word: argv up to
+// it (what CLI11 parses) and the words after it (the command, untouched by
+// CLI11, which would take `--json` or `-a` in them for its own).
+struct ExecTail {
+  bool present = false;
+  std::vector<std::string> words;
+};
+std::vector<std::string> splitExecTail(const std::vector<std::string>& args, ExecTail* tail);
+
+// After parsing: the command (the tail, or what exec did not parse), the
+// config file merged under the flags given, and every value checked.
+// InvalidArgument names the flag or key and what is wrong.
+absl::Status finishExecFlags(ExecFlags& flags, const CLI::App& exec, const ExecTail& tail);
+
+// The config file's text merged under `flags`: only names whose flag was
+// not given (`given(name)` false) are taken. For tests.
+absl::Status mergeExecConfig(const std::string& json, const std::string& origin,
+                             const std::function<bool(const std::string&)>& given,
+                             ExecFlags& flags);
+
+}  // namespace siphon::cli
