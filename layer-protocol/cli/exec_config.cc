@@ -222,7 +222,9 @@ absl::Status finishExecFlags(ExecFlags& flags, const CLI::App& exec, const ExecT
     auto given = [&exec, &rest](const std::string& key) {
       if (key == "command") return !rest.empty();
       if (key == "env") return false;  // merged, the flags' last
-      return exec.count("--" + key) > 0;
+      // An unknown key has no flag: mergeExecConfig() names it.
+      const CLI::Option* flag = exec.get_option_no_throw("--" + key);
+      return flag != nullptr && flag->count() > 0;
     };
     absl::Status s = mergeExecConfig(text.str(), flags.config_file, given, flags);
     if (!s.ok()) return s;

@@ -1,0 +1,121 @@
+// `siphon exec`'s options (cli/exec_config.h): the command split from
+// siphon's own flags, the config file under the flags, and bad values named.
+#include "cli/exec_config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace siphon::cli {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Parses `args` (after "siphon") as main.cc does, with exec's flags.
+struct Parsed {
+  absl::Status status = absl::OkStatus();
+  ExecFlags flags;
+  bool json = false;
+};
+
+Parsed parse(std::vector<std::string> args) {
+  Parsed p;
+  CLI::App app{"t", "siphon"};
+  app.fallthrough();
+  app.add_flag("--json", p.json);
+  CLI::App* exec = app.add_subcommand("exec", "");
+  registerExecFlags(*exec, p.flags);
+  ExecTail tail;
+  args = splitExecTail(args, &tail);
+  std::reverse(args.begin(), args.end());
+  try {
+    app.parse(args);
+    p.status = finishExecFlags(p.flags, *exec, tail);
+  } catch (const CLI::ParseError& e) {
+    p.status = absl::InvalidArgumentError(e.what());
+  }
+  return p;
+}
+
+TEST(ExecConfigTest, TheCommandAfterTheDoubleDashIsUntouched) {
+  auto p = parse({"--json", "exec", "--remote-loopback", "--", "app", "--json", "-a", "x", "--"});
+  ASSERT_TRUE(p.status.ok()) << p.status;
+  EXPECT_TRUE(p.json);
+  EXPECT_TRUE(p.flags.remote_loopback);
+  EXPECT_THAT(p.flags.command, ElementsAre("app", "--json", "-a", "x", "--"));
+}
+
+TEST(ExecConfigTest, WithoutTheDoubleDashTheCommandStartsAtTheFirstWord) {
+  auto p = parse({"exec", "--env", "A=1", "curl", "-sS", "--env", "http://x"});
+  ASSERT_TRUE(p.status.ok()) << p.status;
+  EXPECT_THAT(p.flags.env_set, ElementsAre("A=1"));
+  EXPECT_THAT(p.flags.command, ElementsAre("curl", "-sS", "--env", "http://x"));
+}
+
+TEST(ExecConfigTest, SiphonsOwnOptionsAfterExecAreNamed) {
+  auto p = parse({"exec", "--json", "--", "true"});
+  ASSERT_FALSE(p.status.ok());
+  EXPECT_THAT(p.status.message(), HasSubstr("unknown option --json of exec"));
+}
+
+TEST(ExecConfigTest, BadValuesAreNamed) {
+  EXPECT_THAT(parse({"exec", "--"}).status.message(), HasSubstr("no program to run"));
+  EXPECT_THAT(parse({"exec", "--local", "10.0.0.0/40", "--", "true"}).status.message(),
+              HasSubstr("--local: bad address rule '10.0.0.0/40'"));
+  EXPECT_THAT(parse({"exec", "--remote", "svc", "--", "true"}).status.message(),
+              HasSubstr("--remote: bad address rule"));
+  EXPECT_THAT(parse({"exec", "--env", "NOVALUE", "--", "true"}).status.message(),
+              HasSubstr("bad --env 'NOVALUE'"));
+  EXPECT_THAT(parse({"exec", "--agent-lost-timeout", "soon", "--", "true"}).status.message(),
+              HasSubstr("--agent-lost-timeout"));
+  EXPECT_THAT(parse({"exec", "-f", "/nonexistent.json", "--", "true"}).status.message(),
+              HasSubstr("-f /nonexistent.json: cannot read it"));
+}
+
+TEST(ExecConfigTest, TheFileFillsWhatTheFlagsLeave) {
+  ExecFlags flags;
+  flags.hostname = "from-flag";
+  auto given = [](const std::string& key) { return key == "hostname"; };
+  absl::Status s = mergeExecConfig(R"({
+      "hostname": "from-file", "remote-loopback": true, "local": ["10.0.0.0/8"],
+      "env": {"B": "2", "A": "1"}, "env-exclude": ["*SECRET*"], "agent-lost-timeout": "5s",
+      "command": ["python3", "app.py"], "no-udp": true})",
+                                   "siphon.json", given, flags);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(flags.hostname, "from-flag");
+  EXPECT_TRUE(flags.remote_loopback);
+  EXPECT_TRUE(flags.no_udp);
+  EXPECT_THAT(flags.local, ElementsAre("10.0.0.0/8"));
+  EXPECT_THAT(flags.env_set, ElementsAre("A=1", "B=2"));
+  EXPECT_THAT(flags.env_exclude, ElementsAre("*SECRET*"));
+  EXPECT_EQ(flags.agent_lost_timeout, "5s");
+  EXPECT_THAT(flags.command, ElementsAre("python3", "app.py"));
+}
+
+TEST(ExecConfigTest, FlagsEnvComesAfterTheFilesSoItWins) {
+  ExecFlags flags;
+  flags.env_set = {"A=flag"};
+  ASSERT_TRUE(mergeExecConfig(R"({"env": ["A=file"]})", "f", [](auto&) { return false; }, flags)
+                  .ok());
+  EXPECT_THAT(flags.env_set, ElementsAre("A=file", "A=flag"));
+}
+
+TEST(ExecConfigTest, ABadFileIsNamed) {
+  ExecFlags flags;
+  auto none = [](const std::string&) { return false; };
+  EXPECT_THAT(mergeExecConfig("[1]", "f.json", none, flags).message(),
+              HasSubstr("f.json: not a JSON object"));
+  EXPECT_THAT(mergeExecConfig("{\"local\": ", "f.json", none, flags).message(),
+              HasSubstr("f.json: malformed JSON"));
+  EXPECT_THAT(mergeExecConfig(R"({"hostnme": "x"})", "f.json", none, flags).message(),
+              HasSubstr("unknown option \"hostnme\""));
+  EXPECT_THAT(mergeExecConfig(R"({"local": "10.0.0.0/8"})", "f.json", none, flags).message(),
+              HasSubstr("\"local\" is a string, not a list of strings"));
+  EXPECT_THAT(mergeExecConfig(R"({"remote-loopback": "yes"})", "f.json", none, flags).message(),
+              HasSubstr("\"remote-loopback\" is a string, not a boolean"));
+  EXPECT_THAT(mergeExecConfig(R"({"env": {"A": 1}})", "f.json", none, flags).message(),
+              HasSubstr("\"env.A\" is a number, not a string"));
+}
+
+}  // namespace
+}  // namespace siphon::cli
