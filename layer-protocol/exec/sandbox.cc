@@ -37,8 +37,18 @@ struct Message {
   int step;     // index into the child's plan (kStepFailed, kCommandFailed)
   int err;      // errno, or the command's wait status
   int has_v6;   // kReady: the IPv6 listener is among the fds
-  int has_tun;  // kReady: the TUN device is the last of them
+  int has_tun;  // kReady: the TUN device follows the listeners
+  // kReady: the connector's socket is the last fd.
   char text[512];  // kCommandFailed: the start of its stderr
+};
+
+struct ConnectorRequest {
+  int v6;
+  uint16_t port;
+  unsigned char address[16];  // in_addr (first 4 bytes) or in6_addr
+};
+struct ConnectorReply {
+  int err;  // 0: the socket comes with it
 };
 
 // A plan made before the fork: the child only makes system calls on it
@@ -64,7 +74,7 @@ constexpr const char* kSteps[] = {
     "write uid_map",    "write gid_map",          "make the mounts private",
     "sethostname",      "listen on 127.0.0.1",    "listen on ::1",
     "run a command",    "drop to the caller's ids", "send the listeners",
-    "bind a file over", "make the TUN device " /* kTunName */};
+    "bind a file over", "make the TUN device " /* kTunName */, "start the connector"};
 enum Step {
   kSetpgid,
   kUnshare,
@@ -80,6 +90,7 @@ enum Step {
   kSend,
   kBindFile,
   kTun,
+  kConnector,
 };
 
 [[noreturn]] void childFail(int sock, Kind kind, int step, int err, const char* text = nullptr,
@@ -189,6 +200,100 @@ void runCommand(int sock, const std::vector<std::string>& cmd, uint16_t port, in
   }
 }
 
+// The connector (Sandbox::connector()): a process of the program's
+// namespace that makes connections there for siphon, to the program's own
+// listeners (incoming traffic). Each request is a ConnectorRequest; the
+// answer is a ConnectorReply with the socket (connecting: non-blocking, so
+// a full backlog never stalls the connector) or the errno. Ends at EOF.
+[[noreturn]] void connectorLoop(int sock) {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::signal(sig, SIG_IGN);
+  while (true) {
+    ConnectorRequest req{};
+    const ssize_t n = ::recv(sock, &req, sizeof(req), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n != static_cast<ssize_t>(sizeof(req))) ::_exit(0);
+    ConnectorReply reply{};
+    const int family = req.v6 ? AF_INET6 : AF_INET;
+    const int fd = ::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      reply.err = errno;
+    } else {
+      sockaddr_storage ss{};
+      socklen_t len;
+      if (req.v6) {
+        auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+        a->sin6_family = AF_INET6;
+        std::memcpy(&a->sin6_addr, req.address, sizeof(a->sin6_addr));
+        a->sin6_port = htons(req.port);
+        len = sizeof(*a);
+      } else {
+        auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+        a->sin_family = AF_INET;
+        std::memcpy(&a->sin_addr, req.address, sizeof(a->sin_addr));
+        a->sin_port = htons(req.port);
+        len = sizeof(*a);
+      }
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0 && errno != EINPROGRESS) {
+        reply.err = errno;
+      }
+    }
+    char control[CMSG_SPACE(sizeof(int))] = {};
+    iovec iov{&reply, sizeof(reply)};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    if (reply.err == 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    (void)::sendmsg(sock, &msg, MSG_NOSIGNAL);
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+// Starts the connector as a grandchild (its parent exits at once), so that
+// it is nobody's child in the program: it goes to siphon, the subreaper (or
+// to init), in a process group of its own, out of the way of the signals
+// sent to the program's. Returns siphon's end of its socket.
+int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
+  int pair[2];
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
+    childFail(sock, kStepFailed, kConnector, errno);
+  }
+  const pid_t middle = ::fork();
+  if (middle < 0) childFail(sock, kStepFailed, kConnector, errno);
+  if (middle == 0) {
+    if (::fork() == 0) {
+      ::setpgid(0, 0);
+      ::close(pair[0]);
+      ::close(sock);
+      for (size_t i = 0; i < n_keep_closed; ++i) {
+        if (keep_closed[i] >= 0) ::close(keep_closed[i]);
+      }
+      // Nothing of the program's: its stdout held open here would keep a
+      // reader of it waiting after the program ended.
+      const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+      for (int fd = 0; fd <= 2; ++fd) {
+        if (null >= 0) ::dup2(null, fd);
+      }
+      for (int fd = 3; fd < 1024; ++fd) {
+        if (fd != pair[1]) ::close(fd);
+      }
+      connectorLoop(pair[1]);
+    }
+    ::_exit(0);
+  }
+  while (::waitpid(middle, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  ::close(pair[1]);
+  return pair[0];
+}
+
 [[noreturn]] void child(int sock, const Plan& plan, const char* const* argv,
                         const char* const* envp) {
   if (::setpgid(0, 0) != 0) childFail(sock, kStepFailed, kSetpgid, errno);
@@ -258,14 +363,17 @@ void runCommand(int sock, const std::vector<std::string>& cmd, uint16_t port, in
       childFail(sock, kStepFailed, kDrop, errno);
     }
   }
+  const int inherited[3] = {l4, l6, tun};
+  const int connector = startConnector(sock, inherited, 3);
   Message m{};
   m.kind = kReady;
   m.has_v6 = l6 >= 0 ? 1 : 0;
   m.has_tun = tun >= 0 ? 1 : 0;
-  int fds[3] = {l4, -1, -1};
+  int fds[4] = {l4, -1, -1, -1};
   size_t nfds = 1;
   if (l6 >= 0) fds[nfds++] = l6;
   if (tun >= 0) fds[nfds++] = tun;
+  fds[nfds++] = connector;
   char control[CMSG_SPACE(sizeof(fds))] = {};
   iovec iov{&m, sizeof(m)};
   msghdr msg{};
@@ -376,7 +484,8 @@ Sandbox::Sandbox(Sandbox&& other) noexcept
     : pid_(std::exchange(other.pid_, -1)),
       tcp4_(std::exchange(other.tcp4_, -1)),
       tcp6_(std::exchange(other.tcp6_, -1)),
-      tun_(std::exchange(other.tun_, -1)) {}
+      tun_(std::exchange(other.tun_, -1)),
+      connector_(std::exchange(other.connector_, -1)) {}
 
 Sandbox& Sandbox::operator=(Sandbox&& other) noexcept {
   if (this != &other) {
@@ -385,6 +494,7 @@ Sandbox& Sandbox::operator=(Sandbox&& other) noexcept {
     tcp4_ = std::exchange(other.tcp4_, -1);
     tcp6_ = std::exchange(other.tcp6_, -1);
     tun_ = std::exchange(other.tun_, -1);
+    connector_ = std::exchange(other.connector_, -1);
   }
   return *this;
 }
@@ -393,13 +503,61 @@ void Sandbox::reset() {
   if (tcp4_ >= 0) ::close(tcp4_);
   if (tcp6_ >= 0) ::close(tcp6_);
   if (tun_ >= 0) ::close(tun_);
-  tcp4_ = tcp6_ = tun_ = -1;
+  if (connector_ >= 0) ::close(connector_);
+  tcp4_ = tcp6_ = tun_ = connector_ = -1;
   pid_ = -1;  // the caller waits for the program
 }
 
 int Sandbox::releaseTcp4() { return std::exchange(tcp4_, -1); }
 int Sandbox::releaseTcp6() { return std::exchange(tcp6_, -1); }
 int Sandbox::releaseTun() { return std::exchange(tun_, -1); }
+int Sandbox::releaseConnector() { return std::exchange(connector_, -1); }
+
+absl::StatusOr<int> connectInside(int connector, const std::string& address, uint16_t port) {
+  ConnectorRequest req{};
+  req.port = port;
+  if (::inet_pton(AF_INET, address.c_str(), req.address) == 1) {
+    req.v6 = 0;
+  } else if (::inet_pton(AF_INET6, address.c_str(), req.address) == 1) {
+    req.v6 = 1;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("not a numeric address: ", address));
+  }
+  const bool v6 = req.v6 != 0;
+  ssize_t n;
+  do {
+    n = ::send(connector, &req, sizeof(req), MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof(req))) {
+    return absl::UnavailableError("the program's namespace is gone (its connector ended)");
+  }
+  ConnectorReply reply{};
+  char control[CMSG_SPACE(sizeof(int))] = {};
+  iovec iov{&reply, sizeof(reply)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  do {
+    n = ::recvmsg(connector, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n != static_cast<ssize_t>(sizeof(reply))) {
+    return absl::UnavailableError("the program's namespace is gone (its connector ended)");
+  }
+  int fd = -1;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      std::memcpy(&fd, CMSG_DATA(c), sizeof(int));
+    }
+  }
+  if (reply.err != 0 || fd < 0) {
+    return absl::UnavailableError(absl::StrCat("connect ", v6 ? "[" : "", address, v6 ? "]" : "",
+                                               ":", port, " in the program's namespace: ",
+                                               std::strerror(reply.err != 0 ? reply.err : EBADF)));
+  }
+  return fd;
+}
 
 absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec) {
   if (spec.argv.empty()) return absl::InvalidArgumentError("no program to run");
@@ -446,7 +604,7 @@ absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec) {
     }
   };
   auto receive = [sock](Message* m, int* fds, size_t nfds) -> ssize_t {
-    char control[CMSG_SPACE(3 * sizeof(int))] = {};
+    char control[CMSG_SPACE(4 * sizeof(int))] = {};
     iovec iov{m, sizeof(*m)};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -467,8 +625,8 @@ absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec) {
   };
 
   Message m{};
-  int fds[3] = {-1, -1, -1};
-  ssize_t n = receive(&m, fds, 3);
+  int fds[4] = {-1, -1, -1, -1};
+  ssize_t n = receive(&m, fds, 4);
   if (n != static_cast<ssize_t>(sizeof(m)) || m.kind != kReady) {
     ::close(sock);
     reap();
@@ -488,11 +646,13 @@ absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec) {
   box.pid_ = pid;
   box.tcp4_ = fds[0];
   box.tcp6_ = m.has_v6 ? fds[1] : -1;
-  box.tun_ = m.has_tun ? fds[m.has_v6 ? 2 : 1] : -1;
+  const int tun_index = m.has_v6 ? 2 : 1;
+  box.tun_ = m.has_tun ? fds[tun_index] : -1;
+  box.connector_ = fds[tun_index + (m.has_tun ? 1 : 0)];
   // The exec: the socket closes (close-on-exec), or its errno comes.
   Message e{};
-  int none[3] = {-1, -1, -1};
-  n = receive(&e, none, 3);
+  int none[4] = {-1, -1, -1, -1};
+  n = receive(&e, none, 4);
   ::close(sock);
   if (n == static_cast<ssize_t>(sizeof(e)) && e.kind == kExecFailed) {
     reap();

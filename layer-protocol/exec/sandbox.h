@@ -77,6 +77,10 @@ class Sandbox {
   int releaseTcp4();
   int releaseTcp6();
   int releaseTun();
+  // A socket to the connector, a process in the program's namespace that
+  // makes connections there (connectInside()); it ends when this closes.
+  int connector() const { return connector_; }
+  int releaseConnector();
 
  private:
   friend absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec);
@@ -86,6 +90,7 @@ class Sandbox {
   int tcp4_ = -1;
   int tcp6_ = -1;
   int tun_ = -1;
+  int connector_ = -1;
 };
 
 // Starts the program in its namespaces. Errors: FAILED_PRECONDITION when
@@ -103,5 +108,13 @@ struct Destination {
   bool loopback = false;  // 127.0.0.0/8 or ::1
 };
 absl::StatusOr<Destination> originalDestination(int accepted_fd);
+
+// A TCP connection to ADDRESS:PORT (numeric, IPv4 or IPv6: the program's
+// loopback, usually) made inside the program's namespace by the connector:
+// a non-blocking socket, its connect under way (wait until writable, then
+// SO_ERROR). Blocks for the connector's answer, which makes no system call
+// that waits. UNAVAILABLE when the connector is gone or the socket could
+// not be made; INVALID_ARGUMENT for an address that is not numeric.
+absl::StatusOr<int> connectInside(int connector, const std::string& address, uint16_t port);
 
 }  // namespace siphon::exec

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -248,6 +249,66 @@ sys.exit(5)
     ASSERT_NO_FATAL_FAILURE(answer("ping6", "fd12::5", 5353, "pong6"));
   }
   EXPECT_EQ(waitExit(box->pid()), 5) << "the program's asserts held";
+}
+
+// The connector makes connections inside the program's namespace, to its
+// own listeners (what incoming traffic needs), and ends with the sandbox.
+TEST(SandboxTest, TheConnectorReachesTheProgramsListeners) {
+  constexpr char kServer[] = R"(
+import socket
+l = socket.socket()
+l.bind(("127.0.0.1", 18555))  # a namespace of its own: the port is free
+l.listen(1)
+c, _ = l.accept()
+c.sendall(c.recv(100).upper())
+c.close()
+)";
+  SandboxSpec spec;
+  spec.argv = {"/usr/bin/python3", "-c", kServer};
+  START_OR_SKIP(box, spec);
+  ASSERT_GE(box->connector(), 0);
+  // Until the program listens, its connects are refused (the error comes when done).
+  int fd = -1;
+  for (int i = 0; i < 200; ++i) {
+    auto s = connectInside(box->connector(), "127.0.0.1", 18555);
+    ASSERT_TRUE(s.ok()) << s.status();
+    pollfd p{*s, POLLOUT, 0};
+    ASSERT_EQ(::poll(&p, 1, 5000), 1);
+    int err = 0;
+    socklen_t len = sizeof(err);
+    ::getsockopt(*s, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err == 0) {
+      fd = *s;
+      break;
+    }
+    EXPECT_EQ(err, ECONNREFUSED);  // not listening yet
+    ::close(*s);
+    ::usleep(20000);
+  }
+  ASSERT_GE(fd, 0) << "never connected to the program's listener";
+  const int flags = ::fcntl(fd, F_GETFL);
+  ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  ASSERT_EQ(::write(fd, "inside", 6), 6);
+  EXPECT_EQ(readAll(fd), "INSIDE");
+  ::close(fd);
+  EXPECT_EQ(waitExit(box->pid()), 0);
+  // From this namespace the same port is nobody's.
+  const int outside = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(18555);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_NE(::connect(outside, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ::close(outside);
+  EXPECT_TRUE(absl::IsInvalidArgument(connectInside(box->connector(), "localhost", 1).status()));
+  // The connector ends once siphon's end closes: its socket says so.
+  const int connector = box->releaseConnector();
+  ::shutdown(connector, SHUT_WR);
+  char byte;
+  pollfd p{connector, POLLIN, 0};
+  ASSERT_EQ(::poll(&p, 1, 5000), 1) << "the connector is still there";
+  EXPECT_EQ(::recv(connector, &byte, 1, 0), 0);
+  ::close(connector);
 }
 
 }  // namespace
