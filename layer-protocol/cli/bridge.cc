@@ -76,6 +76,13 @@ net::awaitable<absl::Status> connectLocal(net::tcp::socket& socket,
   co_return absl::OkStatus();
 }
 
+LocalDialer dialEndpoints(std::vector<net::tcp::endpoint> endpoints,
+                          std::chrono::milliseconds timeout, std::string to) {
+  return [endpoints = std::move(endpoints), timeout, to = std::move(to)](net::tcp::socket& s) {
+    return connectLocal(s, endpoints, timeout, to);
+  };
+}
+
 void abortSocket(net::tcp::socket& s) {
   if (!s.is_open()) return;
   net::error_code ignored;

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,16 @@ void abortSocket(net::tcp::socket& s);
 net::awaitable<absl::Status> connectLocal(net::tcp::socket& socket,
                                           std::vector<net::tcp::endpoint> endpoints,
                                           std::chrono::milliseconds timeout, std::string to);
+
+// How a command reaches its local server: connects the (closed) `socket`
+// it is given, with connectLocal()'s errors. `siphon steal` and `siphon
+// mirror` dial endpoints of this machine (dialEndpoints); `siphon exec`
+// dials the program's listeners inside its namespace. A dialer is called
+// on the socket's executor, and what it captures is copied into each call
+// (the coroutine may outlive the function object).
+using LocalDialer = std::function<net::awaitable<absl::Status>(net::tcp::socket&)>;
+LocalDialer dialEndpoints(std::vector<net::tcp::endpoint> endpoints,
+                          std::chrono::milliseconds timeout, std::string to);
 
 class Bridge : public std::enable_shared_from_this<Bridge> {
  public:

@@ -20,6 +20,7 @@
 // (no agent left for --agent-lost-timeout) stops the program with SIGTERM
 // (SIGKILL 10 s later) and exits 3 with a line that says why.
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -36,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,7 @@
 #include "cli/bridge.h"
 #include "cli/command.h"
 #include "cli/exec_config.h"
+#include "cli/exec_incoming.h"
 #include "cli/exit_codes.h"
 #include "cli/format.h"
 #include "cli/json_writer.h"
@@ -161,6 +164,9 @@ struct ExecState : std::enable_shared_from_this<ExecState> {
   size_t connections_open = 0;
   std::optional<int> exit_code;  // the program's, once it ended
   bool stopping = false;         // the program ended: no new work
+  // A signal that came before the program ran: sent to it once it does.
+  int pending_signal = 0;
+  std::shared_ptr<ExecIncoming> incoming;
 
   static void printLine(std::string line, bool json) {
     (void)json;
@@ -218,7 +224,11 @@ struct ExecState : std::enable_shared_from_this<ExecState> {
     });
   }
   void signalProgram(int signo) {
-    if (pid > 0 && !exit_code) ::kill(-pid, signo);
+    if (pid <= 0) {
+      pending_signal = signo;
+      return;
+    }
+    if (!exit_code) ::kill(-pid, signo);
   }
   // No new connections or datagrams (the program is gone).
   void stopServing() {
@@ -234,6 +244,7 @@ struct ExecState : std::enable_shared_from_this<ExecState> {
     if (connections_open > 0) --connections_open;
     run.notify();
   }
+  size_t open() const { return connections_open + (incoming ? incoming->open() : 0); }
 
   // ------------------------------------------------------------ UDP
   void closeFlow(UdpFlowState& f) {
@@ -688,44 +699,10 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
                             "readable and writable (mode 0666), to carry UDP"));
   }
 
-  std::vector<std::string> local_env;
-  for (char** e = environ; e && *e; ++e) local_env.emplace_back(*e);
-  exec::EnvOverlay overlay{flags.env_include, flags.env_exclude, flags.env_set};
-  exec::SandboxSpec spec;
-  spec.argv = flags.command;
-  spec.env = exec::overlayEnvironment(local_env, target_env, overlay);
-  spec.hostname = hostname;
-  spec.files = overlays;
-  spec.udp = udp;
-  // Orphans of the program come to siphon, which reaps them and, when the
-  // program ends, ends them: a daemon it started is not left running.
-  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  auto box = exec::startSandbox(spec);
-  if (!box.ok()) {
-    printError(absl::StrCat("exec: ", box.status().message()));
-    // As a shell says it: 127 not found, 126 found but not runnable.
-    if (absl::IsNotFound(box.status())) co_return 127;
-    if (absl::IsPermissionDenied(box.status())) co_return 126;
-    co_return kExitError;
-  }
-  st->pid = box->pid();
-  std::error_code cleanup_ignored;
-  std::filesystem::remove_all(dir.path, cleanup_ignored);  // the bind mounts hold the files
-  dir.path.clear();
-
-  net::error_code ec;
-  if (box->tcp4() >= 0) {
-    st->acceptors.push_back(
-        std::make_shared<net::tcp::acceptor>(ex, net::tcp::v4(), box->releaseTcp4()));
-  }
-  if (box->tcp6() >= 0) {
-    st->acceptors.push_back(
-        std::make_shared<net::tcp::acceptor>(ex, net::tcp::v6(), box->releaseTcp6()));
-  }
-  if (box->tun() >= 0) st->tun.assign(box->releaseTun(), ec);
-
   // Signals: INT and TERM (LongRunning) and HUP go to the program, which
-  // decides; its end ends siphon.
+  // decides; its end ends siphon. Armed before it starts: a signal that
+  // comes while it starts is kept and sent to it once it runs (dying of
+  // it would leave the program running unsteered, and ports stolen).
   st->run.on_stop = [weak = std::weak_ptr<ExecState>(st)](int signo) {
     if (auto s = weak.lock()) s->signalProgram(signo);
   };
@@ -746,16 +723,107 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
                                 plural(e.streams, "connection"), " of the old agent ",
                                 e.draining ? "finish there" : "reset"));
       }
+      if (s->incoming) s->incoming->onMoved(e.to);
     } else if (e.kind == Kind::kLost && s->json) {
       s->event(std::move(JsonLine("lost").add("reason", sv(e.status.message()))));
     }
   };
+  net::error_code ec;
   st->run.start();
   st->hup.add(SIGHUP, ec);
-  st->chld.add(SIGCHLD, ec);
   st->armHup();
+
+  // Incoming traffic: the ports named are taken before the program runs
+  // (a refusal ends the run before anything ran); what comes meanwhile
+  // waits in the subscriptions.
+  {
+    IncomingHooks hooks;
+    std::weak_ptr<ExecState> weak = st;
+    hooks.line = [weak](std::string line) {
+      auto s = weak.lock();
+      if (s && !s->json) printError(line);
+    };
+    hooks.event = [weak](JsonLine line) {
+      if (auto s = weak.lock()) s->event(std::move(line));
+    };
+    hooks.check_lost = [weak](const absl::Status& status) {
+      if (auto s = weak.lock()) s->run.checkLost(status);
+    };
+    hooks.changed = [weak] {
+      if (auto s = weak.lock()) s->run.notify();
+    };
+    st->incoming = std::make_shared<ExecIncoming>(env.target, env.timeout, flags.http_filter,
+                                                  std::move(hooks));
+  }
+  for (const IncomingPort& p : flags.incoming_ports) {
+    absl::Status s = co_await st->incoming->subscribe(p);
+    if (!s.ok()) {
+      printError(absl::StrCat("exec: ", s.message()));
+      co_await st->incoming->releaseAll(!st->run.lost().ok());
+      st->run.finish();
+      co_return streamExitCode(s);
+    }
+  }
+  if (st->run.stopRequested()) {
+    // Interrupted before the program ran: nothing to pass the signal to.
+    co_await st->incoming->releaseAll(!st->run.lost().ok());
+    st->run.finish();
+    co_return 128 + st->run.lastSignal();
+  }
+
+  std::vector<std::string> local_env;
+  for (char** e = environ; e && *e; ++e) local_env.emplace_back(*e);
+  exec::EnvOverlay overlay{flags.env_include, flags.env_exclude, flags.env_set};
+  exec::SandboxSpec spec;
+  spec.argv = flags.command;
+  spec.env = exec::overlayEnvironment(local_env, target_env, overlay);
+  spec.hostname = hostname;
+  spec.files = overlays;
+  spec.udp = udp;
+  // Orphans of the program come to siphon, which reaps them and, when the
+  // program ends, ends them: a daemon it started is not left running.
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  auto box = exec::startSandbox(spec);
+  if (!box.ok()) {
+    printError(absl::StrCat("exec: ", box.status().message()));
+    co_await st->incoming->releaseAll(!st->run.lost().ok());
+    st->run.finish();
+    // As a shell says it: 127 not found, 126 found but not runnable.
+    if (absl::IsNotFound(box.status())) co_return 127;
+    if (absl::IsPermissionDenied(box.status())) co_return 126;
+    co_return kExitError;
+  }
+  st->pid = box->pid();
+  std::error_code cleanup_ignored;
+  std::filesystem::remove_all(dir.path, cleanup_ignored);  // the bind mounts hold the files
+  dir.path.clear();
+
+  // siphon's own listeners in the program's namespace are not the
+  // program's (--incoming).
+  std::set<uint16_t> own_ports;
+  for (int fd : {box->tcp4(), box->tcp6()}) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof(ss);
+    if (fd < 0 || ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) continue;
+    own_ports.insert(ntohs(ss.ss_family == AF_INET6
+                               ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                               : reinterpret_cast<sockaddr_in*>(&ss)->sin_port));
+  }
+  if (box->tcp4() >= 0) {
+    st->acceptors.push_back(
+        std::make_shared<net::tcp::acceptor>(ex, net::tcp::v4(), box->releaseTcp4()));
+  }
+  if (box->tcp6() >= 0) {
+    st->acceptors.push_back(
+        std::make_shared<net::tcp::acceptor>(ex, net::tcp::v6(), box->releaseTcp6()));
+  }
+  if (box->tun() >= 0) st->tun.assign(box->releaseTun(), ec);
+  st->incoming->start(box->releaseConnector(), st->pid, flags.incoming_mode, std::move(own_ports));
+
+  st->chld.add(SIGCHLD, ec);
   st->armChld();
   st->reap();  // it may have ended before SIGCHLD was watched
+  if (st->pending_signal != 0) st->signalProgram(st->pending_signal);
 
   if (st->json) {
     st->event(std::move(JsonLine("started")
@@ -790,10 +858,13 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
     st->reap();
   }
   st->stopServing();
+  // Its ports are given back at once: the target's application has them
+  // again.
+  co_await st->incoming->releaseAll(!st->run.lost().ok());
   // Its connections pass on what it wrote, then end (its sockets are
   // closed); not longer than kDrainAfterExit.
   const auto drain_until = asio::steady_timer::clock_type::now() + kDrainAfterExit;
-  while (st->connections_open > 0 && asio::steady_timer::clock_type::now() < drain_until) {
+  while (st->open() > 0 && asio::steady_timer::clock_type::now() < drain_until) {
     co_await st->run.wait(std::min(drain_until, asio::steady_timer::clock_type::now() +
                                                     std::chrono::milliseconds(100)));
   }

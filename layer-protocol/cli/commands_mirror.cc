@@ -51,6 +51,7 @@
 #include "cli/line_writer.h"
 #include "cli/long_running.h"
 #include "cli/mirror_output.h"
+#include "cli/mirror_replay.h"
 #include "cli/steal_spec.h"
 #include "siphon/client/errors.h"
 #include "siphon/client/subscriptions.h"
@@ -68,11 +69,6 @@ using client::SubscriptionEvent;
 
 // Raw bytes that may wait for stdout before chunks are dropped.
 constexpr size_t kStdoutQueueBytes = 16 << 20;
-// Client->server bytes that may wait for one replay server.
-constexpr size_t kReplayQueueBytes = 8 << 20;
-// After the client->server FIN went to the replay server: how long its
-// answer may still come before the connection is closed.
-constexpr auto kReplayLinger = std::chrono::seconds(5);
 // At the stop: how long the replays may go on writing what they hold.
 constexpr auto kStopGrace = std::chrono::seconds(2);
 
@@ -82,209 +78,6 @@ struct MirrorFlags {
   bool to_stdout = false;
   bool both = false;
   MirrorSpec spec;  // set by the subcommand's callback
-};
-
-// The replay of one connection's client->server bytes to the --to server:
-// a connection of its own, a writer draining a bounded queue, a reader
-// throwing the answers away. It never blocks the caller: bytes beyond the
-// bound, or after a failure, are dropped and counted.
-//
-// Call order: start(), push()... , finish() (the FIN after what is queued)
-// or abort() (now); waitDone() until the writer is over.
-class Replay : public std::enable_shared_from_this<Replay> {
- public:
-  Replay(asio::any_io_executor ex, std::vector<net::tcp::endpoint> endpoints,
-         std::chrono::milliseconds connect_timeout, std::function<void(std::string)> on_fail)
-      : socket_(ex),
-        timer_(ex),
-        wake_(ex),
-        finished_(ex),
-        endpoints_(std::move(endpoints)),
-        connect_timeout_(connect_timeout),
-        on_fail_(std::move(on_fail)) {}
-
-  void start() {
-    net::spawn(socket_.get_executor(), run(shared_from_this()), "mirror_replay",
-               [self = shared_from_this()] { self->fail("the replay failed"); });
-  }
-
-  void push(std::string_view bytes) {
-    if (failed_ || finishing_) {
-      dropped_ += bytes.size();
-      return;
-    }
-    if (connected_ && !writing_ && queue_.empty()) {
-      // Straight into the socket while nothing waits: the queue then holds
-      // only what the server's side did not take, so its bound measures the
-      // server, not how long this loop took to let the writer run.
-      net::error_code ec;
-      const size_t n = socket_.write_some(asio::buffer(bytes.data(), bytes.size()), ec);
-      if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
-        dropped_ += bytes.size();
-        fail(absl::StrCat("write: ", ec.message()));
-        return;
-      }
-      written_ += n;
-      bytes.remove_prefix(n);
-      if (bytes.empty()) return;
-    }
-    if (queued_ + in_flight_ + bytes.size() > kReplayQueueBytes) {
-      dropped_ += bytes.size();
-      fail(absl::StrCat("it read too slowly: ", kReplayQueueBytes >> 20, " MiB waited for it"));
-      return;
-    }
-    queued_ += bytes.size();
-    queue_.emplace_back(bytes);
-    wake_.notify();
-  }
-
-  void finish() {
-    finishing_ = true;
-    wake_.notify();
-  }
-
-  // Ends the replay now, without a line: what it holds is not replayed.
-  void abort() {
-    if (done_) return;
-    if (!failed_) {
-      failed_ = true;
-      dropQueue();
-    }
-    closeSocket(/*reset=*/true);
-    wake_.notify();
-  }
-
-  net::awaitable<void> waitDone(Clock::time_point deadline) {
-    while (!done_ && Clock::now() < deadline) co_await finished_.wait(deadline);
-  }
-
-  bool done() const { return done_; }
-  uint64_t written() const { return written_; }
-  uint64_t dropped() const { return dropped_; }
-
- private:
-  static net::awaitable<void> run(std::shared_ptr<Replay> self_in) {
-    const std::shared_ptr<Replay> self = std::move(self_in);
-    co_await self->write();
-    self->done_ = true;
-    self->finished_.notify();
-  }
-
-  net::awaitable<void> write() {
-    // A server that does not answer the connect must not hold the bytes
-    // for ever: the watchdog closes the socket.
-    connecting_ = true;
-    timer_.expires_after(connect_timeout_);
-    timer_.async_wait([self = shared_from_this()](net::error_code ec) {
-      if (ec || !self->connecting_) return;
-      self->connect_timed_out_ = true;
-      self->closeSocket(false);
-    });
-    net::error_code ec;
-    co_await asio::async_connect(socket_, endpoints_, asio::redirect_error(net::use_awaitable, ec));
-    connecting_ = false;
-    timer_.cancel();
-    if (failed_) co_return;  // aborted meanwhile
-    if (connect_timed_out_) {
-      fail(absl::StrCat("connect: no answer within ", connect_timeout_.count(), " ms"));
-      co_return;
-    }
-    if (ec) {
-      fail(absl::StrCat("connect: ", ec.message()));
-      co_return;
-    }
-    socket_.set_option(net::tcp::no_delay(true), ec);
-    socket_.non_blocking(true, ec);  // for push()'s direct writes
-    connected_ = true;
-    net::spawn(socket_.get_executor(), discardAnswers(shared_from_this()), "mirror_replay_reader",
-               [self = shared_from_this()] { self->fail("the replay's reader failed"); });
-
-    while (true) {
-      while (queue_.empty() && !finishing_ && !failed_) co_await wake_.wait();
-      if (failed_) co_return;
-      if (queue_.empty()) {
-        // Every byte is out: pass the FIN on, and give the answer a while.
-        socket_.shutdown(net::tcp::socket::shutdown_send, ec);
-        timer_.expires_after(kReplayLinger);
-        timer_.async_wait([self = shared_from_this()](net::error_code e) {
-          if (!e) self->closeSocket(false);
-        });
-        co_return;
-      }
-      std::string chunk = std::move(queue_.front());
-      queue_.pop_front();
-      queued_ -= chunk.size();
-      in_flight_ = chunk.size();
-      writing_ = true;
-      const size_t n = co_await asio::async_write(socket_, asio::buffer(chunk),
-                                                  asio::redirect_error(net::use_awaitable, ec));
-      writing_ = false;
-      in_flight_ = 0;
-      written_ += n;
-      dropped_ += chunk.size() - n;
-      if (ec) {
-        fail(absl::StrCat("write: ", ec.message()));  // nothing said if aborted already
-        co_return;
-      }
-      if (failed_) co_return;
-    }
-  }
-
-  static net::awaitable<void> discardAnswers(std::shared_ptr<Replay> self_in) {
-    const std::shared_ptr<Replay> self = std::move(self_in);
-    std::vector<char> buf(64 * 1024);
-    net::error_code ec;
-    while (!ec && self->socket_.is_open()) {
-      (void)co_await self->socket_.async_read_some(asio::buffer(buf),
-                                                   asio::redirect_error(net::use_awaitable, ec));
-    }
-    // The server closed (or reset) its side: once our bytes are out too,
-    // nothing is left to do with the socket.
-    if (self->done_) self->closeSocket(false);
-  }
-
-  void fail(std::string why) {
-    if (failed_) return;
-    failed_ = true;
-    dropQueue();
-    closeSocket(true);
-    wake_.notify();
-    if (on_fail_) on_fail_(std::move(why));
-  }
-
-  void dropQueue() {
-    dropped_ += queued_;
-    queued_ = 0;
-    queue_.clear();
-  }
-
-  void closeSocket(bool reset) {
-    net::error_code ignored;
-    if (!socket_.is_open()) return;
-    if (reset) socket_.set_option(asio::socket_base::linger(true, 0), ignored);
-    socket_.close(ignored);
-    timer_.cancel();
-  }
-
-  net::tcp::socket socket_;
-  asio::steady_timer timer_;  // the connect watchdog, then the linger
-  net::Signal wake_;          // the writer waits on it
-  net::Signal finished_;      // waitDone() waits on it
-  std::vector<net::tcp::endpoint> endpoints_;
-  std::chrono::milliseconds connect_timeout_;
-  std::function<void(std::string)> on_fail_;
-  std::deque<std::string> queue_;
-  size_t queued_ = 0;     // in queue_
-  size_t in_flight_ = 0;  // in the writer's async_write
-  bool connected_ = false;
-  bool writing_ = false;
-  uint64_t written_ = 0;
-  uint64_t dropped_ = 0;
-  bool connecting_ = false;
-  bool connect_timed_out_ = false;
-  bool finishing_ = false;
-  bool failed_ = false;
-  bool done_ = false;
 };
 
 // One mirrored connection.
@@ -396,8 +189,9 @@ net::awaitable<void> serveMirrored(std::shared_ptr<MirrorState> state,
   if (reason.empty() && st->spec.to) {
     std::weak_ptr<MirrorState> weak = st;
     std::weak_ptr<Mirrored> weak_c = c;
-    c->replay =
-        std::make_shared<Replay>(ex, st->endpoints, st->timeout, [weak, weak_c](std::string why) {
+    c->replay = std::make_shared<Replay>(
+        ex, dialEndpoints(st->endpoints, st->timeout, st->spec.to->to()),
+        [weak, weak_c](std::string why) {
           auto s = weak.lock();
           auto m = weak_c.lock();
           if (s && m) s->print(replayFailedLine(m->conn, s->spec.to->to(), why, s->json));

@@ -111,6 +111,33 @@ void registerExecFlags(CLI::App& exec, ExecFlags& flags) {
                 "Leave the program's UDP in its own namespace (lookups then go over TCP)");
   exec.add_flag("--local-dns", flags.local_dns,
                 "Keep this machine's /etc/resolv.conf and /etc/hosts for the program");
+  exec.add_option("--steal", flags.steal,
+                  "PORT[:LOCAL]: the target's connections to PORT go to the program's listener "
+                  "on LOCAL (default PORT); with --filter-* only the HTTP requests that match; "
+                  "repeatable")
+      ->allow_extra_args(false);
+  exec.add_option("--mirror", flags.mirror,
+                  "PORT[:LOCAL]: a copy of the client->server bytes of each connection to the "
+                  "target's PORT goes to the program's listener on LOCAL (its answers are "
+                  "dropped); repeatable")
+      ->allow_extra_args(false);
+  exec.add_option("--incoming", flags.incoming,
+                  "steal|mirror|off: every port the program listens on is stolen (or mirrored) "
+                  "from the target while it listens")
+      ->capture_default_str();
+  exec.add_option("--filter-header", flags.filter.headers,
+                  "Steal only HTTP requests with this header and a value the RE2 regex matches "
+                  "(as siphon steal); repeatable")
+      ->type_name("'NAME: REGEX'")
+      ->allow_extra_args(false);
+  exec.add_option("--filter-path", flags.filter.path,
+                  "Steal only HTTP requests whose path the RE2 regex matches")
+      ->type_name("REGEX");
+  exec.add_option("--filter-method", flags.filter.method,
+                  "Steal only HTTP requests with this method")
+      ->type_name("METHOD");
+  exec.add_flag("--filter-any", flags.filter.any,
+                "A request matching any one filter is stolen (default: all must match)");
   // Everything from the first word that is not an option of exec's is the
   // command and its arguments, taken as they are; siphon's options do not
   // reach into it.
@@ -152,6 +179,27 @@ absl::Status mergeExecConfig(const std::string& json, const std::string& origin,
       bool v = false;
       s = takeBool(origin, key, value, &v);
       if (s.ok() && !skip) flags.remote_loopback = v;
+    } else if (key == "filter-any") {
+      bool v = false;
+      s = takeBool(origin, key, value, &v);
+      if (s.ok() && !skip) flags.filter.any = v;
+    } else if (key == "incoming" || key == "filter-path" || key == "filter-method") {
+      std::string v;
+      s = takeString(origin, key, value, &v);
+      if (s.ok() && !skip) {
+        if (key == "incoming") {
+          flags.incoming = v;
+        } else {
+          (key == "filter-path" ? flags.filter.path : flags.filter.method) = v;
+        }
+      }
+    } else if (key == "steal" || key == "mirror" || key == "filter-header") {
+      std::vector<std::string> v;
+      s = takeList(origin, key, value, &v);
+      std::vector<std::string>* out = key == "steal"    ? &flags.steal
+                                      : key == "mirror" ? &flags.mirror
+                                                        : &flags.filter.headers;
+      if (s.ok() && !skip) *out = std::move(v);
     } else if (key == "no-target-env" || key == "no-udp" || key == "local-dns") {
       bool v = false;
       s = takeBool(origin, key, value, &v);
@@ -163,8 +211,8 @@ absl::Status mergeExecConfig(const std::string& json, const std::string& origin,
       std::string v;
       s = takeString(origin, key, value, &v);
       if (s.ok() && !skip) (key == "hostname" ? flags.hostname : flags.agent_lost_timeout) = v;
-    } else if (key == "local" || key == "remote" || key == "env-include" ||
-               key == "env-exclude" || key == "command") {
+    } else if (key == "local" || key == "remote" || key == "env-include" || key == "env-exclude" ||
+               key == "command") {
       std::vector<std::string> v;
       s = takeList(origin, key, value, &v);
       std::vector<std::string>* out = key == "local"         ? &flags.local
@@ -193,7 +241,8 @@ absl::Status mergeExecConfig(const std::string& json, const std::string& origin,
       return absl::InvalidArgumentError(absl::StrCat(
           origin, ": unknown option \"", key,
           "\" (known: local, remote, remote-loopback, env, env-include, env-exclude, "
-          "no-target-env, hostname, agent-lost-timeout, no-udp, local-dns, command)"));
+          "no-target-env, hostname, agent-lost-timeout, no-udp, local-dns, steal, mirror, "
+          "incoming, filter-header, filter-path, filter-method, filter-any, command)"));
     }
     if (!s.ok()) return s;
   }
@@ -251,7 +300,67 @@ absl::Status finishExecFlags(ExecFlags& flags, const CLI::App& exec, const ExecT
         absl::StrCat("--agent-lost-timeout: ", d.status().message()));
   }
   flags.agent_lost_timeout_ms = *d;
+
+  flags.incoming_ports.clear();
+  for (bool mirror : {false, true}) {
+    for (const auto& text : mirror ? flags.mirror : flags.steal) {
+      auto p = parseIncomingPort(text, mirror);
+      if (!p.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(mirror ? "--mirror " : "--steal ", p.status().message()));
+      }
+      for (const IncomingPort& other : flags.incoming_ports) {
+        if (other.port == p->port) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("port ", p->port, " is given twice (--steal/--mirror)"));
+        }
+      }
+      flags.incoming_ports.push_back(*p);
+    }
+  }
+  if (flags.incoming == "off") {
+    flags.incoming_mode = IncomingMode::kOff;
+  } else if (flags.incoming == "steal") {
+    flags.incoming_mode = IncomingMode::kSteal;
+  } else if (flags.incoming == "mirror") {
+    flags.incoming_mode = IncomingMode::kMirror;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--incoming ", flags.incoming, ": not steal, mirror or off"));
+  }
+  auto filter = parseStealFilter(flags.filter);
+  if (!filter.ok()) return filter.status();
+  flags.http_filter = *std::move(filter);
+  const bool steals = flags.incoming_mode == IncomingMode::kSteal ||
+                      std::any_of(flags.incoming_ports.begin(), flags.incoming_ports.end(),
+                                  [](const IncomingPort& p) { return !p.mirror; });
+  if (flags.http_filter && !steals) {
+    return absl::InvalidArgumentError(
+        "--filter-* applies to stolen ports: add --steal PORT or --incoming steal");
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<IncomingPort> parseIncomingPort(std::string_view text, bool mirror) {
+  IncomingPort p;
+  p.mirror = mirror;
+  const size_t colon = text.find(':');
+  const std::string_view port = text.substr(0, colon);
+  if (!parsePort(port, &p.port)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(text), ": \"", std::string(port),
+                     "\" is not a port (1-65535); PORT or PORT:LOCAL"));
+  }
+  p.local = p.port;
+  if (colon != std::string_view::npos) {
+    const std::string_view local = text.substr(colon + 1);
+    if (!parsePort(local, &p.local)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(std::string(text), ": \"", std::string(local),
+                       "\" is not a port (1-65535); PORT or PORT:LOCAL"));
+    }
+  }
+  return p;
 }
 
 }  // namespace siphon::cli

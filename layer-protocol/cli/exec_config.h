@@ -8,6 +8,8 @@
 //     "env": {"LOG_LEVEL": "debug"}, "env-include": ["DB_*"], "env-exclude": ["*SECRET*"],
 //     "hostname": "pod-7", "agent-lost-timeout": "60s",
 //     "no-udp": false, "local-dns": false, "no-target-env": false,
+//     "steal": ["80:8080"], "mirror": ["9090"], "incoming": "off",
+//     "filter-header": ["x-user: ^alice$"], "filter-path": "^/api/",
 //     "command": ["python3", "app.py"]
 //   }
 #pragma once
@@ -15,12 +17,31 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cli/steal_spec.h"
+#include "siphon/client/subscriptions.h"
 
 namespace siphon::cli {
+
+// One --steal or --mirror: the target's PORT delivered to the program's
+// listener on LOCAL (the same port when not given).
+struct IncomingPort {
+  uint16_t port = 0;
+  uint16_t local = 0;
+  bool mirror = false;
+  bool operator==(const IncomingPort&) const = default;
+};
+// "PORT" or "PORT:LOCAL", each 1-65535. INVALID_ARGUMENT says what is wrong.
+absl::StatusOr<IncomingPort> parseIncomingPort(std::string_view text, bool mirror);
+
+// --incoming: what happens to a port the program starts listening on.
+enum class IncomingMode { kOff, kSteal, kMirror };
 
 struct ExecFlags {
   std::vector<std::string> command;
@@ -34,8 +55,14 @@ struct ExecFlags {
   std::string agent_lost_timeout = "60s";
   bool no_udp = false;     // UDP stays in the program's namespace
   bool local_dns = false;  // keep this machine's resolv.conf and hosts
+  std::vector<std::string> steal, mirror;  // PORT[:LOCAL]
+  std::string incoming = "off";            // steal | mirror | off
+  FilterFlags filter;                      // the steals' HTTP filter
   // Parsed by finishExecFlags().
   std::chrono::milliseconds agent_lost_timeout_ms{60000};
+  std::vector<IncomingPort> incoming_ports;  // --steal, then --mirror
+  IncomingMode incoming_mode = IncomingMode::kOff;
+  std::optional<client::HttpFilter> http_filter;
 };
 
 // The flags on `exec` (the subcommand). The command is everything after

@@ -38,10 +38,10 @@ std::string badGatewayResponse(std::string_view to, std::string_view why) {
 LocalPool::LocalPool(asio::any_io_executor ex, std::string to,
                      std::vector<net::tcp::endpoint> endpoints,
                      std::chrono::milliseconds connect_timeout)
-    : ex_(std::move(ex)),
-      to_(std::move(to)),
-      endpoints_(std::move(endpoints)),
-      connect_timeout_(connect_timeout) {}
+    : LocalPool(ex, to, dialEndpoints(std::move(endpoints), connect_timeout, to)) {}
+
+LocalPool::LocalPool(asio::any_io_executor ex, std::string to, LocalDialer dial)
+    : ex_(std::move(ex)), to_(std::move(to)), dial_(std::move(dial)) {}
 
 std::optional<net::tcp::socket> LocalPool::takeIdle() {
   while (!idle_.empty()) {
@@ -61,7 +61,7 @@ std::optional<net::tcp::socket> LocalPool::takeIdle() {
 
 net::awaitable<absl::StatusOr<net::tcp::socket>> LocalPool::connect() {
   net::tcp::socket s(ex_);
-  absl::Status connected = co_await connectLocal(s, endpoints_, connect_timeout_, to_);
+  absl::Status connected = co_await dial_(s);
   if (!connected.ok()) co_return connected;
   co_return std::move(s);
 }

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cli/bridge.h"
 #include "cli/http_scan.h"
 #include "cli/steal_spec.h"
 #include "siphon/client/connections.h"
@@ -47,6 +48,8 @@ class LocalPool {
  public:
   LocalPool(net::asio::any_io_executor ex, std::string to,
             std::vector<net::tcp::endpoint> endpoints, std::chrono::milliseconds connect_timeout);
+  // The same, with the server reached through `dial` (bridge.h).
+  LocalPool(net::asio::any_io_executor ex, std::string to, LocalDialer dial);
 
   const std::string& to() const { return to_; }
   // The most recently pooled connection that the server has not closed
@@ -69,8 +72,7 @@ class LocalPool {
  private:
   net::asio::any_io_executor ex_;
   std::string to_;
-  std::vector<net::tcp::endpoint> endpoints_;
-  std::chrono::milliseconds connect_timeout_;
+  LocalDialer dial_;
   std::vector<net::tcp::socket> idle_;  // most recent last
 };
 

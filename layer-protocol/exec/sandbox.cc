@@ -42,6 +42,11 @@ struct Message {
   char text[512];  // kCommandFailed: the start of its stderr
 };
 
+// The connector's sockets carry this mark, which the program's nat rules
+// let pass: its connections go to the program's listeners, not to siphon's.
+constexpr int kConnectorMark = 0x5f1d0e1;
+constexpr const char* kConnectorMarkText = "0x5f1d0e1";
+
 struct ConnectorRequest {
   int v6;
   uint16_t port;
@@ -214,9 +219,15 @@ void runCommand(int sock, const std::vector<std::string>& cmd, uint16_t port, in
     if (n != static_cast<ssize_t>(sizeof(req))) ::_exit(0);
     ConnectorReply reply{};
     const int family = req.v6 ? AF_INET6 : AF_INET;
-    const int fd = ::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
+    int fd = ::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd >= 0 &&
+        ::setsockopt(fd, SOL_SOCKET, SO_MARK, &kConnectorMark, sizeof(kConnectorMark)) != 0) {
       reply.err = errno;
+      ::close(fd);
+      fd = -1;
+    }
+    if (fd < 0) {
+      if (reply.err == 0) reply.err = errno;
     } else {
       sockaddr_storage ss{};
       socklen_t len;
@@ -259,7 +270,9 @@ void runCommand(int sock, const std::vector<std::string>& cmd, uint16_t port, in
 // Starts the connector as a grandchild (its parent exits at once), so that
 // it is nobody's child in the program: it goes to siphon, the subreaper (or
 // to init), in a process group of its own, out of the way of the signals
-// sent to the program's. Returns siphon's end of its socket.
+// sent to the program's. It keeps the set-up's capabilities over the namespace
+// (SO_MARK needs them), which it uses for nothing but what siphon asks on
+// its socket. Returns siphon's end of its socket.
 int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
@@ -353,6 +366,10 @@ int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
       runCommand(sock, plan.commands_udp[i], 0, index);
     }
   }
+  // Before the drop: the connector keeps the capability over the
+  // namespace's network that SO_MARK needs (the program has none).
+  const int inherited[3] = {l4, l6, tun};
+  const int connector = startConnector(sock, inherited, 3);
   if (plan.user_namespace) {
     // The program runs as the caller, without the capabilities the set-up
     // had: a user namespace inside the first, mapping the ids back.
@@ -363,8 +380,6 @@ int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
       childFail(sock, kStepFailed, kDrop, errno);
     }
   }
-  const int inherited[3] = {l4, l6, tun};
-  const int connector = startConnector(sock, inherited, 3);
   Message m{};
   m.kind = kReady;
   m.has_v6 = l6 >= 0 ? 1 : 0;
@@ -417,8 +432,11 @@ std::vector<std::vector<std::string>> ipv4Commands() {
       // The listener itself is not redirected; everything else TCP is.
       {"iptables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", "127.0.0.1", "--dport",
        "%4", "-j", "RETURN"},
-      {"iptables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-j", "REDIRECT",
-       "--to-ports", "%4"},
+      // Nor the connector's connections to the program's listeners.
+      {"iptables", "-w", "-t", "nat", "-A", "OUTPUT", "-m", "mark", "--mark", kConnectorMarkText,
+       "-j", "RETURN"},
+      {"iptables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-j", "REDIRECT", "--to-ports",
+       "%4"},
   };
 }
 
@@ -429,8 +447,10 @@ std::vector<std::vector<std::string>> ipv6Commands() {
       {"ip", "-6", "route", "add", "default", "dev", "lo", "src", addr},
       {"ip6tables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", "::1", "--dport", "%6",
        "-j", "RETURN"},
-      {"ip6tables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-j", "REDIRECT",
-       "--to-ports", "%6"},
+      {"ip6tables", "-w", "-t", "nat", "-A", "OUTPUT", "-m", "mark", "--mark", kConnectorMarkText,
+       "-j", "RETURN"},
+      {"ip6tables", "-w", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-j", "REDIRECT", "--to-ports",
+       "%6"},
   };
 }
 

@@ -320,9 +320,10 @@ TEST(MirrorCommand, ADeadReplayServerCostsThatConnectionOnly) {
   agent.play(false, {Record{kC2S, "hello"}, Record{kC2S, "world"}, Record{kC2S, ""}, HalfClose{}})
       .get();
   ASSERT_TRUE(m.waitFor(" closed: ")) << m.err;
-  EXPECT_THAT(m.err, HasSubstr("mirror: connection 1: replay to " + dead +
-                               " failed (connect: Connection refused); the rest of its "
-                               "client->server bytes are dropped\n"));
+  EXPECT_THAT(m.err,
+              HasSubstr("mirror: connection 1: replay to " + dead + " failed (connect " + dead +
+                        ": Connection refused); the rest of its "
+                        "client->server bytes are dropped\n"));
   EXPECT_THAT(m.err, HasSubstr("replayed 0 bytes, not replayed 10 bytes\n"));
   // The mirror goes on: a second connection is served too.
   agent.play(false, {Record{kC2S, "again"}, HalfClose{}}).get();
