@@ -15,7 +15,11 @@
 #      CLI's connection to the agent (the session resumes);
 #   5. two HTTP-filtered steals sharing the pod's port 8080: requests with
 #      `x-user: alice` answered by alice's server, `x-user: bob` by bob's,
-#      the others by the pod's own application.
+#      the others by the pod's own application;
+#   6. `siphon exec`: a program on this machine that reaches a service only
+#      the pod can reach, by its short name, sees the pod's environment and
+#      hostname, and answers the pod's own traffic on port 8080 while it
+#      runs.
 # Everything it creates (namespace, processes, temporary files) is removed on
 # exit, on failure and on Ctrl-C too.
 #
@@ -67,6 +71,8 @@ steal_pid=""
 steal_a_pid=""
 steal_b_pid=""
 mirror_pid=""
+exec_pid=""
+orders_pid=""
 local_pid=""
 local_a_pid=""
 local_b_pid=""
@@ -94,6 +100,8 @@ cleanup() {
   [ -n "$steal_a_pid" ] && stop "$steal_a_pid"
   [ -n "$steal_b_pid" ] && stop "$steal_b_pid"
   [ -n "$mirror_pid" ] && stop "$mirror_pid"
+  [ -n "$exec_pid" ] && stop "$exec_pid"
+  [ -n "$orders_pid" ] && stop "$orders_pid"
   [ -n "$local_pid" ] && stop "$local_pid"
   [ -n "$local_a_pid" ] && stop "$local_a_pid"
   [ -n "$local_b_pid" ] && stop "$local_b_pid"
@@ -129,11 +137,13 @@ printf 'Hello from the demo-shop pod\n' >"$rootfs/www/index.html"
 printf 'nameserver 127.0.0.1\nsearch demo-shop.svc.cluster.local svc.cluster.local\noptions ndots:5\n' \
   >"$rootfs/etc/resolv.conf"
 printf '127.0.0.1 localhost\n' >"$rootfs/etc/hosts"
+printf 'demo-shop-7d9f\n' >"$rootfs/etc/hostname"
 
 # The pod's DNS server answers names that exist only in this pod.
 ip netns exec "$netns" dnsmasq --keep-in-foreground --no-resolv --no-hosts \
   --listen-address=127.0.0.1 --bind-interfaces --port=53 --pid-file= --user=root \
-  --address=/db.demo-shop.svc.cluster.local/10.96.0.15 >"$tmp/dnsmasq.log" 2>&1 &
+  --address=/db.demo-shop.svc.cluster.local/10.96.0.15 \
+  --address=/orders.demo-shop.svc.cluster.local/10.96.0.20 >"$tmp/dnsmasq.log" 2>&1 &
 dns_pid=$!
 
 # `ip netns exec`, `env` and `chroot` exec in place, so $! ends up being the
@@ -366,6 +376,51 @@ echo "stderr:"
 cat "$tmp/mirror.log"
 [ "$code" -eq 0 ]
 grep -q 'GET / HTTP/1.1' "$tmp/mirror.out"
+
+step "siphon exec: a program on this machine, as if it ran in the pod"
+# A service only the pod reaches: 10.96.0.20 is an address of the pod's own
+# loopback (a ClusterIP in a real cluster), named orders.demo-shop... by the
+# pod's DNS. This machine has no route to it but its default one, and sends
+# nothing there: the program's connections are made by the agent, in the pod.
+ip -n "$netns" addr add 10.96.0.20/32 dev lo
+mkdir -p "$tmp/orders-www"
+printf 'orders service: 3 open orders\n' >"$tmp/orders-www/index.html"
+ip netns exec "$netns" /bin/busybox httpd -f -p 10.96.0.20:80 -h "$tmp/orders-www" &
+orders_pid=$!
+for _ in $(seq 50); do
+  ip netns exec "$netns" /bin/busybox nc -z 10.96.0.20 80 2>/dev/null && break
+  sleep 0.1
+done
+printf '\033[36m$ %s\033[0m\n' "curl http://orders/   # on the host: not a name here"
+curl -sS --max-time 2 http://orders/ 2>&1 | head -1 || true
+show siphon exec -- sh -c 'curl -sS http://orders/; echo "APP_NAME=$APP_NAME on $(hostname)"'
+# The same program answers the pod's port 8080 while it runs: a local web
+# server, its connections stolen from the pod.
+printf 'Hello from a program on the developer machine (siphon exec --steal)\n' \
+  >"$tmp/local-www/exec.html"
+printf '\033[36m$ %s\033[0m\n' "siphon exec --steal 8080:18080 -- python3 -m http.server 18080 --bind 127.0.0.1 &"
+"$cli_bin" --token-file "$token_file" exec --steal 8080:18080 -- \
+  /usr/bin/python3 -m http.server 18080 --bind 127.0.0.1 --directory "$tmp/local-www" \
+  >"$tmp/exec.out" 2>"$tmp/exec.log" &
+exec_pid=$!
+for _ in $(seq 100); do
+  grep -q 'stealing port 8080' "$tmp/exec.log" &&
+    ip netns exec "$netns" curl -sf --max-time 2 http://127.0.0.1:8080/exec.html >/dev/null 2>&1 &&
+    break
+  kill -0 "$exec_pid" 2>/dev/null || break
+  sleep 0.1
+done
+printf '\033[36m$ %s\033[0m\n' "curl http://127.0.0.1:8080/exec.html   # inside the pod"
+ip netns exec "$netns" curl -sS --max-time 5 http://127.0.0.1:8080/exec.html
+printf '\033[36m$ %s\033[0m\n' "kill -INT %siphon-exec"
+kill -INT "$exec_pid"
+wait "$exec_pid" && code=0 || code=$?
+exec_pid=""
+echo "siphon exec exited with $code (the program's: 128+SIGINT); its stderr:"
+cat "$tmp/exec.log"
+[ "$code" -eq 130 ]
+printf '\033[36m$ %s\033[0m\n' "curl http://127.0.0.1:8080/   # inside the pod, after: the application again"
+in_pod_curl
 
 step "A wrong token is refused (exit code 4)"
 echo wrong-token >"$tmp/wrong"
