@@ -412,13 +412,13 @@ for _ in $(seq 100); do
 done
 printf '\033[36m$ %s\033[0m\n' "curl http://127.0.0.1:8080/exec.html   # inside the pod"
 ip netns exec "$netns" curl -sS --max-time 5 http://127.0.0.1:8080/exec.html
-printf '\033[36m$ %s\033[0m\n' "kill -INT %siphon-exec"
-kill -INT "$exec_pid"
+printf '\033[36m$ %s\033[0m\n' "kill -TERM %siphon-exec"
+kill -TERM "$exec_pid"
 wait "$exec_pid" && code=0 || code=$?
 exec_pid=""
-echo "siphon exec exited with $code (the program's: 128+SIGINT); its stderr:"
+echo "siphon exec exited with $code (the program's code: 128+SIGTERM); its stderr:"
 cat "$tmp/exec.log"
-[ "$code" -eq 130 ]
+[ "$code" -eq 143 ]
 printf '\033[36m$ %s\033[0m\n' "curl http://127.0.0.1:8080/   # inside the pod, after: the application again"
 in_pod_curl
 

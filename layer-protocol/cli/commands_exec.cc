@@ -126,7 +126,8 @@ struct LocalSplice : std::enable_shared_from_this<LocalSplice> {
 };
 
 struct UdpFlowState {
-  exec::UdpFlow flow;
+  exec::UdpFlow flow;  // as the program sent it (answers come from its destination)
+  std::string dst;     // where it goes (a stand-in's nameserver, else the flow's)
   Via via = Via::kTarget;
   client::Connection conn;           // kTarget, once made
   std::optional<asio::ip::udp::socket> local;  // kLocal
@@ -154,6 +155,17 @@ struct ExecState : std::enable_shared_from_this<ExecState> {
   LongRunning run;
   bool json = false;
   exec::Routes routes;
+  // Stand-ins for the target's loopback nameservers (exec/policy.h):
+  // always sent to the target, to the address they stand for.
+  std::map<std::string, std::string> stand_ins;
+  // Where a destination the program used goes: a stand-in to the target's
+  // nameserver, anything else where the routes say.
+  Via resolve(std::string* address, uint16_t port) const {
+    auto it = stand_ins.find(*address);
+    if (it == stand_ins.end()) return routes.route(*address, port);
+    *address = it->second;
+    return Via::kTarget;
+  }
   pid_t pid = -1;
   std::vector<std::shared_ptr<net::tcp::acceptor>> acceptors;
   asio::signal_set hup;
@@ -375,7 +387,7 @@ net::awaitable<void> serveConnection(std::shared_ptr<ExecState> state_in,
     st->connectionDone();
     co_return;
   }
-  const Via via = st->routes.route(dest->address, dest->port);
+  const Via via = st->resolve(&dest->address, dest->port);
   net::error_code ec;
   sock->set_option(net::tcp::no_delay(true), ec);
   if (via == Via::kLocal) {
@@ -510,7 +522,7 @@ net::awaitable<void> openFlow(std::shared_ptr<ExecState> state_in,
                               std::shared_ptr<UdpFlowState> flow_in) {
   const std::shared_ptr<ExecState> st = std::move(state_in);
   const std::shared_ptr<UdpFlowState> f = std::move(flow_in);
-  const std::string dst = f->flow.dstAddress();
+  const std::string dst = f->dst;
   const exec::Destination dest{dst, f->flow.dst_port, false};
   absl::Status status;
   if (f->via == Via::kTarget) {
@@ -557,7 +569,8 @@ void onDatagram(const std::shared_ptr<ExecState>& st, std::string packet) {
     }
     slot = std::make_shared<UdpFlowState>();
     slot->flow = udp->flow;
-    slot->via = st->routes.route(udp->flow.dstAddress(), udp->flow.dst_port);
+    slot->dst = udp->flow.dstAddress();
+    slot->via = st->resolve(&slot->dst, udp->flow.dst_port);
   }
   std::shared_ptr<UdpFlowState> f = slot;
   f->last = asio::steady_timer::clock_type::now();
@@ -681,6 +694,12 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
         co_return reportFailure(absl::StrCat("exec: the target's ", path), text.status());
       }
       const bool resolv = absl::EndsWith(path, "resolv.conf");
+      if (resolv) {
+        // Lookups go where the target's go, a nameserver on its loopback too.
+        exec::ShownResolvConf shown = exec::standInNameservers(*text);
+        *text = std::move(shown.text);
+        st->stand_ins = std::move(shown.stand_ins);
+      }
       auto file = dir.write(resolv ? "resolv.conf" : "hosts",
                             resolv ? resolvConfFor(*std::move(text), udp) : *std::move(text));
       if (!file.ok()) {

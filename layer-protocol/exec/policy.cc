@@ -2,9 +2,11 @@
 
 #include <arpa/inet.h>
 #include <fnmatch.h>
+#include <netinet/in.h>
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 
@@ -170,6 +172,50 @@ int exitCodeOf(int wait_status) {
   if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
   if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
   return 1;
+}
+
+ShownResolvConf standInNameservers(std::string_view resolv_conf) {
+  ShownResolvConf out;
+  int next4 = 53, next6 = 0x53;
+  auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
+  while (!resolv_conf.empty()) {
+    const size_t eol = resolv_conf.find('\n');
+    const std::string_view whole = resolv_conf.substr(0, eol);
+    const bool newline = eol != std::string_view::npos;
+    resolv_conf.remove_prefix(newline ? eol + 1 : resolv_conf.size());
+    std::string_view line = whole;
+    while (!line.empty() && blank(line.front())) line.remove_prefix(1);
+    constexpr std::string_view kKey = "nameserver";
+    std::string address;
+    if (line.substr(0, kKey.size()) == kKey && line.size() > kKey.size() &&
+        blank(line[kKey.size()])) {
+      line.remove_prefix(kKey.size());
+      while (!line.empty() && blank(line.front())) line.remove_prefix(1);
+      size_t end = 0;
+      while (end < line.size() && !blank(line[end]) && line[end] != '#' && line[end] != ';') {
+        ++end;
+      }
+      address.assign(line.substr(0, end));
+    }
+    unsigned char bytes[16];
+    std::string stand_in;
+    if (!address.empty() && ::inet_pton(AF_INET, address.c_str(), bytes) == 1 &&
+        bytes[0] == 127 && next4 < 255) {
+      stand_in = absl::StrCat("198.18.0.", next4++);
+    } else if (!address.empty() && ::inet_pton(AF_INET6, address.c_str(), bytes) == 1 &&
+               IN6_IS_ADDR_LOOPBACK(reinterpret_cast<in6_addr*>(bytes)) && next6 < 0xffff) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "%x", next6++);
+      stand_in = absl::StrCat("fd5e:5e00::", hex);
+    }
+    if (stand_in.empty()) {
+      absl::StrAppend(&out.text, std::string(whole), newline ? "\n" : "");
+      continue;
+    }
+    out.stand_ins[stand_in] = address;
+    absl::StrAppend(&out.text, "nameserver ", stand_in, "  # the target's ", address, "\n");
+  }
+  return out;
 }
 
 }  // namespace siphon::exec

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <map>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -48,6 +49,19 @@ class Routes {
   std::vector<AddressRule> rules_;
   bool remote_loopback_ = false;
 };
+
+// The target's resolv.conf as the program is shown it. A nameserver on the
+// target's loopback (a DNS sidecar, a local cache at 127.0.0.x or ::1)
+// would be the program's own loopback, which UDP never leaves: it is
+// replaced by a stand-in address (198.18.0.53 on, fd5e:5e00::53 on: ranges
+// no pod uses), which the program's namespace routes to siphon like any
+// other, and siphon sends what goes there to the nameserver it stands for,
+// from the target. Other lines are kept as they are.
+struct ShownResolvConf {
+  std::string text;
+  std::map<std::string, std::string> stand_ins;  // stand-in -> the target's address
+};
+ShownResolvConf standInNameservers(std::string_view resolv_conf);
 
 // The names that stay local even when the target has them: the developer's
 // own tools and terminal.

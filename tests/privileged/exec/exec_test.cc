@@ -115,6 +115,8 @@ class ExecTest : public ::testing::Test {
     // The pod's services.
     dns_ = spawn({"ip", "netns", "exec", netns_->name(), "dnsmasq", "--no-daemon", "--no-resolv",
                   "--no-hosts", "--bind-interfaces", std::string("--listen-address=") + kDns,
+                  // A nameserver on the pod's loopback too (a DNS sidecar).
+                  "--listen-address=127.0.0.1",
                   std::string("--address=/web.default.svc.cluster.local/") + kWeb,
                   "--srv-host=_http._tcp.web.default.svc.cluster.local,"
                   "web.default.svc.cluster.local,80",
@@ -246,6 +248,21 @@ TEST_F(ExecTest, NamesResolveAsTheTargetResolvesThem) {
   EXPECT_THAT(r.out, HasSubstr(kSearch));
   // This machine's own files are untouched.
   EXPECT_THAT(readFile("/etc/resolv.conf"), Not(HasSubstr(kSearch)));
+}
+
+// A pod whose nameserver is on its own loopback (a DNS sidecar, a local
+// cache): the program's lookups go there, not to this machine's loopback.
+TEST_F(ExecTest, ANameserverOnThePodsLoopbackIsThePods) {
+  writeFile("/etc/resolv.conf", std::string(kSearch) + "nameserver 127.0.0.1\noptions ndots:5\n");
+  Result r = exec({"getent", "hosts", "web"});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr(std::string(kWeb) + " ")) << r;
+  r = exec({"dig", "+short", "web.default.svc.cluster.local"});  // UDP
+  EXPECT_EQ(r.out, std::string(kWeb) + "\n") << r;
+  r = exec({"dig", "+short", "+tcp", "TXT", "web.default.svc.cluster.local"});
+  EXPECT_EQ(r.out, "\"hello txt\"\n") << r;
+  r = exec({"cat", "/etc/resolv.conf"});
+  EXPECT_THAT(r.out, HasSubstr("nameserver 198.18.0.53  # the target's 127.0.0.1\n"));
 }
 
 TEST_F(ExecTest, AScriptsChildrenAreSteeredToo) {

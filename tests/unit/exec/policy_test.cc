@@ -149,5 +149,32 @@ TEST(ExitCodeTest, ItsOwnCodeOr128PlusTheSignal) {
   EXPECT_EQ(exitCodeOf(statusOf([] { raise(SIGKILL); })), 128 + SIGKILL);
 }
 
+TEST(PolicyTest, NameserversOnTheTargetsLoopbackGetStandIns) {
+  const ShownResolvConf shown = standInNameservers(
+      "# a DNS sidecar and a node-local cache\n"
+      "nameserver 127.0.0.53\n"
+      "  nameserver\t::1 # comment\n"
+      "nameserver 10.96.0.10\n"
+      "nameservers 127.0.0.9\n"
+      "search default.svc.cluster.local\n"
+      "nameserver 127.0.0.1");
+  EXPECT_EQ(shown.text,
+            "# a DNS sidecar and a node-local cache\n"
+            "nameserver 198.18.0.53  # the target's 127.0.0.53\n"
+            "nameserver fd5e:5e00::53  # the target's ::1\n"
+            "nameserver 10.96.0.10\n"
+            "nameservers 127.0.0.9\n"
+            "search default.svc.cluster.local\n"
+            "nameserver 198.18.0.54  # the target's 127.0.0.1\n");
+  EXPECT_THAT(shown.stand_ins,
+              ElementsAre(std::pair<const std::string, std::string>("198.18.0.53", "127.0.0.53"),
+                          std::pair<const std::string, std::string>("198.18.0.54", "127.0.0.1"),
+                          std::pair<const std::string, std::string>("fd5e:5e00::53", "::1")));
+  // Nothing to stand in for: the text as it was.
+  const std::string plain = "nameserver 10.96.0.10\nsearch svc.cluster.local\n";
+  EXPECT_EQ(standInNameservers(plain).text, plain);
+  EXPECT_TRUE(standInNameservers(plain).stand_ins.empty());
+}
+
 }  // namespace
 }  // namespace siphon::exec
