@@ -701,5 +701,26 @@ TEST_F(ExecTest, AsNobody) {
   EXPECT_THAT(r.out, HasSubstr("from-the-pod"));
 }
 
+// Incoming traffic as nobody: the connector reaches the program's listener
+// in a namespace nobody owns through its user namespace.
+TEST_F(ExecTest, AsNobodyTheProgramAnswersTheStolenPort) {
+  std::vector<std::string> argv = {"setpriv", "--reuid=nobody", "--regid=nogroup",
+                                   "--clear-groups"};
+  for (const auto& a :
+       siphon({"--steal", "80:18080", "--", "/usr/bin/python3", "-c", kProgramServer, "18080"})) {
+    argv.push_back(a);
+  }
+  Proc p(argv, cleanEnv());
+  const bool up = says(p, "exec: stealing port 80", "listening");
+  if (!up && p.err.find("user namespace") != std::string::npos) {
+    GTEST_SKIP() << "unprivileged user namespaces are off here: " << p.err;
+  }
+  ASSERT_TRUE(up) << p.out << p.err;
+  Result r = podGet(*netns_, 80, "/as-nobody");
+  EXPECT_EQ(r.out, "from the program /as-nobody\n") << r << p.err;
+  p.signal(SIGTERM);
+  EXPECT_EQ(p.finish(), 128 + SIGTERM) << p.out << p.err;
+}
+
 }  // namespace
 }  // namespace siphon
