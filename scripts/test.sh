@@ -41,6 +41,7 @@ if [ "$quick" = 1 ]; then
     'CapsTest\.APartialStartingSetIsReportedNotAnError$'          # caps
     'CaptureTest\.AnUnknownInterfaceIsNotFound$'                  # capture
     'DnsTest\.ResolvesWhatOnlyThePodCanResolve$'                  # dns
+    'ExecTest\.ReachesThePodsServicesByShortName$'                # exec
     'FailoverTest\.KilledAgentMovesTheStealToTheOtherReplica/sk_lookup'  # failover
     'FilesTest\.ReadsAFileThatExistsOnlyInThePodsRoot$'           # files
     'MountTest\.TheTreeIsTheTargetsAsToolsSeeIt$'                 # fuse

@@ -370,6 +370,8 @@ TEST_F(ExecTest, AConnectionTheAgentCannotMakeFailsAtOnce) {
 
 Result podGet(const NetNs& pod, uint16_t port, const std::string& path,
               std::vector<std::string> extra = {});
+bool says(Proc& p, const std::string& err_part, const std::string& out_part = "");
+extern const char* const kProgramServer;
 std::string readlinkOf(const std::string& path) {
   std::error_code ec;
   return std::filesystem::read_symlink(path, ec).string();
@@ -461,6 +463,20 @@ TEST_F(ExecTest, JsonEventsForTools) {
   EXPECT_THAT(r.err, HasSubstr("\"protocol\":\"tcp\",\"to\":\"10.251.0.10:80\",\"via\":\"target\","
                                "\"ok\":true"));
   EXPECT_THAT(r.err, HasSubstr("{\"event\":\"exited\",\"code\":0"));
+  // Incoming: the port taken, a stolen connection, the port given back.
+  Proc p({SIPHON_CLI_BIN, "--agent", endpoint_, "--token-file", token_file_, "--json", "exec",
+          "--steal", "80:18080", "--", "/usr/bin/python3", "-c", kProgramServer, "18080"},
+         cleanEnv());
+  ASSERT_TRUE(says(p, "{\"event\":\"subscribed\",\"mode\":\"steal\",\"port\":80,\"local\":18080",
+                   "listening"))
+      << p.err;
+  Result got = podGet(*netns_, 80, "/json");
+  EXPECT_EQ(got.out, "from the program /json\n") << got;
+  p.signal(SIGTERM);
+  EXPECT_EQ(p.finish(), 128 + SIGTERM);
+  EXPECT_THAT(p.err, HasSubstr("\"direction\":\"incoming\""));
+  EXPECT_THAT(p.err, HasSubstr("\"port\":80,\"local\":18080,\"ok\":true}"));
+  EXPECT_THAT(p.err, HasSubstr("{\"event\":\"released\",\"port\":80}"));
 }
 
 TEST_F(ExecTest, AConfigFileHoldsTheSetUp) {
@@ -483,7 +499,7 @@ TEST_F(ExecTest, AConfigFileHoldsTheSetUp) {
 
 // The program's HTTP server for the incoming tests: "from the program
 // PATH" for every GET, on 127.0.0.1:PORT (argv[1]) of its namespace.
-constexpr const char* kProgramServer = R"(
+const char* const kProgramServer = R"(
 import http.server, sys
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -509,7 +525,7 @@ Result podGet(const NetNs& pod, uint16_t port, const std::string& path,
   return run(argv);
 }
 
-bool says(Proc& p, const std::string& err_part, const std::string& out_part = "") {
+bool says(Proc& p, const std::string& err_part, const std::string& out_part) {
   return p.readUntil([&](const std::string& out, const std::string& err) {
     return err.find(err_part) != std::string::npos &&
            (out_part.empty() || out.find(out_part) != std::string::npos);
