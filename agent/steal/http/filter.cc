@@ -5,6 +5,7 @@
 #include <cctype>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 #include "siphon/status.h"
 
@@ -50,6 +51,7 @@ absl::StatusOr<std::shared_ptr<const RequestFilter>> RequestFilter::compile(
                                      "\" is not an HTTP token (write --filter-header 'Name: regex')"));
     }
     ASSIGN_OR_RETURN(auto re, compileRegex(absl::StrCat("header ", h.name()), h.value_regex()));
+    if (absl::EqualsIgnoreCase(h.name(), "user-agent")) out->names_user_agent_ = true;
     out->headers_.push_back({h.name(), std::move(re)});
     parts.push_back(absl::StrCat("header ", h.name(), ": ", h.value_regex()));
   }
@@ -76,6 +78,11 @@ absl::StatusOr<std::shared_ptr<const RequestFilter>> RequestFilter::compile(
 }
 
 bool RequestFilter::matches(const RequestHead& head) const {
+  if (!names_user_agent_) {
+    for (std::string_view agent : head.values("user-agent")) {
+      if (agent.substr(0, 11) == "kube-probe/") return false;
+    }
+  }
   // Each test, in a fixed order; any_ stops at the first match, all-of at
   // the first miss.
   auto header = [&head](const Header& h) {

@@ -25,6 +25,11 @@ class RequestFilter {
   static absl::StatusOr<std::shared_ptr<const RequestFilter>> compile(const v1::HttpFilter& f);
   ~RequestFilter();
 
+  // Whether the request is this filter's. A kubelet probe (User-Agent
+  // "kube-probe/...") never is, unless the filter tests User-Agent itself:
+  // a filter that matches everything must not take the probes that keep
+  // the pod alive (the application answers them; a developer's server
+  // that is slow or down would get the pod restarted).
   bool matches(const RequestHead& head) const;
   // "header x-user: ^alice$ and path ^/api", for logs and messages.
   const std::string& description() const { return description_; }
@@ -39,6 +44,7 @@ class RequestFilter {
   std::unique_ptr<re2::RE2> path_;
   std::string method_;
   bool any_ = false;
+  bool names_user_agent_ = false;  // a header test on User-Agent: probes may match
   std::string description_;
 };
 

@@ -143,5 +143,26 @@ TEST(RequestFilter, HostileInputStaysLinear) {
   EXPECT_FALSE(c->matches(get("/", {{"x-user", value}})));
 }
 
+TEST(RequestFilter, KubeletProbesAreNeverTakenUnlessTheFilterNamesUserAgent) {
+  v1::HttpFilter everything;  // a path test every request passes
+  everything.set_path_regex("^/");
+  auto f = compiled(everything);
+  ASSERT_TRUE(f);
+  EXPECT_TRUE(f->matches(get("/healthz", {{"user-agent", "curl/7.88"}})));
+  EXPECT_FALSE(f->matches(get("/healthz", {{"User-Agent", "kube-probe/1.29"}})));
+  EXPECT_FALSE(f->matches(get("/healthz", {{"user-agent", "kube-probe/1.30+"}})));
+  // Only the start counts.
+  EXPECT_TRUE(f->matches(get("/healthz", {{"user-agent", "not-kube-probe/1.29"}})));
+  // A filter that names User-Agent decides for itself.
+  auto ua = compiled(header("User-Agent", "^kube-probe/"));
+  ASSERT_TRUE(ua);
+  EXPECT_TRUE(ua->matches(get("/healthz", {{"user-agent", "kube-probe/1.29"}})));
+  v1::HttpFilter any = header("user-agent", "^nothing-like-it$");
+  any.set_path_regex("^/");
+  any.set_match_any(true);
+  auto any_f = compiled(any);
+  EXPECT_TRUE(any_f->matches(get("/", {{"user-agent", "kube-probe/1.29"}})));
+}
+
 }  // namespace
 }  // namespace siphon::agent::steal::http
