@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/runtime/runtime_client.h"
+#include "agent/steal/source_prefix.h"
 #include "siphon/status.h"
 #include "siphon/text.h"
 #include "siphon/transport/tls.h"
@@ -165,6 +166,15 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
                  "iptables), sk_lookup (eBPF) or iptables (nat REDIRECT); see docs/STEAL.md")
       ->check(CLI::IsMember({"auto", "sk_lookup", "iptables"}))
       ->capture_default_str();
+  app.add_option("--probe-source", config.probe_sources,
+                 "CIDR (repeatable): connections from there are never stolen, filtered or not, "
+                 "on either backend: where the kubelet's health probes come from (the node's "
+                 "address), so a steal never fails the pod's probes")
+      ->type_name("CIDR")
+      ->check([](const std::string& text) -> std::string {
+        auto p = steal::parseSourcePrefix(text);
+        return p.ok() ? std::string() : std::string(p.status().message());
+      });
   app.add_option("--iptables", config.iptables_mode,
                  "iptables flavour of the iptables backend: auto (the one the target already "
                  "uses), nft or legacy")

@@ -56,6 +56,40 @@ struct {
 	__type(value, __u8);
 } passthrough SEC(".maps");
 
+/* Source prefixes no steal takes (--probe-source): the kubelet's health
+ * probes, which must reach the application however the port is stolen.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, STEAL_MAX_EXEMPT_SOURCES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct steal_source_key);
+	__type(value, __u8);
+} exempt_sources SEC(".maps");
+
+static __always_inline bool is_exempt_source(const struct bpf_sk_lookup *ctx)
+{
+	struct steal_source_key key = { .prefixlen = 128 };
+	__u32 word;
+
+	if (ctx->family == AF_INET) {
+		word = ctx->remote_ip4;
+		key.addr[10] = 0xff;
+		key.addr[11] = 0xff;
+		__builtin_memcpy(&key.addr[12], &word, 4);
+	} else {
+		word = ctx->remote_ip6[0];
+		__builtin_memcpy(&key.addr[0], &word, 4);
+		word = ctx->remote_ip6[1];
+		__builtin_memcpy(&key.addr[4], &word, 4);
+		word = ctx->remote_ip6[2];
+		__builtin_memcpy(&key.addr[8], &word, 4);
+		word = ctx->remote_ip6[3];
+		__builtin_memcpy(&key.addr[12], &word, 4);
+	}
+	return bpf_map_lookup_elem(&exempt_sources, &key) != NULL;
+}
+
 static __always_inline bool is_passthrough(const struct bpf_sk_lookup *ctx)
 {
 	struct steal_passthrough_key key = {
@@ -90,6 +124,8 @@ int steal_lookup(struct bpf_sk_lookup *ctx)
 	if (!bpf_map_lookup_elem(&steal_ports, &port))
 		return SK_PASS;
 	if (is_passthrough(ctx))
+		return SK_PASS;
+	if (is_exempt_source(ctx))
 		return SK_PASS;
 
 	sk = bpf_map_lookup_elem(&listeners, &key);

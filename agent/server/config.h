@@ -53,6 +53,9 @@ struct AgentConfig {
   std::string steal_backend = "auto";
   // --iptables: which iptables the iptables backend uses: auto, nft, legacy.
   std::string iptables_mode = "auto";
+  // --probe-source: source prefixes (CIDR, checked at parse time) no steal
+  // takes: the kubelet's probes (agent/steal/source_prefix.h).
+  std::vector<std::string> probe_sources;
   // --mirror-ring-size: the TC program's ring buffer (a power of two).
   uint32_t mirror_ring_bytes = 32u << 20;
   // --mirror-buffer: bytes a mirror subscription may hold for a slow client.

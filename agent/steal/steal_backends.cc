@@ -10,6 +10,7 @@
 #include "agent/steal/iptables/iptables_steering.h"
 #include "agent/steal/sk_lookup/sk_lookup_steering.h"
 #include "agent/steal/sk_lookup/socket_destroy.h"
+#include "agent/steal/source_prefix.h"
 #include "agent/steal/steal_service.h"
 #include "siphon/status.h"
 
@@ -27,10 +28,15 @@ absl::StatusOr<int> netnsFd(ServiceContext& ctx) {
 SteeringFactory realFactory(ServiceContext& ctx) {
   return [&ctx](const Listeners& listeners) -> absl::StatusOr<std::unique_ptr<Steering>> {
     ASSIGN_OR_RETURN(int netns, netnsFd(ctx));
+    std::vector<SourcePrefix> exempt;
+    for (const std::string& text : ctx.config.probe_sources) {
+      ASSIGN_OR_RETURN(SourcePrefix p, parseSourcePrefix(text));
+      exempt.push_back(p);
+    }
     const std::string& backend = ctx.config.steal_backend;
     std::string sk_lookup_error;
     if (backend == "auto" || backend == "sk_lookup") {
-      auto s = makeSkLookupSteering(netns, listeners);
+      auto s = makeSkLookupSteering(netns, listeners, exempt);
       if (s.ok() || backend == "sk_lookup") return s;
       sk_lookup_error = std::string(s.status().message());
       log::warn("steal_backend_fallback",
@@ -41,6 +47,7 @@ SteeringFactory realFactory(ServiceContext& ctx) {
     opt.netns_inode = ctx.netns.netnsInode();
     opt.listeners = listeners;
     opt.flavor = ctx.config.iptables_mode;
+    opt.exempt_sources = exempt;
     auto s = makeIptablesSteering(opt);
     if (s.ok() || sk_lookup_error.empty()) return s;
     return protoError(v1::UNAVAILABLE,

@@ -29,6 +29,7 @@ enum {
 enum {
 	STEAL_MAX_PORTS = 4096,
 	STEAL_MAX_PASSTHROUGH = 16384,
+	STEAL_MAX_EXEMPT_SOURCES = 256,
 };
 
 /* steal.bpf.c: key of the `passthrough` map, one of the agent's own
@@ -39,6 +40,15 @@ enum {
 struct steal_passthrough_key {
 	__u16 port;   /* source port of the agent's socket, host byte order */
 	__u16 family; /* AF_INET or AF_INET6: the family of the packets */
+};
+
+/* A source prefix exempt from every steal (--probe-source: the kubelet's
+ * probes must reach the application). An LPM trie key: IPv4 sources as
+ * v4-mapped IPv6 (::ffff:a.b.c.d), prefixlen counted on the 128 bits.
+ */
+struct steal_source_key {
+	__u32 prefixlen;
+	__u8 addr[16];
 };
 
 #endif /* SIPHON_BPF_SHARED_TYPES_H */

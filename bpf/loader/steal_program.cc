@@ -20,6 +20,7 @@ namespace {
 
 // The map key layout must be identical on both sides of the map.
 static_assert(sizeof(steal_passthrough_key) == 4, "steal_passthrough_key changed");
+static_assert(sizeof(steal_source_key) == 20, "steal_source_key changed");
 static_assert(STEAL_LISTENER_V4 == 0 && STEAL_LISTENER_V6 == 1);
 
 absl::Status checkFamily(int family) {
@@ -123,6 +124,20 @@ absl::Status StealProgram::unexempt(int family, uint16_t port) {
   int err = bpf_map__delete_elem(skel_->maps.passthrough, &key, sizeof(key), 0);
   if (err != 0 && err != -ENOENT) {
     return errnoStatus(-err, absl::StrCat("un-exempt source port ", port));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StealProgram::exemptSource(const uint8_t (&addr)[16], uint32_t prefixlen) {
+  if (prefixlen > 128) return absl::InvalidArgumentError("a source prefix is at most 128 bits");
+  steal_source_key key{};
+  key.prefixlen = prefixlen;
+  std::copy(std::begin(addr), std::end(addr), key.addr);
+  uint8_t one = 1;
+  if (int err = bpf_map__update_elem(skel_->maps.exempt_sources, &key, sizeof(key), &one,
+                                     sizeof(one), BPF_ANY);
+      err != 0) {
+    return errnoStatus(-err, "exempt a source prefix from stealing");
   }
   return absl::OkStatus();
 }

@@ -72,6 +72,11 @@ class StealProgram {
   absl::Status exempt(int family, uint16_t port);
   absl::Status unexempt(int family, uint16_t port);
 
+  // Exempts connections from the source prefix `addr`/`prefixlen` (16
+  // bytes, IPv4 as v4-mapped IPv6 with its prefix length + 96) from every
+  // steered port: --probe-source. Idempotent.
+  absl::Status exemptSource(const uint8_t (&addr)[16], uint32_t prefixlen);
+
  private:
   explicit StealProgram(steal_bpf* skel);
 

@@ -140,7 +140,21 @@ std::string ownerLockName(uint64_t netns_inode, std::string_view owner) {
   return absl::StrCat("siphon-steal-", buf, "-", asv(owner));
 }
 
-std::string installRules(const ChainNames& c) {
+namespace {
+
+// Probes (--probe-source) pass in both chains before any port's REDIRECT.
+std::string exemptSourceRules(const ChainNames& c, const std::vector<std::string>& sources) {
+  std::string out;
+  for (const std::string& cidr : sources) {
+    absl::StrAppend(&out, "-A ", c.pre, " -s ", cidr, " -j RETURN\n", "-A ", c.out, " -s ", cidr,
+                    " -j RETURN\n");
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string installRules(const ChainNames& c, const std::vector<std::string>& exempt_sources) {
   // Jumps inserted first in the built-in chains: a mesh's own REDIRECT
   // (Istio's) must not take a port the user asked to steal.
   //
@@ -157,6 +171,7 @@ std::string installRules(const ChainNames& c) {
                       "-A ", c.pre, " -m conntrack --ctstate INVALID -j RETURN\n",  //
                       "-A ", c.out, " -m mark --mark ", hex32(kExemptMark), "/",    //
                       hex32(kExemptMask), " -j RETURN\n",                           //
+                      exemptSourceRules(c, exempt_sources),                         //
                       "-I PREROUTING 1 -j ", c.pre, "\n",                           //
                       "-I OUTPUT 1 -j ", c.out, "\n",                               //
                       "COMMIT\n");

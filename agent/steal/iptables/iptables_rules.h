@@ -84,7 +84,10 @@ std::string ownerLockName(uint64_t netns_inode, std::string_view owner);
 // rule and the two jumps. Precondition: neither chain exists (a chain
 // declaration flushes an existing one, and the jumps would be doubled);
 // removeAllRules() first.
-std::string installRules(const ChainNames& chains);
+// `exempt_sources` (CIDRs of the table's family: --probe-source) get a
+// RETURN in both chains ahead of every port's REDIRECT.
+std::string installRules(const ChainNames& chains,
+                         const std::vector<std::string>& exempt_sources = {});
 
 // Restore input steering new TCP connections to local addresses on `port`
 // to `to_port`, in both chains; removePortRules() takes them back out.

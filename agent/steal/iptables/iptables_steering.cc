@@ -78,13 +78,22 @@ class IptablesSteering final : public Steering {
 
   ~IptablesSteering() override { stop(); }
 
+  // The --probe-source prefixes of one family, as iptables takes them.
+  std::vector<std::string> exemptTexts(int family) const {
+    std::vector<std::string> out;
+    for (const SourcePrefix& p : options_.exempt_sources) {
+      if (p.family == family) out.push_back(p.text());
+    }
+    return out;
+  }
+
   // The guard first: chains installed before it would outlive a crash in
   // between.
   absl::Status init() {
     RETURN_IF_ERROR(guard_->start([this] { onGuardLost(); }));
     std::lock_guard<std::mutex> lock(mu_);
-    absl::Status s = restore(IpFamily::kV4, installRules(chains_));
-    if (s.ok() && v6_) s = restore(IpFamily::kV6, installRules(chains_));
+    absl::Status s = restore(IpFamily::kV4, installRules(chains_, exemptTexts(AF_INET)));
+    if (s.ok() && v6_) s = restore(IpFamily::kV6, installRules(chains_, exemptTexts(AF_INET6)));
     if (!s.ok()) return s;  // the destructor removes what was installed
     log::info("steal_iptables_installed", {{"flavor", flavorName(flavor_)},
                                            {"owner", options_.owner},

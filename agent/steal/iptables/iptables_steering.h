@@ -19,6 +19,7 @@
 #include "agent/steal/iptables/guard.h"
 #include "agent/steal/iptables/iptables_rules.h"
 #include "agent/steal/iptables/owner_lock.h"
+#include "agent/steal/source_prefix.h"
 
 // steering.h names SockAddr without its namespace; bring it in before the
 // header is read (repeating a using-declaration is harmless if the header
@@ -36,6 +37,8 @@ struct IptablesOptions {
   uint64_t netns_inode = 0;     // its inode: names the chains
   Listeners listeners;          // v4_port for iptables, v6_port for ip6tables (when v6 >= 0)
   std::string flavor = "auto";  // auto | nft | legacy
+  // --probe-source: connections from these are never redirected.
+  std::vector<SourcePrefix> exempt_sources;
   std::string guard_exe = "/proc/self/exe";  // a binary whose main() runs the guard
   // Our owner id in the chain names (validOwnerId). Empty: a fresh random
   // one, which is what the agent uses; tests pin one to find the chains.

@@ -133,7 +133,8 @@ absl::Status unavailable(const absl::Status& cause) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Steering>> makeSkLookupSteering(int netns_fd, Listeners listeners) {
+absl::StatusOr<std::unique_ptr<Steering>> makeSkLookupSteering(
+    int netns_fd, Listeners listeners, const std::vector<SourcePrefix>& exempt_sources) {
   absl::StatusOr<std::unique_ptr<bpf::StealProgram>> program = bpf::StealProgram::load();
   if (!program.ok()) return unavailable(program.status());
   if (absl::Status s = (*program)->setListener(AF_INET, listeners.v4); !s.ok()) {
@@ -141,6 +142,16 @@ absl::StatusOr<std::unique_ptr<Steering>> makeSkLookupSteering(int netns_fd, Lis
   }
   if (listeners.v6 >= 0) {
     if (absl::Status s = (*program)->setListener(AF_INET6, listeners.v6); !s.ok()) {
+      return unavailable(s);
+    }
+  }
+  // The exempt sources before the attach: a probe is never steered, not
+  // even in the first moments.
+  for (const SourcePrefix& p : exempt_sources) {
+    const std::array<uint8_t, 16> mapped = p.mapped();
+    uint8_t addr[16];
+    std::copy(mapped.begin(), mapped.end(), addr);
+    if (absl::Status s = (*program)->exemptSource(addr, p.mappedBits()); !s.ok()) {
       return unavailable(s);
     }
   }

@@ -5,9 +5,11 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "agent/outgoing/address.h"
+#include "agent/steal/source_prefix.h"
 
 namespace siphon::agent::steal {
 // steering.h names SockAddr unqualified.
@@ -32,6 +34,9 @@ namespace siphon::agent::steal {
 //     without IPV6_V6ONLY, both IPv6 and v4-mapped IPv4 packets).
 //   originalDestination(fd): getsockname(); an sk_lookup-assigned socket
 //     keeps the address the client connected to as its local address.
-absl::StatusOr<std::unique_ptr<Steering>> makeSkLookupSteering(int netns_fd, Listeners listeners);
+//
+// Connections from `exempt_sources` (--probe-source) are never steered.
+absl::StatusOr<std::unique_ptr<Steering>> makeSkLookupSteering(
+    int netns_fd, Listeners listeners, const std::vector<SourcePrefix>& exempt_sources = {});
 
 }  // namespace siphon::agent::steal

@@ -329,6 +329,9 @@ class StealTest : public ::testing::TestWithParam<Param> {
         1 + static_cast<int>(std::strtoul(tag.substr(0, 2).c_str(), nullptr, 16) % 254);
     pod_ip4_ = "10.251." + std::to_string(subnet) + ".1";
     pod_ip6_ = "fd00:5150:" + tag.substr(0, 4) + "::1";
+    client_if_ = client_if;
+    probe_ip4_ = "10.251." + std::to_string(subnet) + ".3";
+    probe_ip6_ = "fd00:5150:" + tag.substr(0, 4) + "::3";
     for (const auto& argv : std::vector<std::vector<std::string>>{
              {"ip", "link", "add", pod_if, "netns", pod_->name(), "type", "veth", "peer", "name",
               client_if, "netns", client_->name()},
@@ -520,6 +523,7 @@ class StealTest : public ::testing::TestWithParam<Param> {
   std::string token_file_;
   std::optional<NetNs> pod_, client_;
   std::string pod_ip4_, pod_ip6_;
+  std::string client_if_, probe_ip4_, probe_ip6_;  // a second client address: the "node"
   Child httpd80_, httpd81_;
   std::optional<Agent> agent_;
   std::string endpoint_;
@@ -883,6 +887,61 @@ TEST_P(StealTest, FlushConnectionsResetsEstablishedOnes) {
   ::close(held);
   EXPECT_THAT(resp, Not(HasSubstr("original")));
   EXPECT_EQ(curl(80), "stolen\n");
+}
+
+// Health probes keep reaching the application (issue 22): connections
+// from a --probe-source (the node, where the kubelet probes from) are never
+// stolen, filtered or not; and a filtered steal never takes a kubelet
+// probe (User-Agent kube-probe/...) unless its filter names User-Agent.
+TEST_P(StealTest, ProbesKeepReachingTheApplication) {
+  const bool v6 = GetParam().family == AF_INET6;
+  const std::string probe_ip = v6 ? probe_ip6_ : probe_ip4_;
+  std::vector<std::string> add = {"ip",   "-n",      client_->name(),
+                                  "addr", "add",     probe_ip + (v6 ? "/64" : "/24"),
+                                  "dev",  client_if_};
+  if (v6) add.push_back("nodad");
+  Result added = run(add);
+  ASSERT_EQ(added.exit_code, 0) << added;
+  // The agent again, told where probes come from (a single address: /32
+  // or /128 by default).
+  ::kill(agent_->child().pid(), SIGTERM);
+  ASSERT_EQ(agent_->child().waitUntil(Clock::now() + std::chrono::seconds(5)), 0) << agent_->log();
+  ASSERT_NO_FATAL_FAILURE(startAgent({"--probe-source", probe_ip}));
+  auto curlFrom = [&](const std::string& source, std::vector<std::string> extra = {}) {
+    std::vector<std::string> argv = {"ip", "netns",      "exec", client_->name(), "curl", "-sS",
+                                     "-g", "--max-time", "5",    "--interface",   source};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    argv.push_back(podAddress().url(80));
+    Result r = run(argv);
+    return r.exit_code == 0 ? r.out : "curl exit " + std::to_string(r.exit_code) + ": " + r.err;
+  };
+  // The client's own address (curl would pick either once it has two).
+  const std::string client_ip = v6 ? pod_ip6_.substr(0, pod_ip6_.size() - 1) + "2"
+                                   : pod_ip4_.substr(0, pod_ip4_.size() - 1) + "2";
+  // The probe address answers before anything (the route is there).
+  EXPECT_EQ(curlFrom(probe_ip), "original\n");
+
+  LocalServer local(httpAnswer("stolen\n"));
+  Proc* s = steal({"--port", "80", "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(curlFrom(probe_ip), "original\n") << "probe " << i;
+    EXPECT_EQ(curlFrom(client_ip), "stolen\n") << "client " << i;
+  }
+  s->signal(SIGINT);
+  EXPECT_EQ(s->finish(), 0) << s->err;
+
+  // A filter that takes every request: kubelet probes still go to the
+  // application, from any address; other clients are stolen.
+  s = steal({"--port", "80", "--to", local.to(), "--filter-path", "^/"});
+  ASSERT_THAT(s->err, HasSubstr("stealing"));
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(curlFrom(client_ip, {"-A", "kube-probe/1.30"}), "original\n") << "kubelet " << i;
+    EXPECT_EQ(curlFrom(client_ip), "stolen\n") << "client " << i;
+    EXPECT_EQ(curlFrom(probe_ip), "original\n") << "probe source " << i;
+  }
+  s->signal(SIGINT);
+  EXPECT_EQ(s->finish(), 0) << s->err;
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, StealTest,
