@@ -12,10 +12,15 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <dirent.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -64,6 +69,8 @@ struct Plan {
   std::string uid_map_inner, gid_map_inner;  // "UID 0 1": the caller's ids again
   std::string hostname;
   std::vector<FileOverlay> files;
+  std::vector<MountOverlay> mounts;
+  std::string scratch;
   bool udp = false;
   // Each command's argv; "%4" and "%6" in them become the listeners' ports.
   // The UDP ones run once the TUN device exists; those after udp_v6_from
@@ -79,7 +86,8 @@ constexpr const char* kSteps[] = {
     "write uid_map",    "write gid_map",          "make the mounts private",
     "sethostname",      "listen on 127.0.0.1",    "listen on ::1",
     "run a command",    "drop to the caller's ids", "send the listeners",
-    "bind a file over", "make the TUN device " /* kTunName */, "start the connector"};
+    "bind a file over", "make the TUN device " /* kTunName */, "start the connector",
+    "show the target's files at"};
 enum Step {
   kSetpgid,
   kUnshare,
@@ -96,6 +104,7 @@ enum Step {
   kBindFile,
   kTun,
   kConnector,
+  kMountOver,
 };
 
 [[noreturn]] void childFail(int sock, Kind kind, int step, int err, const char* text = nullptr,
@@ -267,6 +276,109 @@ void runCommand(int sock, const std::vector<std::string>& cmd, uint16_t port, in
   }
 }
 
+// Joins `dir` and `name` into `out` (PATH_MAX); false when too long.
+bool joinPath(char* out, const char* dir, const char* name) {
+  const bool root = dir[0] == '/' && dir[1] == '\0';
+  return std::snprintf(out, PATH_MAX, "%s/%s", root ? "" : dir, name) < PATH_MAX;
+}
+
+// Makes `path` exist in the program's view as an empty entry of the kind a
+// bind mount onto it needs (a directory for a directory). 0 or errno.
+int makePlaceholder(const char* path, bool directory) {
+  if (directory) return ::mkdir(path, 0755) == 0 || errno == EEXIST ? 0 : errno;
+  const int fd = ::open(path, O_CREAT | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return errno;
+  ::close(fd);
+  return 0;
+}
+
+// The child's part of a MountOverlay (sandbox.h): system calls only, on
+// stack buffers (no malloc after the fork). 0 or errno.
+int showAt(const MountOverlay& m, const char* scratch) {
+  struct stat st {};
+  if (::stat(m.target.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode) != m.directory) return m.directory ? ENOTDIR : EISDIR;
+    return ::mount(m.source.c_str(), m.target.c_str(), nullptr, MS_BIND | MS_REC, nullptr) == 0
+               ? 0
+               : errno;
+  }
+  if (errno != ENOENT) return errno;
+  // The deepest ancestor that exists.
+  char ancestor[PATH_MAX];
+  std::snprintf(ancestor, sizeof(ancestor), "%s", m.target.c_str());
+  while (true) {
+    char* slash = std::strrchr(ancestor, '/');
+    if (slash == ancestor) return EXDEV;  // only / exists: it cannot be covered
+    *slash = '\0';
+    if (::stat(ancestor, &st) == 0) break;
+    if (errno != ENOENT) return errno;
+  }
+  if (!S_ISDIR(st.st_mode)) return ENOTDIR;
+  // A tmpfs with the ancestor's entries, each the original (bound, with
+  // what is mounted under it) or, for a symlink, the same link.
+  if (::mount("siphon", scratch, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755") != 0) return errno;
+  (void)::chmod(scratch, st.st_mode & 07777);
+  (void)::chown(scratch, st.st_uid, st.st_gid);  // an unmapped owner stays ours
+  const int dir = ::open(ancestor, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return errno;
+  alignas(8) char dents[16384];
+  char from[PATH_MAX], to[PATH_MAX], link[PATH_MAX];
+  int err = 0;
+  while (err == 0) {
+    const long n = ::syscall(SYS_getdents64, dir, dents, sizeof(dents));
+    if (n < 0) err = errno;
+    if (n <= 0) break;
+    for (long off = 0; off < n && err == 0;) {
+      // struct linux_dirent64: d_ino, d_off, d_reclen, d_type, d_name.
+      const char* d = dents + off;
+      unsigned short reclen;
+      std::memcpy(&reclen, d + 16, sizeof(reclen));
+      unsigned char type = static_cast<unsigned char>(d[18]);
+      const char* name = d + 19;
+      off += reclen;
+      if (std::strcmp(name, ".") == 0 || std::strcmp(name, "..") == 0) continue;
+      if (!joinPath(from, ancestor, name) || !joinPath(to, scratch, name)) {
+        err = ENAMETOOLONG;
+        break;
+      }
+      if (type == DT_UNKNOWN) {
+        struct stat e {};
+        if (::fstatat(dir, name, &e, AT_SYMLINK_NOFOLLOW) != 0) continue;  // gone meanwhile
+        type = S_ISDIR(e.st_mode) ? DT_DIR : S_ISLNK(e.st_mode) ? DT_LNK : DT_REG;
+      }
+      if (type == DT_LNK) {
+        const ssize_t len = ::readlinkat(dir, name, link, sizeof(link) - 1);
+        if (len < 0) continue;
+        link[len] = '\0';
+        if (::symlink(link, to) != 0) err = errno;
+        continue;
+      }
+      err = makePlaceholder(to, type == DT_DIR);
+      if (err == 0 && ::mount(from, to, nullptr, MS_BIND | MS_REC, nullptr) != 0) err = errno;
+    }
+  }
+  ::close(dir);
+  if (err != 0) return err;
+  // The missing path, in the tmpfs: each directory, then the last part.
+  const char* rest = m.target.c_str() + std::strlen(ancestor);  // "/a/b/c"
+  char path[PATH_MAX];
+  for (const char* p = rest + 1;; ++p) {
+    if (*p != '/' && *p != '\0') continue;
+    if (std::snprintf(path, sizeof(path), "%s%.*s", scratch, static_cast<int>(p - rest), rest) >=
+        static_cast<int>(sizeof(path))) {
+      return ENAMETOOLONG;
+    }
+    if ((err = makePlaceholder(path, *p == '/' || m.directory)) != 0) return err;
+    if (*p == '\0') break;
+  }
+  // The tmpfs takes the ancestor's place, then the target's files theirs.
+  if (::mount(scratch, ancestor, nullptr, MS_MOVE, nullptr) != 0) return errno;
+  if (::mount(m.source.c_str(), m.target.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) {
+    return errno;
+  }
+  return 0;
+}
+
 // Starts the connector as a grandchild (its parent exits at once), so that
 // it is nobody's child in the program: it goes to siphon, the subreaper (or
 // to init), in a process group of its own, out of the way of the signals
@@ -332,6 +444,17 @@ int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
                 nullptr) != 0) {
       childFail(sock, kStepFailed, kBindFile, errno, plan.files[i].target.c_str(),
                 plan.files[i].target.size());
+    }
+  }
+  for (size_t i = 0; i < plan.mounts.size(); ++i) {
+    const MountOverlay& m = plan.mounts[i];
+    char scratch[PATH_MAX];
+    if (std::snprintf(scratch, sizeof(scratch), "%s/%zu", plan.scratch.c_str(), i) >=
+        static_cast<int>(sizeof(scratch))) {
+      childFail(sock, kStepFailed, kMountOver, ENAMETOOLONG, m.target.c_str(), m.target.size());
+    }
+    if (const int err = showAt(m, scratch); err != 0) {
+      childFail(sock, kStepFailed, kMountOver, err, m.target.c_str(), m.target.size());
     }
   }
   if (!plan.hostname.empty() &&
@@ -479,6 +602,16 @@ absl::Status stepError(const Plan& plan, const Message& m) {
         absl::StrCat("setting up the program's namespaces: cannot show the target's ",
                      std::string(m.text, strnlen(m.text, sizeof(m.text))), " there: ", why));
   }
+  if (m.step == kMountOver) {
+    const std::string target(m.text, strnlen(m.text, sizeof(m.text)));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "setting up the program's namespaces: cannot show the target's ", target, " at ", target,
+        ": ", why,
+        m.err == EXDEV ? " (no directory on its path exists here but /: use --fs-root DIR)"
+        : m.err == ENOTDIR || m.err == EISDIR
+            ? " (a file here where the target has a directory, or the other way round)"
+            : ""));
+  }
   if (m.step == kTun) {
     return absl::FailedPreconditionError(absl::StrCat(
         "setting up the program's namespaces: cannot make the TUN device for its UDP "
@@ -591,6 +724,26 @@ absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec) {
   plan.gid_map_inner = absl::StrCat(gid, " 0 1");
   plan.hostname = spec.hostname;
   plan.files = spec.files;
+  plan.mounts = spec.mounts;
+  plan.scratch = spec.scratch;
+  for (const MountOverlay& m : spec.mounts) {
+    if (m.target.empty() || m.target[0] != '/' || m.target == "/") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a path to show the target's files at must be absolute and not /: \"",
+                       m.target, "\""));
+    }
+    if (m.target.size() >= PATH_MAX / 2 || m.source.size() >= PATH_MAX / 2) {
+      return absl::InvalidArgumentError(absl::StrCat("path too long: ", m.target));
+    }
+  }
+  if (!spec.mounts.empty()) {
+    for (size_t i = 0; i < spec.mounts.size(); ++i) {
+      const std::string dir = absl::StrCat(spec.scratch, "/", i);
+      if (::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::InternalError(absl::StrCat("mkdir ", dir, ": ", std::strerror(errno)));
+      }
+    }
+  }
   plan.udp = spec.udp;
   if (plan.udp) plan.commands_udp = udpCommands(&plan.udp_v6_from);
   plan.commands4 = ipv4Commands();

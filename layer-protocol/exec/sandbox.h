@@ -44,6 +44,20 @@ struct FileOverlay {
   std::string target;  // an existing file (symlinks followed), e.g. /etc/resolv.conf
 };
 
+// A directory (or file) of siphon's shown at `target` in the program's view,
+// with what is mounted under it (a recursive bind mount in its mount
+// namespace): the target's files from siphon's FUSE mount (--fs-remote,
+// --fs-root). A `target` that does not exist on this machine is made in the
+// program's view only: its deepest existing ancestor is covered by a tmpfs
+// holding that ancestor's entries (each bound from the original, so what
+// is mounted under them stays; symlinks recreated) and the missing path;
+// nothing changes on this machine. The root itself cannot be covered so.
+struct MountOverlay {
+  std::string source;     // an existing directory, or a file
+  std::string target;     // absolute
+  bool directory = true;  // what `source` is (what a missing `target` is made as)
+};
+
 // The program's UDP: a TUN device (kTunName) takes every UDP datagram to a
 // non-local address (a routing rule by protocol), IPv4 and IPv6; siphon
 // reads and writes whole IP packets on it (exec/packet.h).
@@ -54,6 +68,10 @@ struct SandboxSpec {
   std::vector<std::string> env;   // the program's environment, NAME=VALUE
   std::string hostname;           // of its UTS namespace; empty: the machine's
   std::vector<FileOverlay> files;
+  std::vector<MountOverlay> mounts;  // in order: a later one may be under an earlier one
+  // An empty directory of siphon's where a missing target's tmpfs is made
+  // (in the program's namespace; nothing shows here). Needed with mounts.
+  std::string scratch;
   bool udp = false;  // make the TUN device (Sandbox::tun())
 };
 

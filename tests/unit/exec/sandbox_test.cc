@@ -196,6 +196,73 @@ TEST(SandboxTest, FilesAreShownInTheProgramsViewOnly) {
       << failed.status();
 }
 
+// Directories shown in the program's view (what --fs-remote does with the
+// FUSE mount): over a directory that exists here, and at paths that do not
+// exist here, which are made in its view only, next to the entries that
+// were there. The machine's own tree is untouched.
+TEST(SandboxTest, DirectoriesAreShownAtExistingAndMissingPathsInTheProgramsViewOnly) {
+  char dir_template[] = "/tmp/siphon-sandbox-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  ::chmod(dir.c_str(), 0755);
+  for (const char* d : {"/remote", "/here", "/scratch", "/parent", "/parent/sub"}) {
+    std::filesystem::create_directories(dir + d);
+    ::chmod((dir + d).c_str(), 0755);
+  }
+  std::ofstream(dir + "/remote/token") << "from the target\n";
+  std::ofstream(dir + "/parent/kept.txt") << "kept\n";
+  std::ofstream(dir + "/here/hidden.txt") << "hidden\n";
+  std::filesystem::create_symlink("kept.txt", dir + "/parent/link");
+  for (const char* f : {"/remote/token", "/parent/kept.txt", "/here/hidden.txt"}) {
+    ::chmod((dir + f).c_str(), 0644);
+  }
+  int out[2];
+  ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);
+  SandboxSpec spec;
+  spec.argv = {"/bin/sh", "-c",
+               "cat " + dir + "/here/token " + dir + "/parent/new/deep/token " + dir +
+                   "/parent/kept.txt " + dir + "/parent/link " + dir +
+                   "/parent/file; ls " + dir + "/parent; ls " + dir + "/here"};
+  spec.mounts = {{dir + "/remote", dir + "/here", true},
+                 {dir + "/remote", dir + "/parent/new/deep", true},
+                 {dir + "/remote/token", dir + "/parent/file", false}};
+  spec.scratch = dir + "/scratch";
+  const int saved = ::dup(1);
+  ::dup2(out[1], 1);
+  auto box = startSandbox(spec);
+  ::dup2(saved, 1);
+  ::close(saved);
+  ::close(out[1]);
+  if (!box.ok() && absl::StrContains(box.status().message(), "user namespace")) {
+    ::close(out[0]);
+    std::filesystem::remove_all(dir);
+    GTEST_SKIP() << box.status();
+  }
+  ASSERT_TRUE(box.ok()) << box.status();
+  EXPECT_EQ(readAll(out[0]),
+            "from the target\nfrom the target\nkept\nkept\nfrom the target\n"
+            "file\nkept.txt\nlink\nnew\nsub\n"
+            "token\n");
+  ::close(out[0]);
+  EXPECT_EQ(waitExit(box->pid()), 0);
+  // This machine's tree is as it was.
+  EXPECT_FALSE(std::filesystem::exists(dir + "/parent/new"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/parent/file"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/here/hidden.txt"));
+  EXPECT_TRUE(std::filesystem::is_empty(dir + "/scratch/0"));
+
+  // The root cannot be covered: a missing top-level directory is refused.
+  SandboxSpec top;
+  top.argv = {"/bin/true"};
+  top.mounts = {{dir + "/remote", "/siphon-no-such-top-level-dir/x", true}};
+  top.scratch = dir + "/scratch";
+  auto refused = startSandbox(top);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "use --fs-root DIR"))
+      << refused.status();
+  std::filesystem::remove_all(dir);
+}
+
 // Every UDP datagram to an address that is not local, IPv4 and IPv6,
 // arrives whole on the TUN device; an answer written there reaches the
 // program's socket.
