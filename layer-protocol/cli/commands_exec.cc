@@ -22,6 +22,8 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <spawn.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -36,9 +38,11 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -57,6 +61,7 @@
 #include "exec/packet.h"
 #include "exec/policy.h"
 #include "exec/sandbox.h"
+#include "fuse/fuse_mount.h"
 #include "siphon/client/connections.h"
 #include "siphon/client/env.h"
 #include "siphon/client/errors.h"
@@ -649,6 +654,95 @@ std::string resolvConfFor(std::string content, bool udp) {
 
 std::string commandLine(const std::vector<std::string>& argv) { return absl::StrJoin(argv, " "); }
 
+// --fs-remote / --fs-root: one FUSE mount of the target's root
+// (fuse/fuse_mount.h, as `siphon fs mount`) at a staging directory of
+// siphon's, shown to the program by bind mounts in its namespace
+// (exec::MountOverlay). Once the program's namespace holds it, the staging
+// mount is detached from this machine's tree, so nothing of it shows here
+// and it ends with the program's namespace; then serve() ends by itself.
+struct ExecFiles {
+  std::string base, staging, scratch;
+  std::unique_ptr<fuse::FuseMount> mount;
+  bool serving = false;
+  absl::Status served;
+
+  // Directories are removed with rmdir only: never a walk that could enter
+  // the mount and remove the target's files.
+  ~ExecFiles() {
+    mount.reset();
+    if (!scratch.empty()) {
+      for (int i = 0; i < 1024; ++i) {
+        if (::rmdir(absl::StrCat(scratch, "/", i).c_str()) != 0 && errno == ENOENT) break;
+      }
+      ::rmdir(scratch.c_str());
+    }
+    if (!staging.empty()) ::rmdir(staging.c_str());
+    if (!base.empty()) ::rmdir(base.c_str());
+  }
+
+  absl::Status makeDirs() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string pattern = absl::StrCat(tmp && *tmp ? tmp : "/tmp", "/siphon-exec-fs-XXXXXX");
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat("mkdtemp ", pattern, ": ", std::strerror(errno)));
+    }
+    base = pattern;
+    // The program follows the mount's absolute symlinks into the staging
+    // directory: it must be able to walk there.
+    ::chmod(base.c_str(), 0755);
+    for (std::string* dir : {&staging, &scratch}) {
+      *dir = absl::StrCat(base, dir == &staging ? "/root" : "/scratch");
+      if (::mkdir(dir->c_str(), 0755) != 0) {
+        return absl::InternalError(absl::StrCat("mkdir ", *dir, ": ", std::strerror(errno)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The staging mount out of this machine's tree (MNT_DETACH; a user
+  // through fusermount3 -u -z, which may unmount a user's own mounts).
+  void detachHere() const {
+    if (::geteuid() == 0) {
+      (void)::umount2(staging.c_str(), MNT_DETACH);
+      return;
+    }
+    pid_t pid = -1;
+    const char* argv[] = {"fusermount3", "-u", "-z", "-q", staging.c_str(), nullptr};
+    if (::posix_spawnp(&pid, "fusermount3", nullptr, nullptr, const_cast<char* const*>(argv),
+                       environ) == 0) {
+      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+};
+
+net::awaitable<void> serveFiles(std::shared_ptr<ExecFiles> files_in,
+                                std::shared_ptr<ExecState> state_in) {
+  const std::shared_ptr<ExecFiles> files = std::move(files_in);
+  const std::shared_ptr<ExecState> st = std::move(state_in);
+  files->served = co_await files->mount->serve();
+  files->serving = false;
+  st->run.notify();
+}
+
+// Ends the files' mount: serve() ends once the program's namespace (the
+// last holder of the mount) is gone; stop() ends it otherwise. Bounded.
+net::awaitable<void> stopFiles(std::shared_ptr<ExecFiles> fs_in,
+                               std::shared_ptr<ExecState> state_in) {
+  const std::shared_ptr<ExecFiles> fs = std::move(fs_in);
+  const std::shared_ptr<ExecState> st = std::move(state_in);
+  const auto until = asio::steady_timer::clock_type::now() + std::chrono::seconds(2);
+  while (fs->serving && asio::steady_timer::clock_type::now() < until) {
+    co_await st->run.wait(asio::steady_timer::clock_type::now() + std::chrono::milliseconds(50));
+  }
+  if (fs->serving && fs->mount) fs->mount->stop();
+  const auto stop_until = asio::steady_timer::clock_type::now() + std::chrono::seconds(5);
+  while (fs->serving && asio::steady_timer::clock_type::now() < stop_until) {
+    co_await st->run.wait(asio::steady_timer::clock_type::now() + std::chrono::milliseconds(50));
+  }
+  if (!fs->serving) fs->mount.reset();
+}
+
 net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
   auto ex = co_await asio::this_coro::executor;
   auto st = std::make_shared<ExecState>(env, ex);
@@ -790,6 +884,42 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
     co_return 128 + st->run.lastSignal();
   }
 
+  // The target's files in the program's view: each path checked in the
+  // target, then one mount of its root.
+  std::shared_ptr<ExecFiles> fs;
+  std::vector<exec::MountOverlay> mounts;
+  if (!flags.fs_remote.empty() || !flags.fs_root.empty()) {
+    auto fail = [&](std::string why) -> net::awaitable<int> {
+      printError(absl::StrCat("exec: ", why));
+      co_await st->incoming->releaseAll(!st->run.lost().ok());
+      st->run.finish();
+      co_return kExitError;
+    };
+    for (const std::string& path : flags.fs_remote) {
+      auto stat = co_await files.stat(path);
+      if (!stat.ok()) {
+        co_return co_await fail(
+            absl::StrCat("--fs-remote ", path, ": ", statusText(stat.status())));
+      }
+      mounts.push_back({"", path, stat->isDirectory()});
+    }
+    fs = std::make_shared<ExecFiles>();
+    if (absl::Status s = fs->makeDirs(); !s.ok()) co_return co_await fail(std::string(s.message()));
+    for (auto& m : mounts) m.source = fs->staging + m.target;
+    if (!flags.fs_root.empty()) mounts.push_back({fs->staging, flags.fs_root, true});
+    fuse::MountOptions options;
+    options.mountpoint = fs->staging;
+    options.read_only = flags.fs_ro;
+    auto mount = fuse::FuseMount::mount(env.target, options);
+    if (!mount.ok()) {
+      co_return co_await fail(
+          absl::StrCat("--fs-remote/--fs-root need a FUSE mount, and ", mount.status().message()));
+    }
+    fs->mount = *std::move(mount);
+    fs->serving = true;
+    net::spawn(ex, serveFiles(fs, st), "exec_files", [fs] { fs->serving = false; });
+  }
+
   std::vector<std::string> local_env;
   for (char** e = environ; e && *e; ++e) local_env.emplace_back(*e);
   exec::EnvOverlay overlay{flags.env_include, flags.env_exclude, flags.env_set};
@@ -798,14 +928,44 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
   spec.env = exec::overlayEnvironment(local_env, target_env, overlay);
   spec.hostname = hostname;
   spec.files = overlays;
+  spec.mounts = mounts;
+  if (fs) spec.scratch = fs->scratch;
   spec.udp = udp;
   // Orphans of the program come to siphon, which reaps them and, when the
   // program ends, ends them: a daemon it started is not left running.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
-  auto box = exec::startSandbox(spec);
+  // Started on a thread of its own: the set-up walks into the files' FUSE
+  // mount (the --fs-remote bind mounts), which this event loop serves.
+  struct Started {
+    std::mutex mu;
+    std::optional<absl::StatusOr<exec::Sandbox>> box;
+  };
+  auto started = std::make_shared<Started>();
+  std::thread([spec, started, ex, weak = std::weak_ptr<ExecState>(st)] {
+    absl::StatusOr<exec::Sandbox> result = exec::startSandbox(spec);
+    {
+      std::lock_guard<std::mutex> lock(started->mu);
+      started->box = std::move(result);
+    }
+    asio::post(ex, [weak] {
+      if (auto s = weak.lock()) s->run.notify();
+    });
+  }).detach();
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(started->mu);
+      if (started->box) break;
+    }
+    co_await st->run.wait(asio::steady_timer::clock_type::now() + std::chrono::milliseconds(100));
+  }
+  absl::StatusOr<exec::Sandbox> box = [&] {
+    std::lock_guard<std::mutex> lock(started->mu);
+    return std::move(*started->box);
+  }();
   if (!box.ok()) {
     printError(absl::StrCat("exec: ", box.status().message()));
     co_await st->incoming->releaseAll(!st->run.lost().ok());
+    if (fs) co_await stopFiles(fs, st);
     st->run.finish();
     // As a shell says it: 127 not found, 126 found but not runnable.
     if (absl::IsNotFound(box.status())) co_return 127;
@@ -813,6 +973,15 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
     co_return kExitError;
   }
   st->pid = box->pid();
+  if (fs) {
+    fs->detachHere();
+    if (st->json) {
+      JsonLine line("files");
+      for (const auto& m : mounts)
+        line.add(m.target == flags.fs_root ? "root" : "remote", m.target);
+      st->event(std::move(line.add("mode", flags.fs_ro ? "ro" : "rw")));
+    }
+  }
   std::error_code cleanup_ignored;
   std::filesystem::remove_all(dir.path, cleanup_ignored);  // the bind mounts hold the files
   dir.path.clear();
@@ -887,6 +1056,8 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
     co_await st->run.wait(std::min(drain_until, asio::steady_timer::clock_type::now() +
                                                     std::chrono::milliseconds(100)));
   }
+  // The program's namespace is gone, and the mount with it.
+  if (fs) co_await stopFiles(fs, st);
   const bool lost = !st->run.lost().ok();
   if (st->json) {
     st->event(std::move(JsonLine("exited")

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -125,6 +126,13 @@ void registerExecFlags(CLI::App& exec, ExecFlags& flags) {
                   "steal|mirror|off: every port the program listens on is stolen (or mirrored) "
                   "from the target while it listens")
       ->capture_default_str();
+  exec.add_option("--fs-remote", flags.fs_remote,
+                  "PATH: the target's PATH (a directory or a file) shown at the same path in the "
+                  "program's view, through a FUSE mount (siphon fs mount); repeatable")
+      ->allow_extra_args(false);
+  exec.add_option("--fs-root", flags.fs_root,
+                  "DIR: the target's whole root shown at DIR in the program's view");
+  exec.add_flag("--fs-ro", flags.fs_ro, "Show --fs-remote and --fs-root read-only");
   exec.add_option("--filter-header", flags.filter.headers,
                   "Steal only HTTP requests with this header and a value the RE2 regex matches "
                   "(as siphon steal); repeatable")
@@ -179,6 +187,18 @@ absl::Status mergeExecConfig(const std::string& json, const std::string& origin,
       bool v = false;
       s = takeBool(origin, key, value, &v);
       if (s.ok() && !skip) flags.remote_loopback = v;
+    } else if (key == "fs-ro") {
+      bool v = false;
+      s = takeBool(origin, key, value, &v);
+      if (s.ok() && !skip) flags.fs_ro = v;
+    } else if (key == "fs-root") {
+      std::string v;
+      s = takeString(origin, key, value, &v);
+      if (s.ok() && !skip) flags.fs_root = v;
+    } else if (key == "fs-remote") {
+      std::vector<std::string> v;
+      s = takeList(origin, key, value, &v);
+      if (s.ok() && !skip) flags.fs_remote = std::move(v);
     } else if (key == "filter-any") {
       bool v = false;
       s = takeBool(origin, key, value, &v);
@@ -242,7 +262,8 @@ absl::Status mergeExecConfig(const std::string& json, const std::string& origin,
           origin, ": unknown option \"", key,
           "\" (known: local, remote, remote-loopback, env, env-include, env-exclude, "
           "no-target-env, hostname, agent-lost-timeout, no-udp, local-dns, steal, mirror, "
-          "incoming, filter-header, filter-path, filter-method, filter-any, command)"));
+          "incoming, filter-header, filter-path, filter-method, filter-any, fs-remote, fs-root, "
+          "fs-ro, command)"));
     }
     if (!s.ok()) return s;
   }
@@ -327,6 +348,28 @@ absl::Status finishExecFlags(ExecFlags& flags, const CLI::App& exec, const ExecT
   } else {
     return absl::InvalidArgumentError(
         absl::StrCat("--incoming ", flags.incoming, ": not steal, mirror or off"));
+  }
+  for (std::string& path : flags.fs_remote) {
+    if (path.empty() || path[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--fs-remote ", path,
+                       ": an absolute path (the same in the target and in "
+                       "the program's view)"));
+    }
+    path = std::filesystem::path(path).lexically_normal().string();
+    while (path.size() > 1 && path.back() == '/') path.pop_back();
+    if (path == "/") {
+      return absl::InvalidArgumentError(
+          "--fs-remote /: the target's whole root would hide this machine's; use --fs-root DIR");
+    }
+  }
+  if (!flags.fs_root.empty()) {
+    std::filesystem::path root = std::filesystem::absolute(flags.fs_root).lexically_normal();
+    flags.fs_root = root.string();
+    while (flags.fs_root.size() > 1 && flags.fs_root.back() == '/') flags.fs_root.pop_back();
+    if (flags.fs_root == "/") {
+      return absl::InvalidArgumentError("--fs-root /: name a directory to show the root at");
+    }
   }
   auto filter = parseStealFilter(flags.filter);
   if (!filter.ok()) return filter.status();

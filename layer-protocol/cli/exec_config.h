@@ -10,6 +10,8 @@
 //     "no-udp": false, "local-dns": false, "no-target-env": false,
 //     "steal": ["80:8080"], "mirror": ["9090"], "incoming": "off",
 //     "filter-header": ["x-user: ^alice$"], "filter-path": "^/api/",
+//     "fs-remote": ["/var/run/secrets/kubernetes.io/serviceaccount"], "fs-root": "/tmp/pod",
+//     "fs-ro": true,
 //     "command": ["python3", "app.py"]
 //   }
 #pragma once
@@ -58,6 +60,9 @@ struct ExecFlags {
   std::vector<std::string> steal, mirror;  // PORT[:LOCAL]
   std::string incoming = "off";            // steal | mirror | off
   FilterFlags filter;                      // the steals' HTTP filter
+  std::vector<std::string> fs_remote;      // the target's PATH at the same path
+  std::string fs_root;                     // the target's root at DIR
+  bool fs_ro = false;                      // those read-only
   // Parsed by finishExecFlags().
   std::chrono::milliseconds agent_lost_timeout_ms{60000};
   std::vector<IncomingPort> incoming_ports;  // --steal, then --mirror

@@ -27,6 +27,7 @@
 #include <fstream>
 #include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -188,12 +189,17 @@ class ExecTest : public ::testing::Test {
     })) << "the pod's HTTP service never answered";
   }
 
-  std::unique_ptr<Agent> startAgent(std::string* endpoint) {
-    auto agent = std::make_unique<Agent>(
-        std::vector<std::string>{"--listen", "127.0.0.1:0", "--token-file", token_file_,
-                                 "--first-client-timeout", "0", "targeted", "--pid",
-                                 std::to_string(pod_.pid())},
-        cleanEnv(), dir_->path() + "/agent-" + randomHex(4) + ".log");
+  std::unique_ptr<Agent> startAgent(std::string* endpoint,
+                                    const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv = {
+        "--listen", "127.0.0.1:0", "--token-file", token_file_, "--first-client-timeout", "0"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    for (const std::string& a :
+         {std::string("targeted"), std::string("--pid"), std::to_string(pod_.pid())}) {
+      argv.push_back(a);
+    }
+    auto agent =
+        std::make_unique<Agent>(argv, cleanEnv(), dir_->path() + "/agent-" + randomHex(4) + ".log");
     EXPECT_TRUE(agent->ready(endpoint));
     return agent;
   }
@@ -697,6 +703,90 @@ TEST_F(ExecTest, AfterAFailoverTheProgramsNewConnectionsGoThroughTheOtherAgent) 
   EXPECT_EQ(p.out, "hello from the pod\nready\nhello from the pod\n");
 }
 
+// ------------------------------------------------------------ files
+
+// Mounts of ours in this machine's tree, and staging directories left.
+std::string siphonMountsHere() {
+  std::string out;
+  std::istringstream in(readFile("/proc/self/mountinfo"));
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("fuse.siphon") != std::string::npos) out += line + "\n";
+  }
+  return out;
+}
+std::set<std::string> stagingDirs() {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/tmp", ec)) {
+    if (e.path().filename().string().rfind("siphon-exec-fs-", 0) == 0) out.insert(e.path());
+  }
+  return out;
+}
+
+// The serviceaccount path does not exist on this machine: it is made in
+// the program's view only, next to what /var/run holds here.
+TEST_F(ExecTest, FsRemoteShowsTheTargetsFilesAtTheSamePath) {
+  const std::string sa = "/var/run/secrets/kubernetes.io/serviceaccount";
+  ASSERT_FALSE(std::filesystem::exists(sa)) << "this machine has " << sa;
+  std::filesystem::create_directories(root_ + sa);
+  writeFile(sa + "/token", "eyJhbGciOi.pod-token\n");
+  writeFile(sa + "/namespace", "default\n");
+  // An entry of this machine's /var/run the program must still see.
+  std::string local_entry;
+  for (const auto& e : std::filesystem::directory_iterator("/var/run")) {
+    if (e.path().filename() != "secrets") local_entry = e.path().filename();
+  }
+  const auto staging_before = stagingDirs();
+  Result r = exec({"--fs-remote", sa, "--", "sh", "-c",
+                   "cat " + sa + "/token " + sa + "/namespace; ls /var/run"});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, ::testing::StartsWith("eyJhbGciOi.pod-token\ndefault\n")) << r;
+  EXPECT_THAT(r.out, HasSubstr("\nsecrets\n")) << r;
+  if (!local_entry.empty()) {
+    EXPECT_THAT(r.out, HasSubstr(local_entry + "\n")) << r;
+  }
+  // Nothing of it here: not the path, not the mount, not its directories.
+  EXPECT_FALSE(std::filesystem::exists("/var/run/secrets"));
+  EXPECT_EQ(siphonMountsHere(), "");
+  EXPECT_EQ(stagingDirs(), staging_before);
+}
+
+TEST_F(ExecTest, FsRootShowsTheWholeRootAndWritesReachTheTarget) {
+  std::string endpoint;
+  auto rw = startAgent(&endpoint, {"--fs-mode", "rw"});
+  const std::string at = "/tmp/siphon-exec-root-" + randomHex(6);
+  std::vector<std::string> argv =
+      siphon({"--fs-root", at, "--", "sh", "-c",
+              "cat " + at + "/www/file.txt " + at + "/etc/hostname && echo written > " + at +
+                  "/www/new.txt && ls " + at + "/bin"},
+             endpoint);
+  Result r = run(argv);
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "hello from the pod\nweb-7d9f\nbusybox\n") << r;
+  EXPECT_EQ(readFile(root_ + "/www/new.txt"), "written\n") << "the target sees the write at once";
+  EXPECT_FALSE(std::filesystem::exists(at));
+  // --fs-ro: the same mount read-only.
+  argv = siphon({"--fs-root", at, "--fs-ro", "--", "sh", "-c", "echo no > " + at + "/www/ro.txt"},
+                endpoint);
+  r = run(argv);
+  EXPECT_NE(r.exit_code, 0) << r;
+  EXPECT_THAT(r.err, HasSubstr("Read-only file system")) << r;
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/www/ro.txt"));
+  EXPECT_EQ(siphonMountsHere(), "");
+}
+
+TEST_F(ExecTest, AMissingRemotePathIsOneLine) {
+  const std::string marker = dir_->path() + "/ran";
+  Result r = exec({"--fs-remote", "/etc/no-such-config", "--", "touch", marker});
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("exec: --fs-remote /etc/no-such-config: ")) << r;
+  EXPECT_FALSE(std::filesystem::exists(marker)) << "the program ran";
+  r = exec({"--fs-remote", "relative/path", "--", "true"});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("an absolute path")) << r;
+  EXPECT_EQ(siphonMountsHere(), "");
+}
+
 // The unprivileged path: nobody, in a user namespace of its own. No TUN
 // device is open to nobody here (/dev/net/tun is 0600), so UDP stays in the
 // program's namespace and its lookups go over TCP.
@@ -736,6 +826,26 @@ TEST_F(ExecTest, AsNobodyTheProgramAnswersTheStolenPort) {
   EXPECT_EQ(r.out, "from the program /as-nobody\n") << r << p.err;
   p.signal(SIGTERM);
   EXPECT_EQ(p.finish(), 128 + SIGTERM) << p.out << p.err;
+}
+
+// A user without FUSE (here /dev/fuse is 0600) is told what is missing,
+// before the program runs.
+TEST_F(ExecTest, AsNobodyWithoutFuseTheFilesFlagsSayWhatIsMissing) {
+  struct stat st {};
+  if (::stat("/dev/fuse", &st) == 0 && (st.st_mode & 0006) == 0006) {
+    GTEST_SKIP() << "/dev/fuse is open to every user here";
+  }
+  std::vector<std::string> argv = {"setpriv", "--reuid=nobody", "--regid=nogroup",
+                                   "--clear-groups"};
+  for (const auto& a : siphon({"--fs-remote", "/etc", "--", "touch", "/tmp/siphon-never"})) {
+    argv.push_back(a);
+  }
+  Result r = run(argv);
+  EXPECT_EQ(r.exit_code, 1) << r;
+  EXPECT_THAT(r.err, HasSubstr("--fs-remote/--fs-root need a FUSE mount")) << r;
+  EXPECT_THAT(r.err, HasSubstr("/dev/fuse is not open to uid 65534")) << r;
+  EXPECT_FALSE(std::filesystem::exists("/tmp/siphon-never"));
+  EXPECT_EQ(siphonMountsHere(), "");
 }
 
 }  // namespace

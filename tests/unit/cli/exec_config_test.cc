@@ -117,5 +117,68 @@ TEST(ExecConfigTest, ABadFileIsNamed) {
               HasSubstr("\"env.A\" is a number, not a string"));
 }
 
+TEST(ExecConfigTest, IncomingPortsAndTheirFilter) {
+  auto p = parse({"exec", "--steal", "80:8080", "--steal", "443", "--mirror", "9090:19090",
+                  "--filter-header", "x-user: ^me$", "--incoming", "steal", "--", "app"});
+  ASSERT_TRUE(p.status.ok()) << p.status;
+  EXPECT_THAT(p.flags.incoming_ports,
+              ElementsAre(IncomingPort{80, 8080, false}, IncomingPort{443, 443, false},
+                          IncomingPort{9090, 19090, true}));
+  EXPECT_EQ(p.flags.incoming_mode, IncomingMode::kSteal);
+  ASSERT_TRUE(p.flags.http_filter.has_value());
+  EXPECT_EQ(p.flags.http_filter->headers.size(), 1u);
+  for (auto [args, why] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"exec", "--steal", "0", "--", "app"}, "\"0\" is not a port"},
+           {{"exec", "--steal", "80:x", "--", "app"}, "\"x\" is not a port"},
+           {{"exec", "--steal", "80", "--mirror", "80:81", "--", "app"}, "port 80 is given twice"},
+           {{"exec", "--incoming", "maybe", "--", "app"}, "not steal, mirror or off"},
+           {{"exec", "--mirror", "80", "--filter-method", "GET", "--", "app"},
+            "--filter-* applies to stolen ports"},
+       }) {
+    auto bad = parse(args);
+    EXPECT_FALSE(bad.status.ok()) << why;
+    EXPECT_THAT(bad.status.message(), HasSubstr(why));
+  }
+}
+
+TEST(ExecConfigTest, FilesPathsAreAbsoluteAndNormal) {
+  auto p = parse(
+      {"exec", "--fs-remote", "/etc//config/", "--fs-root", "/tmp/pod/", "--fs-ro", "--", "app"});
+  ASSERT_TRUE(p.status.ok()) << p.status;
+  EXPECT_THAT(p.flags.fs_remote, ElementsAre("/etc/config"));
+  EXPECT_EQ(p.flags.fs_root, "/tmp/pod");
+  EXPECT_TRUE(p.flags.fs_ro);
+  EXPECT_THAT(parse({"exec", "--fs-remote", "etc", "--", "app"}).status.message(),
+              HasSubstr("--fs-remote etc: an absolute path"));
+  EXPECT_THAT(parse({"exec", "--fs-remote", "/", "--", "app"}).status.message(),
+              HasSubstr("use --fs-root DIR"));
+  EXPECT_THAT(parse({"exec", "--fs-root", "/", "--", "app"}).status.message(),
+              HasSubstr("--fs-root /"));
+}
+
+TEST(ExecConfigTest, TheConfigFileTakesTheIncomingAndFilesNames) {
+  ExecFlags flags;
+  absl::Status s = mergeExecConfig(
+      R"({"steal": ["80:8080"], "mirror": ["81"], "incoming": "mirror",
+          "filter-header": ["x-user: me"], "filter-path": "^/api", "filter-method": "GET",
+          "filter-any": true, "fs-remote": ["/etc/config"], "fs-root": "/tmp/pod",
+          "fs-ro": true})",
+      "siphon.json", [](const std::string&) { return false; }, flags);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_THAT(flags.steal, ElementsAre("80:8080"));
+  EXPECT_THAT(flags.mirror, ElementsAre("81"));
+  EXPECT_EQ(flags.incoming, "mirror");
+  EXPECT_THAT(flags.filter.headers, ElementsAre("x-user: me"));
+  EXPECT_EQ(flags.filter.path, "^/api");
+  EXPECT_EQ(flags.filter.method, "GET");
+  EXPECT_TRUE(flags.filter.any);
+  EXPECT_THAT(flags.fs_remote, ElementsAre("/etc/config"));
+  EXPECT_EQ(flags.fs_root, "/tmp/pod");
+  EXPECT_TRUE(flags.fs_ro);
+  s = mergeExecConfig(R"({"fs-ro": "yes"})", "siphon.json",
+                      [](const std::string&) { return false; }, flags);
+  EXPECT_THAT(s.message(), HasSubstr("\"fs-ro\" is a string, not a boolean"));
+}
+
 }  // namespace
 }  // namespace siphon::cli

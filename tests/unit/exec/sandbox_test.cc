@@ -9,10 +9,10 @@
 // loopback.
 #include "exec/sandbox.h"
 
-#include <gtest/gtest.h>
-#include <poll.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -25,8 +25,8 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "exec/packet.h"
 #include "absl/strings/str_cat.h"
+#include "exec/packet.h"
 
 namespace siphon::exec {
 namespace {
@@ -69,11 +69,11 @@ int waitExit(pid_t pid) {
 
 // Starts `spec`, or skips the test when this machine allows no namespaces
 // for this user.
-#define START_OR_SKIP(box, spec)                                                   \
-  auto box = startSandbox(spec);                                                   \
+#define START_OR_SKIP(box, spec)                                                  \
+  auto box = startSandbox(spec);                                                  \
   if (!box.ok() && absl::StrContains(box.status().message(), "user namespace")) { \
-    GTEST_SKIP() << box.status();                                                  \
-  }                                                                                \
+    GTEST_SKIP() << box.status();                                                 \
+  }                                                                               \
   ASSERT_TRUE(box.ok()) << box.status()
 
 constexpr char kProgram[] = R"(
@@ -221,8 +221,8 @@ TEST(SandboxTest, DirectoriesAreShownAtExistingAndMissingPathsInTheProgramsViewO
   SandboxSpec spec;
   spec.argv = {"/bin/sh", "-c",
                "cat " + dir + "/here/token " + dir + "/parent/new/deep/token " + dir +
-                   "/parent/kept.txt " + dir + "/parent/link " + dir +
-                   "/parent/file; ls " + dir + "/parent; ls " + dir + "/here"};
+                   "/parent/kept.txt " + dir + "/parent/link " + dir + "/parent/file; ls " + dir +
+                   "/parent; ls " + dir + "/here"};
   spec.mounts = {{dir + "/remote", dir + "/here", true},
                  {dir + "/remote", dir + "/parent/new/deep", true},
                  {dir + "/remote/token", dir + "/parent/file", false}};
