@@ -420,6 +420,12 @@ http {{
                 ok = measured["siphon"]["median"] >= minimum
                 checks.append({"vs": "limit", "want": f">= {minimum}", "ok": ok})
                 continue
+            if baseline.endswith("_max"):
+                # A cost (latency): siphon at most `minimum` times the baseline.
+                ratio = measured["siphon"]["median"] / measured[baseline[:-4]]["median"]
+                checks.append({"vs": baseline[:-4], "ratio": round(ratio, 3),
+                               "want": f"<= {minimum}x", "ok": ratio <= minimum})
+                continue
             ratio = measured["siphon"]["median"] / measured[baseline]["median"]
             if minimum is None:  # reported next to the baseline, no target
                 checks.append({"vs": baseline, "ratio": round(ratio, 3), "want": "reported",
@@ -599,6 +605,136 @@ http {{
         if "error" in data:
             raise RuntimeError(f"iperf3 through port {port}: {data['error']}")
         return data["end"]["sum_received"]["bits_per_second"] / 1e9
+
+    # ------------------------------------------------------------ exec
+    def exec_cli(self, endpoint, *args, timeout=None):
+        """`siphon exec ARGS` in the node (the developer's machine): its
+        stdout, or an error with its stderr."""
+        r = sh(self.cli_bin, "--agent", endpoint, "--token-file", self.token_file, "exec", *args,
+               netns=self.node, timeout=timeout or self.secs + 120, check=False)
+        if r.returncode != 0:
+            raise RuntimeError(f"siphon exec {' '.join(args)}: exit {r.returncode}: "
+                               f"{r.stderr[-2000:]}")
+        return r.stdout
+
+    def exec_group(self):
+        """`siphon exec`: a program on the developer's machine reaching the
+        pod's services through the agent, against the same through `siphon
+        forward`, and against the same load generator run inside the pod."""
+        agent, endpoint = self.start_agent()
+        # The pod's DNS server, on its own address (services() has one on
+        # 127.0.0.1).
+        with open(os.path.join(self.tmp, "dnsperf.txt"), "w") as f:
+            f.write("db.bench.svc.cluster.local A\n")
+        dns = self.procs.start(["dnsmasq", "--keep-in-foreground", "--no-resolv", "--no-hosts",
+                                f"--listen-address={self.pod_ip}", "--bind-interfaces",
+                                "--port=53", "--pid-file=", "--user=root", "--cache-size=1000",
+                                "--address=/db.bench.svc.cluster.local/10.96.0.15"],
+                               netns=self.pod, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.wait_port(self.pod, 53, udp=True)
+        fwd_port = 17211
+        fwd = self.cli(endpoint, "forward", "-L", f"127.0.0.1:{fwd_port}:{self.pod_ip}:5201",
+                       "-L", f"127.0.0.1:{fwd_port + 1}:{self.pod_ip}:80",
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.wait_port(self.node, fwd_port)
+        self.wait_port(self.node, fwd_port + 1)
+        # connect + request + first byte of the answer, N times: the median,
+        # in ms, printed as one JSON line.
+        ttfb = ("import json,socket,statistics,sys,time\n"
+                "host,port,n=sys.argv[1],int(sys.argv[2]),int(sys.argv[3])\n"
+                "t=[]\n"
+                "for i in range(n):\n"
+                "    a=time.perf_counter()\n"
+                "    s=socket.create_connection((host,port))\n"
+                "    s.sendall(b'GET / HTTP/1.1\\r\\nHost: pod\\r\\nConnection: close\\r\\n\\r\\n')\n"
+                "    s.recv(1)\n"
+                "    t.append((time.perf_counter()-a)*1000)\n"
+                "    s.close()\n"
+                "print(json.dumps({'median_ms':statistics.median(t)}))\n")
+        values = {k: {"siphon": [], "forward": [], "pod": []} for k in
+                  ("bulk", "ttfb", "http", "dns")}
+        startup = {"exec": [], "exec_bare": [], "info": []}
+        try:
+            for rep in range(self.reps):
+                # Bulk download (iperf3 -R: the server in the pod sends).
+                out = self.exec_cli(endpoint, "--", "iperf3", "-c", self.pod_ip, "-p", "5201",
+                                    "-R", "-t", self.secs, "-J")
+                values["bulk"]["siphon"].append(
+                    json.loads(out)["end"]["sum_received"]["bits_per_second"] / 1e9)
+                data = self.iperf_json(["iperf3", "-c", "127.0.0.1", "-p", fwd_port, "-R", "-t",
+                                        self.secs, "-J"], self.node)
+                if "error" in data:
+                    raise RuntimeError(f"iperf3 through forward: {data['error']}")
+                values["bulk"]["forward"].append(
+                    data["end"]["sum_received"]["bits_per_second"] / 1e9)
+                # Connect to first byte.
+                n = "50" if self.args.quick else "200"
+                out = self.exec_cli(endpoint, "--", "/usr/bin/python3", "-c", ttfb, self.pod_ip,
+                                    "80", n)
+                values["ttfb"]["siphon"].append(json.loads(out)["median_ms"])
+                r = sh("/usr/bin/python3", "-c", ttfb, "127.0.0.1", fwd_port + 1, n,
+                       netns=self.node)
+                values["ttfb"]["forward"].append(json.loads(r.stdout)["median_ms"])
+                # HTTP keep-alive from the program (wrk) against wrk in the pod.
+                wrk = ["wrk", "-t", "2", "-c", "32", "-d", f"{self.secs}s",
+                       f"http://{self.pod_ip}:80/"]
+                out = self.exec_cli(endpoint, "--", *wrk)
+                if re.search(r"Non-2xx or 3xx responses|Socket errors", out):
+                    raise RuntimeError(f"wrk through exec reported errors: {out}")
+                values["http"]["siphon"].append(
+                    float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)))
+                r = sh(*wrk, netns=self.pod, timeout=self.secs + 60)
+                values["http"]["pod"].append(
+                    float(re.search(r"Requests/sec:\s+([\d.]+)", r.stdout).group(1)))
+                # DNS queries/s (dnsperf, UDP) from the program against in the pod.
+                dnsperf = ["dnsperf", "-s", self.pod_ip, "-d",
+                           os.path.join(self.tmp, "dnsperf.txt"), "-l", self.secs, "-c", "4",
+                           "-Q", "200000"]
+                out = self.exec_cli(endpoint, "--", *dnsperf)
+                values["dns"]["siphon"].append(
+                    float(re.search(r"Queries per second:\s+([\d.]+)", out).group(1)))
+                r = sh(*dnsperf, netns=self.pod, timeout=self.secs + 60)
+                values["dns"]["pod"].append(
+                    float(re.search(r"Queries per second:\s+([\d.]+)", r.stdout).group(1)))
+                # Start to exit: `exec -- true`; the same without the target's
+                # environment and files (no calls but the session's); and the
+                # session alone (`siphon info`).
+                for key, args in (("exec", ["exec", "--", "true"]),
+                                  ("exec_bare", ["exec", "--no-target-env", "--local-dns",
+                                                 "--no-udp", "--", "true"]),
+                                  ("info", ["info"])):
+                    times = []
+                    for _ in range(5):
+                        t0 = time.perf_counter()
+                        sh(self.cli_bin, "--agent", endpoint, "--token-file", self.token_file,
+                           *args, netns=self.node)
+                        times.append((time.perf_counter() - t0) * 1000)
+                    startup[key].append(statistics.median(times))
+                log(f"exec rep {rep + 1}: bulk {values['bulk']['siphon'][-1]:.2f} vs forward "
+                    f"{values['bulk']['forward'][-1]:.2f} Gbit/s; first byte "
+                    f"{values['ttfb']['siphon'][-1]:.2f} vs {values['ttfb']['forward'][-1]:.2f} "
+                    f"ms; http {values['http']['siphon'][-1]:.0f} vs pod "
+                    f"{values['http']['pod'][-1]:.0f}/s; dns {values['dns']['siphon'][-1]:.0f} vs "
+                    f"pod {values['dns']['pod'][-1]:.0f}/s; exec -- true "
+                    f"{startup['exec'][-1]:.0f} ms")
+        finally:
+            self.procs.stop(fwd, signal.SIGINT)
+            self.procs.stop(dns)
+            self.procs.stop(agent)
+        pick = lambda k, *modes: {m: summary(values[k][m]) for m in modes}  # noqa: E731
+        self.record("exec: bulk TCP download by the program (iperf3 -R)", "Gbit/s",
+                    pick("bulk", "siphon", "forward"), {"forward": 0.9})
+        self.record("exec: connect to first byte of a new connection", "ms (median)",
+                    pick("ttfb", "siphon", "forward"), {"forward_max": 1.5})
+        self.record("exec: HTTP keep-alive from the program (wrk, 32 connections)",
+                    "requests/s", pick("http", "siphon", "pod"), {"pod": 0.5})
+        self.record("exec: DNS queries/s from the program (dnsperf, UDP)", "queries/s",
+                    pick("dns", "siphon", "pod"), {"pod": 0.5})
+        self.record("exec: `siphon exec -- true`, start to exit", "ms",
+                    {"siphon": summary(startup["exec"]),
+                     "exec_bare": summary(startup["exec_bare"]),
+                     "session": summary(startup["info"])},
+                    {"session": None, "exec_bare": None})
 
     # ---------------------------------------------------------------- mirror
     def start_mirror(self, endpoint, port, to):
@@ -1191,7 +1327,8 @@ def markdown(results, meta):
                 return "—"
             v = m[k]
             return f"{v['median']:.3g} ({v['min']:.3g}–{v['max']:.3g})"
-        base = next((k for k in ("direct", "baseline", "local") if k in m), "baseline")
+        base = next((k for k in ("direct", "baseline", "local", "forward", "pod", "session") if k in m),
+                    "baseline")
         checks = "; ".join(
             (f"{c['ratio']}× {c['vs']} ({c['want']})" if "ratio" in c else f"{c['want']}") +
             ("" if c["ok"] is None else " ✓" if c["ok"] else " ✗") for c in r["checks"])
@@ -1233,7 +1370,7 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     groups = [g for g in args.only.split(",") if g] or [
         "bulk", "bulk8", "http", "short", "filtered", "idle", "forward", "startup", "rss",
-        "services", "mirror", "isolation", "mount"]
+        "services", "mirror", "isolation", "mount", "exec"]
     with ExitStack() as stack:
         procs = Procs()
         stack.callback(procs.close)
@@ -1267,6 +1404,8 @@ def main():
             b.isolation()
         if "mount" in groups:
             b.mount()
+        if "exec" in groups:
+            b.exec_group()
         cpu = ""
         with open("/proc/cpuinfo") as f:
             m = re.search(r"model name\s*:\s*(.*)", f.read())

@@ -6,7 +6,7 @@
 #
 # Usage: sudo scripts/bench.sh [--quick] [--only GROUP,...]
 #   --quick   3 repetitions of 2 s (under 2 minutes once built), for development
-#   --only    bulk,bulk8,http,short,filtered,idle,forward,startup,rss,services,mirror,isolation,mount,codec
+#   --only    bulk,bulk8,http,short,filtered,idle,forward,startup,rss,services,mirror,isolation,mount,exec,codec
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -16,8 +16,9 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 bash scripts/install-deps.sh
 # Load tools and baselines, only needed here (CI does not run the benchmarks).
-# fio and ping: the mount group (random reads, the emulated link's RTT).
-bench_pkgs=(iperf3 wrk nginx-light python3 fio iputils-ping)
+# fio and ping: the mount group (random reads, the emulated link's RTT);
+# dnsperf: the exec group.
+bench_pkgs=(iperf3 wrk nginx-light python3 fio iputils-ping dnsperf)
 missing=()
 for p in "${bench_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -149,6 +149,26 @@ TEST(SandboxTest, AMissingCommandIsNamed) {
   EXPECT_EQ(::waitpid(-1, &status, WNOHANG), -1);
 }
 
+// Starts `spec` with the program's stdout into a pipe whose read end is
+// *out (-1 when it did not start): the parent's fd 1 is the pipe's while
+// it forks, and the program inherits it.
+absl::StatusOr<Sandbox> startWithStdout(const SandboxSpec& spec, int* out) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe2");
+  const int saved = ::dup(1);
+  ::dup2(fds[1], 1);
+  auto box = startSandbox(spec);
+  ::dup2(saved, 1);
+  ::close(saved);
+  ::close(fds[1]);
+  *out = fds[0];
+  if (!box.ok()) {
+    ::close(fds[0]);
+    *out = -1;
+  }
+  return box;
+}
+
 // What the program's view shows at /etc/resolv.conf and /etc/hosts is
 // what siphon put there; the machine's files are untouched.
 TEST(SandboxTest, FilesAreShownInTheProgramsViewOnly) {
@@ -159,26 +179,18 @@ TEST(SandboxTest, FilesAreShownInTheProgramsViewOnly) {
   std::ofstream(resolv) << "search ns.svc.cluster.local\nnameserver 10.96.0.10\n";
   ::chmod(dir.c_str(), 0755);
   ::chmod(resolv.c_str(), 0644);
-  int out[2];
-  ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);
   SandboxSpec spec;
-  // The program's stdout is ours (the pipe, by fd 1 of a shell redirect).
   spec.argv = {"/bin/sh", "-c", "cat /etc/resolv.conf"};
   spec.files = {{resolv, "/etc/resolv.conf"}};
-  const int saved = ::dup(1);
-  ::dup2(out[1], 1);
-  auto box = startSandbox(spec);
-  ::dup2(saved, 1);
-  ::close(saved);
-  ::close(out[1]);
+  int out = -1;
+  auto box = startWithStdout(spec, &out);
   if (!box.ok() && absl::StrContains(box.status().message(), "user namespace")) {
-    ::close(out[0]);
     std::filesystem::remove_all(dir);
     GTEST_SKIP() << box.status();
   }
   ASSERT_TRUE(box.ok()) << box.status();
-  EXPECT_EQ(readAll(out[0]), "search ns.svc.cluster.local\nnameserver 10.96.0.10\n");
-  ::close(out[0]);
+  EXPECT_EQ(readAll(out), "search ns.svc.cluster.local\nnameserver 10.96.0.10\n");
+  ::close(out);
   EXPECT_EQ(waitExit(box->pid()), 0);
   std::ifstream machine("/etc/resolv.conf");
   std::string first;
@@ -216,8 +228,6 @@ TEST(SandboxTest, DirectoriesAreShownAtExistingAndMissingPathsInTheProgramsViewO
   for (const char* f : {"/remote/token", "/parent/kept.txt", "/here/hidden.txt"}) {
     ::chmod((dir + f).c_str(), 0644);
   }
-  int out[2];
-  ASSERT_EQ(::pipe2(out, O_CLOEXEC), 0);
   SandboxSpec spec;
   spec.argv = {"/bin/sh", "-c",
                "cat " + dir + "/here/token " + dir + "/parent/new/deep/token " + dir +
@@ -227,23 +237,18 @@ TEST(SandboxTest, DirectoriesAreShownAtExistingAndMissingPathsInTheProgramsViewO
                  {dir + "/remote", dir + "/parent/new/deep", true},
                  {dir + "/remote/token", dir + "/parent/file", false}};
   spec.scratch = dir + "/scratch";
-  const int saved = ::dup(1);
-  ::dup2(out[1], 1);
-  auto box = startSandbox(spec);
-  ::dup2(saved, 1);
-  ::close(saved);
-  ::close(out[1]);
+  int out = -1;
+  auto box = startWithStdout(spec, &out);
   if (!box.ok() && absl::StrContains(box.status().message(), "user namespace")) {
-    ::close(out[0]);
     std::filesystem::remove_all(dir);
     GTEST_SKIP() << box.status();
   }
   ASSERT_TRUE(box.ok()) << box.status();
-  EXPECT_EQ(readAll(out[0]),
+  EXPECT_EQ(readAll(out),
             "from the target\nfrom the target\nkept\nkept\nfrom the target\n"
             "file\nkept.txt\nlink\nnew\nsub\n"
             "token\n");
-  ::close(out[0]);
+  ::close(out);
   EXPECT_EQ(waitExit(box->pid()), 0);
   // This machine's tree is as it was.
   EXPECT_FALSE(std::filesystem::exists(dir + "/parent/new"));
