@@ -446,17 +446,6 @@ int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
                 plan.files[i].target.size());
     }
   }
-  for (size_t i = 0; i < plan.mounts.size(); ++i) {
-    const MountOverlay& m = plan.mounts[i];
-    char scratch[PATH_MAX];
-    if (std::snprintf(scratch, sizeof(scratch), "%s/%zu", plan.scratch.c_str(), i) >=
-        static_cast<int>(sizeof(scratch))) {
-      childFail(sock, kStepFailed, kMountOver, ENAMETOOLONG, m.target.c_str(), m.target.size());
-    }
-    if (const int err = showAt(m, scratch); err != 0) {
-      childFail(sock, kStepFailed, kMountOver, err, m.target.c_str(), m.target.size());
-    }
-  }
   if (!plan.hostname.empty() &&
       ::sethostname(plan.hostname.data(), plan.hostname.size()) != 0) {
     childFail(sock, kStepFailed, kHostname, errno);
@@ -487,6 +476,19 @@ int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
     for (size_t i = 0; i < plan.commands_udp.size(); ++i, ++index) {
       if (i >= plan.udp_v6_from && l6 < 0) break;
       runCommand(sock, plan.commands_udp[i], 0, index);
+    }
+  }
+  // The target's files last: a path of theirs may cover what the set-up's
+  // commands need here (their binaries, libraries, /etc).
+  for (size_t i = 0; i < plan.mounts.size(); ++i) {
+    const MountOverlay& m = plan.mounts[i];
+    char scratch[PATH_MAX];
+    if (std::snprintf(scratch, sizeof(scratch), "%s/%zu", plan.scratch.c_str(), i) >=
+        static_cast<int>(sizeof(scratch))) {
+      childFail(sock, kStepFailed, kMountOver, ENAMETOOLONG, m.target.c_str(), m.target.size());
+    }
+    if (const int err = showAt(m, scratch); err != 0) {
+      childFail(sock, kStepFailed, kMountOver, err, m.target.c_str(), m.target.size());
     }
   }
   // Before the drop: the connector keeps the capability over the

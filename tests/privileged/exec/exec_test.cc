@@ -751,6 +751,21 @@ TEST_F(ExecTest, FsRemoteShowsTheTargetsFilesAtTheSamePath) {
   EXPECT_EQ(stagingDirs(), staging_before);
 }
 
+// A path this machine has is covered in the program's view, even one the
+// set-up itself runs from (ip and iptables are in /usr/sbin here): the
+// target's files come last.
+TEST_F(ExecTest, FsRemoteCoversAPathThisMachineHas) {
+  std::filesystem::create_directories(root_ + "/usr/sbin");
+  writeFile("/usr/sbin/from-the-pod", "pod's sbin\n");
+  Result r = exec({"--fs-remote", "/usr/sbin", "--", "sh", "-c",
+                   "cat /usr/sbin/from-the-pod; test -e /usr/sbin/iptables || echo covered"});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "pod's sbin\ncovered\n") << r;
+  EXPECT_TRUE(std::filesystem::exists("/usr/sbin/iptables")) << "this machine's is untouched";
+  EXPECT_FALSE(std::filesystem::exists("/usr/sbin/from-the-pod"));
+  EXPECT_EQ(siphonMountsHere(), "");
+}
+
 TEST_F(ExecTest, FsRootShowsTheWholeRootAndWritesReachTheTarget) {
   std::string endpoint;
   auto rw = startAgent(&endpoint, {"--fs-mode", "rw"});
