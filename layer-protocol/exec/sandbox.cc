@@ -219,13 +219,28 @@ void runCommand(int sock, const std::vector<std::string>& cmd, uint16_t port, in
 // listeners (incoming traffic). Each request is a ConnectorRequest; the
 // answer is a ConnectorReply with the socket (connecting: non-blocking, so
 // a full backlog never stalls the connector) or the errno. Ends at EOF.
-[[noreturn]] void connectorLoop(int sock) {
+// siphon's end of the connector's socket closed: siphon is gone (it ends
+// the connector itself, by SIGKILL, once the program ended). A program
+// must not run on unsteered, unseen: its process group gets SIGTERM, then
+// SIGKILL 5 s later if it is still there.
+[[noreturn]] void stopProgram(pid_t program) {
+  if (::kill(-program, SIGTERM) == 0) {
+    for (int i = 0; i < 50 && ::kill(-program, 0) == 0; ++i) {
+      const timespec tick{0, 100 * 1000 * 1000};
+      ::nanosleep(&tick, nullptr);
+    }
+    ::kill(-program, SIGKILL);
+  }
+  ::_exit(0);
+}
+
+[[noreturn]] void connectorLoop(int sock, pid_t program) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::signal(sig, SIG_IGN);
   while (true) {
     ConnectorRequest req{};
     const ssize_t n = ::recv(sock, &req, sizeof(req), 0);
     if (n < 0 && errno == EINTR) continue;
-    if (n != static_cast<ssize_t>(sizeof(req))) ::_exit(0);
+    if (n != static_cast<ssize_t>(sizeof(req))) stopProgram(program);
     ConnectorReply reply{};
     const int family = req.v6 ? AF_INET6 : AF_INET;
     int fd = ::socket(family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -384,8 +399,10 @@ int showAt(const MountOverlay& m, const char* scratch) {
 // to init), in a process group of its own, out of the way of the signals
 // sent to the program's. It keeps the set-up's capabilities over the namespace
 // (SO_MARK needs them), which it uses for nothing but what siphon asks on
-// its socket. Returns siphon's end of its socket.
+// its socket; when siphon's end closes while it runs (siphon killed), it
+// stops the program (stopProgram). Returns siphon's end of its socket.
 int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
+  const pid_t program = ::getpid();  // this process, which execs the program
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
     childFail(sock, kStepFailed, kConnector, errno);
@@ -409,7 +426,7 @@ int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
       for (int fd = 3; fd < 1024; ++fd) {
         if (fd != pair[1]) ::close(fd);
       }
-      connectorLoop(pair[1]);
+      connectorLoop(pair[1], program);
     }
     ::_exit(0);
   }

@@ -461,6 +461,28 @@ TEST_F(ExecTest, TheAgentLostStopsTheProgramAndSaysWhy) {
   EXPECT_THAT(p.err, HasSubstr("stopping sh (SIGTERM)"));
 }
 
+// siphon killed (SIGKILL: no handler runs): the program does not run on
+// unsteered and unseen; it gets SIGTERM, and SIGKILL if it stays.
+TEST_F(ExecTest, SiphonKilledStopsTheProgram) {
+  for (const char* trap : {"", "trap '' TERM; "}) {
+    Proc p(siphon({"sh", "-c", std::string(trap) + "echo $$; while :; do sleep 0.1; done"}),
+           cleanEnv());
+    ASSERT_TRUE(p.readUntil([](const std::string& out, const std::string&) {
+      return out.find('\n') != std::string::npos;
+    })) << p.err;
+    const pid_t program = std::stoi(p.out);
+    ASSERT_EQ(::kill(program, 0), 0);
+    p.signal(SIGKILL);
+    p.finish();
+    // Gone, or a zombie nobody reaped yet.
+    EXPECT_TRUE(eventually([&] {
+      return ::kill(program, 0) != 0 ||
+             readFile("/proc/" + std::to_string(program) + "/stat").find(") Z ") !=
+                 std::string::npos;
+    })) << "the program outlived siphon" << (trap[0] ? " (ignoring SIGTERM)" : "");
+  }
+}
+
 TEST_F(ExecTest, JsonEventsForTools) {
   Result r = run({SIPHON_CLI_BIN, "--agent", endpoint_, "--token-file", token_file_, "--json",
                   "exec", "--", "busybox", "wget", "-qO-", "http://web/file.txt"});
