@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -90,9 +91,12 @@ constexpr auto kStopGrace = std::chrono::seconds(10);
 // one sooner: each lookup is a flow of its own).
 constexpr auto kUdpIdle = std::chrono::seconds(60);
 constexpr auto kDnsIdle = std::chrono::seconds(5);
-// Datagrams held per flow while the agent makes its socket; more are
-// dropped, as a full socket buffer would.
-constexpr size_t kUdpPendingMax = 64;
+// Datagrams held per flow while the agent makes its socket (and while a
+// flow's writes wait), and bytes held for all flows; more are dropped, as
+// a full socket buffer would. A resolver's first burst (dnsperf keeps 100
+// queries in flight on one socket) fits: 64 lost 36 of every such burst.
+constexpr size_t kUdpPendingMax = 1024;
+constexpr size_t kUdpPendingBytes = 16 << 20;
 constexpr size_t kUdpFlowsMax = 4096;
 
 // Coroutines take their arguments by value and move them into locals first
@@ -136,8 +140,8 @@ struct UdpFlowState {
   Via via = Via::kTarget;
   client::Connection conn;           // kTarget, once made
   std::optional<asio::ip::udp::socket> local;  // kLocal
-  std::vector<std::string> pending;  // payloads before the socket exists
-  std::vector<std::string> pending_packets;  // their packets (for ICMP)
+  std::deque<std::string> pending;          // payloads not sent yet
+  std::deque<std::string> pending_packets;  // their packets, before the socket exists (ICMP)
   bool ready = false;
   bool sending = false;
   bool closed = false;
@@ -178,6 +182,7 @@ struct ExecState : std::enable_shared_from_this<ExecState> {
   asio::posix::stream_descriptor tun;
   asio::steady_timer sweep;
   std::map<exec::UdpFlow, std::shared_ptr<UdpFlowState>> flows;
+  size_t udp_pending_bytes = 0;  // in every flow's pending and pending_packets
   size_t connections_open = 0;
   std::optional<int> exit_code;  // the program's, once it ended
   bool stopping = false;         // the program ended: no new work
@@ -267,11 +272,20 @@ struct ExecState : std::enable_shared_from_this<ExecState> {
   void closeFlow(UdpFlowState& f) {
     if (f.closed) return;
     f.closed = true;
+    while (!f.pending.empty()) popPending(f);
     if (f.conn.stream()) f.conn.reset(ErrorCode::kCancelled, "the program's UDP flow ended");
     if (f.local) {
       net::error_code ignored;
       f.local->close(ignored);
     }
+  }
+  // The oldest pending datagram, out of the count.
+  std::string popPending(UdpFlowState& f) {
+    std::string payload = std::move(f.pending.front());
+    f.pending.pop_front();
+    udp_pending_bytes -= payload.size() + f.pending_packets.front().size();
+    f.pending_packets.pop_front();
+    return payload;
   }
   void writeTun(const std::string& packet) {
     if (!tun.is_open()) return;
@@ -461,9 +475,7 @@ net::awaitable<void> sendFlow(std::shared_ptr<ExecState> state_in,
   const std::shared_ptr<UdpFlowState> f = std::move(flow_in);
   f->sending = true;
   while (!f->pending.empty() && !f->closed) {
-    std::string payload = std::move(f->pending.front());
-    f->pending.erase(f->pending.begin());
-    f->pending_packets.erase(f->pending_packets.begin());
+    std::string payload = st->popPending(*f);
     if (f->via == Via::kTarget) {
       absl::Status s = co_await f->conn.write(std::move(payload));
       if (!s.ok()) {
@@ -579,9 +591,14 @@ void onDatagram(const std::shared_ptr<ExecState>& st, std::string packet) {
   }
   std::shared_ptr<UdpFlowState> f = slot;
   f->last = asio::steady_timer::clock_type::now();
-  if (f->pending.size() >= kUdpPendingMax) return;
+  std::string quoted = f->ready ? std::string() : packet;
+  if (f->pending.size() >= kUdpPendingMax ||
+      st->udp_pending_bytes + udp->payload.size() + quoted.size() > kUdpPendingBytes) {
+    return;
+  }
+  st->udp_pending_bytes += udp->payload.size() + quoted.size();
   f->pending.emplace_back(udp->payload);
-  f->pending_packets.push_back(f->ready ? std::string() : packet);
+  f->pending_packets.push_back(std::move(quoted));
   if (fresh) {
     net::spawn(st->executor, openFlow(st, f), "exec_udp_open", [st, f] { st->dropFlow(f); });
   } else if (f->ready && !f->sending) {
