@@ -742,14 +742,15 @@ net::awaitable<void> serveFiles(std::shared_ptr<ExecFiles> files_in,
   st->run.notify();
 }
 
-// Ends the files' mount: serve() ends once the program's namespace (the
-// last holder of the mount) is gone; stop() ends it otherwise. Bounded.
+// Ends the files' mount. Once the program ran, serve() ends by itself when
+// its namespace (the last holder of the mount) is gone, given a moment;
+// stop() ends it otherwise. Bounded.
 net::awaitable<void> stopFiles(std::shared_ptr<ExecFiles> fs_in,
-                               std::shared_ptr<ExecState> state_in) {
+                               std::shared_ptr<ExecState> state_in, bool program_ran) {
   const std::shared_ptr<ExecFiles> fs = std::move(fs_in);
   const std::shared_ptr<ExecState> st = std::move(state_in);
   const auto until = asio::steady_timer::clock_type::now() + std::chrono::seconds(2);
-  while (fs->serving && asio::steady_timer::clock_type::now() < until) {
+  while (program_ran && fs->serving && asio::steady_timer::clock_type::now() < until) {
     co_await st->run.wait(asio::steady_timer::clock_type::now() + std::chrono::milliseconds(50));
   }
   if (fs->serving && fs->mount) fs->mount->stop();
@@ -758,6 +759,18 @@ net::awaitable<void> stopFiles(std::shared_ptr<ExecFiles> fs_in,
     co_await st->run.wait(asio::steady_timer::clock_type::now() + std::chrono::milliseconds(50));
   }
   if (!fs->serving) fs->mount.reset();
+}
+
+// A run that ends before the program ran: its ports given back, its files'
+// mount ended, the session's hooks off. Returns `code`.
+net::awaitable<int> endBeforeStart(std::shared_ptr<ExecState> state_in,
+                                   std::shared_ptr<ExecFiles> fs_in, int code) {
+  const std::shared_ptr<ExecState> st = std::move(state_in);
+  const std::shared_ptr<ExecFiles> fs = std::move(fs_in);
+  co_await st->incoming->releaseAll(!st->run.lost().ok());
+  if (fs) co_await stopFiles(fs, st, /*program_ran=*/false);
+  st->run.finish();
+  co_return code;
 }
 
 net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
@@ -889,16 +902,12 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
     absl::Status s = co_await st->incoming->subscribe(p);
     if (!s.ok()) {
       printError(absl::StrCat("exec: ", s.message()));
-      co_await st->incoming->releaseAll(!st->run.lost().ok());
-      st->run.finish();
-      co_return streamExitCode(s);
+      co_return co_await endBeforeStart(st, nullptr, streamExitCode(s));
     }
   }
   if (st->run.stopRequested()) {
     // Interrupted before the program ran: nothing to pass the signal to.
-    co_await st->incoming->releaseAll(!st->run.lost().ok());
-    st->run.finish();
-    co_return 128 + st->run.lastSignal();
+    co_return co_await endBeforeStart(st, nullptr, 128 + st->run.lastSignal());
   }
 
   // The target's files in the program's view: each path checked in the
@@ -906,22 +915,19 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
   std::shared_ptr<ExecFiles> fs;
   std::vector<exec::MountOverlay> mounts;
   if (!flags.fs_remote.empty() || !flags.fs_root.empty()) {
-    auto fail = [&](std::string why) -> net::awaitable<int> {
-      printError(absl::StrCat("exec: ", why));
-      co_await st->incoming->releaseAll(!st->run.lost().ok());
-      st->run.finish();
-      co_return kExitError;
-    };
     for (const std::string& path : flags.fs_remote) {
       auto stat = co_await files.stat(path);
       if (!stat.ok()) {
-        co_return co_await fail(
-            absl::StrCat("--fs-remote ", path, ": ", statusText(stat.status())));
+        printError(absl::StrCat("exec: --fs-remote ", path, ": ", statusText(stat.status())));
+        co_return co_await endBeforeStart(st, nullptr, kExitError);
       }
       mounts.push_back({"", path, stat->isDirectory()});
     }
     fs = std::make_shared<ExecFiles>();
-    if (absl::Status s = fs->makeDirs(); !s.ok()) co_return co_await fail(std::string(s.message()));
+    if (absl::Status s = fs->makeDirs(); !s.ok()) {
+      printError(absl::StrCat("exec: ", s.message()));
+      co_return co_await endBeforeStart(st, nullptr, kExitError);
+    }
     for (auto& m : mounts) m.source = fs->staging + m.target;
     if (!flags.fs_root.empty()) mounts.push_back({fs->staging, flags.fs_root, true});
     fuse::MountOptions options;
@@ -929,8 +935,9 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
     options.read_only = flags.fs_ro;
     auto mount = fuse::FuseMount::mount(env.target, options);
     if (!mount.ok()) {
-      co_return co_await fail(
-          absl::StrCat("--fs-remote/--fs-root need a FUSE mount, and ", mount.status().message()));
+      printError(absl::StrCat("exec: --fs-remote/--fs-root need a FUSE mount, and ",
+                              mount.status().message()));
+      co_return co_await endBeforeStart(st, nullptr, kExitError);
     }
     fs->mount = *std::move(mount);
     fs->serving = true;
@@ -981,13 +988,11 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
   }();
   if (!box.ok()) {
     printError(absl::StrCat("exec: ", box.status().message()));
-    co_await st->incoming->releaseAll(!st->run.lost().ok());
-    if (fs) co_await stopFiles(fs, st);
-    st->run.finish();
     // As a shell says it: 127 not found, 126 found but not runnable.
-    if (absl::IsNotFound(box.status())) co_return 127;
-    if (absl::IsPermissionDenied(box.status())) co_return 126;
-    co_return kExitError;
+    const int code = absl::IsNotFound(box.status())           ? 127
+                     : absl::IsPermissionDenied(box.status()) ? 126
+                                                              : kExitError;
+    co_return co_await endBeforeStart(st, fs, code);
   }
   st->pid = box->pid();
   if (fs) {
@@ -1074,7 +1079,7 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
                                                     std::chrono::milliseconds(100)));
   }
   // The program's namespace is gone, and the mount with it.
-  if (fs) co_await stopFiles(fs, st);
+  if (fs) co_await stopFiles(fs, st, /*program_ran=*/true);
   const bool lost = !st->run.lost().ok();
   if (st->json) {
     st->event(std::move(JsonLine("exited")
