@@ -169,26 +169,43 @@ absl::StatusOr<Sandbox> startWithStdout(const SandboxSpec& spec, int* out) {
   return box;
 }
 
+// A directory of the test's (0755: the program may run as another user),
+// removed with everything in it when the test ends, failed or not.
+struct TestDir {
+  std::string path;
+  TestDir() {
+    char name[] = "/tmp/siphon-sandbox-XXXXXX";
+    if (::mkdtemp(name) != nullptr) path = name;
+    ::chmod(path.c_str(), 0755);
+  }
+  ~TestDir() {
+    std::error_code ignored;
+    if (!path.empty()) std::filesystem::remove_all(path, ignored);
+  }
+};
+
+// startWithStdout(), or the test skipped where no namespaces are allowed.
+#define START_WITH_STDOUT_OR_SKIP(box, spec, out)                                 \
+  auto box = startWithStdout(spec, &out);                                         \
+  if (!box.ok() && absl::StrContains(box.status().message(), "user namespace")) { \
+    GTEST_SKIP() << box.status();                                                 \
+  }                                                                               \
+  ASSERT_TRUE(box.ok()) << box.status()
+
 // What the program's view shows at /etc/resolv.conf and /etc/hosts is
 // what siphon put there; the machine's files are untouched.
 TEST(SandboxTest, FilesAreShownInTheProgramsViewOnly) {
-  char dir_template[] = "/tmp/siphon-sandbox-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir_template), nullptr);
-  const std::string dir = dir_template;
+  TestDir tmp;
+  ASSERT_FALSE(tmp.path.empty());
+  const std::string& dir = tmp.path;
   const std::string resolv = dir + "/resolv.conf";
   std::ofstream(resolv) << "search ns.svc.cluster.local\nnameserver 10.96.0.10\n";
-  ::chmod(dir.c_str(), 0755);
   ::chmod(resolv.c_str(), 0644);
   SandboxSpec spec;
   spec.argv = {"/bin/sh", "-c", "cat /etc/resolv.conf"};
   spec.files = {{resolv, "/etc/resolv.conf"}};
   int out = -1;
-  auto box = startWithStdout(spec, &out);
-  if (!box.ok() && absl::StrContains(box.status().message(), "user namespace")) {
-    std::filesystem::remove_all(dir);
-    GTEST_SKIP() << box.status();
-  }
-  ASSERT_TRUE(box.ok()) << box.status();
+  START_WITH_STDOUT_OR_SKIP(box, spec, out);
   EXPECT_EQ(readAll(out), "search ns.svc.cluster.local\nnameserver 10.96.0.10\n");
   ::close(out);
   EXPECT_EQ(waitExit(box->pid()), 0);
@@ -196,7 +213,6 @@ TEST(SandboxTest, FilesAreShownInTheProgramsViewOnly) {
   std::string first;
   std::getline(machine, first);
   EXPECT_NE(first, "search ns.svc.cluster.local") << "the machine's own file changed";
-  std::filesystem::remove_all(dir);
 
   SandboxSpec missing;
   missing.argv = {"/bin/true"};
@@ -213,10 +229,9 @@ TEST(SandboxTest, FilesAreShownInTheProgramsViewOnly) {
 // exist here, which are made in its view only, next to the entries that
 // were there. The machine's own tree is untouched.
 TEST(SandboxTest, DirectoriesAreShownAtExistingAndMissingPathsInTheProgramsViewOnly) {
-  char dir_template[] = "/tmp/siphon-sandbox-XXXXXX";
-  ASSERT_NE(::mkdtemp(dir_template), nullptr);
-  const std::string dir = dir_template;
-  ::chmod(dir.c_str(), 0755);
+  TestDir tmp;
+  ASSERT_FALSE(tmp.path.empty());
+  const std::string& dir = tmp.path;
   for (const char* d : {"/remote", "/here", "/scratch", "/parent", "/parent/sub"}) {
     std::filesystem::create_directories(dir + d);
     ::chmod((dir + d).c_str(), 0755);
@@ -238,12 +253,7 @@ TEST(SandboxTest, DirectoriesAreShownAtExistingAndMissingPathsInTheProgramsViewO
                  {dir + "/remote/token", dir + "/parent/file", false}};
   spec.scratch = dir + "/scratch";
   int out = -1;
-  auto box = startWithStdout(spec, &out);
-  if (!box.ok() && absl::StrContains(box.status().message(), "user namespace")) {
-    std::filesystem::remove_all(dir);
-    GTEST_SKIP() << box.status();
-  }
-  ASSERT_TRUE(box.ok()) << box.status();
+  START_WITH_STDOUT_OR_SKIP(box, spec, out);
   EXPECT_EQ(readAll(out),
             "from the target\nfrom the target\nkept\nkept\nfrom the target\n"
             "file\nkept.txt\nlink\nnew\nsub\n"
@@ -265,7 +275,6 @@ TEST(SandboxTest, DirectoriesAreShownAtExistingAndMissingPathsInTheProgramsViewO
   ASSERT_FALSE(refused.ok());
   EXPECT_TRUE(absl::StrContains(refused.status().message(), "use --fs-root DIR"))
       << refused.status();
-  std::filesystem::remove_all(dir);
 }
 
 // Every UDP datagram to an address that is not local, IPv4 and IPv6,
