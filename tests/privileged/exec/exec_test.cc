@@ -424,16 +424,28 @@ std::vector<std::string> processesIn(const std::string& kind, const std::string&
 
 TEST_F(ExecTest, NothingIsLeftAfterTheProgram) {
   const std::string marker = "4" + std::to_string(::getpid() % 1000) + ".5";
-  // With a port stolen, so the connector runs too.
-  Result r = exec({"--steal", "80:18080", "--", "sh", "-c",
-                   "readlink /proc/self/ns/net /proc/self/ns/mnt; setsid sleep " + marker +
-                       "1 & sleep " + marker + "2 & echo ok"});
-  EXPECT_EQ(r.exit_code, 0) << r;
-  std::istringstream lines(r.out);
-  std::string net, mnt;
-  std::getline(lines, net);
-  std::getline(lines, mnt);
-  ASSERT_THAT(net, HasSubstr("net:[")) << r;
+  // With a port stolen, so the connector runs too. The program waits for a
+  // line on its stdin: meanwhile the test holds its namespaces open, so
+  // their inode numbers cannot be given to a namespace a test running
+  // beside this one makes after the program's ended.
+  Proc p(siphon({"--steal", "80:18080", "--", "sh", "-c",
+                 "echo $$; setsid sleep " + marker + "1 & sleep " + marker +
+                     "2 & read go; echo ok"}),
+         cleanEnv());
+  ASSERT_TRUE(p.readUntil([](const std::string& out, const std::string&) {
+    return out.find('\n') != std::string::npos;
+  })) << p.out << p.err;
+  const std::string pid = p.out.substr(0, p.out.find('\n'));
+  Fd net_fd(::open(("/proc/" + pid + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
+  Fd mnt_fd(::open(("/proc/" + pid + "/ns/mnt").c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_GE(net_fd.get(), 0) << pid << ": " << strerror(errno);
+  ASSERT_GE(mnt_fd.get(), 0) << pid << ": " << strerror(errno);
+  const std::string net = readlinkOf("/proc/" + pid + "/ns/net");
+  const std::string mnt = readlinkOf("/proc/" + pid + "/ns/mnt");
+  p.closeStdin();
+  EXPECT_EQ(p.finish(), 0) << p.out << p.err;
+  EXPECT_THAT(p.out, HasSubstr("ok"));
+  ASSERT_THAT(net, HasSubstr("net:["));
   EXPECT_NE(net, readlinkOf("/proc/self/ns/net")) << "the program had a namespace of its own";
   EXPECT_THAT(processesIn("net", net), ::testing::IsEmpty()) << "a process kept its namespace";
   EXPECT_THAT(processesIn("mnt", mnt), ::testing::IsEmpty()) << "a process kept its mounts";

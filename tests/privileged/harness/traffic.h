@@ -81,7 +81,9 @@ class Pattern {
 inline bool sendPattern(int fd, uint64_t seed, uint64_t total,
                         std::atomic<uint64_t>* sent = nullptr, bool shutdown_after = true) {
   Pattern p(seed);
-  std::string buf(1 << 20, '\0');
+  // No more than is sent: hundreds of these at once (each on its thread)
+  // must not each zero a MiB, which under ASan takes seconds.
+  std::string buf(static_cast<size_t>(std::min<uint64_t>(total, 1 << 20)), '\0');
   while (total > 0) {
     size_t n = static_cast<size_t>(std::min<uint64_t>(total, buf.size()));
     p.fill(buf.data(), n);
