@@ -109,11 +109,18 @@ int realMain(int argc, char** argv) {
 
   auto procfs = std::make_unique<RealProcFs>();
   absl::StatusOr<std::unique_ptr<Target>> target;
+  // What opens the target's container again after a restart
+  // (--target-restart-timeout): the runtime's next task, or the next
+  // process in the container's cgroup. A bare --pid names no container.
+  Server::TargetReopener reopen;
   if (options.container_id) {
     // Blocking calls to the runtime: fine here, before the event loop runs.
-    runtime::RuntimeResolver resolver(options.runtime_options,
-                                      runtime::realClientFactory(options.runtime_options));
-    target = runtime::openContainerTarget(*procfs, resolver, *options.container_id);
+    auto resolver = std::make_shared<runtime::RuntimeResolver>(
+        options.runtime_options, runtime::realClientFactory(options.runtime_options));
+    target = runtime::openContainerTarget(*procfs, *resolver, *options.container_id);
+    reopen = [resolver, id = *options.container_id, proc = std::make_shared<RealProcFs>()] {
+      return runtime::openContainerTarget(*proc, *resolver, id);
+    };
   } else if (options.mode == TargetMode::kTargeted) {
     TargetSpec spec;
     spec.mode = TargetMode::kTargeted;
@@ -121,6 +128,13 @@ int realMain(int argc, char** argv) {
     target = Target::open(*procfs, std::move(spec));
   } else if (options.mode == TargetMode::kEphemeral) {
     target = runtime::openEphemeralTarget(*procfs, options.ephemeral_container_id);
+    // PID 1 of the pod does not restart alone (its exit ends the pod's
+    // PID namespace, this agent with it).
+    if (!options.ephemeral_container_id.empty()) {
+      reopen = [id = options.ephemeral_container_id, proc = std::make_shared<RealProcFs>()] {
+        return runtime::openEphemeralTarget(*proc, id);
+      };
+    }
   } else {
     TargetSpec spec;
     spec.mode = TargetMode::kTargetless;
@@ -142,6 +156,7 @@ int realMain(int argc, char** argv) {
                                {"netns", (*target)->netnsLabel()}});
 
   Server server(config, std::move(*target), std::move(procfs));
+  if (reopen) server.followTargetRestarts(std::move(reopen));
   if (auto s = server.init(); !s.ok()) {
     log::error("init_failed", {{"error", sv(s.message())}});
     return fail(s.code() == absl::StatusCode::kPermissionDenied ? kExitPermission : kExitInternal,

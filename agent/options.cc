@@ -51,6 +51,7 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
   std::string token_file, log_format = "text", log_level = "info";
   std::string first_client_timeout = "30s", idle_timeout = "0s", session_grace = "60s";
   std::string drain_timeout = "25s";
+  std::string target_restart_timeout = "30s";
   std::string handshake_timeout = "10s";
   std::string keepalive_interval = "5s", keepalive_timeout = "20s";
   app.add_option("--listen", config.listen, "HOST:PORT to serve clients on (port 0 picks one)")
@@ -83,6 +84,11 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
                  "on SIGTERM: how long connections in flight may go on (new ones reach the "
                  "application at once) before they are reset and the agent exits 0; a second "
                  "SIGTERM or SIGINT exits at once")
+      ->capture_default_str();
+  app.add_option("--target-restart-timeout", target_restart_timeout,
+                 "when the target's container restarts (a new process, the same pod): how long "
+                 "to wait for its new process and adopt it, keeping every session and steal; "
+                 "0 exits when the target exits")
       ->capture_default_str();
   app.add_option("--keepalive-interval", keepalive_interval,
                  "ping a silent client this often (a client may ask for less)")
@@ -266,6 +272,7 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
                              std::pair{&idle_timeout, &config.idle_timeout},
                              std::pair{&session_grace, &config.limits.session_grace},
                              std::pair{&drain_timeout, &config.drain_timeout},
+                             std::pair{&target_restart_timeout, &config.target_restart_timeout},
                              std::pair{&handshake_timeout, &config.handshake_timeout},
                              std::pair{&keepalive_interval, &config.limits.keepalive_interval},
                              std::pair{&keepalive_timeout, &config.limits.keepalive_timeout},

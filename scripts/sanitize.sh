@@ -5,10 +5,11 @@
 #                                                           (default: all)
 #
 # asan: AddressSanitizer + LeakSanitizer + UBSan over every test (unit and
-#       privileged; the privileged ones skip without root), in build-asan/.
+#       privileged; the privileged ones skip without root), in build-asan/,
+#       but those labelled no-sanitize (their CMakeLists.txt says why).
 #       The agent and CLI binaries the tests start are instrumented too.
 # tsan: ThreadSanitizer over the unit tests (ctest -L unit), in build-tsan/,
-#       but those labelled unit-no-tsan (their CMakeLists.txt says why).
+#       but those labelled no-tsan or no-sanitize.
 # --build-only configures and builds; --test-only runs the tests of a tree
 # built before (scripts/test.sh builds the sanitizer trees in the background
 # while other tests run, then tests them).
@@ -118,7 +119,7 @@ test_asan() {
   ASAN_OPTIONS="detect_leaks=1:halt_on_error=1:abort_on_error=1:disable_coredump=1:$log" \
   UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1:$log" \
   LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0" \
-    run_ctest asan "$dir" "$@"
+    run_ctest asan "$dir" -LE no-sanitize "$@"
 }
 
 build_tsan() {
@@ -132,7 +133,7 @@ test_tsan() {
   # halt_on_error=0: a test run lists all its races, then exits with
   # exitcode (66) and the report files fail the run.
   TSAN_OPTIONS="halt_on_error=0:exitcode=66:second_deadlock_stack=1:suppressions=$supp/tsan.supp:print_suppressions=0:log_path=$dir/sanitizer-reports/report:log_exe_name=1" \
-    run_ctest tsan "$dir" -L unit -LE no-tsan "$@"
+    run_ctest tsan "$dir" -L unit -LE 'no-tsan|no-sanitize' "$@"
 }
 
 # run NAME [ctest args...]: the phases asked for, of one sanitizer.

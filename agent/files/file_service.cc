@@ -79,7 +79,9 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
         fs_(options.fs ? options.fs : makeFileSystem(ctx)),
         table_(options.max_handles_per_session != 0 ? options.max_handles_per_session
                                                     : ctx.config.max_open_files),
-        watches_(ctx.io) {}
+        watches_(ctx.io) {
+    ctx.target_restarted.push_back([fs = fs_](pid_t pid) { fs->targetRestarted(pid); });
+  }
 
   void handle(std::shared_ptr<SessionHost> session, v1::Request request) override {
     const uint64_t id = request.request_id();

@@ -35,6 +35,10 @@ class FileSystem {
   // `writes_refused`: --fs-mode ro (see RootFs::access).
   virtual absl::StatusOr<v1::FileResponse> path(const v1::FileRequest& req,
                                                 bool writes_refused) = 0;
+  // The target restarted as process `pid` (Target::adopt); the root fd
+  // number it was made with names the new root already. What holds more
+  // (a helper process with a copy of the old root) starts again.
+  virtual void targetRestarted(pid_t pid) { (void)pid; }
 };
 
 // The calls in this process, on paths under `root_fd` (not owned; it must

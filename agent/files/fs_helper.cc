@@ -547,6 +547,22 @@ class Helper : public std::enable_shared_from_this<Helper> {
   // One file the agent read itself is closed (see Reply::passed).
   void localFileClosed() { local_files_.fetch_sub(1); }
 
+  // The target restarted (Target::adopt): the helper running holds the old
+  // root and the old process's identity, so it is stopped; the next request
+  // starts one with the new root (the same fd number, now naming it) and
+  // `target_pid`'s credentials. Files it had open answer EBADF, as after a
+  // helper's crash: they were the old container's.
+  void retarget(pid_t target_pid) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (options_.target_pid != 0) options_.target_pid = target_pid;
+    if (running_) {
+      log::info("fs_helper_retargeted", {{"pid", static_cast<int64_t>(pid_)},
+                                         {"generation", generation_},
+                                         {"target_pid", static_cast<int64_t>(target_pid)}});
+    }
+    stopLocked();
+  }
+
   // Whether the helper that opened a file (`generation`) still runs, for a
   // read the agent makes itself on the file's descriptor: the same answers
   // as call() would give (EIO once when it is found gone, EBADF after), so
@@ -823,6 +839,8 @@ class HelperFileSystem : public FileSystem {
     if (!r.ok()) return r.status();
     return std::move(r->response);
   }
+
+  void targetRestarted(pid_t pid) override { helper_->retarget(pid); }
 
  private:
   std::shared_ptr<Helper> helper_;

@@ -189,6 +189,12 @@ void AgentSession::notifyDraining(int64_t deadline_unix_ms, std::string_view rea
   if (transport_) transport_->wake();
 }
 
+void AgentSession::notifyTargetRestarted(const v1::TargetRestarted& restarted) {
+  if (ended_ || protocol_minor_ < 1) return;
+  session_.sendTargetRestarted(restarted);
+  if (transport_) transport_->wake();
+}
+
 void AgentSession::end(std::string_view reason) {
   if (ended_) return;
   ended_ = true;

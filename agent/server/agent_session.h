@@ -73,6 +73,11 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   void lose(std::string_view reason);
   // Queue a Draining notice.
   void notifyDraining(int64_t deadline_unix_ms, std::string_view reason);
+  // The minor protocol version of the handshake that made or resumed it.
+  void setProtocolMinor(uint32_t minor) { protocol_minor_ = minor; }
+  // Queue a TargetRestarted notice, to a client of protocol 1.1 or later
+  // (an older one would take the unknown frame for a protocol error).
+  void notifyTargetRestarted(const v1::TargetRestarted& restarted);
   bool ended() const override { return ended_; }
 
   // Streams: the endpoint gets the peer's frames for `stream_id` until it
@@ -141,6 +146,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   std::chrono::steady_clock::time_point grace_deadline_;
   std::chrono::steady_clock::time_point created_;
   bool ended_ = false;
+  uint32_t protocol_minor_ = 0;
   bool client_closed_ = false;
   std::map<uint64_t, std::shared_ptr<StreamEndpoint>> streams_;
   // Operations: stream kinds (set when the stream is opened, dropped with

@@ -37,6 +37,11 @@ struct AgentConfig {
   uint32_t max_handshakes = 128;
   uint32_t max_handshakes_per_source = 16;
   std::chrono::milliseconds drain_timeout{25000};
+  // --target-restart-timeout: when the target's process exits and it came
+  // from a container (--container-id, ephemeral), how long the agent waits
+  // for the container's next process in the same network namespace and
+  // adopts it (docs/CONTINUITY.md#a-restarting-target); 0: exit at once.
+  std::chrono::milliseconds target_restart_timeout{30000};
   uint32_t max_sessions = 64;
   // --metrics HOST:PORT: /metrics, /healthz, /readyz (docs/OPERATIONS.md);
   // empty: off.
@@ -86,6 +91,9 @@ enum ExitCode : int {
   kExitListen = 5,
   kExitNoClient = 6,
   kExitRuntimeUnavailable = 7,  // no container runtime answered (--container-id)
+  // The target came back in another network namespace (its pod was deleted
+  // or recreated): what the agent steered there serves no one; it drained.
+  kExitTargetNetnsGone = 8,
 };
 
 }  // namespace siphon::agent

@@ -76,7 +76,7 @@ absl::Status Server::init() {
   int netns_fd = target_->mode() == TargetMode::kTargetless ? -1 : target_->netnsFd();
   ASSIGN_OR_RETURN(netns_, NetnsWorker::start(netns_fd));
   service_ctx_ = std::make_unique<ServiceContext>(
-      ServiceContext{io_, blocking_pool_, *target_, *procfs_, *netns_, config_, {}, {}, &metrics_});
+      ServiceContext{io_, blocking_pool_, *target_, *procfs_, *netns_, config_, {}, {}, &metrics_, {}});
   services_ = buildServices(*service_ctx_);
   return absl::OkStatus();
 }
@@ -403,6 +403,7 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
                                              decision.limits);
     sessions_[session->id()] = session;
   }
+  session->setProtocolMinor(version->minor());
   welcome.set_session_id(session->id());
   welcome.set_resume_token(session->resumeToken());
   *welcome.mutable_limits() = protocol::toProto(session->session().limits());
@@ -560,13 +561,94 @@ awaitable<void> Server::watchTarget() {
   co_await pidfd.async_wait(asio::posix::stream_descriptor::wait_read,
                             asio::redirect_error(use_awaitable, ec));
   if (ec || stopping_) co_return;
-  log::info("target_exited", {{"pid", static_cast<int64_t>(target_->pid())}});
-  shutdown(kExitOk, absl::StrCat("target process ", target_->pid(), " exited"));
+  const pid_t pid = target_->pid();
+  const auto timeout = config_.target_restart_timeout;
+  if (!reopen_ || timeout.count() <= 0) {
+    log::info("target_exited", {{"pid", static_cast<int64_t>(pid)}});
+    shutdown(kExitOk, absl::StrCat("target process ", pid, " exited"));
+    co_return;
+  }
+  // A container's process exited: in Kubernetes the kubelet starts the
+  // container again in the same pod (the same network namespace). Sessions,
+  // steals and mirrors stay as they are meanwhile; connections stolen go on
+  // (the steering and the agent's sockets live in the namespace, not in the
+  // process), and the application's passthrough fails until it is back.
+  log::info("target_exited", {{"pid", static_cast<int64_t>(pid)},
+                              {"waiting_ms", static_cast<int64_t>(timeout.count())}});
+  const auto now = std::chrono::steady_clock::now();
+  awaitTargetBack(pid, now, now + timeout);
 }
 
-void Server::startDrain(std::string_view reason) {
+void Server::awaitTargetBack(pid_t old_pid, std::chrono::steady_clock::time_point exited_at,
+                             std::chrono::steady_clock::time_point deadline) {
+  if (stopping_) return;
+  // The runtime's answer and the /proc opens block: on the pool.
+  asio::post(blocking_pool_, [this, old_pid, exited_at, deadline] {
+    auto next = std::make_shared<absl::StatusOr<std::unique_ptr<Target>>>(reopen_());
+    asio::post(io_, [this, next, old_pid, exited_at, deadline] {
+      if (stopping_) return;
+      if (next->ok()) {
+        onTargetBack(std::move(**next), old_pid, exited_at);
+        return;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        const std::string why = absl::StrCat(
+            "target process ", old_pid, " exited and its container had no new process within ",
+            config_.target_restart_timeout.count(), " ms (", next->status().message(), ")");
+        log::info("target_not_back", {{"pid", static_cast<int64_t>(old_pid)},
+                                      {"error", sv(next->status().message())}});
+        shutdown(kExitOk, why);
+        return;
+      }
+      // Often enough that a restart is adopted in well under a second, and
+      // a runtime is asked a few times a second at most.
+      target_retry_timer_.expires_after(std::min<std::chrono::steady_clock::duration>(
+          std::chrono::milliseconds(200), deadline - now));
+      target_retry_timer_.async_wait([this, old_pid, exited_at, deadline](net::error_code ec) {
+        if (!ec) awaitTargetBack(old_pid, exited_at, deadline);
+      });
+    });
+  });
+}
+
+void Server::onTargetBack(std::unique_ptr<Target> next, pid_t old_pid,
+                          std::chrono::steady_clock::time_point exited_at) {
+  const pid_t new_pid = next->pid();
+  const uint64_t new_netns = next->netnsInode();
+  if (absl::Status s = target_->adopt(std::move(next)); !s.ok()) {
+    // The pod is gone or was recreated: nothing steered in this namespace
+    // reaches anyone any more. Clients are told and the agent drains.
+    log::warn("target_netns_gone", {{"pid", static_cast<int64_t>(new_pid)},
+                                    {"netns", absl::StrCat("net:[", new_netns, "]")},
+                                    {"was", target_->netnsLabel()}});
+    startDrain(sv(s.message()), kExitTargetNetnsGone);
+    return;
+  }
+  const int64_t down_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now() - exited_at)
+                              .count();
+  // Who holds more of the old target than the root fd's number (which
+  // names the new root already): the file helper starts again.
+  for (const auto& hook : service_ctx_->target_restarted) hook(new_pid);
+  v1::TargetRestarted restarted;
+  *restarted.mutable_target() = target_->describe();
+  restarted.set_previous_pid(static_cast<int32_t>(old_pid));
+  restarted.set_restarts(target_->restarts());
+  restarted.set_down_ms(down_ms);
+  for (auto& [id, session] : sessions_) session->notifyTargetRestarted(restarted);
+  log::info("target_restarted", {{"pid", static_cast<int64_t>(new_pid)},
+                                 {"previous_pid", static_cast<int64_t>(old_pid)},
+                                 {"restarts", static_cast<uint64_t>(target_->restarts())},
+                                 {"down_ms", down_ms},
+                                 {"sessions", static_cast<uint64_t>(sessions_.size())}});
+  net::spawn(io_, watchTarget(), "watch_target");
+}
+
+void Server::startDrain(std::string_view reason, int exit_code) {
   if (draining_ || stopping_) return;
   draining_ = true;
+  drain_exit_code_ = exit_code;
   drain_reason_ = std::string(reason);
   drain_deadline_ = std::chrono::steady_clock::now() + config_.drain_timeout;
   const int64_t deadline = unixMillis() + config_.drain_timeout.count();
@@ -599,7 +681,7 @@ awaitable<void> Server::watchDrain(std::string reason) {
   while (!stopping_) {
     const size_t left = inFlight();
     if (left == 0) {
-      shutdown(kExitOk, absl::StrCat("drained after ", why));
+      shutdown(drain_exit_code_, absl::StrCat("drained after ", why));
       co_return;
     }
     const auto now = std::chrono::steady_clock::now();
@@ -612,7 +694,7 @@ awaitable<void> Server::watchDrain(std::string reason) {
                                            config_.drain_timeout.count(), " ms) ran out")));
       auto sessions = sessions_;
       for (auto& [id, s] : sessions) s->resetStreams(error);
-      shutdown(kExitOk, absl::StrCat("drain timeout after ", why));
+      shutdown(drain_exit_code_, absl::StrCat("drain timeout after ", why));
       co_return;
     }
     tick.expires_after(std::min<std::chrono::steady_clock::duration>(std::chrono::milliseconds(50),
@@ -630,6 +712,7 @@ void Server::shutdown(int exit_code, std::string_view reason) {
   acceptor_.close(ec);
   first_client_timer_.cancel();
   idle_timer_.cancel();
+  target_retry_timer_.cancel();
   signals_.cancel(ec);
   // end() removes the session from the map: iterate over a copy.
   auto sessions = sessions_;

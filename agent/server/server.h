@@ -53,6 +53,13 @@ class Server {
   // code. Runs io.run() itself.
   int run();
 
+  // Opens the target's container again after its process exited (on the
+  // blocking pool): its next process, or NotFound while there is none yet.
+  using TargetReopener = std::function<absl::StatusOr<std::unique_ptr<Target>>()>;
+  // Before run(): when the target exits, adopt its container's next process
+  // within config().target_restart_timeout (a target from a container).
+  void followTargetRestarts(TargetReopener reopen) { reopen_ = std::move(reopen); }
+
   // Asks run() to end with exit code 0; safe from any thread.
   void requestStop();
   // Starts the drain SIGTERM starts; safe from any thread.
@@ -85,9 +92,16 @@ class Server {
   net::awaitable<void> handshake(net::tcp::socket socket, HandshakeSlots::Slot slot);
   net::awaitable<void> watchSignals();
   net::awaitable<void> watchTarget();
+  // The target exited: asks reopen_ for the container's next process until
+  // one comes (adopted: onTargetBack) or `deadline` passes (the agent exits).
+  void awaitTargetBack(pid_t old_pid, std::chrono::steady_clock::time_point exited_at,
+                       std::chrono::steady_clock::time_point deadline);
+  void onTargetBack(std::unique_ptr<Target> next, pid_t old_pid,
+                    std::chrono::steady_clock::time_point exited_at);
   void armIdleTimer();
   void shutdown(int exit_code, std::string_view reason);
-  void startDrain(std::string_view reason);
+  // Drains, then exits with `exit_code` (SIGTERM: 0).
+  void startDrain(std::string_view reason, int exit_code = kExitOk);
   net::awaitable<void> watchDrain(std::string reason);
   // Streams of every session plus what the services still relay.
   size_t inFlight() const;
@@ -125,6 +139,10 @@ class Server {
   std::chrono::steady_clock::time_point started_;
   std::unique_ptr<metrics::HttpEndpoint> http_;  // --metrics
   std::string drain_reason_;
+  int drain_exit_code_ = kExitOk;
+  TargetReopener reopen_;  // empty: the agent exits with its target
+  // Waits between asking for the target's next process.
+  net::asio::steady_timer target_retry_timer_{io_};
   bool had_client_ = false;
   bool draining_ = false;
   std::chrono::steady_clock::time_point drain_deadline_;

@@ -14,10 +14,10 @@ class EnvService : public RequestService {
   void handle(std::shared_ptr<SessionHost> session, v1::Request request) override {
     // /proc reads block: never on the event loop.
     net::asio::post(ctx_.blocking, [this, session, request = std::move(request)]() mutable {
-      // The runtime's env was resolved at start-up (agent/runtime/) and never
-      // changes; the process's is read now.
-      auto env =
-          envFor(ctx_.procfs, ctx_.target.pid(), request.env(), ctx_.target.spec().runtime_env);
+      // The runtime's env was resolved when the target's process was
+      // entered (agent/runtime/: at start-up, and again when a restarted
+      // container was adopted); the process's is read now.
+      auto env = envFor(ctx_.procfs, ctx_.target.pid(), request.env(), ctx_.target.runtimeEnv());
       net::asio::post(
           ctx_.io, [session, id = request.request_id(), env = std::move(env)]() mutable {
             v1::Response r;

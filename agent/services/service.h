@@ -54,6 +54,10 @@ struct ServiceContext {
   SubscriptionIds subscription_ids;
   // The agent's metrics (null in tests that need none).
   metrics::AgentMetrics* metrics = nullptr;
+  // Called on the event loop after the target restarted (Target::adopt),
+  // with its new pid: services that hold more of the old target than the
+  // root fd's number (which names the new root already) start again there.
+  std::vector<std::function<void(pid_t)>> target_restarted;
 };
 
 class RequestService {

@@ -1,5 +1,8 @@
 #include "agent/target/target.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <utility>
 
 #include "absl/status/status.h"
@@ -73,7 +76,9 @@ Target::Target(TargetSpec spec, pid_t pid, UniqueFd pidfd, UniqueFd netns, Uniqu
       pidfd_(std::move(pidfd)),
       netns_(std::move(netns)),
       root_(std::move(root)),
-      netns_inode_(netns_inode) {}
+      netns_inode_(netns_inode) {
+  runtime_env_ = spec_.runtime_env;
+}
 
 absl::StatusOr<std::unique_ptr<Target>> Target::open(ProcFs& procfs, TargetSpec spec) {
   if (spec.mode == TargetMode::kTargetless) {
@@ -116,12 +121,38 @@ absl::StatusOr<std::unique_ptr<Target>> Target::open(ProcFs& procfs, TargetSpec 
                                             std::move(*netns), std::move(*root), inode));
 }
 
+std::vector<v1::EnvVar> Target::runtimeEnv() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return runtime_env_;
+}
+
+absl::Status Target::adopt(std::unique_ptr<Target> next) {
+  if (next->netns_inode_ != netns_inode_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the target's new process ", next->pid(), " is in network namespace net:[",
+        next->netns_inode_, "], not net:[", netns_inode_, "]: the pod was recreated"));
+  }
+  // dup3 replaces what the number names in one step: a reader holding the
+  // number sees the old root or the new one, never a closed or reused fd.
+  if (::dup3(next->root_.get(), root_.get(), O_CLOEXEC) < 0) {
+    return lastErrnoStatus("adopting the target's new root: dup3");
+  }
+  pidfd_ = std::move(next->pidfd_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    runtime_env_ = std::move(next->spec_.runtime_env);
+  }
+  pid_.store(next->pid(), std::memory_order_release);
+  restarts_.fetch_add(1, std::memory_order_acq_rel);
+  return absl::OkStatus();
+}
+
 std::string Target::netnsLabel() const { return absl::StrCat("net:[", netns_inode_, "]"); }
 
 v1::TargetDescription Target::describe() const {
   v1::TargetDescription d;
   d.set_mode(std::string(targetModeName(mode_)));
-  d.set_pid(static_cast<int32_t>(pid_));
+  d.set_pid(static_cast<int32_t>(pid()));
   d.set_netns_inode(netns_inode_);
   d.set_container_id(spec_.container_id);
   d.set_runtime(spec_.runtime);

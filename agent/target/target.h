@@ -5,12 +5,21 @@
 // netnsFd(), files resolve paths against rootFd(), the main loop watches
 // pidfd(). A socket or an O_PATH fd keeps its namespace or root for life, so
 // these fds stay valid even after the target exits.
+//
+// A restarted container (same pod, so the same network namespace; a new
+// process and a new root) is adopted in place (adopt()): rootFd() keeps its
+// number, which then names the new root, so whoever holds the number reads
+// the new container's files from then on without being told; pid() and
+// runtimeEnv() answer for the new process. What holds more than the number
+// (the file helper, a copy of the root) is told by the server.
 #pragma once
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -65,17 +74,32 @@ class Target {
   static absl::StatusOr<std::unique_ptr<Target>> open(ProcFs& procfs, TargetSpec spec);
 
   TargetMode mode() const { return mode_; }
-  // The target's pid; for kTargetless the agent's own.
-  pid_t pid() const { return pid_; }
+  // The target's pid; for kTargetless the agent's own. Any thread.
+  pid_t pid() const { return pid_.load(std::memory_order_acquire); }
   int netnsFd() const { return netns_.get(); }
+  // The same number for the agent's life (adopt() moves it to a new root).
   int rootFd() const { return root_.get(); }
-  // -1 for kTargetless: there is no other process to watch.
+  // -1 for kTargetless: there is no other process to watch. The event
+  // loop's only: adopt() replaces it.
   int pidfd() const { return pidfd_.get(); }
   bool hasPidfd() const { return pidfd_.valid(); }
+  // The container's env from its runtime (TargetSpec::runtime_env) of the
+  // process now adopted. Any thread.
+  std::vector<v1::EnvVar> runtimeEnv() const;
+  // How many restarts were adopted.
+  uint32_t restarts() const { return restarts_.load(std::memory_order_acquire); }
+
+  // Makes `next` (the same container's new process, opened by open()) the
+  // target: its pid, pidfd, root (dup3()ed onto rootFd()'s number) and
+  // runtime env. FailedPrecondition, and nothing changes, when `next` is in
+  // another network namespace (the pod itself is gone or was recreated:
+  // the steering and sockets made in this one would serve no one).
+  absl::Status adopt(std::unique_ptr<Target> next);
   uint64_t netnsInode() const { return netns_inode_; }
   // "net:[4026531840]", as the kernel names the namespace in /proc/PID/ns/net
   // (and as the ready line prints it).
   std::string netnsLabel() const;
+  // As opened (the first process's pid and env: see pid(), runtimeEnv()).
   const TargetSpec& spec() const { return spec_; }
 
   v1::TargetDescription describe() const;
@@ -84,13 +108,16 @@ class Target {
   Target(TargetSpec spec, pid_t pid, UniqueFd pidfd, UniqueFd netns, UniqueFd root,
          uint64_t netns_inode);
 
-  TargetSpec spec_;
+  TargetSpec spec_;  // as opened; never changes
+  mutable std::mutex mu_;
+  std::vector<v1::EnvVar> runtime_env_;  // under mu_: adopt() replaces it
   TargetMode mode_;
-  pid_t pid_;
+  std::atomic<pid_t> pid_;
   UniqueFd pidfd_;
   UniqueFd netns_;
   UniqueFd root_;
   uint64_t netns_inode_;
+  std::atomic<uint32_t> restarts_{0};
 };
 
 }  // namespace siphon::agent

@@ -867,6 +867,17 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
                                 e.draining ? "finish there" : "reset"));
       }
       if (s->incoming) s->incoming->onMoved(e.to);
+    } else if (e.kind == Kind::kTargetRestarted) {
+      // The program keeps its connections and ports; files it had open
+      // under --fs-remote/--fs-root answer EBADF (they were the old root's).
+      if (s->json) {
+        s->event(std::move(JsonLine("target_restarted")
+                               .add("previous_pid", static_cast<int64_t>(e.previous_pid))
+                               .add("pid", static_cast<int64_t>(e.pid))
+                               .add("down_ms", e.down_ms)));
+      } else {
+        printError("exec: " + client::targetRestartedText(e));
+      }
     } else if (e.kind == Kind::kLost && s->json) {
       s->event(std::move(JsonLine("lost").add("reason", sv(e.status.message()))));
     }

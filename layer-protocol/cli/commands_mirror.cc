@@ -285,6 +285,11 @@ void onLinkEvent(MirrorState& st, const client::LinkEvent& e) {
     st.print(mirrorDrainingLine(e.reason, st.json));
     return;
   }
+  if (e.kind == Kind::kTargetRestarted) {
+    st.print(targetRestartedLine({e.previous_pid, e.pid, e.reason, e.down_ms, e.restarts},
+                                 "the mirror goes on", st.json));
+    return;
+  }
   if (e.kind != Kind::kMoved) return;
   AgentMove move{e.from, e.to, e.reason, e.draining, e.streams, 0, 0};
   st.print(movedLine(move, st.json));

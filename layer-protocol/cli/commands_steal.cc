@@ -348,6 +348,7 @@ net::awaitable<void> serveSubscription(std::shared_ptr<StealState> state, size_t
       case SubscriptionEvent::Kind::kDraining:
       case SubscriptionEvent::Kind::kMoved:
       case SubscriptionEvent::Kind::kLost:
+      case SubscriptionEvent::Kind::kTargetRestarted:
         break;  // the session's events say it (onLinkEvent)
     }
   }
@@ -366,6 +367,11 @@ void onLinkEvent(StealState& st, const client::LinkEvent& e) {
                                .count();
     st.print(drainingLine(e.reason, std::max<int64_t>(0, (e.deadline_unix_ms - now_ms) / 1000),
                           st.open(), st.json));
+    return;
+  }
+  if (e.kind == Kind::kTargetRestarted) {
+    st.print(targetRestartedLine({e.previous_pid, e.pid, e.reason, e.down_ms, e.restarts},
+                                 "the steal goes on", st.json));
     return;
   }
   if (e.kind != Kind::kMoved) return;

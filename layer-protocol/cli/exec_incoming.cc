@@ -331,6 +331,7 @@ net::awaitable<void> ExecIncoming::serve(std::shared_ptr<ExecIncoming> self_in,
       case SubscriptionEvent::Kind::kDraining:
       case SubscriptionEvent::Kind::kMoved:
       case SubscriptionEvent::Kind::kLost:
+      case SubscriptionEvent::Kind::kTargetRestarted:
         break;  // the session's events say it
     }
   }

@@ -55,6 +55,7 @@ void LongRunning::start() {
         break;
       case LinkEvent::Kind::kDraining:
       case LinkEvent::Kind::kMoved:
+      case LinkEvent::Kind::kTargetRestarted:
         break;
     }
     if (lr.on_event) lr.on_event(e);

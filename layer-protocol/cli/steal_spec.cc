@@ -314,6 +314,22 @@ std::string drainingLine(const std::string& reason, int64_t seconds_left, uint64
                       " may go on for up to ", seconds_left, " s\n");
 }
 
+std::string targetRestartedLine(const TargetRestart& r, std::string_view what_goes_on,
+                                bool json) {
+  if (json) {
+    return JsonLine("target_restarted")
+        .add("previous_pid", static_cast<int64_t>(r.previous_pid))
+        .add("pid", static_cast<int64_t>(r.pid))
+        .add("container_id", r.container_id)
+        .add("down_ms", r.down_ms)
+        .add("restarts", static_cast<uint64_t>(r.restarts))
+        .take();
+  }
+  return absl::StrCat("target restarted: pid ", r.previous_pid, " -> ", r.pid,
+                      r.container_id.empty() ? "" : absl::StrCat(" (container ", r.container_id, ")"),
+                      ", down ", r.down_ms, " ms; ", asv(what_goes_on), "\n");
+}
+
 std::string movedLine(const AgentMove& m, bool json) {
   if (json) {
     return JsonLine("agent_moved")

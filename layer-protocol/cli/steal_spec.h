@@ -164,6 +164,19 @@ struct AgentMove {
 //   agent A draining; moved to agent B; 3 connections finishing on A
 //   agent A lost (why); moved to agent B; 3 connections reset
 std::string movedLine(const AgentMove& m, bool json);
+
+// The target's container restarted and the agent adopted its new process
+// (the same pod): what was stolen or mirrored stays so.
+//   target restarted: pid 4242 -> 4301 (container abc), down 812 ms; the
+//   steal goes on
+struct TargetRestart {
+  int32_t previous_pid = 0;
+  int32_t pid = 0;
+  std::string container_id;
+  int64_t down_ms = 0;
+  uint32_t restarts = 0;
+};
+std::string targetRestartedLine(const TargetRestart& r, std::string_view what_goes_on, bool json);
 // A port that could not be stolen again on the new agent.
 std::string restealFailedLine(uint16_t port, const std::string& agent, const std::string& error,
                               bool json);

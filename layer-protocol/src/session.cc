@@ -327,6 +327,9 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
     case v1::Frame::kFileEvents:
       handler.onFileEvents(std::move(*f.mutable_file_events()));
       return absl::OkStatus();
+    case v1::Frame::kTargetRestarted:
+      handler.onTargetRestarted(std::move(*f.mutable_target_restarted()));
+      return absl::OkStatus();
     case v1::Frame::BODY_NOT_SET:
       break;
   }
@@ -838,6 +841,12 @@ void Session::sendNotice(v1::SubscriptionNotice notice) {
 void Session::sendFileEvents(v1::FileEvents events) {
   v1::Frame f;
   *f.mutable_file_events() = std::move(events);
+  queueSequenced(f);
+}
+
+void Session::sendTargetRestarted(v1::TargetRestarted restarted) {
+  v1::Frame f;
+  *f.mutable_target_restarted() = std::move(restarted);
   queueSequenced(f);
 }
 

@@ -319,6 +319,11 @@ void setSubscription(v1::StreamOpen& open, uint64_t id) {
 
 }  // namespace
 
+void Client::onTargetRestarted(Link& link, v1::TargetRestarted restarted) {
+  if (&link != link_.get() || !on_target_restarted_) return;
+  on_target_restarted_(restarted);
+}
+
 void Client::onNotice(Link& link, v1::SubscriptionNotice notice) {
   if (&link != link_.get() || !on_notice_) return;
   // In this client's ids, as everything else it hands out (taken_by stays

@@ -150,6 +150,7 @@ void Client::releaseHandlers() {
   asio::post(ex_, [acceptor = std::exchange(acceptor_, nullptr),
                    on_draining = std::exchange(on_draining_, nullptr),
                    on_notice = std::exchange(on_notice_, nullptr),
+                   on_target_restarted = std::exchange(on_target_restarted_, nullptr),
                    on_file_events = std::exchange(on_file_events_, nullptr),
                    on_lost = std::exchange(on_lost_, nullptr),
                    on_failover = std::exchange(on_failover_, nullptr),

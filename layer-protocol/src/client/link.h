@@ -105,6 +105,9 @@ struct Link : protocol::SessionHandler, std::enable_shared_from_this<Link> {
   void onFileEvents(v1::FileEvents events) override {
     client.onFileEvents(*this, std::move(events));
   }
+  void onTargetRestarted(v1::TargetRestarted restarted) override {
+    client.onTargetRestarted(*this, std::move(restarted));
+  }
   void onStreamAccept(v1::StreamAccept accept) override;
   void onStreamData(uint64_t id, std::string_view payload) override;
   void onStreamGap(v1::StreamGap gap) override;

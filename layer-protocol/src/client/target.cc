@@ -26,6 +26,13 @@ std::string errorName(ErrorCode code) {
   return errorCodeName(static_cast<v1::ErrorCode>(static_cast<int>(code)));
 }
 
+std::string targetRestartedText(const LinkEvent& e) {
+  return absl::StrCat("the target restarted: pid ", e.previous_pid, " -> ", e.pid,
+                      e.reason.empty() ? "" : absl::StrCat(" (container ", e.reason, ")"),
+                      ", down ", e.down_ms, " ms, restart ", e.restarts,
+                      "; sessions, steals and mirrors go on");
+}
+
 std::string SocketAddress::text() const {
   if (ip.find(':') != std::string::npos) return absl::StrCat("[", ip, "]:", port);
   return absl::StrCat(ip, ":", port);
@@ -84,6 +91,9 @@ void TargetCore::install() {
   });
   client->setResumedHandler([weak](const absl::Status& s) {
     if (auto core = weak.lock()) core->onResumed(s);
+  });
+  client->setTargetRestartedHandler([weak](const v1::TargetRestarted& r) {
+    if (auto core = weak.lock()) core->onTargetRestarted(r);
   });
   client->setNoticeHandler([weak](const v1::SubscriptionNotice& n) {
     if (auto core = weak.lock()) core->onNotice(n);
@@ -198,6 +208,31 @@ void TargetCore::onDraining(const v1::Draining& d) {
     draining.kind = SubscriptionEvent::Kind::kDraining;
     draining.text = absl::StrCat("the agent drains (", d.reason(), ")");
     push(*s, std::move(draining));
+  }
+  emit(link);
+}
+
+void TargetCore::onTargetRestarted(const v1::TargetRestarted& r) {
+  LinkEvent link;
+  link.kind = LinkEvent::Kind::kTargetRestarted;
+  link.pid = r.target().pid();
+  link.previous_pid = r.previous_pid();
+  link.restarts = r.restarts();
+  link.down_ms = r.down_ms();
+  link.reason = r.target().container_id();
+  const std::string text = targetRestartedText(link);
+  for (auto& [id, s] : subscriptions) {
+    SubscriptionEvent restarted;
+    restarted.kind = SubscriptionEvent::Kind::kTargetRestarted;
+    restarted.text = text;
+    push(*s, std::move(restarted));
+  }
+  if (on_file_changes) {
+    // The agent's watches watch the old root's files: as good as gone, and
+    // every file may differ in the new root (a mount drops its caches).
+    FileChanges lost;
+    lost.watches_lost = true;
+    on_file_changes(lost);
   }
   emit(link);
 }

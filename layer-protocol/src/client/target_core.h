@@ -64,6 +64,7 @@ struct TargetCore : std::enable_shared_from_this<TargetCore> {
   void onStream(std::shared_ptr<ClientStream> stream, v1::StreamOpen open);
   void onFailover(const FailoverEvent& event);
   void onDraining(const v1::Draining& draining);
+  void onTargetRestarted(const v1::TargetRestarted& restarted);
   void onLost(const absl::Status& why);
   void onResumed(const absl::Status& why);
   void onNotice(const v1::SubscriptionNotice& notice);

@@ -49,7 +49,7 @@ class ServiceHarness {
     EXPECT_TRUE(netns.ok()) << netns.status();
     if (netns.ok()) netns_ = *std::move(netns);
     ctx_ = std::make_unique<agent::ServiceContext>(
-        agent::ServiceContext{io_, pool_, *target_, *procfs_, *netns_, config_, {}, {}, nullptr});
+        agent::ServiceContext{io_, pool_, *target_, *procfs_, *netns_, config_, {}, {}, nullptr, {}});
   }
 
   ~ServiceHarness() {

@@ -239,7 +239,7 @@ TEST_F(AgentEnvTest, IncludeAndExcludeGlobs) {
 TEST_F(AgentEnvTest, InfoJsonDescribesTheTarget) {
   Result r = cli({"--json", "info"});
   ASSERT_EQ(r.exit_code, 0) << r;
-  EXPECT_THAT(r.out, HasSubstr("\"protocol_version\": \"1.0\""));
+  EXPECT_THAT(r.out, HasSubstr("\"protocol_version\": \"1.1\""));
   EXPECT_THAT(r.out, HasSubstr("\"mode\": \"targeted\""));
   EXPECT_THAT(r.out, HasSubstr("\"pid\": " + std::to_string(pod_.pid()) + ","));
   EXPECT_THAT(r.out, HasSubstr("\"netns_inode\": " + std::to_string(netns_->inode()) + ","));

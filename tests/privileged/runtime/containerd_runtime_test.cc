@@ -31,6 +31,12 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "tests/privileged/harness/acceptor.h"
+#include "tests/privileged/harness/traffic.h"
 #include "tests/privileged/harness/containerd.h"
 #include "tests/privileged/harness/pod_harness.h"
 
@@ -90,6 +96,40 @@ class Containerd {
   }
 
   Result ctr(const std::vector<std::string>& args) const { return ctd_.ctr(args); }
+
+  // Runs another container `id` of the image, placed as the suite's (so
+  // teardown removes it), with `options` before the image and `command`.
+  Result runContainer(const std::string& id, const std::vector<std::string>& options,
+                      const std::vector<std::string>& command) {
+    std::vector<std::string> args = {"run", "-d", "--null-io"};
+    const std::vector<std::string> placement = ctd_.placement(id);
+    args.insert(args.end(), placement.begin(), placement.end());
+    args.insert(args.end(), options.begin(), options.end());
+    args.push_back(kImage);
+    args.push_back(id);
+    args.insert(args.end(), command.begin(), command.end());
+    ctd_.addContainer(id);
+    return ctr(args);
+  }
+  // The task's pid and status, as `ctr task ls` shows them.
+  std::pair<pid_t, std::string> task(const std::string& id) const { return ctd_.task(id); }
+  // Kills the container's task and starts a new one under the same ID, as
+  // the kubelet restarts a container (same spec, same snapshot, same
+  // namespaces it joins). Empty on success, else what failed.
+  std::string restartTask(const std::string& id) {
+    Result kill = ctr({"task", "kill", "-s", "SIGKILL", id});
+    if (kill.exit_code != 0) return "ctr task kill: " + kill.err;
+    const auto deadline = Clock::now() + kProcessDeadline;
+    while (task(id).second != "STOPPED") {
+      if (Clock::now() >= deadline) return "the task never stopped: " + ctr({"task", "ls"}).out;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    Result del = ctr({"task", "delete", id});
+    if (del.exit_code != 0) return "ctr task delete: " + del.err;
+    Result start = ctr({"task", "start", "-d", "--null-io", id});
+    if (start.exit_code != 0) return "ctr task start: " + start.err + ctd_.daemonLog(4000);
+    return "";
+  }
 
   const std::string& dir() const { return ctd_.dir(); }
   const std::string& socket() const { return ctd_.socket(); }
@@ -248,6 +288,148 @@ TEST_F(ContainerdRuntimeTest, EphemeralModeFindsTheContainerByCgroup) {
   Result env = cli({"env", "--include", "PROC_ONLY"});
   ASSERT_EQ(env.exit_code, 0) << env;
   EXPECT_EQ(env.out, "PROC_ONLY=1\n") << "ephemeral mode has the process env only";
+}
+
+// A container restarted in its pod (issue 22): the kubelet kills the task
+// and starts a new one under the same ID, in the pod's network namespace
+// (here one the test made, joined with --with-ns as a pod's pause
+// container's is), with a new PID and a new root. The agent adopts it: the
+// steal goes on for new connections, files come from the new root, the
+// CLI says so.
+TEST_F(ContainerdRuntimeTest, ARestartedContainerKeepsItsStealAndServesItsNewRoot) {
+  NetNs pod, client;
+  PodLink link;
+  ASSERT_TRUE(linkPodToClient(pod, client, "rs", &link));
+  const std::string id = ctd().id() + "-restarts";
+  // /run is a tmpfs of each task's own (containerd's default spec): what
+  // the task writes there is its own root's. /started, in the snapshot,
+  // tells the second task from the first.
+  Result started = ctd().runContainer(
+      id, {"--with-ns", "network:/var/run/netns/" + pod.name()},
+      {"sh", "-c",
+       "if [ -e /started ]; then echo second > /run/who; else touch /started; "
+       "echo first > /run/who; fi; exec sleep 600"});
+  ASSERT_EQ(started.exit_code, 0) << started;
+  const pid_t first = ctd().task(id).first;
+  ASSERT_GT(first, 0);
+  ASSERT_TRUE(startAgent({"targeted", "--container-id", id, "--runtime", "containerd",
+                          "--runtime-endpoint", ctd().socket(), "--target-restart-timeout",
+                          "60s"}));
+  ASSERT_EQ(ready_.fields["target_pid"], std::to_string(first));
+  uint16_t local_port = 0;
+  Acceptor local(listenOnLoopback(&local_port, 64), 10, [](int fd) {
+    const std::string answer = "stolen\n";
+    (void)writeAll(fd, answer.data(), answer.size());
+  });
+  Proc steal({SIPHON_CLI_BIN, "--agent", ready_.fields["listen"], "--token-file", token_file_,
+              "steal", "--port", "80", "--to", "127.0.0.1:" + std::to_string(local_port)},
+             cleanEnv());
+  ASSERT_TRUE(steal.readUntil([](const std::string&, const std::string& err) {
+    return err.find("stealing port 80") != std::string::npos;
+  })) << steal.err;
+  // A connection to the pod's port 80 from the client's namespace: what it
+  // reads until the end.
+  auto fetch = [&] {
+    Fd fd(socketInNetns(client.name(), AF_INET, SOCK_STREAM));
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(80);
+    inet_pton(AF_INET, link.pod_ip.c_str(), &to.sin_addr);
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+      return std::string("connect: ") + std::strerror(errno);
+    }
+    std::string got;
+    (void)readAll(fd.get(), &got);
+    return got;
+  };
+  EXPECT_EQ(fetch(), "stolen\n");
+  Result who = cli({"fs", "cat", "/run/who"});
+  ASSERT_EQ(who.exit_code, 0) << who;
+  EXPECT_EQ(who.out, "first\n");
+
+  ASSERT_EQ(ctd().restartTask(id), "");
+  const pid_t second = ctd().task(id).first;
+  ASSERT_GT(second, 0);
+  ASSERT_NE(second, first);
+  ASSERT_TRUE(steal.readUntil([](const std::string&, const std::string& err) {
+    return err.find("target restarted") != std::string::npos;
+  })) << steal.err << "\n--- agent log\n"
+      << agent_->log();
+  EXPECT_THAT(steal.err, HasSubstr("target restarted: pid " + std::to_string(first) + " -> " +
+                                   std::to_string(second) + " (container " + id + ")"));
+  EXPECT_THAT(steal.err, HasSubstr("the steal goes on"));
+  // New connections are still stolen; files and info are the new task's.
+  EXPECT_EQ(fetch(), "stolen\n");
+  who = cli({"fs", "cat", "/run/who"});
+  ASSERT_EQ(who.exit_code, 0) << who;
+  EXPECT_EQ(who.out, "second\n") << "the file came from the old task's root";
+  Result info = cli({"--json", "info"});
+  EXPECT_THAT(info.out, HasSubstr("\"pid\": " + std::to_string(second) + ","));
+  EXPECT_THAT(agent_->log(), HasSubstr("target_restarted"));
+  steal.signal(SIGINT);
+  EXPECT_EQ(steal.finish(), 0) << steal.err;
+  ctd().ctr({"task", "kill", "-s", "SIGKILL", id});
+}
+
+// Ephemeral mode follows a restart too: the next process in the
+// container's cgroup (the agent shares the pod's PID namespace).
+TEST_F(ContainerdRuntimeTest, EphemeralModeFollowsARestartedContainer) {
+  NetNs pod;
+  const std::string id = ctd().id() + "-eph";
+  Result started = ctd().runContainer(
+      id, {"--with-ns", "network:/var/run/netns/" + pod.name()},
+      {"sh", "-c",
+       "if [ -e /started ]; then echo second > /run/who; else touch /started; "
+       "echo first > /run/who; fi; exec sleep 600"});
+  ASSERT_EQ(started.exit_code, 0) << started;
+  const pid_t first = ctd().task(id).first;
+  ASSERT_TRUE(startAgent({"ephemeral", "--container-id", id}));
+  ASSERT_EQ(ready_.fields["target_pid"], std::to_string(first));
+  // A session open across the restart hears of it through `info` after.
+  Result who = cli({"fs", "cat", "/run/who"});
+  EXPECT_EQ(who.out, "first\n") << who;
+  ASSERT_EQ(ctd().restartTask(id), "");
+  const pid_t second = ctd().task(id).first;
+  const auto deadline = Clock::now() + kProcessDeadline;
+  while (agent_->log().find("target_restarted") == std::string::npos && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_THAT(agent_->log(), HasSubstr("target_restarted pid=" + std::to_string(second)));
+  who = cli({"fs", "cat", "/run/who"});
+  EXPECT_EQ(who.out, "second\n") << who;
+  Result info = cli({"--json", "info"});
+  EXPECT_THAT(info.out, HasSubstr("\"pid\": " + std::to_string(second) + ","));
+  ctd().ctr({"task", "kill", "-s", "SIGKILL", id});
+}
+
+// The container came back in another network namespace (its pod was
+// recreated; here runc gives every task a namespace of its own): nothing
+// the agent steered there reaches anyone. It drains and exits 8.
+TEST_F(ContainerdRuntimeTest, AContainerBackInAnotherNetnsEndsTheAgentWithEight) {
+  const std::string id = ctd().id() + "-newns";
+  Result started = ctd().runContainer(id, {}, {"sleep", "600"});
+  ASSERT_EQ(started.exit_code, 0) << started;
+  ASSERT_TRUE(startAgent({"targeted", "--container-id", id, "--runtime", "containerd",
+                          "--runtime-endpoint", ctd().socket(), "--drain-timeout", "2s"}));
+  ASSERT_EQ(ctd().restartTask(id), "");
+  EXPECT_EQ(agent_->child().waitUntil(Clock::now() + kProcessDeadline), 8) << agent_->log();
+  EXPECT_THAT(agent_->log(), HasSubstr("target_netns_gone"));
+  ctd().ctr({"task", "kill", "-s", "SIGKILL", id});
+}
+
+// No new process within --target-restart-timeout: the agent exits 0, as it
+// does at once with --target-restart-timeout 0 or a bare --pid.
+TEST_F(ContainerdRuntimeTest, AContainerThatDoesNotComeBackEndsTheAgent) {
+  const std::string id = ctd().id() + "-gone";
+  Result started = ctd().runContainer(id, {}, {"sleep", "600"});
+  ASSERT_EQ(started.exit_code, 0) << started;
+  ASSERT_TRUE(startAgent({"targeted", "--container-id", id, "--runtime", "containerd",
+                          "--runtime-endpoint", ctd().socket(), "--target-restart-timeout",
+                          "1s"}));
+  Result kill = ctd().ctr({"task", "kill", "-s", "SIGKILL", id});
+  ASSERT_EQ(kill.exit_code, 0) << kill;
+  EXPECT_EQ(agent_->child().waitUntil(Clock::now() + kProcessDeadline), 0) << agent_->log();
+  EXPECT_THAT(agent_->log(), HasSubstr("target_not_back"));
 }
 
 TEST_F(ContainerdRuntimeTest, UnknownIdExitsThreeNamingRuntimeNamespaceAndSocket) {

@@ -170,6 +170,13 @@ class AgentThread {
     });
   }
 
+  void targetRestarted(v1::TargetRestarted r) {
+    call([&] {
+      agent_.session().sendTargetRestarted(std::move(r));
+      agent_.wake();
+    });
+  }
+
   // Waits until `pred` holds for the stream (or kWait passed); its state.
   StreamState waitFor(uint64_t id, const std::function<bool(const StreamState&)>& pred) {
     std::unique_lock lock(agent_.mu);
@@ -878,6 +885,46 @@ TEST(StealCommand, OverlapNoticesArePrinted) {
   EXPECT_THAT(s.out,
               HasSubstr("{\"event\":\"overlap\",\"port\":80,\"requests\":4,\"taken_by\":3,"
                         "\"taken_by_client\":\"bob\",\"method\":\"GET\",\"path\":\"/x\"}\n"));
+}
+
+// The agent adopted the target's restarted container: one line, and the
+// steal goes on (a request after it is still served).
+TEST(StealCommand, ATargetRestartIsALineAndTheStealGoesOn) {
+  AgentThread agent;
+  LocalHttpServer server([](const std::string&, int) { return LocalHttpServer::Answer{ok("hi")}; });
+  Steal s(agent.address(), {"--port", "80", "--to", server.address()});
+  ASSERT_TRUE(s.waitFor("stealing port 80")) << s.err;
+  v1::TargetRestarted r;
+  r.mutable_target()->set_pid(4301);
+  r.mutable_target()->set_container_id("abc");
+  r.set_previous_pid(4242);
+  r.set_restarts(1);
+  r.set_down_ms(812);
+  agent.targetRestarted(r);
+  ASSERT_TRUE(s.waitFor("target restarted: pid 4242 -> 4301 (container abc), down 812 ms; the "
+                        "steal goes on\n"))
+      << s.err;
+  StreamState got = agent.waitEnd(agent.request("GET", "/", get("/")));
+  EXPECT_EQ(got.bytes, ok("hi"));
+  s.signal(SIGINT);
+  EXPECT_EQ(s.finish(), 0) << s.err;
+}
+
+TEST(StealCommand, ATargetRestartIsAJsonLine) {
+  AgentThread agent;
+  Steal s(agent.address(), {"--port", "80", "--to", "127.0.0.1:9", "--json"});
+  ASSERT_TRUE(s.waitForOut("\"event\":\"stealing\"")) << s.out << s.err;
+  v1::TargetRestarted r;
+  r.mutable_target()->set_pid(4301);
+  r.set_previous_pid(4242);
+  r.set_restarts(2);
+  r.set_down_ms(5);
+  agent.targetRestarted(r);
+  ASSERT_TRUE(s.waitForOut("\"event\":\"target_restarted\"")) << s.out;
+  s.signal(SIGINT);
+  EXPECT_EQ(s.finish(), 0) << s.err;
+  EXPECT_THAT(s.out, HasSubstr("{\"event\":\"target_restarted\",\"previous_pid\":4242,\"pid\":4301,"
+                               "\"container_id\":\"\",\"down_ms\":5,\"restarts\":2}\n"));
 }
 
 TEST(StealCommand, OverlapNoticesArePrintedAsText) {

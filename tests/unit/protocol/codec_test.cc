@@ -159,6 +159,15 @@ std::vector<v1::Frame> oneOfEveryKind() {
     e->set_content(true);
     f.mutable_file_events()->set_overflow(true);
   });
+  add([](v1::Frame& f) {
+    v1::TargetRestarted* r = f.mutable_target_restarted();
+    r->mutable_target()->set_mode("targeted");
+    r->mutable_target()->set_pid(4301);
+    r->mutable_target()->set_container_id("abc");
+    r->set_previous_pid(4242);
+    r->set_restarts(1);
+    r->set_down_ms(812);
+  });
   return out;
 }
 

@@ -45,6 +45,7 @@ class Recorder : public SessionHandler {
   std::vector<v1::StreamDatagram> datagrams;
   std::vector<v1::StreamGap> gaps;
   std::vector<v1::Draining> drainings;
+  std::vector<v1::TargetRestarted> restarts;
   std::vector<v1::Goaway> goaways;
 
   void onRequest(v1::Request r) override {
@@ -95,6 +96,7 @@ class Recorder : public SessionHandler {
     writable.push_back(id);
   }
   void onDraining(v1::Draining d) override { drainings.push_back(std::move(d)); }
+  void onTargetRestarted(v1::TargetRestarted r) override { restarts.push_back(std::move(r)); }
   void onGoaway(v1::Goaway g) override { goaways.push_back(std::move(g)); }
 };
 
@@ -438,6 +440,18 @@ TEST(SessionTest, DatagramsGapsDrainingGoaway) {
   EXPECT_EQ(p.ch.gaps[0].bytes(), 1400u);
   ASSERT_EQ(p.ch.drainings.size(), 1u);
   EXPECT_EQ(p.ch.drainings[0].deadline_unix_ms(), 123);
+
+  // TargetRestarted (1.1) is sequenced, as every notice from the agent.
+  const uint64_t before = p.client.receivedCount();
+  v1::TargetRestarted restarted;
+  restarted.mutable_target()->set_pid(4301);
+  restarted.set_previous_pid(4242);
+  p.agent.sendTargetRestarted(restarted);
+  ASSERT_TRUE(p.pump().ok());
+  ASSERT_EQ(p.ch.restarts.size(), 1u);
+  EXPECT_EQ(p.ch.restarts[0].target().pid(), 4301);
+  EXPECT_EQ(p.ch.restarts[0].previous_pid(), 4242);
+  EXPECT_EQ(p.client.receivedCount(), before + 1);
 
   // Goaway is a control frame: it takes no sequence number.
   uint64_t received = p.client.receivedCount();

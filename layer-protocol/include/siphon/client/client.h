@@ -224,6 +224,12 @@ class Client : public std::enable_shared_from_this<Client> {
   void setNoticeHandler(std::function<void(const v1::SubscriptionNotice&)> h) {
     on_notice_ = std::move(h);
   }
+  // The target's container restarted and the agent adopted its new process
+  // (TargetRestarted, protocol 1.1): the session, its subscriptions and
+  // streams go on; files opened before are gone.
+  void setTargetRestartedHandler(std::function<void(const v1::TargetRestarted&)> h) {
+    on_target_restarted_ = std::move(h);
+  }
   // What this client's file watches saw (FileEvents), from the current
   // session only: a watch id is its session's.
   void setFileEventsHandler(std::function<void(const v1::FileEvents&)> h) {
@@ -331,6 +337,7 @@ class Client : public std::enable_shared_from_this<Client> {
   void handOver(Link& link, std::shared_ptr<ClientStream> stream, v1::StreamOpen open);
   void onDraining(Link& link, v1::Draining draining);
   void onNotice(Link& link, v1::SubscriptionNotice notice);
+  void onTargetRestarted(Link& link, v1::TargetRestarted restarted);
   void onFileEvents(Link& link, v1::FileEvents events);
 
   net::asio::any_io_executor ex_;
@@ -351,6 +358,7 @@ class Client : public std::enable_shared_from_this<Client> {
   StreamAcceptor acceptor_;
   std::function<void(const v1::Draining&)> on_draining_;
   std::function<void(const v1::SubscriptionNotice&)> on_notice_;
+  std::function<void(const v1::TargetRestarted&)> on_target_restarted_;
   std::function<void(const v1::FileEvents&)> on_file_events_;
   std::function<void(const absl::Status&)> on_lost_;
   std::function<void(const FailoverEvent&)> on_failover_;

@@ -160,8 +160,9 @@ struct FileChange {
 struct FileChanges {
   std::vector<FileChange> changes;
   // Changes were missed: the agent's queue overflowed (`overflow`), or the
-  // session moved to another agent (`watches_lost`: every watch is gone,
-  // the ids mean nothing there). Whatever was watched may have changed.
+  // session moved to another agent or the target restarted with a new root
+  // (`watches_lost`: every watch is gone or watches the old files; watch
+  // again). Whatever was watched may have changed.
   bool overflow = false;
   bool watches_lost = false;
 };

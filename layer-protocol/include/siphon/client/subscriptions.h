@@ -106,7 +106,16 @@ struct FilterOverlap {
 };
 
 struct SubscriptionEvent {
-  enum class Kind { kConnection, kRequest, kMirrored, kOverlap, kDraining, kMoved, kLost };
+  enum class Kind {
+    kConnection,
+    kRequest,
+    kMirrored,
+    kOverlap,
+    kDraining,
+    kMoved,
+    kLost,
+    kTargetRestarted,  // the target's container restarted; text says how
+  };
   Kind kind = Kind::kLost;
   Connection connection;        // kConnection, kRequest
   SocketAddress source;         // kConnection, kRequest, kMirrored
@@ -115,7 +124,7 @@ struct SubscriptionEvent {
   MirroredConnection mirrored;  // kMirrored
   absl::Status status;          // kMoved (OK: back), kLost
   FilterOverlap overlap;        // kOverlap
-  std::string text;             // kOverlap, kDraining, kMoved: what happened
+  std::string text;  // kOverlap, kDraining, kMoved, kTargetRestarted: what happened
 };
 
 struct SubscriptionState;

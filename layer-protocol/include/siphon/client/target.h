@@ -66,6 +66,10 @@ struct LinkEvent {
     kDraining,  // the agent drains and no other took over; deadline_unix_ms, reason
     kMoved,     // now on another agent: from, to, reason, streams, requests_failed
     kLost,      // the session is gone for good; status: kAgentLost and why
+    // The target's container restarted and the agent adopted its new
+    // process (same pod): pid, previous_pid, restarts, down_ms; reason: the
+    // container ID. Subscriptions go on; files opened before are gone.
+    kTargetRestarted,
   };
   Kind kind = Kind::kLost;
   absl::Status status;
@@ -76,7 +80,15 @@ struct LinkEvent {
   bool draining = false;  // kMoved: the old agent drains (its streams finish there)
   size_t streams = 0;     // kMoved: left to finish (draining) or reset (lost)
   size_t requests_failed = 0;
+  int32_t pid = 0;           // kTargetRestarted
+  int32_t previous_pid = 0;  // kTargetRestarted
+  uint32_t restarts = 0;     // kTargetRestarted
+  int64_t down_ms = 0;       // kTargetRestarted
 };
+
+// "the target restarted: pid 4242 -> 4301 (container abc, down 812 ms,
+// restart 1); sessions, steals and mirrors go on" for a kTargetRestarted.
+std::string targetRestartedText(const LinkEvent& e);
 
 struct TargetInfo {
   std::string agent_version;

@@ -10,9 +10,10 @@
 
 namespace siphon::protocol {
 
-// The protocol version this build speaks.
+// The protocol version this build speaks. Minor versions add what a peer of
+// a lower minor never sees: 1.1 adds the agent's TargetRestarted frame.
 inline constexpr uint32_t kProtocolMajor = 1;
-inline constexpr uint32_t kProtocolMinor = 0;
+inline constexpr uint32_t kProtocolMinor = 1;
 v1::Version currentVersion();
 
 // Versions are major.minor: the majors must match (else UNSUPPORTED_VERSION

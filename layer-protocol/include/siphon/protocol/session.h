@@ -157,6 +157,7 @@ class SessionHandler {
   virtual void onDraining(v1::Draining /*draining*/) {}
   virtual void onNotice(v1::SubscriptionNotice /*notice*/) {}
   virtual void onFileEvents(v1::FileEvents /*events*/) {}
+  virtual void onTargetRestarted(v1::TargetRestarted /*restarted*/) {}
   virtual void onGoaway(v1::Goaway /*goaway*/) {}
 };
 
@@ -293,6 +294,8 @@ class Session {
   void sendNotice(v1::SubscriptionNotice notice);
   // What the peer's file watches saw (agent side).
   void sendFileEvents(v1::FileEvents events);
+  // The target restarted (agent side; only to a peer of minor version 1+).
+  void sendTargetRestarted(v1::TargetRestarted restarted);
   // Control frames, never sequenced.
   void sendGoaway(v1::ErrorCode code, std::string_view message);
 

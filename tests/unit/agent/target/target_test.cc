@@ -1,6 +1,8 @@
 #include "agent/target/target.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 
@@ -173,6 +175,85 @@ TEST(TargetTest, ExitWhileEnteringIsNotFound) {
   EXPECT_EQ(target.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(target.status().message(),
             "target process 4242 has exited while the agent was entering it");
+}
+
+// A restarted container (Target::adopt): the same netns, a new process and
+// root. Each process's root is a real directory, so what rootFd() names can
+// be told apart.
+class AdoptTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (std::string* dir : {&old_root_, &new_root_}) {
+      char tmpl[] = "/tmp/siphon-adopt-XXXXXX";
+      ASSERT_NE(::mkdtemp(tmpl), nullptr);
+      *dir = tmpl;
+    }
+  }
+  void TearDown() override {
+    ::rmdir(old_root_.c_str());
+    ::rmdir(new_root_.c_str());
+  }
+  static ino_t inodeOfFd(int fd) {
+    struct stat st {};
+    return ::fstat(fd, &st) == 0 ? st.st_ino : 0;
+  }
+  static ino_t inodeOfPath(const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
+  }
+  std::unique_ptr<Target> open(fakes::RootedProcFs& procfs, pid_t pid, uint64_t netns,
+                               std::string env_value) {
+    procfs.addProcess(pid).netns_inode = netns;
+    TargetSpec spec{TargetMode::kTargeted, pid, "ctr-1", "containerd", {}};
+    v1::EnvVar var;
+    var.set_name("FROM_RUNTIME");
+    var.set_value(std::move(env_value));
+    spec.runtime_env.push_back(var);
+    auto target = Target::open(procfs, std::move(spec));
+    EXPECT_TRUE(target.ok()) << target.status();
+    return target.ok() ? std::move(*target) : nullptr;
+  }
+  std::string old_root_, new_root_;
+};
+
+TEST_F(AdoptTest, TheNewProcessIsAdoptedAndTheRootNumberNamesItsRoot) {
+  fakes::RootedProcFs first(old_root_), second(new_root_);
+  std::unique_ptr<Target> target = open(first, 100, 77, "one");
+  ASSERT_NE(target, nullptr);
+  const int root_number = target->rootFd();
+  ASSERT_EQ(inodeOfFd(root_number), inodeOfPath(old_root_));
+  std::unique_ptr<Target> next = open(second, 200, 77, "two");
+  ASSERT_NE(next, nullptr);
+
+  ASSERT_TRUE(target->adopt(std::move(next)).ok());
+  EXPECT_EQ(target->rootFd(), root_number) << "holders of the number must see the new root";
+  EXPECT_EQ(inodeOfFd(root_number), inodeOfPath(new_root_));
+  EXPECT_EQ(target->pid(), 200);
+  EXPECT_EQ(target->describe().pid(), 200);
+  EXPECT_EQ(target->describe().container_id(), "ctr-1");
+  ASSERT_EQ(target->runtimeEnv().size(), 1u);
+  EXPECT_EQ(target->runtimeEnv()[0].value(), "two");
+  EXPECT_EQ(target->restarts(), 1u);
+  EXPECT_TRUE(target->hasPidfd());
+  EXPECT_EQ(target->netnsInode(), 77u);
+}
+
+TEST_F(AdoptTest, AProcessInAnotherNetnsIsRefusedAndNothingChanges) {
+  fakes::RootedProcFs first(old_root_), second(new_root_);
+  std::unique_ptr<Target> target = open(first, 100, 77, "one");
+  ASSERT_NE(target, nullptr);
+  std::unique_ptr<Target> next = open(second, 200, 78, "two");
+  ASSERT_NE(next, nullptr);
+
+  absl::Status s = target->adopt(std::move(next));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(),
+            "the target's new process 200 is in network namespace net:[78], not net:[77]: the "
+            "pod was recreated");
+  EXPECT_EQ(target->pid(), 100);
+  EXPECT_EQ(inodeOfFd(target->rootFd()), inodeOfPath(old_root_));
+  EXPECT_EQ(target->runtimeEnv()[0].value(), "one");
+  EXPECT_EQ(target->restarts(), 0u);
 }
 
 }  // namespace
