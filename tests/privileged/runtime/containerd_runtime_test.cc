@@ -290,6 +290,22 @@ TEST_F(ContainerdRuntimeTest, EphemeralModeFindsTheContainerByCgroup) {
   EXPECT_EQ(env.out, "PROC_ONLY=1\n") << "ephemeral mode has the process env only";
 }
 
+// A container `id` of `ctd` in the network namespace `pod` (joined as a pod's
+// containers join its sandbox's) whose tasks say in /run/who whether they
+// are its first or a later one: /run is a tmpfs of each task's own
+// (containerd's default spec), so what is read there is that task's root;
+// /started, in the snapshot, tells a later task from the first. Its first
+// task's pid, 0 (with a failure) when it did not start.
+pid_t startWhoContainer(Containerd& ctd, const std::string& id, const NetNs& pod) {
+  Result started = ctd.runContainer(
+      id, {"--with-ns", "network:/var/run/netns/" + pod.name()},
+      {"sh", "-c",
+       "if [ -e /started ]; then echo second > /run/who; else touch /started; "
+       "echo first > /run/who; fi; exec sleep 600"});
+  EXPECT_EQ(started.exit_code, 0) << started;
+  return started.exit_code == 0 ? ctd.task(id).first : 0;
+}
+
 // A container restarted in its pod (issue 22): the kubelet kills the task
 // and starts a new one under the same ID, in the pod's network namespace
 // (here one the test made, joined with --with-ns as a pod's pause
@@ -301,16 +317,7 @@ TEST_F(ContainerdRuntimeTest, ARestartedContainerKeepsItsStealAndServesItsNewRoo
   PodLink link;
   ASSERT_TRUE(linkPodToClient(pod, client, "rs", &link));
   const std::string id = ctd().id() + "-restarts";
-  // /run is a tmpfs of each task's own (containerd's default spec): what
-  // the task writes there is its own root's. /started, in the snapshot,
-  // tells the second task from the first.
-  Result started = ctd().runContainer(
-      id, {"--with-ns", "network:/var/run/netns/" + pod.name()},
-      {"sh", "-c",
-       "if [ -e /started ]; then echo second > /run/who; else touch /started; "
-       "echo first > /run/who; fi; exec sleep 600"});
-  ASSERT_EQ(started.exit_code, 0) << started;
-  const pid_t first = ctd().task(id).first;
+  const pid_t first = startWhoContainer(ctd(), id, pod);
   ASSERT_GT(first, 0);
   ASSERT_TRUE(startAgent({"targeted", "--container-id", id, "--runtime", "containerd",
                           "--runtime-endpoint", ctd().socket(), "--target-restart-timeout",
@@ -376,13 +383,8 @@ TEST_F(ContainerdRuntimeTest, ARestartedContainerKeepsItsStealAndServesItsNewRoo
 TEST_F(ContainerdRuntimeTest, EphemeralModeFollowsARestartedContainer) {
   NetNs pod;
   const std::string id = ctd().id() + "-eph";
-  Result started = ctd().runContainer(
-      id, {"--with-ns", "network:/var/run/netns/" + pod.name()},
-      {"sh", "-c",
-       "if [ -e /started ]; then echo second > /run/who; else touch /started; "
-       "echo first > /run/who; fi; exec sleep 600"});
-  ASSERT_EQ(started.exit_code, 0) << started;
-  const pid_t first = ctd().task(id).first;
+  const pid_t first = startWhoContainer(ctd(), id, pod);
+  ASSERT_GT(first, 0);
   ASSERT_TRUE(startAgent({"ephemeral", "--container-id", id}));
   ASSERT_EQ(ready_.fields["target_pid"], std::to_string(first));
   // A session open across the restart hears of it through `info` after.
