@@ -669,6 +669,24 @@ TEST_P(MeshTest, MirrorAndStealOfOneMeshedPort) {
   }
 }
 
+// A port the mesh skips, stolen and mirrored: the client's connection is
+// the one the steal takes (iptables: REDIRECTed by our own PREROUTING rule
+// to the agent's listener, which the mirror recognises as its own), and the
+// mirror shows it.
+TEST_P(MeshTest, MirrorAndStealOfASkippedPort) {
+  HttpServer local(loopbackListener(), "stolen-81\n");
+  Proc* m = cli({"mirror", "--port", "81", "--both"}, "mirror: port 81");
+  Proc* s = steal({"--port", "81", "--to", local.to()});
+  EXPECT_EQ(body(request(pod4_, kSkippedPort, false)), "stolen-81\n");
+  ASSERT_TRUE(m->readUntil([](const std::string&, const std::string& err) {
+    return err.find(" closed") != std::string::npos;
+  })) << m->err;
+  EXPECT_EQ(stop(s), 0) << s->err;
+  EXPECT_EQ(stop(m), 0) << m->err;
+  EXPECT_THAT(m->out, HasSubstr("GET / HTTP/1.0\r\n")) << m->out;
+  EXPECT_THAT(m->out, HasSubstr("stolen-81\n")) << m->out;
+}
+
 // Capture is tcpdump in the pod: it has both hops, the mesh-facing one
 // (with the preface) and the application-facing one over lo.
 TEST_P(MeshTest, CaptureHasBothHops) {
