@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
 #include "agent/common/unique_fd.h"
+#include "agent/mirror/redirected_hops.h"
 #include "agent/netns/netns_thread.h"
 #include "loader/mirror_loader.h"
 #include "siphon/status.h"
@@ -49,7 +50,7 @@ struct MirrorEngine::Impl : ConnectionEvents {
   MirrorEngineOptions options;
   Deliver deliver;
   std::unique_ptr<bpf::MirrorLoader> loader;
-  NlSock links;  // rtnetlink link events of the target's netns
+  NlSock links;   // rtnetlink link events of the target's netns
   UniqueFd wake;  // eventfd: ports changed, or stop
   UniqueFd epoll;
   NetnsThread thread;  // the engine's: inside the target's netns
@@ -64,6 +65,9 @@ struct MirrorEngine::Impl : ConnectionEvents {
 
   // Engine thread only.
   std::unique_ptr<ConnectionTable> table;
+  // A meshed connection's mesh-facing hop left out (redirected_hops.h).
+  std::unique_ptr<RedirectedHops> hops;
+  std::set<int> loopbacks;  // ifindexes of attached loopback interfaces
   std::vector<MirrorEvent> batch;
   std::map<int, std::string> attached;  // ifindex -> name
   uint64_t overflow_gap_bytes = 0;
@@ -155,6 +159,7 @@ struct MirrorEngine::Impl : ConnectionEvents {
       return;
     }
     attached[ifindex] = name;
+    if (loopback) loopbacks.insert(ifindex);
     log::info("mirror_attached", {{"interface", name},
                                   {"ifindex", static_cast<int64_t>(ifindex)},
                                   {"hooks", loopback ? "ingress" : "ingress,egress"}});
@@ -164,8 +169,9 @@ struct MirrorEngine::Impl : ConnectionEvents {
     auto it = attached.find(ifindex);
     if (it == attached.end()) return;
     (void)loader->detach(ifindex);
-    log::info("mirror_detached", {{"interface", it->second},
-                                  {"ifindex", static_cast<int64_t>(ifindex)}});
+    loopbacks.erase(ifindex);
+    log::info("mirror_detached",
+              {{"interface", it->second}, {"ifindex", static_cast<int64_t>(ifindex)}});
     attached.erase(it);
   }
 
@@ -198,7 +204,8 @@ struct MirrorEngine::Impl : ConnectionEvents {
     }
     // Joined before the dump: a link that appears meanwhile is in one or the other.
     if (int err = nl_socket_add_membership(links.get(), RTNLGRP_LINK); err < 0) {
-      return absl::UnavailableError(absl::StrCat("mirror: rtnetlink link events: ", nl_geterror(err)));
+      return absl::UnavailableError(
+          absl::StrCat("mirror: rtnetlink link events: ", nl_geterror(err)));
     }
     ifinfomsg request{};
     request.ifi_family = AF_UNSPEC;
@@ -222,16 +229,22 @@ struct MirrorEngine::Impl : ConnectionEvents {
     lo.ring_bytes = options.ring_bytes;
     auto loaded = bpf::MirrorLoader::load(lo);
     if (!loaded.ok()) {
-      return absl::Status(loaded.status().code(),
-                    absl::StrCat("mirror: load the TC capture program: ", loaded.status().message()));
+      return absl::Status(
+          loaded.status().code(),
+          absl::StrCat("mirror: load the TC capture program: ", loaded.status().message()));
     }
     loader = std::move(*loaded);
+    // Made here: its conntrack socket must be of the target's netns.
+    hops = std::make_unique<RedirectedHops>(makeKernelNatLookup());
     RETURN_IF_ERROR(loader->startReader(
         [this](const bpf::MirrorPacket& p) {
           std::string_view bytes(reinterpret_cast<const char*>(p.data.data()), p.data.size());
-          // A malformed packet is counted by the table; nothing else to do.
-          (void)table->onPacket(bytes, LinkType::kRawIp,
-                                Timestamp(static_cast<int64_t>(p.header.timestamp_ns)));
+          const Timestamp at(static_cast<int64_t>(p.header.timestamp_ns));
+          hops->onPacket(bytes, loopbacks.contains(static_cast<int>(p.header.ifindex)), at,
+                         [this, at](std::string_view packet) {
+                           // A malformed packet is counted by the table.
+                           (void)table->onPacket(packet, LinkType::kRawIp, at);
+                         });
         },
         [this](uint64_t lost) { table->addDroppedPackets(lost); }));
     RETURN_IF_ERROR(openLinkWatch());
@@ -263,6 +276,7 @@ struct MirrorEngine::Impl : ConnectionEvents {
       ports_changed = false;
       now = ports;
     }
+    hops->setPorts(now);
     table->setServerPorts(std::move(now));
   }
 
@@ -283,6 +297,7 @@ struct MirrorEngine::Impl : ConnectionEvents {
     }
     stats.table = table->counters();
     stats.overflow_gap_bytes = overflow_gap_bytes;
+    stats.connections_left_out = hops->counters().connections_left_out;
     stats.interfaces.clear();
     for (const auto& [ifindex, name] : attached) {
       stats.interfaces.push_back(absl::StrCat(name, "(", ifindex, ")"));
@@ -321,6 +336,9 @@ struct MirrorEngine::Impl : ConnectionEvents {
       }
       const Timestamp now = monotonicNow();
       if (now - last_tick >= options.tick) {
+        hops->advanceTime(now, [this, now](std::string_view packet) {
+          (void)table->onPacket(packet, LinkType::kRawIp, now);
+        });
         table->advanceTime(now);
         publishStats();
         last_tick = now;
@@ -359,15 +377,15 @@ MirrorEngine::~MirrorEngine() {
   impl_->thread.join();
   // Every loss the copy had, in one line (the sessions got each as a gap).
   const MirrorEngineStats st = stats();
-  log::info("mirror_capture_stopped",
-            {{"packets_seen", st.kernel_seen},
-             {"packets_copied", st.kernel_copied},
-             {"packets_lost_ring_full", st.kernel_lost},
-             {"packets_invalid", st.table.invalid_packets},
-             {"connections", st.table.connections_opened},
-             {"bytes", st.table.delivered_bytes},
-             {"gap_bytes", st.table.gap_bytes},
-             {"gap_bytes_consumer_behind", st.overflow_gap_bytes}});
+  log::info("mirror_capture_stopped", {{"packets_seen", st.kernel_seen},
+                                       {"packets_copied", st.kernel_copied},
+                                       {"packets_lost_ring_full", st.kernel_lost},
+                                       {"packets_invalid", st.table.invalid_packets},
+                                       {"connections", st.table.connections_opened},
+                                       {"bytes", st.table.delivered_bytes},
+                                       {"gap_bytes", st.table.gap_bytes},
+                                       {"gap_bytes_consumer_behind", st.overflow_gap_bytes},
+                                       {"mesh_hops_left_out", st.connections_left_out}});
   // The loader's destructor closes the TCX links: detached everywhere.
 }
 

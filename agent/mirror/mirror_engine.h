@@ -44,8 +44,8 @@ struct MirrorEvent {
   // kData: one record as it goes on the wire (streams.proto,
   // MirroredConnection): the v1::Direction byte, then the bytes.
   std::string record;
-  uint64_t gap_bytes = 0;  // kGap
-  ConnectionInfo info;     // kOpened
+  uint64_t gap_bytes = 0;                  // kGap
+  ConnectionInfo info;                     // kOpened
   CloseReason reason = CloseReason::kFin;  // kClosed
 };
 
@@ -75,11 +75,13 @@ struct MirrorEngineOptions {
 };
 
 struct MirrorEngineStats {
-  uint64_t kernel_seen = 0;     // packets of mirrored ports the TC program saw
+  uint64_t kernel_seen = 0;  // packets of mirrored ports the TC program saw
   uint64_t kernel_copied = 0;
-  uint64_t kernel_lost = 0;     // ring buffer full
-  MirrorCounters table;         // reassembly
+  uint64_t kernel_lost = 0;         // ring buffer full
+  MirrorCounters table;             // reassembly
   uint64_t overflow_gap_bytes = 0;  // turned into gaps: the consumer was behind
+  // Mesh-facing hops of meshed connections, not followed (redirected_hops.h).
+  uint64_t connections_left_out = 0;
   std::vector<std::string> interfaces;  // attached, "name(ifindex)"
 };
 

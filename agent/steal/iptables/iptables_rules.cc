@@ -155,8 +155,17 @@ std::string exemptSourceRules(const ChainNames& c, const std::vector<std::string
 }  // namespace
 
 std::string installRules(const ChainNames& c, const std::vector<std::string>& exempt_sources) {
-  // Jumps inserted first in the built-in chains: a mesh's own REDIRECT
-  // (Istio's) must not take a port the user asked to steal.
+  // Where the jumps go, for a pod with a service mesh's sidecar (Istio,
+  // Linkerd): the mesh REDIRECTs a client's connection in PREROUTING to its
+  // proxy, which ends mTLS and connects to the application itself (its
+  // original destination, over lo). That second, locally made connection is
+  // the one carrying the application's plain bytes, and it passes OUTPUT.
+  // So PREROUTING's jump is appended: a port the mesh redirects reaches the
+  // proxy, never us with the still encrypted hop, and a port the mesh skips
+  // (a skip-inbound-port, or no mesh at all) comes on to our REDIRECT. OUTPUT's
+  // jump is first: the proxy's connection to the application is ours before
+  // the mesh's own OUTPUT rules (which RETURN it untouched) see it; the
+  // exempt mark keeps our passthrough out of it.
   //
   // The conntrack rule never matches (the nat table sees no INVALID packet)
   // but holds the netns' connection tracking for as long as the chains
@@ -172,7 +181,7 @@ std::string installRules(const ChainNames& c, const std::vector<std::string>& ex
                       "-A ", c.out, " -m mark --mark ", hex32(kExemptMark), "/",    //
                       hex32(kExemptMask), " -j RETURN\n",                           //
                       exemptSourceRules(c, exempt_sources),                         //
-                      "-I PREROUTING 1 -j ", c.pre, "\n",                           //
+                      "-A PREROUTING -j ", c.pre, "\n",                             //
                       "-I OUTPUT 1 -j ", c.out, "\n",                               //
                       "COMMIT\n");
 }

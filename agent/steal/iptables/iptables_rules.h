@@ -6,14 +6,23 @@
 // Our chains, for a target whose netns inode is I (low 32 bits as hex) and
 // an agent whose owner id is O (6 hex digits, random per steering):
 //
-//   -I PREROUTING 1 -j SIPHON_<I>_<O>_PRE      traffic from outside the pod
-//   -I OUTPUT 1 -j SIPHON_<I>_<O>_OUT          connections made inside the pod
+//   -A PREROUTING -j SIPHON_<I>_<O>_PRE        traffic from outside the pod, after
+//                                              a mesh's inbound REDIRECT (below)
+//   -I OUTPUT 1 -j SIPHON_<I>_<O>_OUT          connections made inside the pod,
+//                                              a mesh proxy's to the application too
 //   -A SIPHON_<I>_<O>_OUT -m mark --mark kExemptMark/kExemptMask -j RETURN
 //   -A SIPHON_<I>_<O>_{PRE,OUT} -p tcp -m addrtype --dst-type LOCAL -m tcp
 //      --dport P -j REDIRECT --to-ports L      one per steered port
 //
 // Two agents on one target (a failover, a second operator) each have their
-// own chains and jumps, so neither removes the other's. The owner's
+// own chains and jumps, so neither removes the other's.
+//
+// In a pod with a mesh sidecar (Istio, Linkerd), a client's connection is
+// REDIRECTed in PREROUTING to the proxy, which ends mTLS and connects to the
+// application from inside the pod: PREROUTING's jump comes after the mesh's
+// (the encrypted hop is left to the proxy) and OUTPUT's before (the proxy's
+// plain connection to the application is the one stolen). Ports the mesh
+// does not redirect are taken in PREROUTING as in a pod without a mesh. The owner's
 // liveness is an abstract unix socket bound in the target's netns
 // (owner_lock.h), held by the agent and its guard: a later agent removes
 // only chains whose owner's lock is free. The inode part lets it find

@@ -63,14 +63,14 @@ TEST(Save, AnotherOwnersChainsOnTheSameTargetAreNotOurs) {
   EXPECT_TRUE(parseNatSave(other, kChains).empty());
 }
 
-TEST(Rules, InstallDeclaresChainsExemptsOurMarkAndJumpsFirst) {
+TEST(Rules, InstallDeclaresChainsExemptsOurMarkJumpsLastInPreroutingFirstInOutput) {
   EXPECT_EQ(installRules(kChains),
             "*nat\n"
             ":SIPHON_f0000281_a1b2c3_PRE - [0:0]\n"
             ":SIPHON_f0000281_a1b2c3_OUT - [0:0]\n"
             "-A SIPHON_f0000281_a1b2c3_PRE -m conntrack --ctstate INVALID -j RETURN\n"
             "-A SIPHON_f0000281_a1b2c3_OUT -m mark --mark 0x53490000/0xffff0000 -j RETURN\n"
-            "-I PREROUTING 1 -j SIPHON_f0000281_a1b2c3_PRE\n"
+            "-A PREROUTING -j SIPHON_f0000281_a1b2c3_PRE\n"
             "-I OUTPUT 1 -j SIPHON_f0000281_a1b2c3_OUT\n"
             "COMMIT\n");
 }
@@ -86,7 +86,7 @@ TEST(Rules, ProbeSourcesReturnInBothChainsBeforeAnyPort) {
             "-A SIPHON_f0000281_a1b2c3_OUT -s 10.0.0.7/32 -j RETURN\n"
             "-A SIPHON_f0000281_a1b2c3_PRE -s 192.168.0.0/16 -j RETURN\n"
             "-A SIPHON_f0000281_a1b2c3_OUT -s 192.168.0.0/16 -j RETURN\n"
-            "-I PREROUTING 1 -j SIPHON_f0000281_a1b2c3_PRE\n"
+            "-A PREROUTING -j SIPHON_f0000281_a1b2c3_PRE\n"
             "-I OUTPUT 1 -j SIPHON_f0000281_a1b2c3_OUT\n"
             "COMMIT\n");
 }
