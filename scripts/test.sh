@@ -51,6 +51,7 @@ if [ "$quick" = 1 ]; then
     'IsolationTest\.'                                             # isolation (its only test)
     'MirrorTest\.BothDirectionsOfAnHttpExchangeInOrder$'          # mirror
     'MirrorBpfTest\.UnmirroredPortGivesNothing$'                  # mirror_bpf
+    'StealTakesTheApplicationFacingHop/istio_iptables'            # mesh
     'OutgoingTest\.AClosedPortIsAOneLineErrorAndExitOne$'         # outgoing
     'ContinuityTest\.StolenDownloadSurvivesAKilledTransport$'     # resume
     'ContainerdRuntimeTest\.InfoShowsContainerIdAndRuntime$'      # runtime
