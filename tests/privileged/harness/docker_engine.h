@@ -21,7 +21,6 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mount.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -131,17 +130,14 @@ class PrivateEngine {
     std::vector<std::string> out = {"--name", name};
     if (kind_ == EngineKind::kPodman) {
       // Podman sets RLIMIT_NOFILE and RLIMIT_NPROC of a root container to
-      // 1048576 and 4194304 unless told otherwise; under a hard limit lower
-      // than that (a CI sandbox) runc's setrlimit fails with EPERM. The
-      // limits this test runs under are always allowed.
-      rlimit files{}, procs{};
-      getrlimit(RLIMIT_NOFILE, &files);
-      getrlimit(RLIMIT_NPROC, &procs);
-      out.insert(
-          out.end(),
-          {"--cgroup-parent", "/" + tag_, "--ulimit",
-           "nofile=" + limitText(files.rlim_cur) + ":" + limitText(files.rlim_max), "--ulimit",
-           "nproc=" + limitText(procs.rlim_cur) + ":" + limitText(procs.rlim_max)});
+      // 1048576 and 4194304 unless told otherwise, and runc (started under
+      // it) cannot raise a hard limit above the service's own: under lower
+      // limits (a CI sandbox; the service itself lowers its RLIMIT_NPROC to
+      // 32768) runc's setrlimit fails with EPERM. The limits the service
+      // runs under are always allowed.
+      out.insert(out.end(), {"--cgroup-parent", "/" + tag_, "--ulimit",
+                             "nofile=" + daemonLimit("Max open files"), "--ulimit",
+                             "nproc=" + daemonLimit("Max processes")});
     }
     return out;
   }
@@ -177,8 +173,22 @@ class PrivateEngine {
   const std::string& tag() const { return tag_; }
 
  private:
-  static std::string limitText(rlim_t v) {
-    return v == RLIM_INFINITY ? std::string("-1") : std::to_string(v);
+  // "SOFT:HARD" of the daemon's limit named `name` in /proc/PID/limits
+  // ("Max processes  32768  32768  processes"), for `docker run --ulimit`;
+  // "1024:1024" if it cannot be read (always allowed).
+  std::string daemonLimit(const std::string& name) const {
+    std::istringstream lines(readFile("/proc/" + std::to_string(daemon_.pid()) + "/limits"));
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.rfind(name, 0) != 0) continue;
+      std::istringstream values(line.substr(name.size()));
+      std::string soft, hard;
+      values >> soft >> hard;
+      if (soft == "unlimited") soft = "-1";
+      if (hard == "unlimited") hard = "-1";
+      if (!soft.empty() && !hard.empty()) return soft + ":" + hard;
+    }
+    return "1024:1024";
   }
 
   // dockerd over a containerd of the test's own (--containerd): dockerd
@@ -229,6 +239,7 @@ class PrivateEngine {
   // /etc/containers/networks.
   std::string startPodman() {
     var_lib_containers_existed_ = std::filesystem::exists("/var/lib/containers");
+    run_runc_existed_ = std::filesystem::exists("/run/runc");
     std::string tmpl = "/tmp/siphon-pdm-XXXXXX";
     if (mkdtemp(tmpl.data()) == nullptr) return std::string("mkdtemp: ") + std::strerror(errno);
     dir_ = tmpl;
@@ -355,6 +366,9 @@ class PrivateEngine {
       std::filesystem::remove("/var/lib/containers/cache/blob-info-cache-v1.boltdb", ec);
       removeEmptyDirs("/var/lib/containers/cache", "/var/lib");
     }
+    // A container whose start failed is cleaned up by a runc call without
+    // --runtime-flag's root, which makes the default /run/runc (empty).
+    if (!run_runc_existed_) removeEmptyDirs("/run/runc", "/run");
     for (const std::string& m : mountsUnder(dir_)) {
       if (umount2(m.c_str(), MNT_DETACH) != 0) {
         ADD_FAILURE() << "umount " << m << ": " << std::strerror(errno);
@@ -380,6 +394,7 @@ class PrivateEngine {
   Child daemon_;
   bool run_docker_existed_ = true;
   bool var_lib_containers_existed_ = true;
+  bool run_runc_existed_ = true;
   std::vector<std::string> images_;
   std::vector<std::string> containers_;
 };
