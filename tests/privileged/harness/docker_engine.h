@@ -193,7 +193,8 @@ class PrivateEngine {
 
   // dockerd over a containerd of the test's own (--containerd): dockerd
   // would otherwise use the node's containerd when its socket exists, or
-  // start one whose shims and state it shares with nobody we can see.
+  // start one of its own, whose shims and state the teardown would have to
+  // guess.
   std::string startDocker() {
     run_docker_existed_ = std::filesystem::exists("/run/docker");
     if (std::string err = containerd_.start("/tmp/siphon-dkr-XXXXXX"); !err.empty()) return err;
