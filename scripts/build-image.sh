@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds the siphon-agent container image without a daemon: an OCI image
 # layout (oci-layout, index.json, blobs/sha256/...) packed as a tar that
-# `ctr -n k8s.io image import` (or `skopeo copy oci-archive:...`) reads. It is
-# the same image images/Dockerfile describes (same paths, entrypoint, env and
-# labels), made from a binary built on this machine instead of in a builder
-# stage, for hosts with no Docker engine. Like scripts/build-test-image.sh the
+# `ctr -n k8s.io image import` (or `skopeo copy oci-archive:...`) reads, with
+# the manifest.json of a docker-archive beside it, so `docker load` reads it
+# too. It is the same image images/Dockerfile describes (same paths,
+# entrypoint, env and labels), made from a binary built on this machine
+# instead of in a builder stage, for hosts with no Docker engine. Like scripts/build-test-image.sh the
 # layout is written with tar and sha256sum, byte for byte the same on every
 # run for the same inputs (sorted names, fixed owners, modes and times).
 #
@@ -61,7 +62,7 @@ while [ $# -gt 0 ]; do
     --version=*) version="${1#*=}"; shift ;;
     --source) [ $# -ge 2 ] || usage; source_url="$2"; shift 2 ;;
     --source=*) source_url="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; positional+=("$@"); break ;;
     -*) echo "$prog: unknown option $1" >&2; usage ;;
     *) positional+=("$1"); shift ;;
@@ -252,5 +253,14 @@ read -r config_digest config_size < <(printf '%s' "$config" | oci_put_blob "$lay
 
 read -r manifest_digest manifest_size < <(oci_put_manifest "$layout" "$config_digest" \
   "$config_size" "$layer_digest" "$layer_size" "$labels")
-oci_pack "$layout" "$manifest_digest" "$manifest_size" "$arch" "$name" "$out"
+# Docker Engine before 25 (Debian 12's docker.io is 20.10) loads only the
+# docker-archive form: a manifest.json naming the config, the layers and the
+# tag. It reads the same blobs, so the tar carries both indexes and loads
+# with `docker load` and `podman load` as well as with `ctr image import`.
+printf '[{"Config":"blobs/sha256/%s","RepoTags":["%s"],"Layers":["blobs/sha256/%s"]}]' \
+  "$config_digest" "$name" "$layer_digest" >"$layout/manifest.json"
+oci_pack "$layout" "$manifest_digest" "$manifest_size" "$arch" "$name" "$work/image.tar"
+tar --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$layout" -rf "$work/image.tar" manifest.json
+mkdir -p "$(dirname "$out")"
+mv "$work/image.tar" "$out"
 echo "$prog: $out ($name, version $version, $((layer_size / 1024 / 1024)) MiB, manifest sha256:$manifest_digest)"

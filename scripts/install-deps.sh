@@ -37,6 +37,11 @@ PKGS=(
   # `siphon exec`: real programs in its tests (dig reads resolv.conf itself,
   # busybox's wget is static).
   bind9-dnsutils
+  # Docker-API runtimes, real engines in tests/privileged/docker: Debian's
+  # Docker Engine (dockerd, and its client at /usr/bin/docker) and Podman
+  # (its Docker-compatible service; conmon comes with it). Both run containers
+  # with the runc above; the tests start private daemons, never the system's.
+  docker.io podman
 )
 
 # containerd's .proto files, for the agent's gRPC client generated at build
@@ -69,5 +74,17 @@ fi
 
 echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
+# Packages with a daemon (docker.io, containerd, dnsmasq, nginx) start it on
+# install where services can start. A system dockerd would add a bridge,
+# NAT and filter rules (a FORWARD policy of DROP) and turn on ip_forward,
+# under the feet of the steal and mesh tests; the tests start the daemons
+# they need themselves. Unless the host already has a policy, none is
+# started during this install (policy-rc.d exit 101: "action forbidden").
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\n# scripts/install-deps.sh: no service starts during its install\nexit 101\n' >"$policy"
+  chmod 0755 "$policy"
+  trap 'rm -f "$policy"' EXIT
+fi
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}"
