@@ -28,6 +28,12 @@ bool componentNames(std::string_view component, std::string_view id) {
   return component == id;
 }
 
+// runc's own processes name themselves "runc:[0:PARENT]", "runc:[1:CHILD]"
+// and "runc:[2:INIT]" (nsexec) until the last one execs the container's
+// program. They are in the container's cgroup before the root is pivoted,
+// so entering one would serve the node's files as the container's.
+bool isRuntimeSetup(std::string_view comm) { return comm.substr(0, 5) == "runc:"; }
+
 }  // namespace
 
 bool cgroupNamesContainer(std::string_view cgroup_file, std::string_view id) {
@@ -57,6 +63,7 @@ absl::StatusOr<pid_t> findContainerPid(ProcFs& procfs, std::string_view id) {
   ASSIGN_OR_RETURN(std::vector<pid_t> pids, procfs.listPids());
   const pid_t self = procfs.selfPid();
   size_t looked = 0;
+  size_t starting = 0;
   pid_t found = 0;
   for (pid_t pid : pids) {
     if (pid == self) continue;
@@ -64,9 +71,23 @@ absl::StatusOr<pid_t> findContainerPid(ProcFs& procfs, std::string_view id) {
     // Gone since the listing, or unreadable: not a process we could enter.
     if (!cgroup.ok()) continue;
     ++looked;
-    if (cgroupNamesContainer(*cgroup, id) && (found == 0 || pid < found)) found = pid;
+    if (!cgroupNamesContainer(*cgroup, id) || (found != 0 && pid > found)) continue;
+    auto comm = procfs.readComm(pid);
+    if (!comm.ok()) continue;
+    if (isRuntimeSetup(*comm)) {
+      ++starting;
+      continue;
+    }
+    found = pid;
   }
   if (found != 0) return found;
+  if (starting != 0) {
+    // NotFound as well: a caller that waits for the container (a restart)
+    // looks again; one that does not says what it saw.
+    return absl::NotFoundError(absl::StrCat(
+        "container ", asv(id), " is still being started: its ", starting,
+        " process(es) are the runtime's setup (runc), not yet the container's program"));
+  }
   return absl::NotFoundError(absl::StrCat(
       "no process of container ", asv(id), " among the ", looked,
       " processes this agent sees (by their /proc/PID/cgroup); in ephemeral mode the agent "

@@ -155,4 +155,10 @@ absl::StatusOr<std::string> RealProcFs::readCgroup(pid_t pid) {
   return readCapped(path(pid, "cgroup"), size_t{64} << 10, "cgroup file");
 }
 
+absl::StatusOr<std::string> RealProcFs::readComm(pid_t pid) {
+  ASSIGN_OR_RETURN(std::string comm, readCapped(path(pid, "comm"), 64, "comm file"));
+  if (!comm.empty() && comm.back() == '\n') comm.pop_back();
+  return comm;
+}
+
 }  // namespace siphon::agent

@@ -76,6 +76,11 @@ class ProcFs {
   // are relative to the reader's cgroup namespace root. ResourceExhausted
   // above 64 KiB (a real file is a few hundred bytes).
   virtual absl::StatusOr<std::string> readCgroup(pid_t pid) = 0;
+
+  // /proc/PID/comm without its newline: the name the process gave itself
+  // (at most 15 bytes). A runtime's setup process names itself here before
+  // it becomes the container's program ("runc:[2:INIT]").
+  virtual absl::StatusOr<std::string> readComm(pid_t pid) = 0;
 };
 
 // ProcFs over a real procfs mount.
@@ -94,6 +99,7 @@ class RealProcFs : public ProcFs {
   pid_t selfPid() override;
   absl::StatusOr<std::vector<pid_t>> listPids() override;
   absl::StatusOr<std::string> readCgroup(pid_t pid) override;
+  absl::StatusOr<std::string> readComm(pid_t pid) override;
 
  private:
   // A whole /proc file of at most `cap` bytes; above it, ResourceExhausted

@@ -34,6 +34,7 @@ struct FakeProcess {
   bool exited = false;  // hasExited() on its pidfd
   std::string cgroup;   // raw text readCgroup returns
   int cgroup_errno = 0;
+  std::string comm = "app";  // what readComm returns
 };
 
 class FakeProcFs : public agent::ProcFs {
@@ -108,6 +109,12 @@ class FakeProcFs : public agent::ProcFs {
     if (it == processes_.end()) return errnoStatus(ENOENT, what);
     if (it->second.cgroup_errno != 0) return errnoStatus(it->second.cgroup_errno, what);
     return it->second.cgroup;
+  }
+
+  absl::StatusOr<std::string> readComm(pid_t pid) override {
+    auto it = processes_.find(pid);
+    if (it == processes_.end()) return errnoStatus(ENOENT, absl::StrCat("open /proc/", pid, "/comm"));
+    return it->second.comm;
   }
 
  private:

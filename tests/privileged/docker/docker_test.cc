@@ -49,6 +49,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/fakes/sanitizers.h"
 #include "tests/privileged/harness/acceptor.h"
 #include "tests/privileged/harness/docker_engine.h"
 #include "tests/privileged/harness/pod_harness.h"
@@ -511,6 +512,11 @@ class DockerAgentImageTest : public EngineTest {
   }
 
   void SetUp() override {
+    // What these check is the packaging in another engine (the image loads
+    // and runs in dockerd); the agent's code in them is what EngineTest
+    // runs under the sanitizers. As tests/privileged/image/ (label
+    // privileged-no-sanitize), they cost minutes of that run for nothing.
+    if (fakes::kSanitizedBuild) GTEST_SKIP() << "the image's packaging: the normal build's run";
     EngineTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
     if (!image_built_) image_built_ = loadAgentImage();

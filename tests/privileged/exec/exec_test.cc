@@ -87,6 +87,12 @@ class ExecTest : public ::testing::Test {
     ::chmod(dir_->path().c_str(), 0755);
     token_file_ = dir_->file("token", "tok-" + randomHex(32) + "\n");
     ::chmod(token_file_.c_str(), 0644);
+    // siphon's TMPDIR (its staging directories): this test's own, so that
+    // what it checks is left of its runs is not another test's, running
+    // beside it. Open to nobody's runs, as /tmp is.
+    tmp_ = dir_->path() + "/tmp";
+    std::filesystem::create_directories(tmp_);
+    ::chmod(tmp_.c_str(), 01777);
     netns_.emplace();
     ASSERT_TRUE(netns_->created());
     for (const char* addr : {kWeb, kDns, kUdpEcho}) {
@@ -206,7 +212,7 @@ class ExecTest : public ::testing::Test {
 
   std::vector<std::string> siphon(const std::vector<std::string>& exec_args,
                                   const std::string& endpoint = "") const {
-    std::vector<std::string> argv = {SIPHON_CLI_BIN, "--agent",
+    std::vector<std::string> argv = {"env", "TMPDIR=" + tmp_, SIPHON_CLI_BIN, "--agent",
                                      endpoint.empty() ? endpoint_ : endpoint, "--token-file",
                                      token_file_, "exec"};
     argv.insert(argv.end(), exec_args.begin(), exec_args.end());
@@ -216,6 +222,7 @@ class ExecTest : public ::testing::Test {
 
   std::optional<TempDir> dir_;
   std::string token_file_;
+  std::string tmp_;
   std::string root_;
   std::optional<NetNs> netns_;
   Child dns_, web_, pod_;
@@ -764,19 +771,23 @@ TEST_F(ExecTest, AfterAFailoverTheProgramsNewConnectionsGoThroughTheOtherAgent) 
 
 // ------------------------------------------------------------ files
 
-// Mounts of ours in this machine's tree, and staging directories left.
-std::string siphonMountsHere() {
+// Mounts of this test's runs in this machine's tree (their staging
+// directories are under tmp_), and staging directories left.
+std::string siphonMountsHere(const std::string& tmp) {
   std::string out;
   std::istringstream in(readFile("/proc/self/mountinfo"));
   for (std::string line; std::getline(in, line);) {
-    if (line.find("fuse.siphon") != std::string::npos) out += line + "\n";
+    if (line.find("fuse.siphon") != std::string::npos &&
+        line.find(" " + tmp + "/") != std::string::npos) {
+      out += line + "\n";
+    }
   }
   return out;
 }
-std::set<std::string> stagingDirs() {
+std::set<std::string> stagingDirs(const std::string& tmp) {
   std::set<std::string> out;
   std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/tmp", ec)) {
+  for (const auto& e : std::filesystem::directory_iterator(tmp, ec)) {
     if (e.path().filename().string().rfind("siphon-exec-fs-", 0) == 0) out.insert(e.path());
   }
   return out;
@@ -795,7 +806,6 @@ TEST_F(ExecTest, FsRemoteShowsTheTargetsFilesAtTheSamePath) {
   for (const auto& e : std::filesystem::directory_iterator("/var/run")) {
     if (e.path().filename() != "secrets") local_entry = e.path().filename();
   }
-  const auto staging_before = stagingDirs();
   Result r = exec({"--fs-remote", sa, "--", "sh", "-c",
                    "cat " + sa + "/token " + sa + "/namespace; ls /var/run"});
   EXPECT_EQ(r.exit_code, 0) << r;
@@ -806,8 +816,8 @@ TEST_F(ExecTest, FsRemoteShowsTheTargetsFilesAtTheSamePath) {
   }
   // Nothing of it here: not the path, not the mount, not its directories.
   EXPECT_FALSE(std::filesystem::exists("/var/run/secrets"));
-  EXPECT_EQ(siphonMountsHere(), "");
-  EXPECT_EQ(stagingDirs(), staging_before);
+  EXPECT_EQ(siphonMountsHere(tmp_), "");
+  EXPECT_EQ(stagingDirs(tmp_), std::set<std::string>{});
 }
 
 // A path this machine has is covered in the program's view, even one the
@@ -822,7 +832,7 @@ TEST_F(ExecTest, FsRemoteCoversAPathThisMachineHas) {
   EXPECT_EQ(r.out, "pod's sbin\ncovered\n") << r;
   EXPECT_TRUE(std::filesystem::exists("/usr/sbin/iptables")) << "this machine's is untouched";
   EXPECT_FALSE(std::filesystem::exists("/usr/sbin/from-the-pod"));
-  EXPECT_EQ(siphonMountsHere(), "");
+  EXPECT_EQ(siphonMountsHere(tmp_), "");
 }
 
 TEST_F(ExecTest, FsRootShowsTheWholeRootAndWritesReachTheTarget) {
@@ -846,7 +856,7 @@ TEST_F(ExecTest, FsRootShowsTheWholeRootAndWritesReachTheTarget) {
   EXPECT_NE(r.exit_code, 0) << r;
   EXPECT_THAT(r.err, HasSubstr("Read-only file system")) << r;
   EXPECT_FALSE(std::filesystem::exists(root_ + "/www/ro.txt"));
-  EXPECT_EQ(siphonMountsHere(), "");
+  EXPECT_EQ(siphonMountsHere(tmp_), "");
 }
 
 TEST_F(ExecTest, AMissingRemotePathIsOneLine) {
@@ -858,7 +868,7 @@ TEST_F(ExecTest, AMissingRemotePathIsOneLine) {
   r = exec({"--fs-remote", "relative/path", "--", "true"});
   EXPECT_EQ(r.exit_code, 2) << r;
   EXPECT_THAT(r.err, HasSubstr("an absolute path")) << r;
-  EXPECT_EQ(siphonMountsHere(), "");
+  EXPECT_EQ(siphonMountsHere(tmp_), "");
 }
 
 // The unprivileged path: nobody, in a user namespace of its own. No TUN
@@ -919,7 +929,7 @@ TEST_F(ExecTest, AsNobodyWithoutFuseTheFilesFlagsSayWhatIsMissing) {
   EXPECT_THAT(r.err, HasSubstr("--fs-remote/--fs-root need a FUSE mount")) << r;
   EXPECT_THAT(r.err, HasSubstr("/dev/fuse is not open to uid 65534")) << r;
   EXPECT_FALSE(std::filesystem::exists("/tmp/siphon-never"));
-  EXPECT_EQ(siphonMountsHere(), "");
+  EXPECT_EQ(siphonMountsHere(tmp_), "");
 }
 
 }  // namespace

@@ -141,6 +141,26 @@ TEST(FindContainerPidTest, NoMatchIsNotFoundAndExplainsThePidNamespace) {
   EXPECT_THAT(msg(pid.status()), HasSubstr("share the target's PID namespace"));
 }
 
+// A restart caught half-way: runc's init is in the cgroup before it has
+// pivoted into the container's root; it is not the target yet.
+TEST(FindContainerPidTest, RuncSetupProcessesAreNotTheContainer) {
+  fakes::FakeProcFs procfs;
+  fakes::FakeProcess& init = procfs.addProcess(5);
+  init.cgroup = containerdCgroup(kId);
+  init.comm = "runc:[2:INIT]";
+  auto pid = findContainerPid(procfs, kId);
+  ASSERT_EQ(pid.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(msg(pid.status()), HasSubstr("still being started"));
+  // Once it has exec'd the container's program, it is.
+  init.comm = "sh";
+  EXPECT_EQ(*findContainerPid(procfs, kId), 5);
+  // A program of the container's next to runc's setup process wins.
+  fakes::FakeProcess& child = procfs.addProcess(3);
+  child.cgroup = containerdCgroup(kId);
+  child.comm = "runc:[1:CHILD]";
+  EXPECT_EQ(*findContainerPid(procfs, kId), 5);
+}
+
 TEST(FindContainerPidTest, ListingErrorPassesThrough) {
   fakes::FakeProcFs procfs;
   procfs.setListErrno(EACCES);
