@@ -42,6 +42,9 @@ import threading
 import time
 from contextlib import ExitStack
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from links import Links  # noqa: E402 - the links group, beside this file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -138,6 +141,7 @@ class Bench:
         os.chmod(self.token_file, 0o600)
         self.results = []
         self.links = 0  # emulated links made so far (their names and addresses)
+        self.failed = []  # scenarios that failed (the run goes on; main() reports them)
         self.reps = 3 if args.quick else 5
         self.secs = 2 if args.quick else 10
 
@@ -288,11 +292,12 @@ http {{
         return off
 
     # ------------------------------------------------------- emulated links
-    def emulated_link(self, stack, delay_ms, rate=None, queue=None, offload=False):
+    def emulated_link(self, stack, delay_ms, rate=None, queue=None, offload=False, loss=0.0):
         """Two network namespaces, near and far, joined by bench/linkemu: a
         TAP device in each and the emulator between them holding each frame
         `delay_ms` each way (RTT 2 x delay_ms), at `rate` bytes/s behind a
-        `queue`-byte buffer when given (bench/README.md, "Link emulator").
+        `queue`-byte buffer when given, losing `loss` percent of the frames
+        each way (bench/README.md, "Link emulator").
         Addresses 10.(79+k).X.1 (near) and .2 (far), /24, a route only to
         each other. Everything is undone by `stack` (emulator first, then
         the namespaces), even on failure. Returns an object with near, far
@@ -317,6 +322,8 @@ http {{
             argv += ["--queue", queue]
         if offload:
             argv.append("--offload")
+        if loss:
+            argv += ["--loss", loss]
         log_path = os.path.join(self.tmp, f"linkemu-{k}.log")
         emu = self.procs.start(argv, stdout=subprocess.PIPE, stderr=open(log_path, "w"),
                                text=True)
@@ -1334,7 +1341,8 @@ def markdown(results, meta):
                 return "—"
             v = m[k]
             return f"{v['median']:.3g} ({v['min']:.3g}–{v['max']:.3g})"
-        base = next((k for k in ("direct", "baseline", "local", "forward", "pod", "session") if k in m),
+        base = next((k for k in ("direct", "baseline", "local", "forward", "pod", "session", "rtt")
+                     if k in m),
                     "baseline")
         checks = "; ".join(
             (f"{c['ratio']}× {c['vs']} ({c['want']})" if "ratio" in c else f"{c['want']}") +
@@ -1350,6 +1358,8 @@ def markdown(results, meta):
                      f"{cell('peer')} | {checks} |")
     lines.append("")
     lines.append("Each cell: median (min–max) of the repetitions. ✓ target met, ✗ missed.")
+    for failure in meta.get("failed", []):
+        lines.append(f"\nFAILED (not measured): {failure}")
     return "\n".join(lines) + "\n"
 
 
@@ -1377,42 +1387,48 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     groups = [g for g in args.only.split(",") if g] or [
         "bulk", "bulk8", "http", "short", "filtered", "idle", "forward", "startup", "rss",
-        "services", "mirror", "isolation", "mount", "exec"]
+        "services", "mirror", "isolation", "mount", "exec", "links"]
     with ExitStack() as stack:
         procs = Procs()
         stack.callback(procs.close)
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
         b = Bench(args, stack, procs)
         b.setup()
-        if "bulk" in groups:
-            b.bulk(1, {"direct": 0.5, "peer": 1.0}, "steal, one bulk TCP stream (iperf3)")
-        if "bulk8" in groups:
-            b.bulk(8, {"peer": 1.0}, "steal, 8 parallel bulk streams (iperf3 -P 8)")
-        if "http" in groups:
-            b.http(False, {"direct": 0.5, "peer": 3.0},
-                   "steal, HTTP keep-alive, 32 connections, 13-byte body (wrk)")
-        if "short" in groups:
-            b.http(True, {"peer": 2.0}, "steal, new connection per request, 32 concurrent (wrk)")
-        if "filtered" in groups:
-            b.filtered()
-        if "idle" in groups:
-            b.idle_connections(1000)
-        if "forward" in groups:
-            b.forward_bulk({"peer": 1.0})
-        if "startup" in groups:
-            b.startup()
-        if "rss" in groups:
-            b.idle_rss()
-        if "services" in groups:
-            b.services()
-        if "mirror" in groups:
-            b.mirror()
-        if "isolation" in groups:
-            b.isolation()
-        if "mount" in groups:
-            b.mount()
-        if "exec" in groups:
-            b.exec_group()
+        runs = [
+            ("bulk", lambda: b.bulk(1, {"direct": 0.5, "peer": 1.0},
+                                    "steal, one bulk TCP stream (iperf3)")),
+            ("bulk8", lambda: b.bulk(8, {"peer": 1.0},
+                                     "steal, 8 parallel bulk streams (iperf3 -P 8)")),
+            ("http", lambda: b.http(False, {"direct": 0.5, "peer": 3.0},
+                                    "steal, HTTP keep-alive, 32 connections, 13-byte body (wrk)")),
+            ("short", lambda: b.http(True, {"peer": 2.0},
+                                     "steal, new connection per request, 32 concurrent (wrk)")),
+            ("filtered", b.filtered),
+            ("idle", lambda: b.idle_connections(1000)),
+            ("forward", lambda: b.forward_bulk({"peer": 1.0})),
+            ("startup", b.startup),
+            ("rss", b.idle_rss),
+            ("services", b.services),
+            ("mirror", b.mirror),
+            ("isolation", b.isolation),
+            ("mount", b.mount),
+            ("exec", b.exec_group),
+            ("links", lambda: Links(b, log, sh, summary).run()),
+        ]
+        for group, run in runs:
+            if group not in groups:
+                continue
+            # A group that fails is named at the end; the others still run.
+            # Its processes are stopped by its own finally blocks, and any
+            # it left are ended here before the next group starts.
+            before = list(procs.procs)
+            try:
+                run()
+            except Exception as e:  # noqa: BLE001 - reported below, the run goes on
+                log(f"group {group} FAILED: {e}")
+                b.failed.append(f"{group}: {e}")
+                for p in [p for p in procs.procs if p not in before]:
+                    procs.stop(p)
         cpu = ""
         with open("/proc/cpuinfo") as f:
             m = re.search(r"model name\s*:\s*(.*)", f.read())
@@ -1422,10 +1438,14 @@ def main():
                 "command": "scripts/bench.sh" + (" --quick" if args.quick else "")}
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "results": b.results}, f, indent=2)
+        meta["failed"] = b.failed
         md = markdown(b.results, meta)
         with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
             f.write(md)
         print(md)
+        if b.failed:
+            log("failed: " + "; ".join(b.failed))
+            sys.exit(1)
 
 
 if __name__ == "__main__":

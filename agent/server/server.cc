@@ -404,6 +404,9 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
     sessions_[session->id()] = session;
   }
   session->setProtocolMinor(version->minor());
+  // 1.2: a stolen connection's first bytes go with its StreamOpen, not a
+  // round trip later after the client's accept.
+  session->session().allowEarlyData(version->minor() >= protocol::kEarlyDataMinor, false);
   welcome.set_session_id(session->id());
   welcome.set_resume_token(session->resumeToken());
   *welcome.mutable_limits() = protocol::toProto(session->session().limits());

@@ -509,6 +509,9 @@ class StealServiceImpl final : public StealService,
       session.resetStream(id, toProtoError(attached));
     } else {
       session.registerStream(id, pump);
+      // Early data (protocol 1.2): what the connection's client already
+      // sent goes now, with the StreamOpen, not after the accept.
+      if (session.session().sendsEarly()) pump->start();
     }
     session.wake();
     return attached;

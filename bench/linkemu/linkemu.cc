@@ -7,8 +7,8 @@
 // on a link of that rate) and then written to the other device.
 //
 //   linkemu --tap-a NAME [--netns-a NS] --tap-b NAME [--netns-b NS]
-//           [--delay-ms MS] [--rate BYTES_PER_S] [--queue BYTES] [--offload]
-//           [--fifo PRIO]
+//           [--delay-ms MS] [--rate BYTES_PER_S] [--queue BYTES]
+//           [--loss PERCENT] [--seed N] [--offload] [--fifo PRIO]
 //
 //   --delay-ms  one-way delay, each direction (RTT 20 ms: --delay-ms 10)
 //   --rate      the link's rate in bytes/s (SI suffixes: 125M = 1 Gbit/s);
@@ -16,6 +16,13 @@
 //   --queue     bytes a direction may hold: with --rate, the bottleneck's
 //               buffer (frames waiting for their turn; tail drop beyond),
 //               without, the bytes on the delay line. Default 64 MiB.
+//   --loss      the share of frames lost, each direction, independently
+//               of each other (uniform random, 0.5 = 0.5 %); a lost frame
+//               still takes its time on the link, as on a wire that
+//               corrupts it. Not with --offload, where a frame is up to
+//               44 segments and losing one would be a burst.
+//   --seed      the random generator's seed (default 1): a run's losses
+//               are the same sequence each time.
 //   --offload   TAP offloads (virtio-net header, TSO/GSO, checksum): frames
 //               of up to 64 KiB, far fewer per second; without it each
 //               frame is one MTU-sized Ethernet frame, as on a wire.
@@ -32,7 +39,8 @@
 //
 // Output: "linkemu: ready tap-a=A tap-b=B" on stdout once both devices
 // exist; at SIGINT/SIGTERM one line of counters per direction on stderr
-// ("a->b frames=N bytes=N dropped_queue=N dropped_write=N"), then exit 0.
+// ("a->b frames=N bytes=N dropped_queue=N dropped_write=N lost=N"), then
+// exit 0.
 // Exit status 1 with a message on stderr when a device cannot be made
 // (no /dev/net/tun, no such namespace, a name in use), 2 for bad flags.
 //
@@ -63,6 +71,7 @@
 #include <cstring>
 #include <deque>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -86,6 +95,8 @@ struct Options {
   double delay_ms = 0;
   std::string rate = "0";
   std::string queue = "64M";
+  double loss_percent = 0;
+  uint64_t seed = 1;
   bool offload = false;
   int fifo = 0;
 };
@@ -172,13 +183,13 @@ struct Direction {
   size_t held = 0;                 // bytes in `line`
   Clock::time_point free_at{};     // the bottleneck is busy until then
   uint64_t frames = 0, bytes = 0;  // written to `out`
-  uint64_t dropped_queue = 0, dropped_write = 0;
+  uint64_t dropped_queue = 0, dropped_write = 0, lost = 0;
 };
 
 class Link {
  public:
-  Link(Nanos delay, uint64_t rate, uint64_t queue, size_t header)
-      : delay_(delay), rate_(rate), queue_(queue), header_(header) {}
+  Link(Nanos delay, uint64_t rate, uint64_t queue, size_t header, double loss, uint64_t seed)
+      : delay_(delay), rate_(rate), queue_(queue), header_(header), loss_(loss), random_(seed) {}
 
   // A frame of `len` bytes arrived at `now`: when it is due at the other
   // end, or nullopt when the direction's queue has no room (tail drop).
@@ -217,6 +228,12 @@ class Link {
         ++d.dropped_queue;
         continue;
       }
+      // Lost after admission: it took its place in the queue and its time
+      // on the wire, and never arrives.
+      if (loss_ > 0 && uniform_(random_) < loss_) {
+        ++d.lost;
+        continue;
+      }
       d.line.push_back({*due, std::vector<uint8_t>(buf_.begin(), buf_.begin() + n)});
       d.held += len;
     }
@@ -247,6 +264,9 @@ class Link {
   uint64_t rate_;
   uint64_t queue_;
   size_t header_;
+  double loss_;  // probability, 0..1
+  std::mt19937_64 random_;
+  std::uniform_real_distribution<double> uniform_{0.0, 1.0};
   std::vector<uint8_t> buf_ = std::vector<uint8_t>(kMaxFrame);
 };
 
@@ -279,6 +299,12 @@ int run(const Options& o) {
                  "--delay-ms a number >= 0\n");
     return 2;
   }
+  if (o.loss_percent > 0 && o.offload) {
+    std::fprintf(stderr,
+                 "linkemu: --loss with --offload would lose up to 44 segments at once "
+                 "(a 64 KiB frame): use MTU frames (no --offload)\n");
+    return 2;
+  }
   // The timer's slack is how late a frame may leave: 1 ns instead of the
   // default 50 us.
   prctl(PR_SET_TIMERSLACK, 1UL);
@@ -294,7 +320,7 @@ int run(const Options& o) {
   Direction ba("b->a", b, a);
   Link link(
       std::chrono::duration_cast<Nanos>(std::chrono::duration<double, std::milli>(o.delay_ms)),
-      *rate, *queue, o.offload ? kVnetHeader : 0);
+      *rate, *queue, o.offload ? kVnetHeader : 0, o.loss_percent / 100.0, o.seed);
 
   sigset_t stop;
   sigemptyset(&stop);
@@ -342,11 +368,13 @@ int run(const Options& o) {
   }
   for (const Direction* d : {&ab, &ba}) {
     std::fprintf(stderr,
-                 "linkemu: %s frames=%llu bytes=%llu dropped_queue=%llu dropped_write=%llu\n",
+                 "linkemu: %s frames=%llu bytes=%llu dropped_queue=%llu dropped_write=%llu "
+                 "lost=%llu\n",
                  d->name, static_cast<unsigned long long>(d->frames),
                  static_cast<unsigned long long>(d->bytes),
                  static_cast<unsigned long long>(d->dropped_queue),
-                 static_cast<unsigned long long>(d->dropped_write));
+                 static_cast<unsigned long long>(d->dropped_write),
+                 static_cast<unsigned long long>(d->lost));
   }
   return 0;
 }
@@ -355,7 +383,7 @@ int run(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  CLI::App app{"Two TAP devices joined by an emulated link (delay, rate, queue)"};
+  CLI::App app{"Two TAP devices joined by an emulated link (delay, rate, queue, loss)"};
   app.add_option("--tap-a", o.tap_a, "The first TAP device's name (made here)")->required();
   app.add_option("--tap-b", o.tap_b, "The second TAP device's name (made here)")->required();
   app.add_option("--netns-a", o.netns_a, "Network namespace (/run/netns/NAME) of tap-a");
@@ -363,6 +391,9 @@ int main(int argc, char** argv) {
   app.add_option("--delay-ms", o.delay_ms, "One-way delay in ms, each direction (default 0)");
   app.add_option("--rate", o.rate, "Link rate in bytes/s, SI suffixes (default 0: unlimited)");
   app.add_option("--queue", o.queue, "Bytes held per direction before tail drop (default 64M)");
+  app.add_option("--loss", o.loss_percent, "Percent of frames lost, each direction (default 0)")
+      ->check(CLI::Range(0.0, 100.0));
+  app.add_option("--seed", o.seed, "Seed of the loss's random sequence (default 1)");
   app.add_option("--fifo", o.fifo, "SCHED_FIFO priority (1-99; default 0: normal scheduling)")
       ->check(CLI::Range(0, 99));
   app.add_flag("--offload", o.offload, "TAP offloads (TSO/GSO, checksum): frames up to 64 KiB");

@@ -241,6 +241,9 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
       // 0 means the default, as on our side (openStream).
       s.send_credit = f.open().initial_window() != 0 ? f.open().initial_window()
                                                      : limits_.initial_stream_window;
+      // Early data: the opener may send up to the initial window before we
+      // accept; the accept grants only what our window has beyond it.
+      if (early_receive_) s.recv_credit = s.recv_window = limits_.initial_stream_window;
       handler.onStreamOpen(std::move(*f.mutable_open()));
       return absl::OkStatus();
     }
@@ -251,9 +254,21 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
       if (!isLocalStream(id) || it->second.accepted) {
         return protoError(v1::PROTOCOL_ERROR, absl::StrCat("unexpected accept of stream ", id));
       }
-      it->second.accepted = true;
-      it->second.send_credit = f.accept().initial_window() != 0 ? f.accept().initial_window()
+      Stream& s = it->second;
+      s.accepted = true;
+      const uint64_t window = f.accept().initial_window() != 0 ? f.accept().initial_window()
                                                                 : limits_.initial_stream_window;
+      if (s.early) {
+        // The early credit was part of this window (and what the peer
+        // returned of it came as window updates): add the rest. A peer
+        // that granted less than the early credit (against the rule) gets
+        // its difference taken off what is left.
+        const uint64_t early = limits_.initial_stream_window;
+        s.send_credit = window >= early ? s.send_credit + (window - early)
+                                        : s.send_credit - std::min(s.send_credit, early - window);
+      } else {
+        s.send_credit = window;
+      }
       handler.onStreamAccept(std::move(*f.mutable_accept()));
       return absl::OkStatus();
     }
@@ -647,6 +662,10 @@ absl::StatusOr<uint64_t> Session::openStream(v1::StreamOpen open) {
   Stream& s = streams_[id];
   s.recv_credit = s.recv_window = open.initial_window();
   s.last_update = now_;
+  if (early_send_) {
+    s.early = true;
+    s.send_credit = limits_.initial_stream_window;
+  }
   v1::Frame f;
   *f.mutable_open() = std::move(open);
   queueSequenced(f);
@@ -662,7 +681,17 @@ absl::Status Session::acceptStream(v1::StreamAccept accept) {
   if (accept.initial_window() == 0) accept.set_initial_window(limits_.initial_stream_window);
   Stream& s = it->second;
   s.accepted = true;
-  s.recv_credit = s.recv_window = accept.initial_window();
+  if (early_receive_) {
+    // The peer's early credit counts toward this window: never grant less,
+    // and add only the rest (what was consumed meanwhile went back as
+    // window updates already).
+    const uint32_t early = limits_.initial_stream_window;
+    if (accept.initial_window() < early) accept.set_initial_window(early);
+    s.recv_credit += accept.initial_window() - early;
+    s.recv_window += accept.initial_window() - early;
+  } else {
+    s.recv_credit = s.recv_window = accept.initial_window();
+  }
   s.last_update = now_;
   v1::Frame f;
   *f.mutable_accept() = std::move(accept);
@@ -672,7 +701,10 @@ absl::Status Session::acceptStream(v1::StreamAccept accept) {
 
 size_t Session::sendCredit(uint64_t stream_id, size_t wanted) {
   auto it = streams_.find(stream_id);
-  if (it == streams_.end() || !it->second.accepted || it->second.local_closed) return 0;
+  if (it == streams_.end() || !(it->second.accepted || it->second.early) ||
+      it->second.local_closed) {
+    return 0;
+  }
   uint64_t c = std::min(it->second.send_credit, replayFree());
   if (c == 0 || c < wanted) {
     it->second.wants_write = true;
@@ -687,7 +719,7 @@ absl::Status Session::sendData(uint64_t stream_id, std::string payload) {
     return protoError(v1::STREAM_CLOSED, absl::StrCat("stream ", stream_id, " is closed"));
   }
   Stream& s = it->second;
-  if (!s.accepted) {
+  if (!s.accepted && !s.early) {
     return protoError(v1::FLOW_CONTROL_ERROR,
                       absl::StrCat("stream ", stream_id, " is not accepted yet"));
   }

@@ -125,6 +125,10 @@ net::awaitable<absl::Status> Client::handshake(Link& link, net::Stream& socket, 
     link.session = std::make_unique<protocol::Session>(protocol::Role::kClient,
                                                        protocol::fromProto(link.welcome.limits()));
   }
+  // 1.2: the agent's streams may carry data before we accept them (a
+  // stolen connection's first bytes come with its StreamOpen); they wait
+  // in the ClientStream until its acceptor takes it.
+  link.session->allowEarlyData(false, version->minor() >= protocol::kEarlyDataMinor);
   *leftover = std::move(first->leftover);
   co_return absl::OkStatus();
 }

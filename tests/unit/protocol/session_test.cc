@@ -353,6 +353,103 @@ TEST(SessionTest, AcceptRules) {
   EXPECT_GT(p.client.sendCredit(*mine), 0u);
 }
 
+// ------------------------------------------------- early data (1.2)
+
+// A Pipe whose agent sends on the streams it opens before the client's
+// accept, and whose client takes that (protocol 1.2).
+v1::StreamOpen stolenOpen() {
+  v1::StreamOpen open;
+  open.mutable_stolen()->set_subscription_id(1);
+  return open;
+}
+
+TEST(SessionTest, EarlyDataGoesWithTheOpenAndCountsTowardTheAcceptersWindow) {
+  Pipe p;  // windows of 4096
+  p.agent.allowEarlyData(/*send=*/true, /*receive=*/false);
+  p.client.allowEarlyData(/*send=*/false, /*receive=*/true);
+  auto id = p.agent.openStream(stolenOpen());
+  ASSERT_TRUE(id.ok()) << id.status();
+  // No accept yet: the initial window may go at once, data and half-close.
+  EXPECT_EQ(p.agent.sendCredit(*id), 4096u);
+  ASSERT_TRUE(p.agent.sendData(*id, "GET / HTTP/1.1\r\n\r\n").ok());
+  ASSERT_TRUE(p.agent.halfClose(*id).ok());
+  ASSERT_TRUE(p.pump().ok());
+  EXPECT_EQ(p.ch.log, (std::vector<std::string>{"open 2", "data 2 GET / HTTP/1.1\r\n",
+                                                 "half_close 2"}));
+  EXPECT_TRUE(p.ch.accepts.empty() && p.ah.accepts.empty());
+
+  // The accept (default window) grants nothing beyond what went early.
+  v1::StreamAccept a;
+  a.set_stream_id(*id);
+  ASSERT_TRUE(p.client.acceptStream(a).ok());
+  ASSERT_TRUE(p.pump().ok());
+  ASSERT_EQ(p.ah.accepts.size(), 1u);
+  EXPECT_TRUE(p.client.streamOpen(*id));
+  ASSERT_TRUE(p.client.sendData(*id, "HTTP/1.1 200 OK\r\n\r\n").ok());
+  ASSERT_TRUE(p.pump().ok());
+  EXPECT_EQ(p.ah.data[*id], "HTTP/1.1 200 OK\r\n\r\n");
+}
+
+TEST(SessionTest, EarlyCreditIsTheInitialWindowAndTheAcceptAddsTheRest) {
+  Pipe p;  // windows of 4096
+  p.agent.allowEarlyData(true, false);
+  p.client.allowEarlyData(false, true);
+  auto id = p.agent.openStream(stolenOpen());
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(p.agent.sendData(*id, std::string(4000, 'a')).ok());
+  EXPECT_EQ(p.agent.sendCredit(*id), 96u);
+  EXPECT_EQ(errorCodeOf(p.agent.sendData(*id, std::string(97, 'b'))), v1::FLOW_CONTROL_ERROR);
+  ASSERT_TRUE(p.pump().ok());
+  EXPECT_EQ(p.ch.data[*id].size(), 4000u);
+
+  // The client accepts with a window of 10000: 5904 more for the agent.
+  v1::StreamAccept a;
+  a.set_stream_id(*id);
+  a.set_initial_window(10000);
+  ASSERT_TRUE(p.client.acceptStream(a).ok());
+  ASSERT_TRUE(p.pump().ok());
+  EXPECT_EQ(p.agent.sendCredit(*id), 96u + 5904u);
+  // What the client consumed returns as usual.
+  p.client.consumed(*id, 4000);
+  ASSERT_TRUE(p.pump().ok());
+  EXPECT_EQ(p.agent.sendCredit(*id), 10000u);
+
+  // A client that accepts with less than the early credit still grants it.
+  auto id2 = p.agent.openStream(stolenOpen());
+  ASSERT_TRUE(id2.ok());
+  ASSERT_TRUE(p.pump().ok());
+  a.set_stream_id(*id2);
+  a.set_initial_window(100);
+  ASSERT_TRUE(p.client.acceptStream(a).ok());
+  ASSERT_TRUE(p.pump().ok());
+  EXPECT_EQ(p.agent.sendCredit(*id2), 4096u);
+}
+
+TEST(SessionTest, EarlyDataBeyondTheInitialWindowIsAFlowControlError) {
+  Pipe p;
+  p.client.allowEarlyData(false, true);
+  auto id = p.agent.openStream(stolenOpen());  // the agent itself sends no early data
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(p.agent.sendCredit(*id), 0u);
+  ASSERT_TRUE(p.pump().ok());
+  ASSERT_TRUE(p.client.onBytes(encodeDataFrame(*id, std::string(4096, 'a')), p.ch, p.now).ok());
+  auto st = p.client.onBytes(encodeDataFrame(*id, "b"), p.ch, p.now);
+  EXPECT_EQ(errorCodeOf(st), v1::FLOW_CONTROL_ERROR) << st;
+}
+
+// A peer of 1.1 takes no data before its accept: without allowEarlyData
+// the same frame is refused, and nothing is sent early.
+TEST(SessionTest, WithoutEarlyDataNothingMovesBeforeTheAccept) {
+  Pipe p;
+  auto id = p.agent.openStream(stolenOpen());
+  ASSERT_TRUE(id.ok());
+  EXPECT_EQ(p.agent.sendCredit(*id), 0u);
+  EXPECT_EQ(errorCodeOf(p.agent.sendData(*id, "x")), v1::FLOW_CONTROL_ERROR);
+  ASSERT_TRUE(p.pump().ok());
+  auto st = p.client.onBytes(encodeDataFrame(*id, "x"), p.ch, p.now);
+  EXPECT_EQ(errorCodeOf(st), v1::FLOW_CONTROL_ERROR) << st;
+}
+
 TEST(SessionTest, DataAndHalfCloseBothWays) {
   Pipe p;
   uint64_t id = p.openAccepted();

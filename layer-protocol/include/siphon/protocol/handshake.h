@@ -11,9 +11,12 @@
 namespace siphon::protocol {
 
 // The protocol version this build speaks. Minor versions add what a peer of
-// a lower minor never sees: 1.1 adds the agent's TargetRestarted frame.
+// a lower minor never sees: 1.1 adds the agent's TargetRestarted frame, 1.2
+// early stream data (the agent sends on a stream it opened before the
+// client's StreamAccept: Session::allowEarlyData).
 inline constexpr uint32_t kProtocolMajor = 1;
-inline constexpr uint32_t kProtocolMinor = 1;
+inline constexpr uint32_t kProtocolMinor = 2;
+inline constexpr uint32_t kEarlyDataMinor = 2;
 v1::Version currentVersion();
 
 // Versions are major.minor: the majors must match (else UNSUPPORTED_VERSION

@@ -262,8 +262,24 @@ class Session {
   void expectPiped(uint64_t request_id) { decoder_.expectPiped(request_id); }
   void forgetPiped(uint64_t request_id) { decoder_.forgetPiped(request_id); }
 
+  // Early stream data (protocol 1.2, docs/PROTOCOL.md): the opener of a
+  // stream may send Data and HalfClose on it before the StreamAccept, up to
+  // the session's initial_stream_window, which the accepter grants from the
+  // stream's first byte (its StreamAccept then adds only what its window
+  // has beyond that). Set once the handshake agreed on 1.2: `send` on the
+  // side that opens the streams it answers without waiting (the agent, for
+  // stolen connections and requests), `receive` on the side that takes
+  // them (the client). A peer that sends early without it is refused as
+  // before (FLOW_CONTROL_ERROR).
+  void allowEarlyData(bool send, bool receive) {
+    early_send_ = send;
+    early_receive_ = receive;
+  }
+  bool sendsEarly() const { return early_send_; }
+
   // Opens a stream; assigns and returns its id and sets the credit the peer
-  // gets. TOO_MANY_STREAMS past the stream limit.
+  // gets. TOO_MANY_STREAMS past the stream limit. With early data (above),
+  // the stream takes sendData() at once.
   absl::StatusOr<uint64_t> openStream(v1::StreamOpen open);
   // Accepts a stream the peer opened. STREAM_CLOSED for an unknown stream.
   absl::Status acceptStream(v1::StreamAccept accept);
@@ -302,6 +318,7 @@ class Session {
  private:
   struct Stream {
     bool accepted = false;       // both sides have granted credit
+    bool early = false;          // ours, sending before the accept (allowEarlyData)
     uint64_t send_credit = 0;    // bytes we may still send
     uint64_t recv_credit = 0;    // bytes the peer may still send
     uint64_t unreported = 0;     // consumed, not yet returned as credit
@@ -331,6 +348,8 @@ class Session {
   void forget(std::unordered_map<uint64_t, Stream>::iterator it);
   bool forget(uint64_t stream_id);
   bool isLocalStream(uint64_t stream_id) const;
+  bool early_send_ = false;
+  bool early_receive_ = false;
   // A frame naming a stream we do not hold: OK (dropped) for one that was
   // open and is gone (its frames may still be in flight), PROTOCOL_ERROR
   // for an id never opened by either side.
