@@ -107,6 +107,9 @@ class Links:
         links = [(20, 0.0), (50, 0.0), (20, 0.5), (50, 0.5)]
         if b.args.quick:
             links = [(20, 0.0), (50, 0.0), (50, 0.5)]
+        if b.args.links:
+            links = [(int(r), float(l)) for r, l in
+                     (item.split(":") for item in b.args.links.split(","))]
         for rtt_ms, loss in links:
             try:
                 self.one_link(rtt_ms, loss, files)

@@ -1369,6 +1369,8 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "latest.json"))
     ap.add_argument("--only", default="", help="comma-separated scenario groups")
+    ap.add_argument("--links", default="",
+                    help="the links group's links, RTT_MS:LOSS_PERCENT,... (default: all four)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench: needs root (network namespaces, BPF, iptables)")

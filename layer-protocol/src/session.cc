@@ -389,7 +389,7 @@ void Session::notifyWritable(SessionHandler& handler) {
   uint64_t free = replayFree();
   for (auto& [id, s] : streams_) {
     if (!s.wants_write) continue;
-    if (s.send_credit > 0 && free > 0) {
+    if (s.send_credit > 0 && free > 0 && s.unsent <= kMaxUnsentPerStream / 2) {
       s.wants_write = false;
       ready.push_back(id);
     } else {
@@ -473,8 +473,31 @@ WriteBatch Session::takeWrites(size_t max_bytes) {
     const auto& f = replay_[write_next_++];
     batch.bytes += f->size();
     batch.frames.push_back(f);
+    if (f->stream_id == 0) continue;
+    auto it = streams_.find(f->stream_id);
+    if (it == streams_.end()) continue;
+    Stream& s = it->second;
+    s.unsent -= std::min<uint64_t>(s.unsent, f->payload.size());
+    if (s.wants_write && s.unsent <= kMaxUnsentPerStream / 2) unsent_drained_ = true;
   }
   return batch;
+}
+
+void Session::pollWritable(SessionHandler& handler) {
+  if (!unsent_drained_) return;
+  unsent_drained_ = false;
+  if (any_wants_write_) notifyWritable(handler);
+}
+
+void Session::recountUnsent() {
+  for (auto& [id, s] : streams_) s.unsent = 0;
+  for (size_t i = write_next_; i < replay_.size(); ++i) {
+    const auto& f = replay_[i];
+    if (f->stream_id == 0) continue;
+    if (auto it = streams_.find(f->stream_id); it != streams_.end()) {
+      it->second.unsent += f->payload.size();
+    }
+  }
 }
 
 absl::Status Session::onTick(TimePoint now) {
@@ -516,6 +539,7 @@ void Session::onTransportLost() {
   queued_ping_.reset();
   decoder_.reset();
   write_next_ = 0;
+  recountUnsent();
 }
 
 absl::Status Session::resume(uint64_t peer_last_received, TimePoint now) {
@@ -531,6 +555,7 @@ absl::Status Session::resume(uint64_t peer_last_received, TimePoint now) {
     ++acked_;
   }
   write_next_ = 0;
+  recountUnsent();
   attached_ = true;
   ++attachment_;
   recheck_writable_ = true;
@@ -553,6 +578,7 @@ absl::Status Session::attach(uint64_t n) {
   // resume() dropped, nothing after, so the replay starts at the first
   // frame it lacks even if another transport took frames since.
   write_next_ = 0;
+  recountUnsent();
   return absl::OkStatus();
 }
 
@@ -705,7 +731,7 @@ size_t Session::sendCredit(uint64_t stream_id, size_t wanted) {
       it->second.local_closed) {
     return 0;
   }
-  uint64_t c = std::min(it->second.send_credit, replayFree());
+  uint64_t c = std::min({it->second.send_credit, replayFree(), unsentRoom(it->second)});
   if (c == 0 || c < wanted) {
     it->second.wants_write = true;
     any_wants_write_ = true;
@@ -725,14 +751,16 @@ absl::Status Session::sendData(uint64_t stream_id, std::string payload) {
   }
   // The credit is sendCredit(): the stream's own and the replay buffer's, so
   // the buffer stays within its bound whatever the caller does.
-  uint64_t credit = std::min(s.send_credit, replayFree());
+  uint64_t credit = std::min({s.send_credit, replayFree(), unsentRoom(s)});
   if (payload.size() > credit) {
     return protoError(
         v1::FLOW_CONTROL_ERROR,
         absl::StrCat(payload.size(), " bytes on stream ", stream_id, " beyond its credit of ",
-                     credit, " (stream ", s.send_credit, ", replay buffer ", replayFree(), ")"));
+                     credit, " (stream ", s.send_credit, ", replay buffer ", replayFree(),
+                     ", unsent ", s.unsent, " of ", kMaxUnsentPerStream, ")"));
   }
   s.send_credit -= payload.size();
+  s.unsent += payload.size();
   size_t max_chunk = limits_.max_frame_size - kDataFrameOverhead;
   auto emit = [&](std::string chunk) {
     auto out = std::make_shared<OutFrame>();
@@ -740,6 +768,7 @@ absl::Status Session::sendData(uint64_t stream_id, std::string payload) {
     size_t n = encodeDataHeader(stream_id, chunk.size(), header);
     out->head.assign(header, n);
     out->payload = std::move(chunk);
+    out->stream_id = stream_id;
     queueSequenced(std::move(out));
   };
   if (payload.size() <= max_chunk) {

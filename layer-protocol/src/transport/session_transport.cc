@@ -1,5 +1,9 @@
 #include "siphon/transport/session_transport.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include "absl/strings/str_cat.h"
 #include "siphon/status.h"
 #include "siphon/transport/spawn.h"
@@ -19,6 +23,13 @@ SessionTransport::SessionTransport(Stream stream, protocol::Session& session,
   auto ep = stream_.remote_endpoint(ec);
   if (!ec) peer_ = absl::StrCat(ep.address().to_string(), ":", ep.port());
   stream_.socket().set_option(tcp::no_delay(true), ec);
+  // The socket says writable only while less than this is unsent in it, and
+  // the writer waits for that before each batch: what waits in the kernel
+  // in front of a small frame stays this small (the send buffer itself
+  // autotunes to the path's bandwidth-delay product for what is in flight).
+  const int lowat = static_cast<int>(kUnsentInSocket);
+  (void)::setsockopt(stream_.socket().native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat,
+                     sizeof lowat);
 }
 
 void SessionTransport::fail(absl::Status status) {
@@ -141,8 +152,23 @@ awaitable<void> SessionTransport::writer(std::shared_ptr<SessionTransport> self)
       co_await writer_signal_.wait();
       continue;
     }
+    // Room in the socket first (TCP_NOTSENT_LOWAT): frames wait here, in
+    // the session, where a later small one is not behind a whole buffer.
+    {
+      error_code ec;
+      co_await stream_.socket().async_wait(tcp::socket::wait_write,
+                                           asio::redirect_error(use_awaitable, ec));
+      if (closed_) break;
+      if (ec) {
+        fail(protoError(v1::UNAVAILABLE, absl::StrCat("write to ", peer_, ": ", ec.message())));
+        break;
+      }
+      if (!session_.hasWrites()) continue;
+    }
     // Gathered write of many frames; data payloads go as their own buffers.
-    protocol::WriteBatch batch = session_.takeWrites(1 << 20);
+    protocol::WriteBatch batch = session_.takeWrites(kBatchBytes);
+    // Streams whose queued bytes just went may read more for the next one.
+    session_.pollWritable(handler_);
     buffers.clear();
     error_code ec;
     absl::Status failed;

@@ -791,6 +791,44 @@ TEST(SessionTest, SenderCannotExceedItsCredit) {
   EXPECT_EQ(p.ch.writable.size(), 1u);
 }
 
+// A bulk stream queues at most kMaxUnsentPerStream in the session, however
+// large its window: its other bytes wait in its socket, so a small frame of
+// another stream queued after it waits behind that much, not a window. The
+// transport's pollWritable() after each takeWrites() lets it go on.
+TEST(SessionTest, ABulkStreamQueuesAtMostItsUnsentBoundInFrontOfOthers) {
+  SessionLimits big = smallLimits();
+  big.initial_stream_window = 4 * 1024 * 1024;
+  Pipe p(big);
+  const uint64_t cap = Session::kMaxUnsentPerStream;
+  uint64_t bulk = p.openAccepted();
+  uint64_t small = p.openAccepted();
+  EXPECT_EQ(p.client.sendCredit(bulk), cap);
+  for (int i = 0; i < 16; ++i) {  // as a pump reads: 16 KiB frames
+    ASSERT_TRUE(p.client.sendData(bulk, std::string(cap / 16, 'b')).ok());
+  }
+  EXPECT_EQ(p.client.sendCredit(bulk), 0u);
+  EXPECT_EQ(errorCodeOf(p.client.sendData(bulk, "b")), v1::FLOW_CONTROL_ERROR);
+  // Another stream is not held by it.
+  ASSERT_TRUE(p.client.sendData(small, "ping").ok());
+
+  // The transport takes 7 of the 16 frames: not yet room enough (half).
+  WriteBatch first = p.client.takeWrites(cap / 2 - 20000);
+  ASSERT_EQ(first.frames.size(), 7u);
+  p.client.pollWritable(p.ch);
+  EXPECT_TRUE(p.ch.writable.empty());
+  // The rest, with the small frame right behind it.
+  WriteBatch second = p.client.takeWrites();
+  p.client.pollWritable(p.ch);
+  EXPECT_EQ(p.ch.writable, std::vector<uint64_t>{bulk});
+  EXPECT_EQ(p.client.sendCredit(bulk), cap);
+  const auto frames = framesOf(second);
+  ASSERT_FALSE(frames.empty());
+  EXPECT_EQ(frames.back().stream_id, small);
+  size_t before_small = 0;
+  for (const auto& b : {first, second}) before_small += b.bytes;
+  EXPECT_LT(before_small, cap + 1024) << "the small frame waited behind more than the bound";
+}
+
 TEST(SessionTest, StalledStreamDoesNotBlockAFlowingOne) {
   Pipe p;  // windows of 4096
   uint64_t stalled = p.openAccepted();

@@ -38,6 +38,11 @@ class SessionTransport : public std::enable_shared_from_this<SessionTransport> {
   // Writes what the session has queued (a Goaway, say), then closes.
   void closeAfterFlush();
   bool closed() const { return closed_; }
+
+  // Unsent bytes the socket may hold before the writer waits
+  // (TCP_NOTSENT_LOWAT), and the most one write takes from the session.
+  static constexpr size_t kUnsentInSocket = 128 * 1024;
+  static constexpr size_t kBatchBytes = 256 * 1024;
   std::string peer() const { return peer_; }
 
  private:
