@@ -186,17 +186,21 @@ class Links:
             # For comparison, the same two straight over the link (a new
             # connection costs its handshake's round trip there).
             plain_new = self.probe(link.far, "new", link.near_ip, 8090, count)["ms"]
+            plain_idle = self.probe(link.far, "idle", link.near_ip, 8090, idle_n, 5,
+                                    timeout=60 + 6 * idle_n)["ms"]
             limit = rtt + 5
-            for what, ms in (("one HTTP request on a new stolen connection", new),
-                             ("one HTTP request on a stolen keep-alive connection after 5 s "
-                              "idle", idle)):
+            for what, ms, plain_ms, plain_what in (
+                    ("one HTTP request on a new stolen connection", new, plain_new,
+                     "a new plain connection"),
+                    ("one HTTP request on a stolen keep-alive connection after 5 s idle", idle,
+                     plain_idle, "a plain keep-alive connection after 5 s idle")):
                 b.record(f"link {label}: {what}", "ms",
                          {"siphon": self.summary(ms), "rtt": self.summary([rtt]),
-                          "plain_new_connection": self.summary(plain_new)},
+                          "plain": self.summary(plain_ms)},
                          {"absolute_max": round(limit, 1)},
                          {"note": f"round trips: {statistics.median(ms) / rtt:.2f}; limit "
-                                  f"1 RTT + 5 ms; a new plain connection over the link "
-                                  f"{statistics.median(plain_new) / rtt:.2f} RTT"})
+                                  f"1 RTT + 5 ms; {plain_what} over the link: "
+                                  f"{statistics.median(plain_ms) / rtt:.2f} RTT"})
 
             # Small requests while one bulk download fills the link: through
             # the steal (the bulk stream stolen too, one session), and
