@@ -14,7 +14,6 @@ between far and near over the same link.
 """
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -52,23 +51,6 @@ class Links:
             raise RuntimeError(f"iperf3 {host}:{port}: {data['error']}")
         return data["end"]["sum_received"]["bits_per_second"] / 1e6  # Mbit/s
 
-    def cli(self, link, endpoint, *args, **kw):
-        return self.b.procs.start([self.b.cli_bin, "--agent", endpoint, "--token-file",
-                                   self.b.token_file] + [str(a) for a in args],
-                                  netns=link.near, **kw)
-
-    def start_cli(self, link, endpoint, ready, name, *args):
-        path = os.path.join(self.b.tmp, f"links-{name}-{time.time_ns()}.log")
-        p = self.cli(link, endpoint, *args, stdout=subprocess.DEVNULL, stderr=open(path, "w"))
-        deadline = time.time() + 15
-        while time.time() < deadline:
-            text = open(path).read()
-            if re.search(ready, text):
-                return p, path
-            if p.poll() is not None:
-                raise RuntimeError(f"siphon {name} exited: {text[-2000:]}")
-            time.sleep(0.02)
-        raise RuntimeError(f"siphon {name}: no {ready!r} in 15 s")
 
     def fs_cat(self, link, endpoint, path):
         """`siphon fs cat PATH > /dev/null` in the near namespace: seconds."""
@@ -140,13 +122,13 @@ class Links:
                 b.wait_port(link.near, port)
             agent, endpoint = b.files_agent(b.pod_pid(), f"{link.far_ip}:0", link.far)
             st.callback(b.procs.stop, agent)
-            steal, _ = self.start_cli(link, endpoint, "stealing port", "steal", "steal",
-                                      "--port", 5201, "--to", "127.0.0.1:5301",
-                                      "--port", 80, "--to", "127.0.0.1:8090",
-                                      "--port", 8092, "--to", "127.0.0.1:8091")
+            steal, _ = b.start_cli(endpoint, "links-steal", "stealing port", "steal",
+                                   "--port", 5201, "--to", "127.0.0.1:5301",
+                                   "--port", 80, "--to", "127.0.0.1:8090",
+                                   "--port", 8092, "--to", "127.0.0.1:8091", netns=link.near)
             st.callback(b.procs.stop, steal, signal.SIGINT)
-            fwd = self.cli(link, endpoint, "forward", "-L", "127.0.0.1:17301:127.0.0.1:5204",
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            fwd = b.cli(endpoint, "forward", "-L", "127.0.0.1:17301:127.0.0.1:5204",
+                        netns=link.near, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             st.callback(b.procs.stop, fwd, signal.SIGINT)
             b.wait_port(link.near, 17301)
 

@@ -245,16 +245,18 @@ http {{
             raise RuntimeError(f"agent: no ready line ({line!r})")
         return p, m.group(1)
 
-    def cli(self, endpoint, *args, **kw):
+    def cli(self, endpoint, *args, netns=None, **kw):
         return self.procs.start([self.cli_bin, "--agent", endpoint, "--token-file",
-                                 self.token_file] + list(args), netns=self.node, **kw)
+                                 self.token_file] + [str(a) for a in args],
+                                netns=netns or self.node, **kw)
 
-    def start_cli(self, endpoint, name, ready, *args):
-        """Starts `siphon <args>` with stderr in a log file and waits for the
-        line matching `ready` there. Returns the process and the log's path."""
+    def start_cli(self, endpoint, name, ready, *args, netns=None):
+        """Starts `siphon <args>` (in the node namespace, or `netns`) with
+        stderr in a log file and waits for the line matching `ready` there.
+        Returns the process and the log's path."""
         log_path = os.path.join(self.tmp, f"{name}-{time.time_ns()}.log")
         f = open(log_path, "w")
-        p = self.cli(endpoint, *args, stdout=subprocess.DEVNULL, stderr=f)
+        p = self.cli(endpoint, *args, netns=netns, stdout=subprocess.DEVNULL, stderr=f)
         deadline = time.time() + 10
         while time.time() < deadline:
             with open(log_path) as r:

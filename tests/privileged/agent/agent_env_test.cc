@@ -239,7 +239,8 @@ TEST_F(AgentEnvTest, IncludeAndExcludeGlobs) {
 TEST_F(AgentEnvTest, InfoJsonDescribesTheTarget) {
   Result r = cli({"--json", "info"});
   ASSERT_EQ(r.exit_code, 0) << r;
-  EXPECT_THAT(r.out, HasSubstr("\"protocol_version\": \"1.1\""));
+  // The version both sides speak: this build's agent and CLI, 1.2 (early stream data).
+  EXPECT_THAT(r.out, HasSubstr("\"protocol_version\": \"1.2\""));
   EXPECT_THAT(r.out, HasSubstr("\"mode\": \"targeted\""));
   EXPECT_THAT(r.out, HasSubstr("\"pid\": " + std::to_string(pod_.pid()) + ","));
   EXPECT_THAT(r.out, HasSubstr("\"netns_inode\": " + std::to_string(netns_->inode()) + ","));
