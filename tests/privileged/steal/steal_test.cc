@@ -994,7 +994,7 @@ TEST_P(StealBulkTest, OneGibibyteEachWayArrivesByteExact) {
   EXPECT_TRUE(upload_eof.load());
   s->signal(SIGINT);
   EXPECT_EQ(s->finish(), 0) << s->err;
-  EXPECT_THAT(s->err, HasSubstr("in=1073741824"));
+  EXPECT_THAT(s->err, HasSubstr("in=" + std::to_string(kGiB)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, StealBulkTest,
