@@ -413,6 +413,26 @@ void Session::queueSequenced(std::shared_ptr<OutFrame> frame) {
   replay_.push_back(std::move(frame));
 }
 
+void Session::queueStreamFrame(std::shared_ptr<OutFrame> frame) {
+  // Frames before `floor` were taken by a transport, maybe sent: a replay
+  // after a cut must resend them in the order the peer counted them.
+  const size_t floor = std::max<size_t>(write_next_, static_cast<size_t>(taken_ - acked_));
+  size_t at = replay_.size();
+  while (at > floor) {
+    const OutFrame& before = *replay_[at - 1];
+    if (before.stream_id == 0) break;  // not a data frame: a barrier
+    if (before.stream_id == frame->stream_id) {
+      at = replay_.size();  // the stream has bytes waiting: no jumping them
+      break;
+    }
+    --at;
+  }
+  frame->sequenced = true;
+  ++sent_;
+  replay_bytes_ += frame->size();
+  replay_.insert(replay_.begin() + static_cast<std::ptrdiff_t>(at), std::move(frame));
+}
+
 void Session::queueSequenced(const v1::Frame& frame) {
   auto out = std::make_shared<OutFrame>();
   encodeFrame(frame, &out->head);
@@ -480,6 +500,7 @@ WriteBatch Session::takeWrites(size_t max_bytes) {
     s.unsent -= std::min<uint64_t>(s.unsent, f->payload.size());
     if (s.wants_write && s.unsent <= kMaxUnsentPerStream / 2) unsent_drained_ = true;
   }
+  taken_ = std::max(taken_, acked_ + write_next_);
   return batch;
 }
 
@@ -769,7 +790,7 @@ absl::Status Session::sendData(uint64_t stream_id, std::string payload) {
     out->head.assign(header, n);
     out->payload = std::move(chunk);
     out->stream_id = stream_id;
-    queueSequenced(std::move(out));
+    queueStreamFrame(std::move(out));
   };
   if (payload.size() <= max_chunk) {
     emit(std::move(payload));  // the common case: no copy
@@ -794,7 +815,10 @@ absl::Status Session::sendDatagram(v1::StreamDatagram datagram) {
   it->second.send_credit -= datagram.payload().size();
   v1::Frame f;
   *f.mutable_datagram() = std::move(datagram);
-  queueSequenced(f);
+  auto out = std::make_shared<OutFrame>();
+  encodeFrame(f, &out->head);
+  out->stream_id = f.datagram().stream_id();  // its bytes are in head: unsent counts 0
+  queueStreamFrame(std::move(out));
   return absl::OkStatus();
 }
 

@@ -792,10 +792,9 @@ TEST(SessionTest, SenderCannotExceedItsCredit) {
 }
 
 // A bulk stream queues at most kMaxUnsentPerStream in the session, however
-// large its window: its other bytes wait in its socket, so a small frame of
-// another stream queued after it waits behind that much, not a window. The
-// transport's pollWritable() after each takeWrites() lets it go on.
-TEST(SessionTest, ABulkStreamQueuesAtMostItsUnsentBoundInFrontOfOthers) {
+// large its window: its other bytes wait in its socket. The transport's
+// pollWritable() after each takeWrites() lets it go on.
+TEST(SessionTest, ABulkStreamQueuesAtMostItsUnsentBound) {
   SessionLimits big = smallLimits();
   big.initial_stream_window = 4 * 1024 * 1024;
   Pipe p(big);
@@ -809,24 +808,110 @@ TEST(SessionTest, ABulkStreamQueuesAtMostItsUnsentBoundInFrontOfOthers) {
   EXPECT_EQ(p.client.sendCredit(bulk), 0u);
   EXPECT_EQ(errorCodeOf(p.client.sendData(bulk, "b")), v1::FLOW_CONTROL_ERROR);
   // Another stream is not held by it.
-  ASSERT_TRUE(p.client.sendData(small, "ping").ok());
+  EXPECT_GT(p.client.sendCredit(small), 0u);
 
   // The transport takes 7 of the 16 frames: not yet room enough (half).
   WriteBatch first = p.client.takeWrites(cap / 2 - 20000);
   ASSERT_EQ(first.frames.size(), 7u);
   p.client.pollWritable(p.ch);
   EXPECT_TRUE(p.ch.writable.empty());
-  // The rest, with the small frame right behind it.
   WriteBatch second = p.client.takeWrites();
   p.client.pollWritable(p.ch);
   EXPECT_EQ(p.ch.writable, std::vector<uint64_t>{bulk});
   EXPECT_EQ(p.client.sendCredit(bulk), cap);
-  const auto frames = framesOf(second);
-  ASSERT_FALSE(frames.empty());
-  EXPECT_EQ(frames.back().stream_id, small);
-  size_t before_small = 0;
-  for (const auto& b : {first, second}) before_small += b.bytes;
-  EXPECT_LT(before_small, cap + 1024) << "the small frame waited behind more than the bound";
+  EXPECT_EQ(framesOf(second).size(), 9u);
+}
+
+// A small frame of a stream with nothing else waiting goes ahead of the bulk
+// data other streams queued before it and no transport took yet: it waits
+// behind what is on the wire, not behind the session's queue. Each stream's
+// own bytes stay in order; frames that are not data (an open, a close, an
+// answer) are not passed.
+TEST(SessionTest, ASmallFrameGoesAheadOfBulkDataQueuedBeforeIt) {
+  SessionLimits big = smallLimits();
+  big.initial_stream_window = 4 * 1024 * 1024;
+  Pipe p(big);
+  p.ah.consume_all = true;
+  const uint64_t cap = Session::kMaxUnsentPerStream;
+  uint64_t bulk = p.openAccepted();
+  uint64_t small = p.openAccepted();
+  std::string bulk_bytes;
+  for (int i = 0; i < 16; ++i) {
+    std::string chunk(cap / 16, static_cast<char>('a' + i));
+    bulk_bytes += chunk;
+    ASSERT_TRUE(p.client.sendData(bulk, chunk).ok());
+  }
+  // The transport takes one frame; the small stream's first bytes come now.
+  WriteBatch on_the_wire = p.client.takeWrites(1);
+  ASSERT_EQ(on_the_wire.frames.size(), 1u);
+  ASSERT_TRUE(p.client.sendData(small, "ping").ok());
+  ASSERT_TRUE(p.client.sendData(small, "pong").ok());  // its own: behind "ping"
+  WriteBatch next = p.client.takeWrites(1);
+  auto frames = framesOf(next);
+  ASSERT_EQ(frames.size(), 1u);
+  EXPECT_EQ(frames[0].stream_id, small);
+  EXPECT_EQ(frames[0].payload, "ping");
+  // A close of the bulk stream is a barrier: data queued after it stays after it.
+  ASSERT_TRUE(p.client.halfClose(bulk).ok());
+  ASSERT_TRUE(p.client.sendData(small, "late").ok());
+  for (const WriteBatch& b : {on_the_wire, next}) {
+    ASSERT_TRUE(p.agent.onBytes(bytesOf(b), p.ah, p.now).ok());
+  }
+  ASSERT_TRUE(p.settle().ok());
+  EXPECT_EQ(p.ah.data[bulk], bulk_bytes);
+  EXPECT_EQ(p.ah.data[small], "pingponglate");
+  // "pong" went out after the whole bulk queue (the small stream had bytes
+  // waiting then), "late" after the close.
+  std::vector<std::string> order;
+  for (const std::string& e : p.ah.log) {
+    if (e.starts_with("data " + std::to_string(small)) || e == "half_close " + std::to_string(bulk)) {
+      order.push_back(e.substr(e.rfind(' ') + 1));
+    }
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"ping", "pong", std::to_string(bulk), "late"}));
+}
+
+// Frames a transport took may have reached the peer, which counts them: after
+// a cut they are replayed in the order they were taken, and a frame queued
+// meanwhile goes ahead of the untaken ones only. Every byte arrives once.
+TEST(SessionTest, FramesATransportTookKeepTheirPlaceAcrossACut) {
+  SessionLimits big = smallLimits();
+  big.initial_stream_window = 4 * 1024 * 1024;
+  Pipe p(big);
+  p.ah.consume_all = true;
+  uint64_t bulk = p.openAccepted();
+  uint64_t small = p.openAccepted();
+  std::string bulk_bytes;
+  for (int i = 0; i < 8; ++i) {
+    std::string chunk(16 * 1024, static_cast<char>('a' + i));
+    bulk_bytes += chunk;
+    ASSERT_TRUE(p.client.sendData(bulk, chunk).ok());
+  }
+  // Three frames taken; the first reaches the agent, two are lost in the cut.
+  WriteBatch taken = p.client.takeWrites(40 * 1024);
+  ASSERT_EQ(taken.frames.size(), 3u);
+  WriteBatch delivered;
+  delivered.frames = {taken.frames[0]};
+  ASSERT_TRUE(p.agent.onBytes(bytesOf(delivered), p.ah, p.now).ok());
+  p.client.onTransportLost();
+  p.agent.onTransportLost();
+  ASSERT_TRUE(p.client.sendData(small, "ping").ok());
+  ASSERT_TRUE(p.client.resume(p.agent.receivedCount(), p.now).ok());
+  ASSERT_TRUE(p.agent.resume(p.client.receivedCount(), p.now).ok());
+  WriteBatch replay = p.client.takeWrites();
+  auto frames = framesOf(replay);
+  std::vector<std::string> data_order;
+  for (const auto& f : frames) {
+    if (f.is_data) data_order.push_back(f.stream_id == small ? "small" : f.payload.substr(0, 1));
+  }
+  // b and c were taken before the cut: they keep their place; "ping" goes
+  // ahead of d..h, which no transport took.
+  EXPECT_EQ(data_order,
+            (std::vector<std::string>{"b", "c", "small", "d", "e", "f", "g", "h"}));
+  ASSERT_TRUE(p.agent.onBytes(bytesOf(replay), p.ah, p.now).ok());
+  ASSERT_TRUE(p.settle().ok());
+  EXPECT_EQ(p.ah.data[bulk], bulk_bytes);
+  EXPECT_EQ(p.ah.data[small], "ping");
 }
 
 TEST(SessionTest, StalledStreamDoesNotBlockAFlowingOne) {

@@ -350,6 +350,14 @@ class Session {
   void notifyWritable(SessionHandler& handler);
   void queueSequenced(std::shared_ptr<OutFrame> frame);
   void queueSequenced(const v1::Frame& frame);
+  // Queues a StreamData or datagram frame (its stream_id set). When its
+  // stream has nothing else waiting, it goes ahead of the data frames of
+  // other streams queued behind the last frame any transport took: a small
+  // answer does not wait behind bulk bytes already queued here. Only data
+  // of other streams is passed (streams are independent, so their relative
+  // order means nothing); opens, closes, answers and the stream's own
+  // frames keep their order.
+  void queueStreamFrame(std::shared_ptr<OutFrame> frame);
   void queueControl(const v1::Frame& frame);
   // Queues `frame`, or when `slot` holds a frame still waiting in control_,
   // re-encodes that one in its place (a later ack or pong says all an earlier
@@ -399,6 +407,9 @@ class Session {
   uint64_t acked_ = 0;  // seqs the peer confirmed
   uint64_t sent_ = 0;   // seqs assigned
   size_t write_next_ = 0;
+  // Seqs ever taken by a transport (takeWrites): a frame from here on was
+  // never on any wire, so its place may still change (queueStreamFrame).
+  uint64_t taken_ = 0;
   std::deque<std::shared_ptr<OutFrame>> control_;
   // The pong in control_, not yet taken: a later ping updates it.
   std::shared_ptr<OutFrame> queued_pong_;
