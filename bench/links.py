@@ -200,7 +200,11 @@ class Links:
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                     host, port, ns = link.near_ip, 8090, link.far
                 try:
-                    time.sleep(1.5)  # the bulk stream past its slow start
+                    # The bulk stream past its start-up: over the 50 ms link
+                    # BBR's start-up on the session's connection (its first
+                    # bulk that way) lasts about 2.5 s here, with up to a
+                    # round trip of queue (bench/README.md).
+                    time.sleep(3)
                     small[mode] = self.probe(ns, "small", host, port, b.secs, 20,
                                              timeout=b.secs + 120)["ms"]
                 finally:

@@ -865,7 +865,9 @@ void Session::consumed(uint64_t stream_id, size_t n) {
     uint64_t increment = s.unreported;
     // A reader that keeps up gets a larger window: the sender waits for
     // credit less, and credit goes back in larger (so fewer) steps.
-    if (now_ - s.last_update < kWindowGrowPeriod && s.recv_window < limits_.max_stream_window &&
+    const auto grow_period =
+        std::max<std::chrono::microseconds>(kWindowGrowPeriod, 2 * path_rtt_);
+    if (now_ - s.last_update < grow_period && s.recv_window < limits_.max_stream_window &&
         window_growth_ < limits_.window_growth_budget) {
       const uint64_t grow =
           std::min<uint64_t>({s.recv_window, limits_.max_stream_window - s.recv_window,

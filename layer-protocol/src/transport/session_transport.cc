@@ -1,5 +1,9 @@
 #include "siphon/transport/session_transport.h"
 
+#include <cstddef>
+#include <cstdio>
+#include <vector>
+
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -30,6 +34,47 @@ SessionTransport::SessionTransport(Stream stream, protocol::Session& session,
   const int lowat = static_cast<int>(kUnsentInSocket);
   (void)::setsockopt(stream_.socket().native_handle(), IPPROTO_TCP, TCP_NOTSENT_LOWAT, &lowat,
                      sizeof lowat);
+  if (const int sndbuf = sendBufferSize(); sndbuf > 0) {
+    (void)::setsockopt(stream_.socket().native_handle(), SOL_SOCKET, SO_SNDBUF, &sndbuf,
+                       sizeof sndbuf);
+  }
+}
+
+int SessionTransport::sendBufferSize() {
+  // Read once: the machine's limits do not change under a running process
+  // in any way that matters here.
+  static const int size = [] {
+    auto readInts = [](const char* path) {
+      std::vector<long> out;
+      if (FILE* f = std::fopen(path, "r")) {
+        long v;
+        while (std::fscanf(f, "%ld", &v) == 1) out.push_back(v);
+        std::fclose(f);
+      }
+      return out;
+    };
+    const auto max = readInts("/proc/sys/net/core/wmem_max");
+    const auto tcp = readInts("/proc/sys/net/ipv4/tcp_wmem");
+    if (max.size() != 1 || tcp.size() != 3) return 0;
+    // The kernel doubles what SO_SNDBUF asks (for its bookkeeping), up to
+    // twice wmem_max; worth it only above what autotuning reaches.
+    const long asked = std::min<long>(max[0], kMaxSendBuffer / 2);
+    return 2 * asked > tcp[2] ? static_cast<int>(asked) : 0;
+  }();
+  return size;
+}
+
+void SessionTransport::notePathRtt() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now - rtt_noted_ < kRttPeriod) return;
+  rtt_noted_ = now;
+  struct tcp_info info {};
+  socklen_t len = sizeof info;
+  if (::getsockopt(stream_.socket().native_handle(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+      len < offsetof(struct tcp_info, tcpi_rtt) + sizeof info.tcpi_rtt || info.tcpi_rtt == 0) {
+    return;  // not TCP (a test's socketpair), or no sample yet
+  }
+  session_.setPathRtt(std::chrono::microseconds(info.tcpi_rtt));
 }
 
 void SessionTransport::fail(absl::Status status) {
@@ -165,6 +210,7 @@ awaitable<void> SessionTransport::writer(std::shared_ptr<SessionTransport> self)
       }
       if (!session_.hasWrites()) continue;
     }
+    notePathRtt();
     // Gathered write of many frames; data payloads go as their own buffers.
     protocol::WriteBatch batch = session_.takeWrites(kBatchBytes);
     // Streams whose queued bytes just went may read more for the next one.

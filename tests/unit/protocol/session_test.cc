@@ -1126,6 +1126,23 @@ TEST(SessionTest, AWindowStaysWhenItsReaderIsSlow) {
   EXPECT_LE(p.client.sendCredit(id), 4096u);
 }
 
+// Over a long path a window below the bandwidth-delay product comes back a
+// quarter at a time more slowly than kWindowGrowPeriod, yet the sender waits
+// for it: within two of the path's round trips the window still grows.
+TEST(SessionTest, AWindowGrowsOverALongPathWithinTwoRoundTrips) {
+  Pipe p(growingLimits());
+  uint64_t id = p.openAccepted();
+  p.agent.setPathRtt(std::chrono::milliseconds(50));
+  EXPECT_EQ(p.agent.pathRtt(), std::chrono::microseconds(50000));
+  uint32_t largest = flow(p, id, 1 << 20, std::chrono::milliseconds(25));
+  EXPECT_GT(largest, 16u * 1024);
+  // Slower than two round trips per quarter window: it stays.
+  Pipe q(growingLimits());
+  uint64_t slow = q.openAccepted();
+  q.agent.setPathRtt(std::chrono::milliseconds(50));
+  EXPECT_LE(flow(q, slow, 64 * 1024, std::chrono::milliseconds(100)), 4096u);
+}
+
 TEST(SessionTest, WindowGrowthStaysWithinTheBudgetAndReturnsWithTheStream) {
   SessionLimits l = growingLimits();
   l.window_growth_budget = 40 * 1024;  // one stream's growth (28 KiB) and a bit

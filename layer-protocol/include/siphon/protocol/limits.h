@@ -70,7 +70,7 @@ struct SessionLimits {
   // a window that covers the path), while the growth of all streams of the
   // session stays within window_growth_budget. What a session may hold for
   // readers that stop is so bounded by streams x initial window + budget.
-  uint32_t max_stream_window = 4 * 1024 * 1024;
+  uint32_t max_stream_window = 16 * 1024 * 1024;
   uint64_t window_growth_budget = 32 * 1024 * 1024;
 };
 

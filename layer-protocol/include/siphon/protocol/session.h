@@ -104,7 +104,11 @@ inline constexpr size_t kSmallResponse = 4096;
 // How long a lone ack may wait for other frames to ride with.
 inline constexpr std::chrono::milliseconds kAckDelay{10};
 // A stream whose reader consumed a quarter of its window within this time
-// of the previous WindowUpdate gets its window doubled (within the limits).
+// of the previous WindowUpdate, or within two round trips of the path
+// (Session::setPathRtt) when that is longer, gets its window doubled
+// (within the limits): a sender that its window holds back sends a window
+// per round trip, so over a long path a quarter of a window that is still
+// below the bandwidth-delay product arrives in less than two round trips.
 inline constexpr std::chrono::milliseconds kWindowGrowPeriod{10};
 
 // One encoded frame: `head` holds the whole frame, or for data frames and
@@ -278,6 +282,12 @@ class Session {
   }
   bool sendsEarly() const { return early_send_; }
 
+  // The round-trip time of the transport's path (its TCP smoothed RTT): it
+  // sets how soon a reader must take a quarter of its window for the
+  // window to grow (kWindowGrowPeriod). Zero until the transport says.
+  void setPathRtt(std::chrono::microseconds rtt) { path_rtt_ = rtt; }
+  std::chrono::microseconds pathRtt() const { return path_rtt_; }
+
   // Opens a stream; assigns and returns its id and sets the credit the peer
   // gets. TOO_MANY_STREAMS past the stream limit. With early data (above),
   // the stream takes sendData() at once.
@@ -410,6 +420,7 @@ class Session {
   // Seqs ever taken by a transport (takeWrites): a frame from here on was
   // never on any wire, so its place may still change (queueStreamFrame).
   uint64_t taken_ = 0;
+  std::chrono::microseconds path_rtt_{0};
   std::deque<std::shared_ptr<OutFrame>> control_;
   // The pong in control_, not yet taken: a later ping updates it.
   std::shared_ptr<OutFrame> queued_pong_;

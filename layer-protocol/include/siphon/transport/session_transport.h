@@ -43,12 +43,26 @@ class SessionTransport : public std::enable_shared_from_this<SessionTransport> {
   // (TCP_NOTSENT_LOWAT), and the most one write takes from the session.
   static constexpr size_t kUnsentInSocket = 128 * 1024;
   static constexpr size_t kBatchBytes = 256 * 1024;
+  // The send buffer the session asks for (SO_SNDBUF), when the machine
+  // allows more than TCP's autotuning reaches (tcp_wmem's maximum): the
+  // buffer holds what is in flight (the unsent part stays within
+  // kUnsentInSocket), and a buffer smaller than what the congestion control
+  // wants in flight on a long fast path leaves it waiting for room with
+  // nothing unsent: every sample application-limited, BBR never leaves its
+  // start-up, a round trip of queue at the bottleneck. 0: leave it to
+  // autotuning.
+  static constexpr long kMaxSendBuffer = 16l << 20;
+  static int sendBufferSize();
   std::string peer() const { return peer_; }
 
  private:
   awaitable<void> writer(std::shared_ptr<SessionTransport> self);
   awaitable<void> ticker(std::shared_ptr<SessionTransport> self);
   void fail(absl::Status status);
+  // Tells the session the path's round-trip time (the socket's smoothed
+  // RTT, TCP_INFO), at most every kRttPeriod.
+  void notePathRtt();
+  static constexpr std::chrono::milliseconds kRttPeriod{100};
 
   Stream stream_;
   std::string gathered_;  // TLS: the batch in one buffer, one record per 16 KiB
@@ -61,6 +75,7 @@ class SessionTransport : public std::enable_shared_from_this<SessionTransport> {
   Signal writer_signal_;
   Signal done_signal_;  // the writer or the ticker finished
   asio::steady_timer tick_timer_;
+  std::chrono::steady_clock::time_point rtt_noted_{};
   bool closed_ = false;
   bool close_after_flush_ = false;
   bool writer_done_ = false;
