@@ -156,6 +156,9 @@ class CaptureService : public StreamService {
         stream->close();
         co_return;
       }
+      // Its buffer is its credit (a packet without room is dropped, a
+      // gap): a burst must not meet the session's smaller unsent bound.
+      s->unboundUnsent(stream->streamId());
       host.wake();
       stream->start(*std::move(source));
     } catch (const std::exception& e) {

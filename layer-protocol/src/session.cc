@@ -389,7 +389,7 @@ void Session::notifyWritable(SessionHandler& handler) {
   uint64_t free = replayFree();
   for (auto& [id, s] : streams_) {
     if (!s.wants_write) continue;
-    if (s.send_credit > 0 && free > 0 && s.unsent <= kMaxUnsentPerStream / 2) {
+    if (s.send_credit > 0 && free > 0 && s.unsent <= s.unsent_bound / 2) {
       s.wants_write = false;
       ready.push_back(id);
     } else {
@@ -498,7 +498,7 @@ WriteBatch Session::takeWrites(size_t max_bytes) {
     if (it == streams_.end()) continue;
     Stream& s = it->second;
     s.unsent -= std::min<uint64_t>(s.unsent, f->payload.size());
-    if (s.wants_write && s.unsent <= kMaxUnsentPerStream / 2) unsent_drained_ = true;
+    if (s.wants_write && s.unsent <= s.unsent_bound / 2) unsent_drained_ = true;
   }
   taken_ = std::max(taken_, acked_ + write_next_);
   return batch;
@@ -746,6 +746,12 @@ absl::Status Session::acceptStream(v1::StreamAccept accept) {
   return absl::OkStatus();
 }
 
+void Session::unboundUnsent(uint64_t stream_id) {
+  if (auto it = streams_.find(stream_id); it != streams_.end()) {
+    it->second.unsent_bound = UINT64_MAX;
+  }
+}
+
 size_t Session::sendCredit(uint64_t stream_id, size_t wanted) {
   auto it = streams_.find(stream_id);
   if (it == streams_.end() || !(it->second.accepted || it->second.early) ||
@@ -778,7 +784,7 @@ absl::Status Session::sendData(uint64_t stream_id, std::string payload) {
         v1::FLOW_CONTROL_ERROR,
         absl::StrCat(payload.size(), " bytes on stream ", stream_id, " beyond its credit of ",
                      credit, " (stream ", s.send_credit, ", replay buffer ", replayFree(),
-                     ", unsent ", s.unsent, " of ", kMaxUnsentPerStream, ")"));
+                     ", unsent ", s.unsent, " of ", s.unsent_bound, ")"));
   }
   s.send_credit -= payload.size();
   s.unsent += payload.size();

@@ -822,6 +822,21 @@ TEST(SessionTest, ABulkStreamQueuesAtMostItsUnsentBound) {
   EXPECT_EQ(framesOf(second).size(), 9u);
 }
 
+// A capture drops what it cannot queue: its stream's bound is its credit,
+// not the unsent bound of streams whose bytes can wait in a socket.
+TEST(SessionTest, AnUnboundStreamQueuesUpToItsCredit) {
+  SessionLimits big = smallLimits();
+  big.initial_stream_window = 4 * 1024 * 1024;
+  Pipe p(big);
+  const uint64_t cap = Session::kMaxUnsentPerStream;
+  uint64_t capture = p.openAccepted();
+  p.client.unboundUnsent(capture);
+  for (int i = 0; i < 64; ++i) {
+    ASSERT_TRUE(p.client.sendData(capture, std::string(cap / 16, 'c')).ok()) << i;
+  }
+  EXPECT_EQ(p.client.sendCredit(capture), 4u * 1024 * 1024 - 4 * cap);
+}
+
 // A small frame of a stream with nothing else waiting goes ahead of the bulk
 // data other streams queued before it and no transport took yet: it waits
 // behind what is on the wire, not behind the session's queue. Each stream's

@@ -305,6 +305,11 @@ class Session {
   // waits behind at most this much of each busy stream, instead of the
   // stream's whole window (4 MiB, 160 ms at 200 Mbit/s).
   static constexpr uint64_t kMaxUnsentPerStream = 256 * 1024;
+  // For a stream whose sender has no socket to leave its bytes in and drops
+  // what it cannot queue (a capture: its only buffer is its credit), the
+  // bound is its credit instead: no bound here. Its frames still never hold
+  // other streams' small frames back (queueStreamFrame).
+  void unboundUnsent(uint64_t stream_id);
   // After takeWrites(): tells streams that waited for their unsent bytes
   // to go (down to half of kMaxUnsentPerStream) that they may send again.
   // The transport calls it with its handler.
@@ -351,6 +356,7 @@ class Session {
     bool local_closed = false;   // we half-closed
     bool remote_closed = false;  // the peer half-closed
     bool wants_write = false;    // saw zero credit: notify when it grows
+    uint64_t unsent_bound = kMaxUnsentPerStream;  // unboundUnsent(): no bound
   };
 
   absl::Status processDecoded(SessionHandler& handler, TimePoint now);
@@ -386,7 +392,7 @@ class Session {
   // each stream's unsent count from them.
   void recountUnsent();
   uint64_t unsentRoom(const Stream& s) const {
-    return s.unsent < kMaxUnsentPerStream ? kMaxUnsentPerStream - s.unsent : 0;
+    return s.unsent < s.unsent_bound ? s.unsent_bound - s.unsent : 0;
   }
   // A frame naming a stream we do not hold: OK (dropped) for one that was
   // open and is gone (its frames may still be in flight), PROTOCOL_ERROR
