@@ -3,8 +3,12 @@
 // reads: a full stderr would otherwise stall every connection the CLI
 // bridges. The queue is bounded; lines that do not fit are dropped and
 // counted, and the count is written as a line of its own once the reader
-// catches up ("siphon: N lines dropped: nobody read them in time").
+// catches up ("siphon: N lines dropped: nobody read them in time"). Lines
+// queued while the thread writes go out together, in one writev(2), and
+// queueing a line wakes the thread only when it sleeps.
 #pragma once
+
+#include <sys/uio.h>
 
 #include <condition_variable>
 #include <cstdint>
@@ -12,6 +16,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace siphon::cli {
 
@@ -40,9 +45,13 @@ class LineWriter {
   uint64_t dropped() const;
 
   static constexpr int flush_limit_ms = 2000;
+  // Lines written by one writev(2) at most (IOV_MAX is 1024).
+  static constexpr size_t kMaxBatch = 512;
 
  private:
   void run();
+  // Writes the batch's lines, in order, until done or the fd refuses.
+  void writeAll(std::vector<std::string>& batch, std::vector<iovec>& iov) const;
 
   const int fd_;
   const size_t max_queued_;
@@ -55,6 +64,7 @@ class LineWriter {
   uint64_t dropped_ = 0;          // in all
   uint64_t dropped_unsaid_ = 0;   // not yet reported in a line
   bool writing_ = false;
+  bool idle_ = false;  // the thread waits for lines: a writer must wake it
   bool stop_ = false;
   std::thread thread_;
 };
