@@ -14,7 +14,6 @@ namespace siphon::agent::dns {
 namespace {
 
 constexpr size_t kHeaderSize = 12;
-constexpr int kClassIn = 1;
 // Longer CNAME chains are loops or abuse; resolvers give up far earlier.
 constexpr int kMaxChain = 16;
 

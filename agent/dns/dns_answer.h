@@ -13,7 +13,9 @@
 
 namespace siphon::agent::dns {
 
-// RR types this parser cares about (RFC 1035, RFC 3596).
+// The Internet class, and the RR types this parser cares about (RFC 1035,
+// RFC 3596).
+inline constexpr int kClassIn = 1;
 inline constexpr int kTypeA = 1;
 inline constexpr int kTypeCname = 5;
 inline constexpr int kTypePtr = 12;

@@ -32,7 +32,6 @@
 namespace siphon::agent::dns {
 namespace {
 
-constexpr int kClassIn = 1;
 
 int aresLibraryInit() {
   static const int status = ares_library_init(ARES_LIB_INIT_ALL);

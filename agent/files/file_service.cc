@@ -28,12 +28,6 @@ namespace {
 using Result = absl::StatusOr<v1::FileResponse>;
 using R = v1::FileRequest;
 
-v1::FileResponse done() {
-  v1::FileResponse r;
-  r.mutable_done();
-  return r;
-}
-
 uint64_t handleOf(const R& req) {
   switch (req.op_case()) {
     case R::kRead:
@@ -69,7 +63,7 @@ Result closeHandle(Handle h) {
   if (auto* f = std::get_if<std::shared_ptr<FileObject>>(&h); f != nullptr && f->use_count() == 1) {
     if (absl::Status s = (*f)->close(); !s.ok()) return s;
   }
-  return done();
+  return doneResponse();
 }
 
 class FileService : public RequestService, public std::enable_shared_from_this<FileService> {
@@ -118,7 +112,7 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
           // Every handle here is open for reading (fs_policy.h): nothing of
           // ours can be dirty, and a flush of the target's own writes is
           // not the agent's to start.
-          reply(*session, id, done());
+          reply(*session, id, doneResponse());
           return;
         }
         uint32_t read_size = max_read;
@@ -175,7 +169,7 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
       case R::kUnwatch:
         reply(*session, id, [&]() -> Result {
           if (absl::Status s = watches_.remove(sid, req.unwatch().watch()); !s.ok()) return s;
-          return done();
+          return doneResponse();
         }());
         return;
       case R::kClose:

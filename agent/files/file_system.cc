@@ -14,15 +14,9 @@ namespace {
 using R = v1::FileRequest;
 using Result = absl::StatusOr<v1::FileResponse>;
 
-v1::FileResponse done() {
-  v1::FileResponse r;
-  r.mutable_done();
-  return r;
-}
-
 Result doneOr(const absl::Status& s) {
   if (!s.ok()) return s;
-  return done();
+  return doneResponse();
 }
 
 }  // namespace
@@ -101,7 +95,7 @@ Result LocalFileSystem::path(const R& req, bool writes_refused) {
       if (::ftruncate(fd->get(), req.truncate().length()) != 0) {
         return lastErrnoStatus("truncate " + req.truncate().path());
       }
-      return done();
+      return doneResponse();
     }
     case R::kChmod:
       return doneOr(root_.chmod(req.chmod().path(), req.chmod().mode()));

@@ -24,6 +24,13 @@
 
 namespace siphon::agent::files {
 
+// The answer of an operation that succeeded with nothing to return.
+inline v1::FileResponse doneResponse() {
+  v1::FileResponse r;
+  r.mutable_done();
+  return r;
+}
+
 class FileSystem {
  public:
   virtual ~FileSystem() = default;

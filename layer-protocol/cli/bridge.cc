@@ -14,7 +14,6 @@ namespace siphon::cli {
 namespace asio = net::asio;
 
 namespace {
-constexpr size_t kChunk = 64 * 1024;
 }  // namespace
 
 void Bridge::start() {
@@ -109,7 +108,7 @@ void Bridge::directionDone() {
 // drops by-value coroutine parameters the body never names.
 net::awaitable<void> Bridge::localToStream(std::shared_ptr<Bridge> bridge) {
   const std::shared_ptr<Bridge> b = std::move(bridge);
-  std::string buf(kChunk, '\0');
+  std::string buf(kRelayChunk, '\0');
   while (true) {
     net::error_code ec;
     size_t n = co_await b->local.async_read_some(asio::buffer(buf),

@@ -23,6 +23,9 @@
 
 namespace siphon::cli {
 
+// Bytes per read when the CLI relays a connection or a stream.
+inline constexpr size_t kRelayChunk = 64 * 1024;
+
 // Closes `s` with RST (SO_LINGER 0): the peer sees an abort, never a clean
 // end that could pass for a complete transfer. A closed socket is left as is.
 void abortSocket(net::tcp::socket& s);

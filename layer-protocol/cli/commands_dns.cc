@@ -22,7 +22,7 @@
 namespace siphon::cli {
 namespace {
 
-struct Flags {
+struct DnsFlags {
   std::string name;
   std::string family;
   std::string address;
@@ -73,7 +73,7 @@ int printAnswer(const CommandEnv& env, const absl::StatusOr<client::DnsAnswer>& 
   return rc;
 }
 
-net::awaitable<int> runLookup(const CommandEnv& env, std::shared_ptr<Flags> flags) {
+net::awaitable<int> runLookup(const CommandEnv& env, std::shared_ptr<DnsFlags> flags) {
   const client::AddressFamily family = flags->family == "4"   ? client::AddressFamily::kIpv4
                                        : flags->family == "6" ? client::AddressFamily::kIpv6
                                                               : client::AddressFamily::kAny;
@@ -82,7 +82,7 @@ net::awaitable<int> runLookup(const CommandEnv& env, std::shared_ptr<Flags> flag
   co_return printAnswer(env, answer, absl::StrCat("dns lookup ", flags->name), false, flags->name);
 }
 
-net::awaitable<int> runReverse(const CommandEnv& env, std::shared_ptr<Flags> flags) {
+net::awaitable<int> runReverse(const CommandEnv& env, std::shared_ptr<DnsFlags> flags) {
   client::Dns dns(env.target);
   auto answer = co_await dns.reverse(flags->address);
   co_return printAnswer(env, answer, absl::StrCat("dns reverse ", flags->address), true,
@@ -96,7 +96,7 @@ void addDnsCommands(CLI::App& app, std::vector<Command>& out) {
       "dns", "Resolve names as the target resolves them (its resolv.conf, hosts file and network)");
   dns->require_subcommand(1);
 
-  auto flags = std::make_shared<Flags>();
+  auto flags = std::make_shared<DnsFlags>();
 
   CLI::App* lookup = dns->add_subcommand(
       "lookup", "Addresses of NAME (search domains and ndots applied, /etc/hosts first)");

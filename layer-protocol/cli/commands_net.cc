@@ -41,7 +41,6 @@ namespace asio = net::asio;
 using asio::posix::stream_descriptor;
 using client::ErrorCode;
 
-constexpr size_t kChunk = 64 * 1024;
 // The largest UDP payload (IPv4: 65535 - 8 - 20): one stdin read is one
 // datagram, so never read more.
 constexpr size_t kMaxDatagram = 65507;
@@ -125,7 +124,7 @@ struct ConnectState : std::enable_shared_from_this<ConnectState> {
 
 net::awaitable<void> stdinToStream(std::shared_ptr<ConnectState> state) {
   const std::shared_ptr<ConnectState> st = std::move(state);
-  std::string buf(st->messages ? kMaxDatagram : kChunk, '\0');
+  std::string buf(st->messages ? kMaxDatagram : kRelayChunk, '\0');
   while (true) {
     net::error_code ec;
     size_t n = co_await st->in.async_read_some(asio::buffer(buf),

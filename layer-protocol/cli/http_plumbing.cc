@@ -18,7 +18,6 @@ namespace asio = net::asio;
 
 namespace {
 
-constexpr size_t kChunk = 64 * 1024;
 // Request bytes kept for a retry on a new connection. A pooled connection
 // that the server closed while idle fails on the first write or read, long
 // before this much went out; a request larger than this is not retried.
@@ -334,7 +333,7 @@ net::awaitable<void> Exchange::answer502(std::string why_in) {
 net::awaitable<void> Exchange::readResponse() {
   ResponseScanner& scan = response_;
   std::string pending;
-  std::string buf(kChunk, '\0');
+  std::string buf(kRelayChunk, '\0');
   while (true) {
     net::error_code ec;
     const size_t n = co_await local_.async_read_some(asio::buffer(buf),

@@ -59,7 +59,6 @@ namespace {
 constexpr int32_t kStreamWindow = 64 * 1024;
 constexpr int32_t kConnectionWindow = 2 * 1024 * 1024;
 constexpr uint32_t kMaxConcurrentStreams = 128;
-constexpr size_t kReadChunk = 16 * 1024;
 // After a GOAWAY and the last stream, how long the client has to close
 // before the agent does.
 constexpr auto kCloseLinger = std::chrono::seconds(2);
@@ -584,7 +583,7 @@ class ServerConnection : public LiveConnection,
         std::string in = std::move(received_);
         if (!feed(in)) co_return;
       }
-      std::vector<char> buf(kReadChunk);
+      std::vector<char> buf(kHttp2ReadChunk);
       while (!closed_) {
         net::error_code ec;
         const size_t n = co_await sock_.async_read_some(

@@ -34,6 +34,10 @@
 
 namespace siphon::agent::steal::http {
 
+// Bytes per read from a socket of the HTTP/2 paths (client, application,
+// a stolen request's session).
+inline constexpr size_t kHttp2ReadChunk = 16 * 1024;
+
 using HeaderList = std::vector<std::pair<std::string, std::string>>;
 
 // Bytes waiting to be passed on, taken from the front.

@@ -7,7 +7,7 @@
 // Flow control: NGHTTP2_OPT_NO_AUTO_WINDOW_UPDATE here too. Response bytes
 // are consumed (WINDOW_UPDATE to the application) only once the client
 // side sent them, so a slow client holds at most one stream window
-// (kStreamWindow) of the shared connection's window (kConnectionWindow).
+// (kPoolStreamWindow) of the shared connection's window (kPoolConnectionWindow).
 // Request bytes are taken from the exchange only as the application's
 // windows allow (a deferred data provider resumed when bytes arrive).
 #include <nghttp2/nghttp2.h>
@@ -28,9 +28,8 @@ namespace asio = net::asio;
 
 namespace {
 
-constexpr int32_t kStreamWindow = 64 * 1024;
-constexpr int32_t kConnectionWindow = 16 * 1024 * 1024;
-constexpr size_t kReadChunk = 16 * 1024;
+constexpr int32_t kPoolStreamWindow = 64 * 1024;
+constexpr int32_t kPoolConnectionWindow = 16 * 1024 * 1024;
 // Requests on one application connection (open, waiting for the
 // connection, or queued by nghttp2 past the application's
 // SETTINGS_MAX_CONCURRENT_STREAMS). Every HTTP/2 client connection to the
@@ -280,9 +279,9 @@ bool Http2AppConnection::initSession() {
   if (!newHttp2Session(&session_, /*server=*/false, callbacks, this)) return false;
   std::array<nghttp2_settings_entry, 2> iv{{
       {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
-      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, static_cast<uint32_t>(kStreamWindow)},
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, static_cast<uint32_t>(kPoolStreamWindow)},
   }};
-  return submitHttp2Settings(session_, iv, kConnectionWindow);
+  return submitHttp2Settings(session_, iv, kPoolConnectionWindow);
 }
 
 int Http2AppConnection::onHeader(nghttp2_session* session, const nghttp2_frame* frame,
@@ -377,7 +376,7 @@ ssize_t Http2AppConnection::readRequest(nghttp2_session* session, int32_t stream
 net::awaitable<void> Http2AppConnection::readLoop() {
   auto self = shared_from_this();
   try {
-    std::vector<char> buf(kReadChunk);
+    std::vector<char> buf(kHttp2ReadChunk);
     while (!dead_) {
       net::error_code ec;
       const size_t n = co_await sock_.async_read_some(asio::buffer(buf),

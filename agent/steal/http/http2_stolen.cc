@@ -25,7 +25,6 @@ namespace asio = net::asio;
 namespace bhttp = boost::beast::http;
 
 constexpr size_t kResponseBuffer = 64 * 1024;
-constexpr size_t kReadChunk = 16 * 1024;
 constexpr size_t kWriteChunk = 64 * 1024;
 
 // The request head as HTTP/1.1 (RFC 9113 8.3.1: :authority becomes Host;
@@ -69,7 +68,7 @@ std::string requestHead(const Http2Exchange& x, bool* chunked) {
 }
 
 // An HTTP/1.1 response, its body delivered as it is parsed.
-class ResponseParser : public bhttp::basic_parser<false> {
+class StolenResponseParser : public bhttp::basic_parser<false> {
  public:
   int status = 0;
   HeaderList headers;
@@ -238,8 +237,8 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
     try {
       if (!x_) co_return;
       std::string in;
-      std::vector<char> buf(kReadChunk);
-      auto parser = std::make_unique<ResponseParser>();
+      std::vector<char> buf(kHttp2ReadChunk);
+      auto parser = std::make_unique<StolenResponseParser>();
       resetParser(*parser);
       bool eof = false;
       while (x_) {
@@ -264,7 +263,7 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
           }
           if (parser->status >= 100 && parser->status < 200) {
             // Interim response: skipped, the final one follows.
-            parser = std::make_unique<ResponseParser>();
+            parser = std::make_unique<StolenResponseParser>();
             resetParser(*parser);
             continue;
           }
@@ -314,7 +313,7 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
     }
   }
 
-  void resetParser(ResponseParser& p) {
+  void resetParser(StolenResponseParser& p) {
     p.header_limit(
         static_cast<std::uint32_t>(std::min<size_t>(x_->options().max_head_bytes, UINT32_MAX)));
     // Not boost::none: Beast 1.74 compares a content length against the

@@ -13,7 +13,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string messageOf(const absl::Status& s) { return std::string(s.message()); }
+std::string specError(const absl::Status& s) { return std::string(s.message()); }
 
 TEST(ParseStealTarget, HostAndPort) {
   auto r = parseStealTarget("127.0.0.1:9000");
@@ -58,8 +58,8 @@ TEST(ParseStealTarget, MalformedValuesAreNamedWithTheReason) {
     auto r = parseStealTarget(in);
     ASSERT_FALSE(r.ok()) << in;
     EXPECT_EQ(errorCodeOf(r.status()), v1::INVALID_ARGUMENT) << in;
-    EXPECT_THAT(messageOf(r.status()), HasSubstr("'" + in + "'")) << in;
-    EXPECT_THAT(messageOf(r.status()), HasSubstr(why)) << in;
+    EXPECT_THAT(specError(r.status()), HasSubstr("'" + in + "'")) << in;
+    EXPECT_THAT(specError(r.status()), HasSubstr(why)) << in;
   }
 }
 
@@ -77,8 +77,8 @@ TEST(PairStealRoutes, CountMismatchSaysHowToPair) {
   auto r = pairStealRoutes({"80", "443"}, {"127.0.0.1:8080"});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(errorCodeOf(r.status()), v1::INVALID_ARGUMENT);
-  EXPECT_THAT(messageOf(r.status()), HasSubstr("2 --port but 1 --to"));
-  EXPECT_THAT(messageOf(r.status()), HasSubstr("one --to per --port"));
+  EXPECT_THAT(specError(r.status()), HasSubstr("2 --port but 1 --to"));
+  EXPECT_THAT(specError(r.status()), HasSubstr("one --to per --port"));
 
   EXPECT_FALSE(pairStealRoutes({"80"}, {"a:1", "b:2"}).ok());
   EXPECT_FALSE(pairStealRoutes({}, {}).ok());
@@ -88,7 +88,7 @@ TEST(PairStealRoutes, PortsOutsideOneTo65535AreRefused) {
   for (const char* bad : {"0", "65536", "-1", "http", "", " 80", "80 ", "1e3"}) {
     auto r = pairStealRoutes({bad}, {"127.0.0.1:9000"});
     ASSERT_FALSE(r.ok()) << bad;
-    EXPECT_THAT(messageOf(r.status()), HasSubstr(std::string("bad --port '") + bad + "'")) << bad;
+    EXPECT_THAT(specError(r.status()), HasSubstr(std::string("bad --port '") + bad + "'")) << bad;
   }
   auto edge = pairStealRoutes({"1", "65535"}, {"h:1", "h:2"});
   ASSERT_TRUE(edge.ok()) << edge.status();
@@ -97,13 +97,13 @@ TEST(PairStealRoutes, PortsOutsideOneTo65535AreRefused) {
 TEST(PairStealRoutes, BadToIsNamed) {
   auto r = pairStealRoutes({"80", "81"}, {"h:1", "nope"});
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(messageOf(r.status()), HasSubstr("bad --to 'nope'"));
+  EXPECT_THAT(specError(r.status()), HasSubstr("bad --to 'nope'"));
 }
 
 TEST(PairStealRoutes, APortGivenTwiceIsRefused) {
   auto r = pairStealRoutes({"80", "80"}, {"h:1", "h:2"});
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(messageOf(r.status()), HasSubstr("--port 80 is given twice"));
+  EXPECT_THAT(specError(r.status()), HasSubstr("--port 80 is given twice"));
 }
 
 StolenEvent sampleEvent() {
@@ -245,7 +245,7 @@ TEST(ParseHttpFilter, MistakesAreNamed) {
     auto f = parseHttpFilter(flags);
     ASSERT_FALSE(f.ok()) << why;
     EXPECT_EQ(errorCodeOf(f.status()), v1::INVALID_ARGUMENT) << why;
-    EXPECT_THAT(messageOf(f.status()), HasSubstr(why));
+    EXPECT_THAT(specError(f.status()), HasSubstr(why));
   }
 }
 

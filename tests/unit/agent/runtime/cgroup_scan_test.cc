@@ -17,85 +17,85 @@ namespace {
 using ::testing::HasSubstr;
 using testing::msg;
 
-const std::string kId = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+const std::string kScanId = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
 const std::string kOther = "aaaa2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
 const std::string kPod = "kubepods-burstable-pod5f0c1a2b_3c4d_4e5f_8a9b_0c1d2e3f4a5b.slice";
 
 TEST(CgroupNamesContainerTest, CgroupV2SystemdContainerd) {
   const std::string file =
-      "0::/kubepods.slice/kubepods-burstable.slice/" + kPod + "/cri-containerd-" + kId + ".scope\n";
-  EXPECT_TRUE(cgroupNamesContainer(file, kId));
+      "0::/kubepods.slice/kubepods-burstable.slice/" + kPod + "/cri-containerd-" + kScanId + ".scope\n";
+  EXPECT_TRUE(cgroupNamesContainer(file, kScanId));
   EXPECT_FALSE(cgroupNamesContainer(file, kOther));
 }
 
 TEST(CgroupNamesContainerTest, CgroupV2SystemdCrioAndItsNestedContainerCgroup) {
   EXPECT_TRUE(cgroupNamesContainer(
-      "0::/kubepods.slice/kubepods-besteffort.slice/" + kPod + "/crio-" + kId + ".scope\n", kId));
+      "0::/kubepods.slice/kubepods-besteffort.slice/" + kPod + "/crio-" + kScanId + ".scope\n", kScanId));
   EXPECT_TRUE(cgroupNamesContainer(
-      "0::/kubepods.slice/" + kPod + "/crio-" + kId + ".scope/container\n", kId));
+      "0::/kubepods.slice/" + kPod + "/crio-" + kScanId + ".scope/container\n", kScanId));
 }
 
 TEST(CgroupNamesContainerTest, CrioConmonIsNotTheContainer) {
   EXPECT_FALSE(
-      cgroupNamesContainer("0::/kubepods.slice/" + kPod + "/crio-conmon-" + kId + ".scope\n", kId));
+      cgroupNamesContainer("0::/kubepods.slice/" + kPod + "/crio-conmon-" + kScanId + ".scope\n", kScanId));
 }
 
 TEST(CgroupNamesContainerTest, CgroupV1CgroupfsKubeletOneLinePerHierarchy) {
   const std::string file =
-      "12:pids:/kubepods/burstable/pod5f0c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b/" + kId +
+      "12:pids:/kubepods/burstable/pod5f0c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b/" + kScanId +
       "\n"
       "11:cpu,cpuacct:/kubepods/burstable/pod5f0c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b/" +
-      kId +
+      kScanId +
       "\n"
       "1:name=systemd:/kubepods/burstable/pod5f0c1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b/" +
-      kId +
+      kScanId +
       "\n"
       "0::/\n";
-  EXPECT_TRUE(cgroupNamesContainer(file, kId));
+  EXPECT_TRUE(cgroupNamesContainer(file, kScanId));
 }
 
 TEST(CgroupNamesContainerTest, DockerCgroupfsAndSystemd) {
-  EXPECT_TRUE(cgroupNamesContainer("4:memory:/docker/" + kId + "\n", kId));
-  EXPECT_TRUE(cgroupNamesContainer("0::/system.slice/docker-" + kId + ".scope\n", kId));
+  EXPECT_TRUE(cgroupNamesContainer("4:memory:/docker/" + kScanId + "\n", kScanId));
+  EXPECT_TRUE(cgroupNamesContainer("0::/system.slice/docker-" + kScanId + ".scope\n", kScanId));
 }
 
 TEST(CgroupNamesContainerTest, PodmanLibpod) {
   EXPECT_TRUE(cgroupNamesContainer(
-      "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-" + kId + ".scope\n",
-      kId));
+      "0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-" + kScanId + ".scope\n",
+      kScanId));
 }
 
 TEST(CgroupNamesContainerTest, RelativePathInsideAPrivateCgroupNamespace) {
   // An ephemeral container under cgroup v2 sees its siblings above its root.
-  EXPECT_TRUE(cgroupNamesContainer("0::/../cri-containerd-" + kId + ".scope\n", kId));
+  EXPECT_TRUE(cgroupNamesContainer("0::/../cri-containerd-" + kScanId + ".scope\n", kScanId));
 }
 
 TEST(CgroupNamesContainerTest, LastLineWithoutNewlineCounts) {
-  EXPECT_TRUE(cgroupNamesContainer("0::/docker/" + kId, kId));
+  EXPECT_TRUE(cgroupNamesContainer("0::/docker/" + kScanId, kScanId));
 }
 
 TEST(CgroupNamesContainerTest, OnlyWholeComponentsMatch) {
-  const std::string file = "0::/docker/" + kId + "\n";
-  EXPECT_FALSE(cgroupNamesContainer(file, kId.substr(0, 12))) << "a prefix of the ID";
-  EXPECT_FALSE(cgroupNamesContainer("0::/docker/x" + kId + "\n", kId));
-  EXPECT_FALSE(cgroupNamesContainer("0::/docker/" + kId + "-old\n", kId));
-  EXPECT_FALSE(cgroupNamesContainer("0::/other-" + kId + ".scope\n", kId));
+  const std::string file = "0::/docker/" + kScanId + "\n";
+  EXPECT_FALSE(cgroupNamesContainer(file, kScanId.substr(0, 12))) << "a prefix of the ID";
+  EXPECT_FALSE(cgroupNamesContainer("0::/docker/x" + kScanId + "\n", kScanId));
+  EXPECT_FALSE(cgroupNamesContainer("0::/docker/" + kScanId + "-old\n", kScanId));
+  EXPECT_FALSE(cgroupNamesContainer("0::/other-" + kScanId + ".scope\n", kScanId));
   EXPECT_FALSE(cgroupNamesContainer("0::/docker\n", "docker-"));
   EXPECT_FALSE(cgroupNamesContainer(file, ""));
 }
 
 TEST(CgroupNamesContainerTest, IdInTheControllerFieldDoesNotCount) {
-  EXPECT_FALSE(cgroupNamesContainer("3:" + kId + ":/\n", kId));
+  EXPECT_FALSE(cgroupNamesContainer("3:" + kScanId + ":/\n", kScanId));
 }
 
 TEST(CgroupNamesContainerTest, MalformedLinesAreIgnored) {
-  EXPECT_FALSE(cgroupNamesContainer(kId + "\n", kId));
-  EXPECT_FALSE(cgroupNamesContainer("0:" + kId + "\n", kId));
-  EXPECT_TRUE(cgroupNamesContainer("garbage\n\n0::/docker/" + kId + "\n", kId));
+  EXPECT_FALSE(cgroupNamesContainer(kScanId + "\n", kScanId));
+  EXPECT_FALSE(cgroupNamesContainer("0:" + kScanId + "\n", kScanId));
+  EXPECT_TRUE(cgroupNamesContainer("garbage\n\n0::/docker/" + kScanId + "\n", kScanId));
 }
 
 TEST(CgroupNamesContainerTest, PathMayHoldColons) {
-  EXPECT_TRUE(cgroupNamesContainer("0::/odd:dir/" + kId + "\n", kId));
+  EXPECT_TRUE(cgroupNamesContainer("0::/odd:dir/" + kScanId + "\n", kScanId));
 }
 
 std::string containerdCgroup(const std::string& id) {
@@ -105,10 +105,10 @@ std::string containerdCgroup(const std::string& id) {
 TEST(FindContainerPidTest, LowestPidOfTheContainerWins) {
   fakes::FakeProcFs procfs;
   procfs.addProcess(1).cgroup = containerdCgroup(kOther);  // the pause container
-  procfs.addProcess(14).cgroup = containerdCgroup(kId);    // a child
-  procfs.addProcess(7).cgroup = containerdCgroup(kId);     // the target's init
+  procfs.addProcess(14).cgroup = containerdCgroup(kScanId);    // a child
+  procfs.addProcess(7).cgroup = containerdCgroup(kScanId);     // the target's init
   procfs.addProcess(30).cgroup = containerdCgroup(kOther);
-  auto pid = findContainerPid(procfs, kId);
+  auto pid = findContainerPid(procfs, kScanId);
   ASSERT_TRUE(pid.ok()) << pid.status();
   EXPECT_EQ(*pid, 7);
 }
@@ -116,17 +116,17 @@ TEST(FindContainerPidTest, LowestPidOfTheContainerWins) {
 TEST(FindContainerPidTest, TheAgentItselfIsSkipped) {
   fakes::FakeProcFs procfs;
   procfs.setSelfPid(3);
-  procfs.addProcess(3).cgroup = containerdCgroup(kId);
-  procfs.addProcess(9).cgroup = containerdCgroup(kId);
-  EXPECT_EQ(*findContainerPid(procfs, kId), 9);
+  procfs.addProcess(3).cgroup = containerdCgroup(kScanId);
+  procfs.addProcess(9).cgroup = containerdCgroup(kScanId);
+  EXPECT_EQ(*findContainerPid(procfs, kScanId), 9);
 }
 
 TEST(FindContainerPidTest, UnreadableOrVanishedProcessesAreSkipped) {
   fakes::FakeProcFs procfs;
   procfs.addProcess(2).cgroup_errno = ENOENT;
   procfs.addProcess(4).cgroup_errno = EACCES;
-  procfs.addProcess(8).cgroup = containerdCgroup(kId);
-  EXPECT_EQ(*findContainerPid(procfs, kId), 8);
+  procfs.addProcess(8).cgroup = containerdCgroup(kScanId);
+  EXPECT_EQ(*findContainerPid(procfs, kScanId), 8);
 }
 
 TEST(FindContainerPidTest, NoMatchIsNotFoundAndExplainsThePidNamespace) {
@@ -134,10 +134,10 @@ TEST(FindContainerPidTest, NoMatchIsNotFoundAndExplainsThePidNamespace) {
   procfs.addProcess(1).cgroup = containerdCgroup(kOther);
   procfs.addProcess(2).cgroup = containerdCgroup(kOther);
   procfs.addProcess(3).cgroup_errno = ENOENT;
-  auto pid = findContainerPid(procfs, kId);
+  auto pid = findContainerPid(procfs, kScanId);
   ASSERT_EQ(pid.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(msg(pid.status()),
-              HasSubstr("no process of container " + kId + " among the 2 processes"));
+              HasSubstr("no process of container " + kScanId + " among the 2 processes"));
   EXPECT_THAT(msg(pid.status()), HasSubstr("share the target's PID namespace"));
 }
 
@@ -146,25 +146,25 @@ TEST(FindContainerPidTest, NoMatchIsNotFoundAndExplainsThePidNamespace) {
 TEST(FindContainerPidTest, RuncSetupProcessesAreNotTheContainer) {
   fakes::FakeProcFs procfs;
   fakes::FakeProcess& init = procfs.addProcess(5);
-  init.cgroup = containerdCgroup(kId);
+  init.cgroup = containerdCgroup(kScanId);
   init.comm = "runc:[2:INIT]";
-  auto pid = findContainerPid(procfs, kId);
+  auto pid = findContainerPid(procfs, kScanId);
   ASSERT_EQ(pid.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(msg(pid.status()), HasSubstr("still being started"));
   // Once it has exec'd the container's program, it is.
   init.comm = "sh";
-  EXPECT_EQ(*findContainerPid(procfs, kId), 5);
+  EXPECT_EQ(*findContainerPid(procfs, kScanId), 5);
   // A program of the container's next to runc's setup process wins.
   fakes::FakeProcess& child = procfs.addProcess(3);
-  child.cgroup = containerdCgroup(kId);
+  child.cgroup = containerdCgroup(kScanId);
   child.comm = "runc:[1:CHILD]";
-  EXPECT_EQ(*findContainerPid(procfs, kId), 5);
+  EXPECT_EQ(*findContainerPid(procfs, kScanId), 5);
 }
 
 TEST(FindContainerPidTest, ListingErrorPassesThrough) {
   fakes::FakeProcFs procfs;
   procfs.setListErrno(EACCES);
-  EXPECT_EQ(findContainerPid(procfs, kId).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(findContainerPid(procfs, kScanId).status().code(), absl::StatusCode::kPermissionDenied);
 }
 
 }  // namespace

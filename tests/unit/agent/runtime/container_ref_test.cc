@@ -13,7 +13,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::msg;
 
-constexpr char kId[] = "3f4c2a1b9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b";
+constexpr char kRefId[] = "3f4c2a1b9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b";
 
 TEST(RuntimeNameTest, RoundTrips) {
   for (RuntimeKind k : {RuntimeKind::kContainerd, RuntimeKind::kDocker, RuntimeKind::kCrio}) {
@@ -32,9 +32,9 @@ TEST(RuntimeNameTest, AutoAndUnknownAreNotRuntimes) {
 }
 
 TEST(ContainerRefTest, BareIdHasNoRuntime) {
-  auto ref = parseContainerRef(kId);
+  auto ref = parseContainerRef(kRefId);
   ASSERT_TRUE(ref.ok()) << ref.status();
-  EXPECT_EQ(ref->id, kId);
+  EXPECT_EQ(ref->id, kRefId);
   EXPECT_FALSE(ref->runtime.has_value());
 }
 
@@ -43,14 +43,14 @@ TEST(ContainerRefTest, KubernetesPrefixesPickTheRuntime) {
     std::string text;
     RuntimeKind kind;
   } cases[] = {
-      {std::string("containerd://") + kId, RuntimeKind::kContainerd},
-      {std::string("docker://") + kId, RuntimeKind::kDocker},
-      {std::string("cri-o://") + kId, RuntimeKind::kCrio},
+      {std::string("containerd://") + kRefId, RuntimeKind::kContainerd},
+      {std::string("docker://") + kRefId, RuntimeKind::kDocker},
+      {std::string("cri-o://") + kRefId, RuntimeKind::kCrio},
   };
   for (const Case& c : cases) {
     auto ref = parseContainerRef(c.text);
     ASSERT_TRUE(ref.ok()) << c.text << ": " << ref.status();
-    EXPECT_EQ(ref->id, kId);
+    EXPECT_EQ(ref->id, kRefId);
     ASSERT_TRUE(ref->runtime.has_value());
     EXPECT_EQ(*ref->runtime, c.kind);
   }

@@ -26,7 +26,7 @@ using testing::msg;
 using ::testing::Not;
 using ::testing::StartsWith;
 
-constexpr char kId[] = "9b2e6f1c0d8a7e6f5d4c3b2a19081726354f6e5d4c3b2a190817263544f6e5d4";
+constexpr char kClientId[] = "9b2e6f1c0d8a7e6f5d4c3b2a19081726354f6e5d4c3b2a190817263544f6e5d4";
 
 using testing::TempDir;
 using Reply = FakeHttpServer::Reply;
@@ -60,7 +60,7 @@ Reply silence() {
 // What `docker inspect` of a running container looks like, cut down but with
 // the nesting, nulls, big numbers and escapes of the real thing.
 std::string dockerRunning(int pid) {
-  return std::string(R"({"Id":")") + kId +
+  return std::string(R"({"Id":")") + kClientId +
          R"(","Created":"2024-05-01T10:00:00.123456789Z","Path":"sleep","Args":["600"],)"
          R"("State":{"Status":"running","Running":true,"Paused":false,"Restarting":false,)"
          R"("OOMKilled":false,"Dead":false,"Pid":)" +
@@ -85,7 +85,7 @@ class DockerClientTest : public ::testing::Test {
       std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
     return makeDockerClient(socket_, timeout);
   }
-  std::string target() const { return std::string("/containers/") + kId + "/json"; }
+  std::string target() const { return std::string("/containers/") + kClientId + "/json"; }
 
   TempDir dir_;
   std::string socket_;
@@ -94,11 +94,11 @@ class DockerClientTest : public ::testing::Test {
 
 TEST_F(DockerClientTest, RunningContainerGivesPidEnvAndFullId) {
   server_->on(target(), json(dockerRunning(4242)));
-  auto r = client()->resolve(kId);
+  auto r = client()->resolve(kClientId);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->pid, 4242);
   EXPECT_EQ(r->runtime, "docker");
-  EXPECT_EQ(r->container_id, kId);
+  EXPECT_EQ(r->container_id, kClientId);
   EXPECT_EQ(r->endpoint, socket_);
   // Sorted by name, escapes decoded.
   ASSERT_EQ(r->env.size(), 4u);
@@ -113,7 +113,7 @@ TEST_F(DockerClientTest, RunningContainerGivesPidEnvAndFullId) {
 
 TEST_F(DockerClientTest, SendsAGetWithAHostHeaderToTheInspectPath) {
   server_->on(target(), json(dockerRunning(1)));
-  ASSERT_TRUE(client()->resolve(kId).ok());
+  ASSERT_TRUE(client()->resolve(kClientId).ok());
   auto requests = server_->requests();
   ASSERT_EQ(requests.size(), 1u);
   EXPECT_EQ(requests[0].method, "GET");
@@ -123,7 +123,7 @@ TEST_F(DockerClientTest, SendsAGetWithAHostHeaderToTheInspectPath) {
 
 TEST_F(DockerClientTest, ChunkedAnswerIsReadWhole) {
   server_->on(target(), json(dockerRunning(77), true));
-  auto r = client()->resolve(kId);
+  auto r = client()->resolve(kClientId);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->pid, 77);
 }
@@ -132,7 +132,7 @@ TEST_F(DockerClientTest, NameResolvesToTheFullId) {
   server_->on("/containers/web/json", json(dockerRunning(5)));
   auto r = client()->resolve("web");
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->container_id, kId);
+  EXPECT_EQ(r->container_id, kClientId);
 }
 
 TEST_F(DockerClientTest, NotFoundNamesTheRuntimeTheSocketAndTheId) {
@@ -145,9 +145,9 @@ TEST_F(DockerClientTest, NotFoundNamesTheRuntimeTheSocketAndTheId) {
 TEST_F(DockerClientTest, StoppedContainerIsNotFound) {
   server_->on(
       target(),
-      json(std::string(R"({"Id":")") + kId +
+      json(std::string(R"({"Id":")") + kClientId +
            R"(","State":{"Status":"exited","Running":false,"Pid":0},"Config":{"Env":null}})"));
-  auto r = client()->resolve(kId);
+  auto r = client()->resolve(kClientId);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kNotFound) << r.status();
   EXPECT_THAT(msg(r.status()), HasSubstr("is not running in docker"));
 }
@@ -155,14 +155,14 @@ TEST_F(DockerClientTest, StoppedContainerIsNotFound) {
 TEST_F(DockerClientTest, NullEnvIsEmpty) {
   server_->on(target(),
               json(R"({"Id":"x","State":{"Running":true,"Pid":9},"Config":{"Env":null}})"));
-  auto r = client()->resolve(kId);
+  auto r = client()->resolve(kClientId);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->env.empty());
 }
 
 TEST_F(DockerClientTest, ServerErrorIsInternalAndQuotesTheBody) {
   server_->on(target(), status(500, "{\"message\":\"daemon is sad\"}\nmore"));
-  auto r = client()->resolve(kId);
+  auto r = client()->resolve(kClientId);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
   EXPECT_THAT(msg(r.status()), HasSubstr("answered 500 Internal Server Error"));
   EXPECT_THAT(msg(r.status()), HasSubstr("daemon is sad"));
@@ -171,41 +171,41 @@ TEST_F(DockerClientTest, ServerErrorIsInternalAndQuotesTheBody) {
 
 TEST_F(DockerClientTest, MalformedJsonIsInternal) {
   server_->on(target(), json(R"({"Id":"x","State":{"Running":true,"Pid":9})"));
-  auto r = client()->resolve(kId);
+  auto r = client()->resolve(kClientId);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
   EXPECT_THAT(msg(r.status()), StartsWith("docker at " + socket_ + ": unreadable answer"));
 }
 
 TEST_F(DockerClientTest, PidOfTheWrongTypeIsInternalAndNamesTheField) {
   server_->on(target(), json(R"({"Id":"x","State":{"Running":true,"Pid":"9"}})"));
-  auto r = client()->resolve(kId);
+  auto r = client()->resolve(kClientId);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
   EXPECT_THAT(msg(r.status()), HasSubstr("State.Pid is a string, not a number"));
 }
 
 TEST_F(DockerClientTest, GarbageInsteadOfHttpIsInternal) {
   server_->on(target(), raw("SSH-2.0-OpenSSH_9.2\r\n\r\n"));
-  auto r = client()->resolve(kId);
+  auto r = client()->resolve(kClientId);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInternal) << r.status();
   EXPECT_THAT(msg(r.status()), HasSubstr("malformed HTTP answer"));
 }
 
 TEST_F(DockerClientTest, ConnectionClosedBeforeAnAnswerIsUnavailable) {
   server_->on(target(), raw(""));
-  auto r = client()->resolve(kId);
+  auto r = client()->resolve(kClientId);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
   EXPECT_THAT(msg(r.status()), HasSubstr("closed the connection"));
 }
 
 TEST_F(DockerClientTest, TruncatedBodyIsUnavailable) {
   server_->on(target(), raw("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"Id\":"));
-  auto r = client()->resolve(kId);
+  auto r = client()->resolve(kClientId);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
 }
 
 TEST_F(DockerClientTest, SilentServerTimesOutAsUnavailable) {
   server_->on(target(), silence());
-  auto r = client(std::chrono::milliseconds(200))->resolve(kId);
+  auto r = client(std::chrono::milliseconds(200))->resolve(kClientId);
   ASSERT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
   EXPECT_EQ(r.status().message(),
             "docker at " + socket_ + ": no answer within 200ms (waiting for the answer)");
@@ -291,16 +291,16 @@ constexpr char kCrioInfo[] =
     R"("sandbox":"4d5e6f","ip_addresses":["10.85.0.12"]})";
 
 TEST_F(CrioClientTest, RunningContainerGivesPidAndNoEnv) {
-  server_->on(std::string("/containers/") + kId, json(kCrioInfo));
-  auto r = crio()->resolve(kId);
+  server_->on(std::string("/containers/") + kClientId, json(kCrioInfo));
+  auto r = crio()->resolve(kClientId);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->pid, 31337);
   EXPECT_EQ(r->runtime, "cri-o");
-  EXPECT_EQ(r->container_id, kId);
+  EXPECT_EQ(r->container_id, kClientId);
   EXPECT_TRUE(r->env.empty());
   auto requests = server_->requests();
   ASSERT_EQ(requests.size(), 1u);
-  EXPECT_EQ(requests[0].target, std::string("/containers/") + kId);
+  EXPECT_EQ(requests[0].target, std::string("/containers/") + kClientId);
   EXPECT_EQ(requests[0].host, "crio");
 }
 

@@ -126,7 +126,7 @@ TEST(OpenContainerTargetTest, PermissionErrorIsFinal) {
   EXPECT_EQ(world.calls().size(), 1u);
 }
 
-const std::string kId = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
+const std::string kTargetId = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
 
 TEST(OpenEphemeralTargetTest, WithoutAnIdItIsPidOne) {
   fakes::FakeProcFs procfs;
@@ -153,21 +153,21 @@ TEST(OpenEphemeralTargetTest, ContainerIdFindsItsProcessByCgroup) {
   fakes::FakeProcFs procfs;
   procfs.setSelfPid(40);
   procfs.addProcess(1).cgroup = "0::/../cri-containerd-pause.scope\n";
-  procfs.addProcess(12).cgroup = "0::/../cri-containerd-" + kId + ".scope\n";
+  procfs.addProcess(12).cgroup = "0::/../cri-containerd-" + kTargetId + ".scope\n";
   procfs.addProcess(40).cgroup = "0::/\n";
-  auto target = openEphemeralTarget(procfs, "containerd://" + kId);
+  auto target = openEphemeralTarget(procfs, "containerd://" + kTargetId);
   ASSERT_TRUE(target.ok()) << target.status();
   EXPECT_EQ((*target)->pid(), 12);
   EXPECT_EQ((*target)->mode(), TargetMode::kEphemeral);
-  EXPECT_EQ((*target)->spec().container_id, kId);
+  EXPECT_EQ((*target)->spec().container_id, kTargetId);
   EXPECT_EQ((*target)->spec().runtime, "containerd");
   EXPECT_TRUE((*target)->spec().runtime_env.empty());
 }
 
 TEST(OpenEphemeralTargetTest, BareIdLeavesTheRuntimeUnnamed) {
   fakes::FakeProcFs procfs;
-  procfs.addProcess(5).cgroup = "4:memory:/docker/" + kId + "\n";
-  auto target = openEphemeralTarget(procfs, kId);
+  procfs.addProcess(5).cgroup = "4:memory:/docker/" + kTargetId + "\n";
+  auto target = openEphemeralTarget(procfs, kTargetId);
   ASSERT_TRUE(target.ok()) << target.status();
   EXPECT_EQ((*target)->pid(), 5);
   EXPECT_EQ((*target)->spec().runtime, "");
@@ -176,7 +176,7 @@ TEST(OpenEphemeralTargetTest, BareIdLeavesTheRuntimeUnnamed) {
 TEST(OpenEphemeralTargetTest, UnknownContainerIsNotFound) {
   fakes::FakeProcFs procfs;
   procfs.addProcess(1).cgroup = "0::/\n";
-  auto target = openEphemeralTarget(procfs, kId);
+  auto target = openEphemeralTarget(procfs, kTargetId);
   ASSERT_EQ(target.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(msg(target.status()), HasSubstr("no process of container"));
 }

@@ -33,7 +33,7 @@ namespace {
 namespace asio = net::asio;
 using fakes::eventually;
 
-constexpr char kToken[] = "steal-threads-test-token";
+constexpr char kThreadsToken[] = "steal-threads-test-token";
 constexpr uint16_t kFirstPort = 7001;
 constexpr uint16_t kHeldPort = 7002;  // its addPort() waits for the test
 
@@ -113,7 +113,7 @@ class StealServiceThreadsTest : public testing::Test {
  protected:
   void SetUp() override {
     AgentConfig config;
-    config.token = kToken;
+    config.token = kThreadsToken;
     TargetSpec spec;
     spec.mode = TargetMode::kTargetless;
     auto state = state_;
@@ -133,7 +133,7 @@ class StealServiceThreadsTest : public testing::Test {
   std::shared_ptr<client::Client> newClient(const asio::any_io_executor& ex, std::string name) {
     client::ClientOptions o;
     o.endpoints = {agent_.address()};
-    o.token = kToken;
+    o.token = kThreadsToken;
     o.client_name = std::move(name);
     return client::Client::create(ex, o);
   }
