@@ -87,7 +87,8 @@ run_ctest() {
   local rc=0
   # A bound for a hung test; instrumented tests run 2-5x slower than normal
   # (the slowest normal test takes ~5 s).
-  ctest --test-dir "$dir" --output-on-failure -j2 --timeout 900 "$@" || rc=$?
+  # (-j3 on two cores: as in scripts/test.sh, half a test's time is waiting.)
+  ctest --test-dir "$dir" --output-on-failure -j3 --timeout 900 "$@" || rc=$?
   if compgen -G "$reports/*" >/dev/null; then
     echo "sanitize.sh: $name: sanitizer reports:" >&2
     local f
