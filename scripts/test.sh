@@ -67,8 +67,8 @@ if [ "$quick" = 1 ]; then
 fi
 
 # The sanitizer trees (scripts/sanitize.sh, clang) build in the background,
-# niced, while the fuzzing pass and the tests run: the tests leave about one
-# of the two cores idle, and the builds are most of the run's CPU time. ASan
+# niced, while the fuzzing pass and the tests run: the tests leave part of
+# the two cores idle, and the builds are most of the run's CPU time. ASan
 # builds first, then TSan; each writes its exit status to a file the
 # foreground waits for. Skip both with SIPHON_SKIP_SANITIZE=1.
 sanitize=1
