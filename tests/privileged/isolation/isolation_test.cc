@@ -456,9 +456,19 @@ TEST_F(IsolationTest, MisbehavingClientsDoNotSlowOrChangeAnotherSession) {
   // ---- Y again, with all of that going on.
   for (int i = 0; i < 3; ++i)
     EXPECT_TRUE(readFileThroughAgent()) << "Y with misbehaving clients, run " << i;
-  const uint64_t x_sent_mid = endless_->sent();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  const uint64_t x_sent_end = endless_->sent();
+  // X's server goes on until the windows and buffers between it and the
+  // stopped reader are full (a 16 MiB stream window, the session socket's
+  // send buffer of up to 8 MiB, the kernel's), which may take longer than
+  // Y's reads: wait until it sent nothing for 300 ms, at most 10 s. A
+  // server still sending then has no bound.
+  uint64_t x_sent_mid = endless_->sent();
+  uint64_t x_sent_end = x_sent_mid;
+  for (const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    x_sent_end = endless_->sent();
+    if (x_sent_end == x_sent_mid || std::chrono::steady_clock::now() > give_up) break;
+    x_sent_mid = x_sent_end;
+  }
   stop = true;
   garbage.join();
   churn.join();
