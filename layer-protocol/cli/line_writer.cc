@@ -16,9 +16,9 @@ LineWriter::LineWriter(int fd, size_t max_queued)
 LineWriter::~LineWriter() {
   std::unique_lock<std::mutex> lock(mu_);
   drained_.wait_for(lock, std::chrono::milliseconds(flush_limit_ms),
-                    [this] { return queue_.empty() && !writing_; });
+                    [this] { return drained(); });
   stop_ = true;
-  const bool stuck = !queue_.empty() || writing_;
+  const bool stuck = !drained();
   lock.unlock();
   cv_.notify_all();
   // A writer stuck in write(2) on a pipe nobody reads would hold the exit
@@ -34,13 +34,14 @@ void LineWriter::write(std::string line) {
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (queued_bytes_ + line.size() > max_queued_) {
+    if (fits(line.size())) {
+      queued_bytes_ += line.size();
+      queue_.push_back(std::move(line));
+    } else {
+      // Said once the reader catches up, even if no line follows.
       ++dropped_;
       ++dropped_unsaid_;
-      return;
     }
-    queued_bytes_ += line.size();
-    queue_.push_back(std::move(line));
     wake = idle_;
   }
   if (wake) cv_.notify_one();
@@ -50,13 +51,23 @@ bool LineWriter::tryWrite(std::string chunk) {
   bool wake;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (queued_bytes_ + chunk.size() > max_queued_) return false;
+    if (!fits(chunk.size())) return false;
     queued_bytes_ += chunk.size();
     queue_.push_back(std::move(chunk));
     wake = idle_;
   }
   if (wake) cv_.notify_one();
   return true;
+}
+
+// The batch in write(2) counts: the thread takes everything queued at
+// once, so without it the bound would let twice max_queued_ wait.
+bool LineWriter::fits(size_t size) const {
+  return queued_bytes_ + writing_bytes_ + size <= max_queued_;
+}
+
+bool LineWriter::drained() const {
+  return queue_.empty() && !writing_ && dropped_unsaid_ == 0;
 }
 
 size_t LineWriter::queuedBytes() const {
@@ -67,7 +78,7 @@ size_t LineWriter::queuedBytes() const {
 void LineWriter::flush() {
   std::unique_lock<std::mutex> lock(mu_);
   drained_.wait_for(lock, std::chrono::milliseconds(flush_limit_ms),
-                    [this] { return queue_.empty() && !writing_; });
+                    [this] { return drained(); });
 }
 
 uint64_t LineWriter::dropped() const {
@@ -81,9 +92,9 @@ void LineWriter::run() {
   std::unique_lock<std::mutex> lock(mu_);
   while (true) {
     idle_ = true;
-    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty() || dropped_unsaid_ > 0; });
     idle_ = false;
-    if (queue_.empty()) return;  // stopping, all written
+    if (queue_.empty() && dropped_unsaid_ == 0) return;  // stopping, all written
     // Everything queued goes out in one write(2) (up to kMaxBatch lines):
     // a busy `siphon steal` queues a line per request, thousands a second,
     // and neither a wake-up nor a system call per line is worth paying.
@@ -112,7 +123,7 @@ void LineWriter::run() {
     lock.lock();
     writing_ = false;
     writing_bytes_ = 0;
-    if (queue_.empty()) drained_.notify_all();
+    if (drained()) drained_.notify_all();
   }
 }
 

@@ -22,7 +22,8 @@ namespace siphon::cli {
 
 class LineWriter {
  public:
-  // Writes to `fd` (not owned); at most `max_queued` bytes wait at once.
+  // Writes to `fd` (not owned); at most `max_queued` bytes wait at once,
+  // those being written included.
   explicit LineWriter(int fd, size_t max_queued = 1 << 20);
   // Waits for the queue to drain, at most about `flush_limit_ms`, then
   // leaves: a reader that never comes back cannot hold the exit.
@@ -50,6 +51,10 @@ class LineWriter {
 
  private:
   void run();
+  // Whether `size` more bytes keep the queue within max_queued_ (mu_ held).
+  bool fits(size_t size) const;
+  // Nothing queued, being written or dropped and not yet said (mu_ held).
+  bool drained() const;
   // Writes the batch's lines, in order, until done or the fd refuses.
   void writeAll(std::vector<std::string>& batch, std::vector<iovec>& iov) const;
 
