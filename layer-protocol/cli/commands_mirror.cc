@@ -26,12 +26,16 @@
 //     that agent's connections arrive as new streams; one "agent A ...;
 //     moved to agent B" line.
 //
-// Nothing waits on stdout, stderr or a replay server: the streams are read
-// as fast as they come (so the agent never falls behind because of us).
+// Nothing waits on stdout or stderr: without --to the streams are read as
+// fast as they come (so the agent never falls behind because of us);
 // stdout and stderr are written by threads of their own through bounded
-// queues (LineWriter), each replay through a bounded queue of its own; what
-// does not fit is dropped and said in a line (and in the summary), never
-// silently.
+// queues (LineWriter), and what does not fit is dropped and said in a line
+// (and in the summary), never silently. With --to, a connection's stream
+// is read only as fast as its replay server takes the bytes, beyond a
+// queue of Replay::kHighWater: a burst waits in the stream's credit and
+// the agent's buffer, and what overflows that is a gap the agent reports.
+// A replay server that takes nothing for Replay::kStallLimit has failed:
+// its connection's bytes are then read at full speed and not replayed.
 #include <unistd.h>
 
 #include <chrono>
@@ -226,7 +230,12 @@ net::awaitable<void> serveMirrored(std::shared_ptr<MirrorState> state,
       case MirrorEvent::Kind::kData:
         c->counts.bytes[directionIndex(d)] += e.bytes.size();
         if (c->replay) {
-          if (d == Direction::kClientToServer) c->replay->push(e.bytes);
+          if (d == Direction::kClientToServer) {
+            c->replay->push(e.bytes);
+            // A replay server behind by kHighWater holds this stream's
+            // reads: the burst waits in its credit, not in our memory.
+            co_await c->replay->waitForRoom();
+          }
         } else if (d == Direction::kClientToServer || st->spec.both) {
           st->writeStdout(*c, d, e.bytes);
         }

@@ -426,6 +426,7 @@ net::awaitable<void> ExecIncoming::serveMirrored(std::shared_ptr<ExecIncoming> s
     if (r.direction == client::Direction::kServerToClient) continue;
     if (r.kind == client::MirrorEvent::Kind::kData) {
       replay->push(r.bytes);
+      co_await replay->waitForRoom();  // the program is slow: the stream waits
     } else if (r.kind == client::MirrorEvent::Kind::kGap) {
       gap += r.gap_bytes;  // the bytes on both sides of the hole still go
     } else {

@@ -16,6 +16,7 @@ Replay::Replay(asio::any_io_executor ex, LocalDialer dial, std::function<void(st
       timer_(ex),
       wake_(ex),
       finished_(ex),
+      room_(ex),
       dial_(std::move(dial)),
       on_fail_(std::move(on_fail)) {}
 
@@ -41,6 +42,7 @@ void Replay::push(std::string_view bytes) {
       return;
     }
     written_ += n;
+    if (n > 0) progress_at_ = Clock::now();
     bytes.remove_prefix(n);
     if (bytes.empty()) return;
   }
@@ -54,9 +56,27 @@ void Replay::push(std::string_view bytes) {
   wake_.notify();
 }
 
+net::awaitable<void> Replay::waitForRoom() {
+  while (!failed_ && !finishing_ && queued_ + in_flight_ >= kHighWater) {
+    if (!connected_) {
+      co_await room_.wait();  // the dial ends either way, and says so
+      continue;
+    }
+    const auto deadline = progress_at_ + kStallLimit;
+    if (Clock::now() >= deadline) {
+      fail(absl::StrCat("it took none of the ", queued_ + in_flight_, " bytes waiting for ",
+                        std::chrono::duration_cast<std::chrono::seconds>(kStallLimit).count(),
+                        " s"));
+      break;
+    }
+    co_await room_.wait(deadline);
+  }
+}
+
 void Replay::finish() {
   finishing_ = true;
   wake_.notify();
+  room_.notify();
 }
 
 void Replay::abort() {
@@ -67,6 +87,7 @@ void Replay::abort() {
   }
   closeSocket(/*reset=*/true);
   wake_.notify();
+  room_.notify();
 }
 
 net::awaitable<void> Replay::waitDone(Clock::time_point deadline) {
@@ -95,6 +116,8 @@ net::awaitable<void> Replay::write() {
   socket_.set_option(net::tcp::no_delay(true), ec);
   socket_.non_blocking(true, ec);  // for push()'s direct writes
   connected_ = true;
+  progress_at_ = Clock::now();
+  room_.notify();
   net::spawn(socket_.get_executor(), discardAnswers(shared_from_this()), "mirror_replay_reader",
              [self = shared_from_this()] { self->fail("the replay's reader failed"); });
 
@@ -121,6 +144,8 @@ net::awaitable<void> Replay::write() {
     in_flight_ = 0;
     written_ += n;
     dropped_ += chunk.size() - n;
+    if (n > 0) progress_at_ = Clock::now();
+    room_.notify();
     if (ec) {
       fail(absl::StrCat("write: ", ec.message()));  // nothing said if aborted already
       co_return;
@@ -148,6 +173,7 @@ void Replay::fail(std::string why) {
   dropQueue();
   closeSocket(true);
   wake_.notify();
+  room_.notify();
   if (on_fail_) on_fail_(std::move(why));
 }
 

@@ -1,11 +1,17 @@
 // The replay of one mirrored connection's client->server bytes to a local
 // server (`siphon mirror --to`, `siphon exec --mirror`): a connection of its
 // own, a writer draining a bounded queue, a reader throwing the answers
-// away. It never blocks the caller: bytes beyond the bound, or after a
-// failure, are dropped and counted.
+// away. push() never blocks; the caller waits in waitForRoom() before it
+// reads more of the stream once kHighWater waits, so a burst (a mirror
+// catching up after a stall, a server pausing) waits in the stream's
+// credit and the agent's buffer, whose overflow is a gap the agent
+// reports, not here. A server that takes nothing for kStallLimit fails the
+// replay; bytes beyond kQueueBytes (a caller that does not wait), or after
+// a failure, are dropped and counted.
 //
-// Call order: start(), push()... , finish() (the FIN after what is queued)
-// or abort() (now); waitDone() until the writer is over.
+// Call order: start(), push() and waitForRoom()..., finish() (the FIN
+// after what is queued) or abort() (now); waitDone() until the writer is
+// over.
 //
 // Threads: the executor it is made with (the client's event loop).
 #pragma once
@@ -27,6 +33,11 @@ class Replay : public std::enable_shared_from_this<Replay> {
  public:
   // Client->server bytes that may wait for one replay server.
   static constexpr size_t kQueueBytes = 8 << 20;
+  // What may wait before waitForRoom() holds its caller.
+  static constexpr size_t kHighWater = 2 << 20;
+  // A connected server that takes none of what waits for this long has
+  // failed (it stopped reading): the stream is read at full speed again.
+  static constexpr auto kStallLimit = std::chrono::seconds(10);
   // After the client->server FIN went to the replay server: how long its
   // answer may still come before the connection is closed.
   static constexpr auto kLinger = std::chrono::seconds(5);
@@ -37,6 +48,9 @@ class Replay : public std::enable_shared_from_this<Replay> {
 
   void start();
   void push(std::string_view bytes);
+  // Returns once less than kHighWater waits, or the replay failed, was
+  // aborted or finished (dialling is bounded by the dialer).
+  net::awaitable<void> waitForRoom();
   void finish();
   // Ends the replay now, without a line: what it holds is not replayed.
   void abort();
@@ -58,6 +72,7 @@ class Replay : public std::enable_shared_from_this<Replay> {
   net::asio::steady_timer timer_;  // the linger
   net::Signal wake_;               // the writer waits on it
   net::Signal finished_;           // waitDone() waits on it
+  net::Signal room_;               // waitForRoom() waits on it
   LocalDialer dial_;
   std::function<void(std::string)> on_fail_;
   std::deque<std::string> queue_;
@@ -67,6 +82,8 @@ class Replay : public std::enable_shared_from_this<Replay> {
   bool connected_ = false;
   bool writing_ = false;
   uint64_t written_ = 0;
+  // When the server last took bytes (or the connection was made).
+  net::asio::steady_timer::time_point progress_at_;
   uint64_t dropped_ = 0;
   bool finishing_ = false;
   bool failed_ = false;

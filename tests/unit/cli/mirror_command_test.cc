@@ -172,10 +172,12 @@ class Mirror : public fakes::CliProcess {
   }
 };
 
-// A TCP server on 127.0.0.1:0 that takes one connection and reads it to EOF.
+// A TCP server on 127.0.0.1:0 that takes one connection and reads it to
+// EOF; with a `gate`, it reads nothing before the gate opens (or 30 s).
 class SinkServer {
  public:
-  SinkServer() : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+  explicit SinkServer(std::shared_future<void> gate = {})
+      : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -184,11 +186,13 @@ class SinkServer {
     socklen_t len = sizeof a;
     ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&a), &len);
     port_ = ntohs(a.sin_port);
-    got_ = std::async(std::launch::async, [this] {
+    got_ = std::async(std::launch::async, [this, gate] {
       harness::setTimeouts(fd_.get(), 20);
       harness::Fd c(::accept4(fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
       Got g;
       if (c.get() < 0) return g;
+      // Bounded: a failing test that never opens the gate still ends.
+      if (gate.valid()) gate.wait_for(std::chrono::seconds(30));
       harness::setTimeouts(c.get(), 20);
       g.eof = harness::readAll(c.get(), &g.bytes);
       return g;
@@ -331,6 +335,76 @@ TEST(MirrorCommand, ADeadReplayServerCostsThatConnectionOnly) {
   m.signal(SIGINT);
   EXPECT_EQ(m.finish(), 0) << m.err;
   EXPECT_THAT(m.err, HasSubstr("mirror: summary: 2 connections, client->server 15 bytes"));
+}
+
+// Records of `chunk_size` bytes, `total` in all, then the FIN and the end.
+std::vector<Step> bulk(const std::string& bytes, size_t chunk_size) {
+  std::vector<Step> steps;
+  for (size_t off = 0; off < bytes.size(); off += chunk_size) {
+    steps.push_back(Record{kC2S, bytes.substr(off, chunk_size)});
+  }
+  steps.push_back(Record{kC2S, ""});
+  steps.push_back(HalfClose{});
+  return steps;
+}
+
+// The replay server pauses (a burst it cannot take at once, a developer's
+// server at a breakpoint): the CLI stops reading that stream beyond a small
+// queue, so the agent holds the bytes (its credit runs out) instead of the
+// replay failing, and once the server reads again every byte arrives.
+TEST(MirrorCommand, APausedReplayServerHoldsItsStreamAndLosesNothing) {
+  AgentThread agent;
+  std::promise<void> go;
+  SinkServer server(go.get_future().share());
+  Mirror m(agent.address(), {"--port", "80", "--to", server.address()});
+  ASSERT_TRUE(m.waitFor("client->server bytes replayed to " + server.address())) << m.err;
+  // More than the stream's largest window, the replay's queue and both
+  // sockets' buffers hold: while the server pauses, the agent cannot send
+  // it all.
+  const std::string bytes = pattern(43, 48 << 20);
+  auto played = agent.play(false, bulk(bytes, 60000));
+  EXPECT_EQ(played.wait_for(std::chrono::seconds(2)), std::future_status::timeout)
+      << "the agent sent every byte while the replay server read nothing";
+  go.set_value();
+  ASSERT_EQ(played.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  SinkServer::Got got = server.get();
+  EXPECT_TRUE(got.eof);
+  EXPECT_EQ(got.bytes.size(), bytes.size());
+  EXPECT_TRUE(got.bytes == bytes) << "the replayed bytes differ";
+  ASSERT_TRUE(m.waitFor(" closed: ")) << m.err;
+  EXPECT_THAT(m.err, HasSubstr("replayed " + std::to_string(bytes.size()) + " bytes\n"));
+  m.signal(SIGINT);
+  EXPECT_EQ(m.finish(), 0) << m.err;
+  EXPECT_THAT(m.err, Not(HasSubstr("failed")));
+}
+
+// A replay server that takes nothing at all for Replay::kStallLimit (10 s)
+// has failed: its replay ends with a line, and the stream is read at full
+// speed again (the agent's other connections must not wait for it), its
+// bytes counted as not replayed.
+TEST(MirrorCommand, AReplayServerThatTakesNothingFailsAfterTheStallLimit) {
+  AgentThread agent;
+  std::promise<void> never;
+  SinkServer server(never.get_future().share());
+  Mirror m(agent.address(), {"--port", "80", "--to", server.address()});
+  ASSERT_TRUE(m.waitFor("client->server bytes replayed to " + server.address())) << m.err;
+  const std::string bytes = pattern(44, 48 << 20);
+  auto played = agent.play(false, bulk(bytes, 60000));
+  ASSERT_TRUE(m.waitFor("replay to " + server.address() + " failed (it took none of the "))
+      << m.err;
+  EXPECT_THAT(m.err, HasSubstr(" bytes waiting for 10 s); the rest of its client->server "
+                               "bytes are dropped\n"));
+  ASSERT_EQ(played.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  ASSERT_TRUE(m.waitFor(" closed: ")) << m.err;
+  m.signal(SIGINT);
+  EXPECT_EQ(m.finish(), 0) << m.err;
+  never.set_value();
+  std::smatch counts;
+  ASSERT_TRUE(std::regex_search(m.err, counts,
+                                std::regex("replayed ([0-9]+) bytes, not replayed ([0-9]+) bytes")))
+      << m.err;
+  EXPECT_EQ(std::stoull(counts[1]) + std::stoull(counts[2]), bytes.size()) << m.err;
+  EXPECT_GT(std::stoull(counts[2]), 0u) << m.err;
 }
 
 // Nobody reads stdout: the CLI keeps reading its streams (the agent sends
