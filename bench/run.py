@@ -112,6 +112,15 @@ def rss_kib(pid):
     return 0
 
 
+def cpu_secs(pid):
+    """User + system CPU seconds of a process, all its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # After the command's ")": field 3 (state) first, so utime (14) and
+    # stime (15) are the 12th and 13th.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def summary(values):
     values = sorted(values)
     return {"median": statistics.median(values), "min": values[0], "max": values[-1],
@@ -768,28 +777,89 @@ http {{
             raise RuntimeError(f"siphon mirror: no summary line in {text[-2000:]!r}")
         return int(m.group(1)), int(m.group(2))
 
+    def pod_packets(self):
+        """Packets through the pod's interface to the client, both ways: the
+        packets the mirror's TC programs see there."""
+        dev = f"sb{self.tag}p"
+        r = sh("cat", f"/sys/class/net/{dev}/statistics/rx_packets",
+               f"/sys/class/net/{dev}/statistics/tx_packets", netns=self.pod)
+        return sum(int(x) for x in r.stdout.split())
+
+    def mirrored_run(self, endpoint, port, measure):
+        """`measure()` with `siphon mirror --port port --to` the sink on:
+        (its result, bytes copied, gap bytes, and the CPU the agent and the
+        CLI spent meanwhile with the packets that crossed the pod's
+        interface)."""
+        p, path = self.start_mirror(endpoint, port, "127.0.0.1:19000")
+        cpu0 = (cpu_secs(self.mirror_agent.pid), cpu_secs(p.pid))
+        packets0 = self.pod_packets()
+        try:
+            result = measure()
+            cpu = (cpu_secs(self.mirror_agent.pid) - cpu0[0], cpu_secs(p.pid) - cpu0[1])
+            packets = self.pod_packets() - packets0
+        finally:
+            copied, gaps = self.stop_mirror(p, path)
+        return result, copied, gaps, {"agent": cpu[0], "cli": cpu[1], "packets": packets,
+                                      "bytes": copied}
+
+    @staticmethod
+    def mirror_costs(runs):
+        """CPU seconds per GB copied and CPU milliseconds per thousand
+        packets, agent and CLI, per run: {name: summary}."""
+        out = {}
+        for who in ("agent", "cli"):
+            out[f"{who}_cpu_s_per_gb"] = summary(
+                [r[who] / max(r["bytes"] / 1e9, 1e-9) for r in runs])
+            out[f"{who}_cpu_ms_per_1000_packets"] = summary(
+                [r[who] * 1000 / max(r["packets"] / 1000, 1e-9) for r in runs])
+        return out
+
+    @staticmethod
+    def cost_text(c):
+        return (f"agent {c['agent']:.2f} s CPU, CLI {c['cli']:.2f} s CPU for "
+                f"{c['bytes'] >> 20} MiB in {c['packets']} packets")
+
     def mirror(self):
-        """The application's throughput with a mirror on against without, and
-        the highest rate the mirror copies without a gap."""
+        """The application's throughput (bulk, and small HTTP requests) with
+        a mirror on against without, what the mirror's CPU costs per GB and
+        per thousand packets, and the highest rate it copies without a gap."""
         sink = self.procs.start(["socat", "-u", "-b", "262144",
                                  "TCP-LISTEN:19000,reuseaddr,fork,backlog=64", "GOPEN:/dev/null"],
                                 netns=self.node, stderr=subprocess.DEVNULL)
         self.wait_port(self.node, 19000)
         agent, endpoint = self.start_agent()
+        self.mirror_agent = agent
         values = {"direct": [], "siphon": []}
+        http = {"direct": [], "siphon": []}
+        bulk_costs, http_costs = [], []
         try:
             for rep in range(self.reps):
                 values["direct"].append(self.iperf(1))
-                p, path = self.start_mirror(endpoint, 5201, "127.0.0.1:19000")
-                try:
-                    values["siphon"].append(self.iperf(1))
-                finally:
-                    copied, gaps = self.stop_mirror(p, path)
+                got, copied, gaps, cost = self.mirrored_run(endpoint, 5201, lambda: self.iperf(1))
+                values["siphon"].append(got)
+                bulk_costs.append(cost)
                 log(f"mirror rep {rep + 1}/{self.reps}: without {values['direct'][-1]:.2f}, "
                     f"with {values['siphon'][-1]:.2f} Gbit/s; mirror copied {copied >> 20} MiB, "
-                    f"gaps {gaps >> 20} MiB")
+                    f"gaps {gaps >> 20} MiB; {self.cost_text(cost)}")
+                # Small keep-alive requests to the pod's nginx: the TC
+                # programs copy requests and answers, the agent reassembles
+                # both directions and sends the requests (no --both), which
+                # the CLI replays to the sink.
+                http["direct"].append(self.wrk_rps(80))
+                got, copied, gaps, cost = self.mirrored_run(endpoint, 80,
+                                                            lambda: self.wrk_rps(80))
+                http["siphon"].append(got)
+                http_costs.append(cost)
+                log(f"mirror http rep {rep + 1}/{self.reps}: without {http['direct'][-1]:.0f}, "
+                    f"with {http['siphon'][-1]:.0f} requests/s; mirror copied "
+                    f"{copied >> 10} KiB, gaps {gaps} bytes; {self.cost_text(cost)}")
             self.record("mirror on: the application's own bulk TCP throughput (iperf3)", "Gbit/s",
-                        {m: summary(v) for m, v in values.items()}, {"direct": 0.95})
+                        {m: summary(v) for m, v in values.items()}, {"direct": 0.95},
+                        {"costs": self.mirror_costs(bulk_costs)})
+            self.record("mirror on: the application's small HTTP keep-alive requests (wrk, "
+                        "32 connections, nginx in the pod)", "requests/s",
+                        {m: summary(v) for m, v in http.items()}, {"direct": 0.95},
+                        {"costs": self.mirror_costs(http_costs)})
 
             # Rates doubling until the mirror reports a gap; the last clean one
             # counts. Against the application's unmirrored throughput above.

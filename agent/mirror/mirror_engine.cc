@@ -15,6 +15,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
@@ -60,6 +61,7 @@ struct MirrorEngine::Impl : ConnectionEvents {
   // Guarded by mu: what other threads change or read.
   mutable std::mutex mu;
   std::set<uint16_t> ports;
+  std::set<uint16_t> unwanted_s2c;  // setServerToClient(port, false)
   bool ports_changed = false;
   MirrorEngineStats stats;
 
@@ -69,6 +71,10 @@ struct MirrorEngine::Impl : ConnectionEvents {
   std::unique_ptr<RedirectedHops> hops;
   std::set<int> loopbacks;  // ifindexes of attached loopback interfaces
   std::vector<MirrorEvent> batch;
+  // Ports whose server->client bytes nobody wants, and each open
+  // connection's server port (to look it up).
+  std::set<uint16_t> skip_s2c;
+  std::unordered_map<uint64_t, uint16_t> server_port;
   std::map<int, std::string> attached;  // ifindex -> name
   uint64_t overflow_gap_bytes = 0;
   absl::Status first_attach_error;  // of the start-up enumeration
@@ -81,9 +87,17 @@ struct MirrorEngine::Impl : ConnectionEvents {
     e.connection = connection.id;
     e.info = connection;
     batch.push_back(std::move(e));
+    server_port[connection.id] = connection.server.port;
   }
 
   void onData(uint64_t id, Direction direction, std::string_view bytes) override {
+    if (direction == Direction::kServerToClient && !skip_s2c.empty()) {
+      auto it = server_port.find(id);
+      if (it != server_port.end() && skip_s2c.contains(it->second)) {
+        addGap(id, direction, bytes.size());  // no copy; merged with the last one
+        return;
+      }
+    }
     while (!bytes.empty()) {
       const size_t n = std::min(bytes.size(), options.max_record);
       if (queued.load(std::memory_order_relaxed) + n + 1 > options.max_queued_bytes) {
@@ -119,6 +133,7 @@ struct MirrorEngine::Impl : ConnectionEvents {
   }
 
   void onClosed(uint64_t id, CloseReason reason) override {
+    server_port.erase(id);
     MirrorEvent e;
     e.kind = MirrorEvent::Kind::kClosed;
     e.connection = id;
@@ -275,6 +290,7 @@ struct MirrorEngine::Impl : ConnectionEvents {
       if (!ports_changed) return;
       ports_changed = false;
       now = ports;
+      skip_s2c = unwanted_s2c;
     }
     hops->setPorts(now);
     table->setServerPorts(std::move(now));
@@ -407,11 +423,24 @@ absl::Status MirrorEngine::removePort(uint16_t port) {
   {
     std::lock_guard lock(impl_->mu);
     impl_->ports.erase(port);
+    impl_->unwanted_s2c.erase(port);
     impl_->ports_changed = true;
   }
   uint64_t one = 1;
   (void)!::write(impl_->wake.get(), &one, sizeof(one));
   return s;
+}
+
+void MirrorEngine::setServerToClient(uint16_t port, bool wanted) {
+  {
+    std::lock_guard lock(impl_->mu);
+    if (wanted ? impl_->unwanted_s2c.erase(port) == 0 : !impl_->unwanted_s2c.insert(port).second) {
+      return;  // no change
+    }
+    impl_->ports_changed = true;
+  }
+  uint64_t one = 1;
+  (void)!::write(impl_->wake.get(), &one, sizeof(one));
 }
 
 void MirrorEngine::released(size_t bytes) {

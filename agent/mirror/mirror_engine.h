@@ -107,6 +107,14 @@ class MirrorEngine {
   // bytes reported first.
   absl::Status addPort(uint16_t port);
   absl::Status removePort(uint16_t port);
+  // Whether anyone wants the server->client bytes of a port's connections
+  // (a subscription with both directions); yes until told otherwise. When
+  // nobody does, those bytes are still reassembled (their FIN, their RST,
+  // their holes end the connection as before) but not copied into records:
+  // each run of them is a kGap event instead, which costs no copy, and a
+  // consumer that asked for them just now is told what it missed. From the
+  // next packet on.
+  void setServerToClient(uint16_t port, bool wanted);
 
   // The consumer is done with `bytes` of records it was handed.
   void released(size_t bytes);

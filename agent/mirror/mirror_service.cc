@@ -387,12 +387,14 @@ class MirrorServiceImpl final : public MirrorService,
     const uint16_t port = sub.port;
     subs_.emplace(id, std::move(sub));
     const bool first_on_port = port_refs_[port]++ == 0;
+    const bool s2c = serverToClientWanted(port);
     const uint64_t generation = generation_;
     auto self = shared_from_this();
     std::weak_ptr<SessionHost> weak = session;
-    asio::post(strand_, [self, weak, id, port, first_on_port, request_id, generation] {
+    asio::post(strand_, [self, weak, id, port, first_on_port, s2c, request_id, generation] {
       absl::Status s = self->ensureSourceOnStrand(generation);
       if (s.ok() && first_on_port) s = self->source_->addPort(port);
+      if (s.ok()) self->source_->setServerToClient(port, s2c);
       // Moved, not copied: a copy would leave this thread to drop its share
       // of the Status while the event loop reads it, a race on the refcount
       // inside Debian's abseil that TSan cannot see is atomic.
@@ -458,7 +460,21 @@ class MirrorServiceImpl final : public MirrorService,
     if (ref != port_refs_.end() && --ref->second == 0) {
       port_refs_.erase(ref);
       releasePort(sub.port);
+    } else if (ref != port_refs_.end() && sub.both && !serverToClientWanted(sub.port)) {
+      // The last subscription that wanted the server's bytes went.
+      auto self = shared_from_this();
+      asio::post(strand_, [self, port = sub.port] {
+        if (self->source_) self->source_->setServerToClient(port, false);
+      });
     }
+  }
+
+  // Whether a subscription of `port` wants its server->client bytes.
+  bool serverToClientWanted(uint16_t port) const {
+    for (const auto& [id, sub] : subs_) {
+      if (sub.port == port && sub.both) return true;
+    }
+    return false;
   }
 
   void stopAll(std::string_view why, v1::ErrorCode code) {
@@ -666,6 +682,9 @@ class EngineSource final : public MirrorSource {
   absl::Status addPort(uint16_t port) override { return engine_->addPort(port); }
   absl::Status removePort(uint16_t port) override { return engine_->removePort(port); }
   void released(size_t bytes) override { engine_->released(bytes); }
+  void setServerToClient(uint16_t port, bool wanted) override {
+    engine_->setServerToClient(port, wanted);
+  }
 
  private:
   std::unique_ptr<MirrorEngine> engine_;

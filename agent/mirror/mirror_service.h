@@ -51,6 +51,12 @@ class MirrorSource {
   virtual absl::Status removePort(uint16_t port) = 0;
   // The service is done with `bytes` of record bytes it was handed.
   virtual void released(size_t bytes) = 0;
+  // Whether a subscription of `port` wants server->client bytes
+  // (MirrorEngine::setServerToClient); a source may ignore it.
+  virtual void setServerToClient(uint16_t port, bool wanted) {
+    (void)port;
+    (void)wanted;
+  }
 };
 
 // Starts a source that hands its batches to `deliver` (from any thread).

@@ -27,6 +27,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 // The harness's Agent (a running siphon-agent) is not used here.
 #define SIPHON_AGENT_BIN "siphon-agent"
@@ -76,6 +77,14 @@ class Collector {
   size_t connections() {
     std::lock_guard l(mu_);
     return seen_.size();
+  }
+  std::vector<Seen> closedConnections() {
+    std::lock_guard l(mu_);
+    std::vector<Seen> out;
+    for (auto& [id, s] : seen_) {
+      if (s.closed) out.push_back(s);
+    }
+    return out;
   }
 
  private:
@@ -282,6 +291,45 @@ TEST_F(MirrorEngineTest, LoopbackTrafficIsMirroredByteExact) {
       << "packets copied twice? (kernel: " << st.kernel_seen << " seen, " << st.kernel_lost
       << " lost)";
   EXPECT_EQ(collector_.connections(), 1u);
+}
+
+// Nobody wants a port's server->client bytes: they are not copied into
+// records but said as gaps of exactly their size (the connection's end is
+// still seen), while the client's bytes arrive whole; wanted again, the
+// next connection gets both directions.
+TEST_F(MirrorEngineTest, AServerDirectionNobodyWantsIsAGapNotACopy) {
+  startEngine();
+  Fd listener = listenIn(pod_->name(), "127.0.0.1");
+  const uint16_t port = boundPort(listener.get());
+  ASSERT_TRUE(engine_->addPort(port).ok());
+  engine_->setServerToClient(port, false);
+  const std::string request = pattern(1 << 20, 41);
+  const std::string answer = pattern(3 << 20, 42);
+  EXPECT_TRUE(exchange(listener.get(), pod_->name(), "127.0.0.1", request, answer) == request);
+  std::optional<Seen> s = collector_.waitClosed();
+  ASSERT_TRUE(s.has_value());
+  EXPECT_TRUE(s->up == request) << s->up.size() << " of " << request.size() << " bytes";
+  EXPECT_EQ(s->up_gap, 0u);
+  EXPECT_EQ(s->down, "");
+  EXPECT_EQ(s->down_gap, answer.size());
+  EXPECT_TRUE(s->up_end && s->down_end);
+  EXPECT_EQ(*s->closed, CloseReason::kFin);
+
+  engine_->setServerToClient(port, true);
+  const std::string answer2 = pattern(256 << 10, 43);
+  EXPECT_TRUE(exchange(listener.get(), pod_->name(), "127.0.0.1", "second", answer2) ==
+              "second");
+  std::optional<Seen> second;
+  auto deadline = harness::Clock::now() + kDeadline;
+  while (harness::Clock::now() < deadline && !second) {
+    for (const Seen& c : collector_.closedConnections()) {
+      if (c.up == "second") second = c;
+    }
+    if (!second) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(second.has_value()) << "the second connection did not close";
+  EXPECT_EQ(second->down_gap, 0u);
+  EXPECT_TRUE(second->down == answer2) << second->down.size() << " of " << answer2.size();
 }
 
 // A port no longer mirrored gives nothing more, and its open connections

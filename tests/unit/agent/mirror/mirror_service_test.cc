@@ -29,7 +29,7 @@ constexpr char kToken[] = "mirror-test-token";
 // What the service asked of the capture side, and the way to feed it.
 struct FakeCapture {
   std::mutex mu;
-  std::vector<std::string> calls;  // "start", "add 80", "remove 80", "stop"
+  std::vector<std::string> calls;  // "start", "add 80", "s2c 80", "no s2c 80", "remove 80", "stop"
   std::function<void(std::vector<MirrorEvent>)> deliver;
   std::atomic<size_t> released{0};
   std::atomic<bool> fail_start{false};
@@ -74,6 +74,9 @@ class FakeSource : public MirrorSource {
     return absl::OkStatus();
   }
   void released(size_t bytes) override { c_->released += bytes; }
+  void setServerToClient(uint16_t port, bool wanted) override {
+    c_->record(absl::StrCat(wanted ? "s2c " : "no s2c ", port));
+  }
 
  private:
   std::shared_ptr<FakeCapture> c_;
@@ -486,6 +489,36 @@ TEST_F(MirrorServiceTest, UnsubscribeEndsStreamsAndTheLastOneStopsTheSource) {
     EXPECT_TRUE((co_await subscribe(a, 80, false)).ok());
     EXPECT_EQ(capture_->count("start"), 2u);
     a->close();
+  });
+}
+
+// The source copies a port's server->client bytes only while a
+// subscription of the port wants them (--both): told at each subscribe,
+// and when the last such subscription goes while others stay.
+TEST_F(MirrorServiceTest, TheSourceIsToldWhetherAnyoneWantsTheServersBytes) {
+  start();
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto a = (co_await connected(ex)).client;
+    auto b = (co_await connected(ex)).client;
+    auto one_way = co_await subscribe(a, 80, false);
+    EXPECT_TRUE(one_way.ok());
+    EXPECT_TRUE(co_await eventually([&] { return capture_->saw("no s2c 80"); }));
+    EXPECT_FALSE(capture_->saw("s2c 80"));
+    auto both = co_await subscribe(b, 80, true);
+    EXPECT_TRUE(both.ok());
+    EXPECT_TRUE(co_await eventually([&] { return capture_->saw("s2c 80"); }));
+    // The one-way subscription goes: the other still wants them.
+    EXPECT_TRUE((co_await unsubscribe(a, *one_way)).ok());
+    EXPECT_EQ(capture_->count("no s2c 80"), 1u);
+    auto again = co_await subscribe(a, 80, false);
+    EXPECT_TRUE(again.ok());
+    EXPECT_TRUE(co_await eventually([&] { return capture_->count("s2c 80") == 2; }));
+    // The --both one goes, the one-way one stays: no longer wanted.
+    EXPECT_TRUE((co_await unsubscribe(b, *both)).ok());
+    EXPECT_TRUE(co_await eventually([&] { return capture_->count("no s2c 80") == 2; }));
+    EXPECT_FALSE(capture_->saw("remove 80"));
+    a->close();
+    b->close();
   });
 }
 
