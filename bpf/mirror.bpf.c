@@ -13,11 +13,13 @@
  * Why a ring buffer and not bpf_perf_event_output(skb, ...): the perf
  * output would copy the skb without a scratch buffer, but a perf record's
  * size is a __u16 (perf_event_header.size), so a sample cannot carry a
- * 64 KiB GRO/TSO super-packet whole. A ring buffer record can, at the cost of
- * one extra copy: bpf_ringbuf_reserve() only takes constant sizes, so the
- * packet is first copied into a per-CPU scratch slot (bpf_skb_load_bytes
- * reads paged data too) and then handed to bpf_ringbuf_output() with its
- * real length, so a small packet takes a small record.
+ * 64 KiB GRO/TSO super-packet whole. A ring buffer record can.
+ * bpf_ringbuf_reserve() only takes constant sizes, so the record is
+ * reserved in the smallest of a few size classes that holds the packet
+ * (powers of two and the halves between, so at most a third of a record is
+ * slack) and the packet is copied once, straight into it
+ * (bpf_skb_load_bytes reads paged data too). The header's cap_len says how
+ * much of the record is packet.
  *
  * Loss is counted, never silent: a full ring buffer counts in `failed`.
  */
@@ -57,11 +59,6 @@ struct mirror_event_header {
 	__u8 pad[3];
 };
 
-struct mirror_event {
-	struct mirror_event_header hdr;
-	__u8 data[MIRROR_MAX_CAPTURE];
-};
-
 /* Per-CPU counters, summed by user space. */
 struct mirror_counters {
 	__u64 seen;   /* TCP packets of a mirrored port */
@@ -85,18 +82,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct mirror_counters);
 } mirror_stats SEC(".maps");
-
-/* Scratch slots, one per CPU (the loader sets max_entries to the number of
- * possible CPUs). Not a PERCPU_ARRAY: per-CPU values are limited to 32 KiB.
- * TC programs run with bottom halves disabled, so nothing else on this CPU
- * uses the slot between the copy in and the copy out.
- */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct mirror_event);
-} mirror_scratch SEC(".maps");
 
 /* Size set by the loader before load (a power of two, pages). */
 struct {
@@ -163,11 +148,70 @@ static __always_inline bool is_mirrored(struct __sk_buff *skb, __u32 l3)
 	return bpf_map_lookup_elem(&mirror_ports, &port) != NULL;
 }
 
+/* Reserves a record of `class` packet bytes, copies the packet's first
+ * `cap` bytes (1 <= cap <= class) from the IP header on into it and submits
+ * it. 0, or -1 when the ring is full or the skb unreadable.
+ */
+static __always_inline int copy_out(struct __sk_buff *skb, __u32 l3, __u32 len, __u64 cap,
+				    __u8 direction, const __u32 class)
+{
+	struct mirror_event_header *hdr;
+
+	/* The verifier needs 1 <= cap <= class on the very register passed
+	 * to the helper; the empty asm keeps clang from checking a 32-bit
+	 * copy instead (it then rejects the sign-extended one: "R4 min value
+	 * is negative").
+	 */
+	asm volatile("" : "+r"(cap));
+	if (cap < 1 || cap > class)
+		return -1;
+	hdr = bpf_ringbuf_reserve(&mirror_events, sizeof(*hdr) + class, 0);
+	if (!hdr)
+		return -1;
+	hdr->timestamp_ns = bpf_ktime_get_ns();
+	hdr->ifindex = skb->ifindex;
+	hdr->orig_len = len;
+	hdr->cap_len = (__u32)cap;
+	hdr->direction = direction;
+	hdr->pad[0] = hdr->pad[1] = hdr->pad[2] = 0;
+	if (bpf_skb_load_bytes(skb, l3, (void *)(hdr + 1), cap)) {
+		bpf_ringbuf_discard(hdr, 0);
+		return -1;
+	}
+	bpf_ringbuf_submit(hdr, 0);
+	return 0;
+}
+
+/* The size classes: the first that holds the packet is taken. */
+#define MIRROR_CLASS(c) \
+	if (cap <= (c)) \
+		return copy_out(skb, l3, len, cap, direction, (c))
+
+static __always_inline int copy_packet(struct __sk_buff *skb, __u32 l3, __u32 len, __u64 cap,
+				       __u8 direction)
+{
+	MIRROR_CLASS(128);
+	MIRROR_CLASS(256);
+	MIRROR_CLASS(512);
+	MIRROR_CLASS(1024);
+	MIRROR_CLASS(1536);
+	MIRROR_CLASS(2048);
+	MIRROR_CLASS(3072);
+	MIRROR_CLASS(4096);
+	MIRROR_CLASS(6144);
+	MIRROR_CLASS(8192);
+	MIRROR_CLASS(12288);
+	MIRROR_CLASS(16384);
+	MIRROR_CLASS(24576);
+	MIRROR_CLASS(32768);
+	MIRROR_CLASS(49152);
+	return copy_out(skb, l3, len, cap, direction, MIRROR_MAX_CAPTURE);
+}
+
 static __always_inline void mirror(struct __sk_buff *skb, __u8 direction)
 {
 	struct mirror_counters *stats;
-	struct mirror_event *ev;
-	__u32 zero = 0, cpu, l3, len;
+	__u32 zero = 0, l3, len;
 	__u64 cap;
 
 	l3 = network_offset(skb);
@@ -179,29 +223,11 @@ static __always_inline void mirror(struct __sk_buff *skb, __u8 direction)
 		return;
 	stats->seen++;
 
-	cpu = bpf_get_smp_processor_id();
-	ev = bpf_map_lookup_elem(&mirror_scratch, &cpu);
-	if (!ev || skb->len <= l3)
+	if (skb->len <= l3)
 		goto failed;
-
 	len = skb->len - l3;
-	ev->hdr.timestamp_ns = bpf_ktime_get_ns();
-	ev->hdr.ifindex = skb->ifindex;
-	ev->hdr.orig_len = len;
-	ev->hdr.direction = direction;
 	cap = len < MIRROR_MAX_CAPTURE ? len : MIRROR_MAX_CAPTURE;
-	/* The verifier needs 1 <= cap <= MIRROR_MAX_CAPTURE on the very
-	 * register passed to the helpers; the empty asm keeps clang from
-	 * checking a 32-bit copy instead (it then rejects the sign-extended
-	 * one: "R4 min value is negative").
-	 */
-	asm volatile("" : "+r"(cap));
-	if (cap < 1 || cap > MIRROR_MAX_CAPTURE)
-		goto failed;
-	ev->hdr.cap_len = (__u32)cap;
-	if (bpf_skb_load_bytes(skb, l3, ev->data, cap))
-		goto failed;
-	if (bpf_ringbuf_output(&mirror_events, ev, sizeof(ev->hdr) + cap, 0))
+	if (copy_packet(skb, l3, len, cap, direction))
 		goto failed;
 	stats->copied++;
 	return;

@@ -77,13 +77,6 @@ absl::StatusOr<std::unique_ptr<MirrorLoader>> MirrorLoader::load(Options options
   // Owned from here on, so every error path below destroys it.
   std::unique_ptr<MirrorLoader> loader(new MirrorLoader(skel));
 
-  int cpus = libbpf_num_possible_cpus();
-  if (cpus <= 0) return errnoStatus(-cpus, "count possible CPUs");
-  // One scratch slot per CPU, indexed by bpf_get_smp_processor_id().
-  if (int err = bpf_map__set_max_entries(skel->maps.mirror_scratch, static_cast<uint32_t>(cpus));
-      err != 0) {
-    return errnoStatus(-err, "size the mirror scratch map");
-  }
   uint32_t page = static_cast<uint32_t>(sysconf(_SC_PAGESIZE));
   if (options.ring_bytes < page || (options.ring_bytes & (options.ring_bytes - 1)) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("mirror ring buffer size ", options.ring_bytes,
