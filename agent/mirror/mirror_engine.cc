@@ -329,8 +329,11 @@ struct MirrorEngine::Impl : ConnectionEvents {
         log::error("mirror_stopped", {{"error", sv(lastErrnoStatus("epoll_wait").message())}});
         break;
       }
+      bool ring_ready = false;
       for (int i = 0; i < n; ++i) {
-        if (events[i].data.fd == wake.get()) {
+        if (events[i].data.fd == loader->fd()) {
+          ring_ready = true;
+        } else if (events[i].data.fd == wake.get()) {
           uint64_t v;
           (void)!::read(wake.get(), &v, sizeof(v));
         } else if (links && events[i].data.fd == nl_socket_get_fd(links.get())) {
@@ -342,6 +345,12 @@ struct MirrorEngine::Impl : ConnectionEvents {
             request.ifi_family = AF_UNSPEC;
             (void)nl_send_simple(links.get(), RTM_GETLINK, NLM_F_DUMP, &request, sizeof(request));
           }
+        }
+      }
+      if (ring_ready && options.coalesce.count() > 0) {
+        // One wake-up per burst, not per packet (options.coalesce).
+        timespec pause{0, static_cast<long>(options.coalesce.count()) * 1000};
+        while (::nanosleep(&pause, &pause) != 0 && errno == EINTR) {
         }
       }
       applyPorts();
