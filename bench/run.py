@@ -1424,6 +1424,12 @@ def markdown(results, meta):
             extra = " p99 ms: " + ", ".join(f"{k} {v['median']:.2f}" for k, v in r["p99_ms"].items())
         if "cli_rss_mib" in r:
             extra = f" CLI RSS {r['cli_rss_mib']} MiB"
+        if "costs" in r:
+            c = {k: v["median"] for k, v in r["costs"].items()}
+            extra += (f" CPU per GB copied: agent {c['agent_cpu_s_per_gb']:.2f} s, CLI "
+                      f"{c['cli_cpu_s_per_gb']:.2f} s; per 1000 packets: agent "
+                      f"{c['agent_cpu_ms_per_1000_packets']:.1f} ms, CLI "
+                      f"{c['cli_cpu_ms_per_1000_packets']:.1f} ms")
         if "note" in r:
             extra += f" ({r['note']})"
         lines.append(f"| {r['scenario']} ({r['unit']}){extra} | {cell('siphon')} | {cell(base)} | "
