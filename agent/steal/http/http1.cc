@@ -13,7 +13,9 @@
 #include <boost/beast/http.hpp>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "agent/common/log.h"
@@ -254,6 +256,9 @@ class Http1Connection final : public LiveConnection,
   net::awaitable<void> closeClient();
   net::awaitable<net::error_code> writeClient(std::string_view bytes);
   net::awaitable<net::error_code> writeChunk(Descriptor& to, const char* data, size_t n);
+  // `head`, then `n` bytes of body (as a chunk when `chunked`), one write.
+  net::awaitable<net::error_code> writeHeadWith(std::string_view head, const char* data,
+                                                size_t n, bool chunked);
   net::awaitable<net::error_code> writeAll(Descriptor& to, const char* data, size_t n);
   // Ends the request body's coroutine if it still runs (it reads the
   // client socket, which only one coroutine may do).
@@ -590,25 +595,39 @@ net::awaitable<Outcome> Http1Connection::forwardResponse(std::shared_ptr<Exchang
   }
   out += "\r\n";
   x->response_started = true;
-  if (co_await writeClient(out)) {
+  // The server's body bytes already read with its head (a small answer
+  // comes in one segment): the head waits for that first piece and both go
+  // in one write, a system call per answer fewer. Only then: a head whose
+  // body is not here yet (a stream of events, a slow server) goes at once.
+  bool head_waits = !rp->is_done() && x->upstream_in.size() > 0;
+  if (!head_waits && co_await writeClient(out)) {
     abort();
     co_return Outcome::kClose;
   }
 
   if (!rp->is_done()) {
-    std::vector<char> buf(kPiece);
+    // Not zeroed: most answers are far smaller than a piece, and clearing
+    // 64 KiB per answer was 2% of the agent's passthrough profile.
+    auto buf = std::make_unique_for_overwrite<char[]>(kPiece);
     while (!rp->is_done()) {
-      rp->get().body().data = buf.data();
-      rp->get().body().size = buf.size();
+      rp->get().body().data = buf.get();
+      rp->get().body().size = kPiece;
       net::error_code ec;
       co_await bhttp::async_read_some(x->upstream, x->upstream_in, *rp,
                                       asio::redirect_error(net::use_awaitable, ec));
       if (aborted_) co_return Outcome::kClose;
       if (ec == bhttp::error::need_buffer) ec = {};
-      const size_t n = buf.size() - rp->get().body().size;
-      if (n > 0) {
-        const net::error_code wec = chunk_out ? co_await writeChunk(client_, buf.data(), n)
-                                              : co_await writeClient({buf.data(), n});
+      const size_t n = kPiece - rp->get().body().size;
+      if (head_waits) {
+        // Parsed from what was buffered: no wait on the server happened.
+        head_waits = false;
+        if (co_await writeHeadWith(out, buf.get(), n, chunk_out)) {
+          abort();
+          co_return Outcome::kClose;
+        }
+      } else if (n > 0) {
+        const net::error_code wec = chunk_out ? co_await writeChunk(client_, buf.get(), n)
+                                              : co_await writeClient({buf.get(), n});
         if (wec) {
           abort();
           co_return Outcome::kClose;
@@ -698,24 +717,24 @@ net::awaitable<void> Http1Connection::forwardBody(std::shared_ptr<Exchange> exch
   const std::shared_ptr<Exchange> x = exchange;
   auto self = shared_from_this();
   try {
-    std::vector<char> buf(kPiece);
+    auto buf = std::make_unique_for_overwrite<char[]>(kPiece);  // not zeroed
     RequestParser& p = *x->request;
     net::error_code ec;
     while (!p.is_done() && !aborted_) {
-      p.get().body().data = buf.data();
-      p.get().body().size = buf.size();
+      p.get().body().data = buf.get();
+      p.get().body().size = kPiece;
       co_await bhttp::async_read_some(client_, in_, p,
                                       asio::redirect_error(net::use_awaitable, ec));
       if (aborted_) break;
       if (ec == bhttp::error::need_buffer) ec = {};
-      const size_t n = buf.size() - p.get().body().size;
+      const size_t n = kPiece - p.get().body().size;
       // Once the upstream stopped taking the body (it answered, failed, or
       // the agent answered instead), the rest is read and dropped, so the
       // client's writes do not block before it reads the answer.
       if (n > 0 && !x->upstream_write_failed) {
         const net::error_code wec = x->chunked_body
-                                        ? co_await writeChunk(x->upstream, buf.data(), n)
-                                        : co_await writeAll(x->upstream, buf.data(), n);
+                                        ? co_await writeChunk(x->upstream, buf.get(), n)
+                                        : co_await writeAll(x->upstream, buf.get(), n);
         if (wec) x->upstream_write_failed = true;
       }
       if (ec) {
@@ -830,6 +849,25 @@ net::awaitable<net::error_code> Http1Connection::writeAll(Descriptor& to, const 
                                                           size_t n) {
   net::error_code ec;
   co_await asio::async_write(to, asio::buffer(data, n),
+                             asio::redirect_error(net::use_awaitable, ec));
+  co_return ec;
+}
+
+net::awaitable<net::error_code> Http1Connection::writeHeadWith(std::string_view head,
+                                                               const char* data, size_t n,
+                                                               bool chunked) {
+  const std::string size = chunked && n > 0 ? hex(n) : std::string();
+  std::array<asio::const_buffer, 4> buffers = {asio::buffer(head.data(), head.size())};
+  size_t count = 1;
+  if (n > 0 && chunked) {
+    buffers[count++] = asio::buffer(size);
+    buffers[count++] = asio::buffer(data, n);
+    buffers[count++] = asio::buffer("\r\n", 2);
+  } else if (n > 0) {
+    buffers[count++] = asio::buffer(data, n);
+  }
+  net::error_code ec;
+  co_await asio::async_write(client_, std::span(buffers.data(), count),
                              asio::redirect_error(net::use_awaitable, ec));
   co_return ec;
 }

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <random>
 
 #include "tests/fakes/sanitizers.h"
@@ -224,6 +225,65 @@ TEST(Http1Engine, ChunkedBodiesBothWaysAreByteExact) {
   EXPECT_EQ(res->at("x-sum"), std::to_string(body.size()));  // the trailer came through
   EXPECT_EQ(app_log.all(), std::vector<std::string>{"chunked|t1"});
   ::close(c);
+}
+
+// A head whose body is not here yet (a stream of events, a server that
+// thinks) reaches the client at once, not with the body.
+TEST(Http1Engine, AHeadGoesOutBeforeABodyThatHasNotCome) {
+  std::promise<void> go;
+  std::shared_future<void> released = go.get_future().share();
+  AppServer app([released](int fd) {
+    Peer peer(fd);
+    auto req = peer.readRequest();
+    if (!req) return;
+    peer.send("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+    released.wait_for(std::chrono::seconds(20));  // bounded: a failing test still ends
+    peer.send("4\r\nlast\r\n0\r\n\r\n");
+    while (peer.readRequest()) {
+    }
+  });
+  EngineHarness h(app.port());
+  const int c = h.connect();
+  Peer client(c);
+  ASSERT_TRUE(client.send(get("/later")));
+  // The head comes while the application holds its body back (for 20 s:
+  // a head that waited for the body would not be here within 5).
+  timeval five{5, 0};
+  ::setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &five, sizeof five);
+  auto head = client.readResponseHead();
+  ASSERT_TRUE(head) << "the head waited for the body";
+  EXPECT_EQ(head->result_int(), 200);
+  go.set_value();
+  std::string rest;
+  while (rest.find("0\r\n\r\n") == std::string::npos) {
+    rest += client.buffered();
+    char b[256];
+    const ssize_t n = ::recv(c, b, sizeof b, 0);
+    if (n <= 0) break;
+    rest.append(b, static_cast<size_t>(n));
+  }
+  EXPECT_EQ(rest, "4\r\nlast\r\n0\r\n\r\n");
+  ::close(c);
+}
+
+// A head that came with its first piece goes out in one write with it (one
+// system call fewer per answer): the answer stays whole and framed right.
+TEST(Http1Engine, AHeadAndTheFirstPieceThatCameWithItArriveTogetherAndWhole) {
+  AppServer app([](int fd) {
+    Peer peer(fd);
+    while (auto req = peer.readRequest()) {
+      // Head and first chunk in one write; the rest after a pause.
+      peer.send("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n");
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      peer.send("4\r\nlast\r\n0\r\n\r\n");
+    }
+  });
+  EngineHarness h(app.port());
+  for (int i = 0; i < 3; ++i) {  // keep-alive: each answer framed right
+    auto res = oneRequest(h, get("/together"));
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->body(), "firstlast");
+  }
 }
 
 TEST(Http1Engine, CurlChunkedUploadToTheSessionIsByteExact) {
