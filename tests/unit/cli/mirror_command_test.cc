@@ -348,34 +348,55 @@ std::vector<Step> bulk(const std::string& bytes, size_t chunk_size) {
   return steps;
 }
 
+// `siphon mirror --to` a server that reads nothing until its gate opens,
+// and 48 MiB on one mirrored connection: more than the stream's largest
+// window, the replay's queue and both sockets' buffers hold, so while the
+// server reads nothing the agent cannot send it all.
+struct GatedReplay {
+  explicit GatedReplay(uint64_t seed) : bytes(pattern(seed, 48 << 20)) {}
+  ~GatedReplay() {
+    if (!opened) gate.set_value();  // the server's thread ends
+  }
+  // Once subscribed, the agent plays the bytes.
+  bool start() {
+    if (!m.waitFor("client->server bytes replayed to " + server.address())) return false;
+    played = agent.play(false, bulk(bytes, 60000));
+    return true;
+  }
+  void open() {
+    opened = true;
+    gate.set_value();
+  }
+
+  AgentThread agent;
+  std::promise<void> gate;
+  bool opened = false;
+  SinkServer server{gate.get_future().share()};
+  Mirror m{agent.address(), {"--port", "80", "--to", server.address()}};
+  const std::string bytes;
+  std::future<void> played;
+};
+
 // The replay server pauses (a burst it cannot take at once, a developer's
 // server at a breakpoint): the CLI stops reading that stream beyond a small
 // queue, so the agent holds the bytes (its credit runs out) instead of the
 // replay failing, and once the server reads again every byte arrives.
 TEST(MirrorCommand, APausedReplayServerHoldsItsStreamAndLosesNothing) {
-  AgentThread agent;
-  std::promise<void> go;
-  SinkServer server(go.get_future().share());
-  Mirror m(agent.address(), {"--port", "80", "--to", server.address()});
-  ASSERT_TRUE(m.waitFor("client->server bytes replayed to " + server.address())) << m.err;
-  // More than the stream's largest window, the replay's queue and both
-  // sockets' buffers hold: while the server pauses, the agent cannot send
-  // it all.
-  const std::string bytes = pattern(43, 48 << 20);
-  auto played = agent.play(false, bulk(bytes, 60000));
-  EXPECT_EQ(played.wait_for(std::chrono::seconds(2)), std::future_status::timeout)
+  GatedReplay r(43);
+  ASSERT_TRUE(r.start()) << r.m.err;
+  EXPECT_EQ(r.played.wait_for(std::chrono::seconds(2)), std::future_status::timeout)
       << "the agent sent every byte while the replay server read nothing";
-  go.set_value();
-  ASSERT_EQ(played.wait_for(std::chrono::seconds(30)), std::future_status::ready);
-  SinkServer::Got got = server.get();
+  r.open();
+  ASSERT_EQ(r.played.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  SinkServer::Got got = r.server.get();
   EXPECT_TRUE(got.eof);
-  EXPECT_EQ(got.bytes.size(), bytes.size());
-  EXPECT_TRUE(got.bytes == bytes) << "the replayed bytes differ";
-  ASSERT_TRUE(m.waitFor(" closed: ")) << m.err;
-  EXPECT_THAT(m.err, HasSubstr("replayed " + std::to_string(bytes.size()) + " bytes\n"));
-  m.signal(SIGINT);
-  EXPECT_EQ(m.finish(), 0) << m.err;
-  EXPECT_THAT(m.err, Not(HasSubstr("failed")));
+  EXPECT_EQ(got.bytes.size(), r.bytes.size());
+  EXPECT_TRUE(got.bytes == r.bytes) << "the replayed bytes differ";
+  ASSERT_TRUE(r.m.waitFor(" closed: ")) << r.m.err;
+  EXPECT_THAT(r.m.err, HasSubstr("replayed " + std::to_string(r.bytes.size()) + " bytes\n"));
+  r.m.signal(SIGINT);
+  EXPECT_EQ(r.m.finish(), 0) << r.m.err;
+  EXPECT_THAT(r.m.err, Not(HasSubstr("failed")));
 }
 
 // A replay server that takes nothing at all for Replay::kStallLimit (10 s)
@@ -383,28 +404,22 @@ TEST(MirrorCommand, APausedReplayServerHoldsItsStreamAndLosesNothing) {
 // speed again (the agent's other connections must not wait for it), its
 // bytes counted as not replayed.
 TEST(MirrorCommand, AReplayServerThatTakesNothingFailsAfterTheStallLimit) {
-  AgentThread agent;
-  std::promise<void> never;
-  SinkServer server(never.get_future().share());
-  Mirror m(agent.address(), {"--port", "80", "--to", server.address()});
-  ASSERT_TRUE(m.waitFor("client->server bytes replayed to " + server.address())) << m.err;
-  const std::string bytes = pattern(44, 48 << 20);
-  auto played = agent.play(false, bulk(bytes, 60000));
-  ASSERT_TRUE(m.waitFor("replay to " + server.address() + " failed (it took none of the "))
-      << m.err;
-  EXPECT_THAT(m.err, HasSubstr(" bytes waiting for 10 s); the rest of its client->server "
-                               "bytes are dropped\n"));
-  ASSERT_EQ(played.wait_for(std::chrono::seconds(30)), std::future_status::ready);
-  ASSERT_TRUE(m.waitFor(" closed: ")) << m.err;
-  m.signal(SIGINT);
-  EXPECT_EQ(m.finish(), 0) << m.err;
-  never.set_value();
+  GatedReplay r(44);
+  ASSERT_TRUE(r.start()) << r.m.err;
+  ASSERT_TRUE(r.m.waitFor("replay to " + r.server.address() + " failed (it took none of the "))
+      << r.m.err;
+  EXPECT_THAT(r.m.err, HasSubstr(" bytes waiting for 10 s); the rest of its client->server "
+                                 "bytes are dropped\n"));
+  ASSERT_EQ(r.played.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  ASSERT_TRUE(r.m.waitFor(" closed: ")) << r.m.err;
+  r.m.signal(SIGINT);
+  EXPECT_EQ(r.m.finish(), 0) << r.m.err;
   std::smatch counts;
-  ASSERT_TRUE(std::regex_search(m.err, counts,
+  ASSERT_TRUE(std::regex_search(r.m.err, counts,
                                 std::regex("replayed ([0-9]+) bytes, not replayed ([0-9]+) bytes")))
-      << m.err;
-  EXPECT_EQ(std::stoull(counts[1]) + std::stoull(counts[2]), bytes.size()) << m.err;
-  EXPECT_GT(std::stoull(counts[2]), 0u) << m.err;
+      << r.m.err;
+  EXPECT_EQ(std::stoull(counts[1]) + std::stoull(counts[2]), r.bytes.size()) << r.m.err;
+  EXPECT_GT(std::stoull(counts[2]), 0u) << r.m.err;
 }
 
 // Nobody reads stdout: the CLI keeps reading its streams (the agent sends
