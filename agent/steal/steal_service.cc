@@ -419,7 +419,11 @@ class StealServiceImpl final : public StealService,
                     {{"port", static_cast<int>(port)}, {"error", sv(n.status().message())}});
         }
       }
-      asio::post(self->ctx_.io, [self, weak, id, port, request_id, s, backend, flushed] {
+      // Moved, not copied: a copy would leave this thread to drop its share
+      // of the Status while the event loop reads it (TSan saw that race on
+      // the refcount of Debian's abseil payloads).
+      asio::post(self->ctx_.io, [self, weak, id, port, request_id, s = std::move(s),
+                                 backend = std::move(backend), flushed] {
         self->subscribed(weak, id, port, request_id, s, backend, flushed);
       });
     });
