@@ -145,7 +145,9 @@ net::awaitable<void> Replay::write() {
     written_ += n;
     dropped_ += chunk.size() - n;
     if (n > 0) progress_at_ = Clock::now();
-    room_.notify();
+    // waitForRoom() needs waking only once the backlog is below the mark:
+    // a stall it finds by its own deadline, rechecked against progress_at_.
+    if (queued_ + in_flight_ < kHighWater) room_.notify();
     if (ec) {
       fail(absl::StrCat("write: ", ec.message()));  // nothing said if aborted already
       co_return;
