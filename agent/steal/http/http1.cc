@@ -255,10 +255,10 @@ class Http1Connection final : public LiveConnection,
   net::awaitable<bool> answer(std::shared_ptr<Exchange> x, unsigned status, std::string message);
   net::awaitable<void> closeClient();
   net::awaitable<net::error_code> writeClient(std::string_view bytes);
-  net::awaitable<net::error_code> writeChunk(Descriptor& to, const char* data, size_t n);
-  // `head`, then `n` bytes of body (as a chunk when `chunked`), one write.
-  net::awaitable<net::error_code> writeHeadWith(std::string_view head, const char* data,
-                                                size_t n, bool chunked);
+  // `head` (may be empty), then `n` bytes of body, as a chunk when
+  // `chunked`: one gathered write.
+  net::awaitable<net::error_code> writeBody(Descriptor& to, std::string_view head, const char* data,
+                                            size_t n, bool chunked);
   net::awaitable<net::error_code> writeAll(Descriptor& to, const char* data, size_t n);
   // Ends the request body's coroutine if it still runs (it reads the
   // client socket, which only one coroutine may do).
@@ -621,13 +621,12 @@ net::awaitable<Outcome> Http1Connection::forwardResponse(std::shared_ptr<Exchang
       if (head_waits) {
         // Parsed from what was buffered: no wait on the server happened.
         head_waits = false;
-        if (co_await writeHeadWith(out, buf.get(), n, chunk_out)) {
+        if (co_await writeBody(client_, out, buf.get(), n, chunk_out)) {
           abort();
           co_return Outcome::kClose;
         }
       } else if (n > 0) {
-        const net::error_code wec = chunk_out ? co_await writeChunk(client_, buf.get(), n)
-                                              : co_await writeClient({buf.get(), n});
+        const net::error_code wec = co_await writeBody(client_, {}, buf.get(), n, chunk_out);
         if (wec) {
           abort();
           co_return Outcome::kClose;
@@ -732,9 +731,8 @@ net::awaitable<void> Http1Connection::forwardBody(std::shared_ptr<Exchange> exch
       // the agent answered instead), the rest is read and dropped, so the
       // client's writes do not block before it reads the answer.
       if (n > 0 && !x->upstream_write_failed) {
-        const net::error_code wec = x->chunked_body
-                                        ? co_await writeChunk(x->upstream, buf.get(), n)
-                                        : co_await writeAll(x->upstream, buf.get(), n);
+        const net::error_code wec =
+            co_await writeBody(x->upstream, {}, buf.get(), n, x->chunked_body);
         if (wec) x->upstream_write_failed = true;
       }
       if (ec) {
@@ -853,12 +851,13 @@ net::awaitable<net::error_code> Http1Connection::writeAll(Descriptor& to, const 
   co_return ec;
 }
 
-net::awaitable<net::error_code> Http1Connection::writeHeadWith(std::string_view head,
-                                                               const char* data, size_t n,
-                                                               bool chunked) {
+net::awaitable<net::error_code> Http1Connection::writeBody(Descriptor& to, std::string_view head,
+                                                           const char* data, size_t n,
+                                                           bool chunked) {
   const std::string size = chunked && n > 0 ? hex(n) : std::string();
-  std::array<asio::const_buffer, 4> buffers = {asio::buffer(head.data(), head.size())};
-  size_t count = 1;
+  std::array<asio::const_buffer, 4> buffers;
+  size_t count = 0;
+  if (!head.empty()) buffers[count++] = asio::buffer(head.data(), head.size());
   if (n > 0 && chunked) {
     buffers[count++] = asio::buffer(size);
     buffers[count++] = asio::buffer(data, n);
@@ -867,18 +866,8 @@ net::awaitable<net::error_code> Http1Connection::writeHeadWith(std::string_view 
     buffers[count++] = asio::buffer(data, n);
   }
   net::error_code ec;
-  co_await asio::async_write(client_, std::span(buffers.data(), count),
+  co_await asio::async_write(to, std::span(buffers.data(), count),
                              asio::redirect_error(net::use_awaitable, ec));
-  co_return ec;
-}
-
-net::awaitable<net::error_code> Http1Connection::writeChunk(Descriptor& to, const char* data,
-                                                            size_t n) {
-  const std::string size = hex(n);
-  const std::array<asio::const_buffer, 3> buffers = {asio::buffer(size), asio::buffer(data, n),
-                                                     asio::buffer("\r\n", 2)};
-  net::error_code ec;
-  co_await asio::async_write(to, buffers, asio::redirect_error(net::use_awaitable, ec));
   co_return ec;
 }
 
