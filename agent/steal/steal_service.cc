@@ -55,6 +55,10 @@ http::HttpOptions httpOptions(const AgentConfig& c) {
   return o;
 }
 
+int64_t millisBetween(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(b - a).count();
+}
+
 void noDelay(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -248,11 +252,14 @@ class StealServiceImpl final : public StealService,
     // way (its response says Connection: close), idle ones close now.
     if (engine_) engine_->drain();
     auto self = shared_from_this();
-    asio::post(strand_, [self] {
+    const auto asked = Clock::now();
+    asio::post(strand_, [self, asked] {
       // Each port's steering goes; the rest of it (sk_lookup's program,
       // iptables' chains, which keep conntrack for the redirected connections)
       // stays until agentStopping().
       if (self->steering_) {
+        const auto began = Clock::now();
+        const size_t ports = self->port_refs_.size();
         for (const auto& [port, refs] : self->port_refs_) {
           absl::Status s = self->steering_->removePort(port);
           if (!s.ok()) {
@@ -261,6 +268,14 @@ class StealServiceImpl final : public StealService,
           }
         }
         self->port_refs_.clear();
+        // Until this line new connections may still be stolen: how long
+        // the strand took to get here (queued work) and the removal itself
+        // (an iptables-restore per family, or a map update).
+        const auto done = Clock::now();
+        log::info("steal_drain_steering_removed",
+                  {{"ports", static_cast<uint64_t>(ports)},
+                   {"queued_ms", millisBetween(asked, began)},
+                   {"took_ms", millisBetween(began, done)}});
       }
       // A handshake the steering started just before it went ends in the
       // listener's queue a moment later: the accept loop keeps taking (and
