@@ -25,6 +25,7 @@
 #include "agent/outgoing/address.h"
 #include "agent/steal/http/engine.h"
 #include "agent/steal/passthrough.h"
+#include "agent/steal/session_stream.h"
 #include "agent/steal/subscriptions.h"
 #include "agent/streams/socket_pump.h"
 #include "siphon/status.h"
@@ -314,20 +315,14 @@ class StealServiceImpl final : public StealService,
     return out;
   }
 
-  absl::StatusOr<UniqueFd> openStolenRequest(const http::Route& route,
-                                             const http::ConnectionInfo& conn,
-                                             const http::RequestHead& head,
-                                             uint64_t connection_request) override {
+  absl::StatusOr<std::shared_ptr<http::StolenStream>> openStolenRequest(
+      asio::any_io_executor ex, const http::Route& route, const http::ConnectionInfo& conn,
+      const http::RequestHead& head, uint64_t connection_request) override {
     const Subscription* sub = table_.find(route.subscription_id);
     std::shared_ptr<SessionHost> session = sub ? liveSession(sub->session_id) : nullptr;
     if (!sub || !session) {
       return protoError(v1::UNAVAILABLE, "the session that stole this request is gone");
     }
-    int pair[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
-      return lastErrnoStatus("stolen request: socketpair");
-    }
-    UniqueFd pump_end(pair[0]), engine_end(pair[1]);
     v1::StreamOpen open;
     v1::StolenRequest& r = *open.mutable_stolen_request();
     r.set_subscription_id(sub->id);
@@ -345,18 +340,20 @@ class StealServiceImpl final : public StealService,
                                           {"error", sv(id.status().message())}});
       return id.status();
     }
-    streams::SocketPump::Options opt;
-    opt.kind = streams::SocketPump::Kind::kStream;
-    opt.label = absl::StrCat(outgoing::formatAddress(conn.source), " ", head.method, " ",
-                             head.target.substr(0, 200));
-    RETURN_IF_ERROR(pumpStream(session, *id, std::move(pump_end), opt));
+    // The engine reads and writes the stream itself: no socket between.
+    auto stream = std::make_shared<SessionStolenStream>(std::move(ex), *id, session);
+    session->registerStream(*id, stream);
+    // Early data (protocol 1.2): the request goes with the StreamOpen, not
+    // a round trip later.
+    if (session->session().sendsEarly()) stream->start();
+    session->wake();
     log::debug("steal_request", {{"session", session->id()},
                                  {"stream", *id},
                                  {"subscription", sub->id},
                                  {"source", outgoing::formatAddress(conn.source)},
                                  {"method", head.method},
                                  {"target", head.target.substr(0, 200)}});
-    return engine_end;
+    return stream;
   }
 
   net::awaitable<absl::StatusOr<UniqueFd>> connectApplication(SockAddr destination) override {

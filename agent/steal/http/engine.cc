@@ -160,8 +160,8 @@ class PendingConnection final : public LiveConnection,
       co_return;
     }
     Descriptor app_socket = adoptSocket(state_->ex, app->release());
-    tunnel_ = std::make_shared<Tunnel>(std::move(client_), std::move(received),
-                                       std::move(app_socket), std::string());
+    tunnel_ = std::make_shared<Tunnel>(ByteStream(std::move(client_)), std::move(received),
+                                       ByteStream(std::move(app_socket)), std::string());
     co_await tunnel_->run();
   }
 

@@ -157,7 +157,7 @@ struct Exchange {
   size_t request_fields = 0;  // fields of the head (those after are trailers)
   RequestHead head;
   std::optional<Route> route;  // set: the request was stolen
-  Descriptor upstream;         // session socketpair end, or application connection
+  ByteStream upstream;         // the stolen request's stream, or the application
   bool reused = false;         // upstream came from the pool
   beast::flat_buffer upstream_in;
 
@@ -215,7 +215,7 @@ class Http1Connection final : public LiveConnection,
     aborted_ = true;
     idle_timer_.cancel();
     abortDescriptor(client_);
-    if (current_) abortDescriptor(current_->upstream);
+    if (current_) current_->upstream.abort();
     if (tunnel_) tunnel_->abort();
   }
 
@@ -257,7 +257,8 @@ class Http1Connection final : public LiveConnection,
   net::awaitable<net::error_code> writeClient(std::string_view bytes);
   // `head` (may be empty), then `n` bytes of body, as a chunk when
   // `chunked`: one gathered write.
-  net::awaitable<net::error_code> writeBody(Descriptor& to, std::string_view head, const char* data,
+  template <class Stream>
+  net::awaitable<net::error_code> writeBody(Stream& to, std::string_view head, const char* data,
                                             size_t n, bool chunked);
   net::awaitable<net::error_code> writeAll(Descriptor& to, const char* data, size_t n);
   // Ends the request body's coroutine if it still runs (it reads the
@@ -416,15 +417,15 @@ net::awaitable<bool> Http1Connection::exchange(std::unique_ptr<RequestParser> pa
                               {"stolen_by", x->route ? x->route->subscription_id : 0}});
   std::shared_ptr<Http1AppPool> pool;
   if (x->route) {
-    absl::StatusOr<UniqueFd> fd =
-        state_->router.openStolenRequest(*x->route, info_, x->head, requests_);
-    if (!fd.ok()) {
+    absl::StatusOr<std::shared_ptr<StolenStream>> stolen =
+        state_->router.openStolenRequest(state_->ex, *x->route, info_, x->head, requests_);
+    if (!stolen.ok()) {
       co_return co_await answer(
           x, 502,
           "siphon-agent: the session that stole this request could not take it: " +
-              std::string(fd.status().message()) + "\n");
+              std::string(stolen.status().message()) + "\n");
     }
-    x->upstream = adoptSocket(state_->ex, fd->release());
+    x->upstream = ByteStream(state_->ex, std::move(*stolen));
   } else {
     pool = Http1AppPool::of(*state_);
     if (std::optional<bool> keep = co_await connectApplication(x, pool, /*fresh=*/false)) {
@@ -459,7 +460,7 @@ net::awaitable<bool> Http1Connection::exchange(std::unique_ptr<RequestParser> pa
       } else {
         // The session reads the request up to its end of stream; an
         // upgrade's stream stays open for the raw bytes after a 101.
-        if (x->route && !x->upgrade) ::shutdown(x->upstream.native_handle(), SHUT_WR);
+        if (x->route && !x->upgrade) x->upstream.shutdownSend();
         x->body_complete = true;
       }
     }
@@ -487,7 +488,7 @@ net::awaitable<std::optional<bool>> Http1Connection::connectApplication(
                                   " could not be reached: " + std::string(conn.status().message()) +
                                   "\n");
   }
-  x->upstream = std::move(conn->socket);
+  x->upstream = ByteStream(std::move(conn->socket));
   x->reused = conn->reused;  // never for a fresh one
   co_return std::nullopt;
 }
@@ -556,7 +557,8 @@ net::awaitable<Outcome> Http1Connection::forwardResponse(std::shared_ptr<Exchang
     log::debug("http_upgraded", {{"client", formatAddress(info_.source)},
                                  {"protocol", x->upgrade_value},
                                  {"stolen", x->route.has_value()}});
-    tunnel_ = std::make_shared<Tunnel>(std::move(client_), leftover(in_), std::move(x->upstream),
+    tunnel_ = std::make_shared<Tunnel>(ByteStream(std::move(client_)), leftover(in_),
+                                       std::move(x->upstream),
                                        leftover(x->upstream_in));
     in_.consume(in_.size());
     co_await tunnel_->run();
@@ -661,10 +663,9 @@ net::awaitable<Outcome> Http1Connection::forwardResponse(std::shared_ptr<Exchang
   const bool reusable = !x->route && x->body_complete && rp->keep_alive() &&
                         x->upstream_in.size() == 0 && !x->client_error;
   if (reusable) {
-    Http1AppPool::of(*state_)->release(info_.destination, std::move(x->upstream));
+    Http1AppPool::of(*state_)->release(info_.destination, std::move(*x->upstream.socket()));
   } else {
-    net::error_code ignored;
-    x->upstream.close(ignored);
+    x->upstream.close();
   }
   co_return keep&& body_read && x->request->is_done() && !x->client_failed ? Outcome::kKeepAlive
                                                                            : Outcome::kClose;
@@ -688,8 +689,7 @@ net::awaitable<Outcome> Http1Connection::upstreamFailed(std::shared_ptr<Exchange
     co_return Outcome::kClose;
   }
   if (!x->route && x->reused && !x->has_body && !got_some && !x->interim_sent) {
-    net::error_code ignored;
-    x->upstream.close(ignored);
+    x->upstream.close();
     co_return Outcome::kRetry;
   }
   std::string message;
@@ -736,7 +736,6 @@ net::awaitable<void> Http1Connection::forwardBody(std::shared_ptr<Exchange> exch
         if (wec) x->upstream_write_failed = true;
       }
       if (ec) {
-        net::error_code ignored;
         if (ec == bhttp::error::body_limit) {
           x->client_error = 413;
           log::info("http_request_body_limit", {{"client", formatAddress(info_.source)},
@@ -745,7 +744,7 @@ net::awaitable<void> Http1Connection::forwardBody(std::shared_ptr<Exchange> exch
           x->client_failed = true;  // the client closed or reset mid-body
         }
         // Ends the response read: the request will never be whole.
-        x->upstream.cancel(ignored);
+        x->upstream.cancel();
         break;
       }
     }
@@ -759,9 +758,7 @@ net::awaitable<void> Http1Connection::forwardBody(std::shared_ptr<Exchange> exch
         co_await asio::async_write(x->upstream, asio::buffer(last),
                                    asio::redirect_error(net::use_awaitable, wec));
       }
-      if (!wec && x->route && !x->upgrade && x->upstream.is_open()) {
-        ::shutdown(x->upstream.native_handle(), SHUT_WR);
-      }
+      if (!wec && x->route && !x->upgrade && x->upstream.is_open()) x->upstream.shutdownSend();
       x->body_complete = !wec;
     }
   } catch (const std::exception& e) {
@@ -791,9 +788,13 @@ net::awaitable<bool> Http1Connection::answer(std::shared_ptr<Exchange> exchange,
                                              std::string message) {
   const std::shared_ptr<Exchange> x = exchange;
   if (x) {
-    net::error_code ignored;
     x->upstream_write_failed = true;  // the body, if any, is read and dropped
-    x->upstream.close(ignored);
+    // A session's stream is reset: its response is no longer wanted.
+    if (x->route) {
+      x->upstream.abort();
+    } else {
+      x->upstream.close();
+    }
     x->response_started = true;
   }
   // Kept open only when nothing of the request is left unread.
@@ -851,7 +852,8 @@ net::awaitable<net::error_code> Http1Connection::writeAll(Descriptor& to, const 
   co_return ec;
 }
 
-net::awaitable<net::error_code> Http1Connection::writeBody(Descriptor& to, std::string_view head,
+template <class Stream>
+net::awaitable<net::error_code> Http1Connection::writeBody(Stream& to, std::string_view head,
                                                            const char* data, size_t n,
                                                            bool chunked) {
   const std::string size = chunked && n > 0 ? hex(n) : std::string();

@@ -479,14 +479,14 @@ class ServerConnection : public LiveConnection,
       pool()->open(info_.destination, x);
       return;
     }
-    auto fd = state_->router.openStolenRequest(*r, info_, head, n);
-    if (!fd.ok()) {
+    auto stolen = state_->router.openStolenRequest(state_->ex, *r, info_, head, n);
+    if (!stolen.ok()) {
       log::warn("steal_http2_session_unavailable",
-                {{"subscription", r->subscription_id}, {"error", fd.status().ToString()}});
+                {{"subscription", r->subscription_id}, {"error", stolen.status().ToString()}});
       localResponse(*x, 502, "the session that stole this request is unavailable");
       return;
     }
-    x->upstream = startStolenUpstream(state_->ex, x, std::move(*fd));
+    x->upstream = startStolenUpstream(state_->ex, x, std::move(*stolen));
   }
 
   // A header block past the limits (inside onHeader). What the stream

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "agent/steal/http/byte_stream.h"
 #include "agent/steal/http/http2_limits.h"
 #include "agent/steal/http/router.h"
 
@@ -212,11 +213,12 @@ class Http2Exchange {
   HttpOptions options_;
 };
 
-// Creates the upstream for a stolen request: `fd` is the engine's end of the
-// session's StolenRequest socketpair. Writes the request as HTTP/1.1, reads
-// the HTTP/1.1 response (http2_stolen.cc).
+// Creates the upstream for a stolen request: `stolen` is the session's
+// StolenRequest stream. Writes the request as HTTP/1.1, reads the HTTP/1.1
+// response (http2_stolen.cc).
 std::shared_ptr<Http2Upstream> startStolenUpstream(net::asio::any_io_executor ex,
-                                                   std::shared_ptr<Http2Exchange> x, UniqueFd fd);
+                                                   std::shared_ptr<Http2Exchange> x,
+                                                   std::shared_ptr<StolenStream> stolen);
 
 // HTTP/1.1 header names that are about one connection, never passed on
 // between HTTP/1.1 and HTTP/2 (RFC 9113 8.2.2); `name` in lower case.

@@ -1,14 +1,12 @@
 // An HTTP/2 stream stolen by a session: the request goes to the session's
-// StolenRequest socket as HTTP/1.1, the session's HTTP/1.1 response comes
+// StolenRequest stream as HTTP/1.1, the session's HTTP/1.1 response comes
 // back (Boost.Beast's basic_parser, fed by hand so the body is streamed and
 // the chunked trailers are seen).
 //
 // One writer (request head, body, end) and one reader (response) per
 // stream. The reader stops reading while kResponseBuffer bytes wait for
-// the client; the session's socket buffer then fills and the session's
-// stream credit stops it: only this stream waits.
-#include <sys/socket.h>
-
+// the client; the stream's window then fills and stops the session: only
+// this stream waits.
 #include <boost/beast/http/basic_parser.hpp>
 #include <boost/beast/http/error.hpp>
 #include <limits>
@@ -133,9 +131,10 @@ HeaderList responseHeaders(const HeaderList& in) {
 
 class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this<StolenUpstream> {
  public:
-  StolenUpstream(asio::any_io_executor ex, std::shared_ptr<Http2Exchange> x, UniqueFd fd)
+  StolenUpstream(asio::any_io_executor ex, std::shared_ptr<Http2Exchange> x,
+                 std::shared_ptr<StolenStream> stolen)
       : x_(std::move(x)),
-        sock_(ex, fd.release()),
+        sock_(ex, std::move(stolen)),
         write_wake_(ex),
         read_wake_(ex),
         head_request_(x_->method == "HEAD") {}
@@ -160,8 +159,13 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
   void cancel() override {
     if (!x_) return;
     x_.reset();
-    net::error_code ec;
-    sock_.close(ec);
+    // Before the whole response came: the session's stream is reset, so
+    // it stops sending what nobody reads.
+    if (response_ended_) {
+      sock_.close();
+    } else {
+      sock_.abort();
+    }
     requestUpdated();
     responseTaken(0);
   }
@@ -226,7 +230,7 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
         }
         if (taken > 0) x_->takeRequest(taken);
       }
-      if (x_) ::shutdown(sock_.native_handle(), SHUT_WR);
+      if (x_) sock_.shutdownSend();
     } catch (const std::exception& e) {
       log::error("steal_http2_stolen_error", {{"error", e.what()}});
       fail();
@@ -278,6 +282,7 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
           if (!ok || !x_) co_return;
         }
         if (parser->is_done()) {
+          response_ended_ = true;
           x_->respondEnd(responseHeaders(parser->trailers));
           co_return;
         }
@@ -331,20 +336,22 @@ class StolenUpstream : public Http2Upstream, public std::enable_shared_from_this
   }
 
   std::shared_ptr<Http2Exchange> x_;
-  asio::posix::stream_descriptor sock_;
+  ByteStream sock_;
   net::Signal write_wake_;
   bool write_pending_ = false;
   net::Signal read_wake_;
   bool read_pending_ = false;
   bool head_request_;
   bool head_sent_ = false;
+  bool response_ended_ = false;
 };
 
 }  // namespace
 
 std::shared_ptr<Http2Upstream> startStolenUpstream(net::asio::any_io_executor ex,
-                                                   std::shared_ptr<Http2Exchange> x, UniqueFd fd) {
-  auto up = std::make_shared<StolenUpstream>(std::move(ex), std::move(x), std::move(fd));
+                                                   std::shared_ptr<Http2Exchange> x,
+                                                   std::shared_ptr<StolenStream> stolen) {
+  auto up = std::make_shared<StolenUpstream>(std::move(ex), std::move(x), std::move(stolen));
   up->start();
   return up;
 }

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "agent/common/unique_fd.h"
 #include "agent/outgoing/address.h"
+#include "agent/steal/http/byte_stream.h"
 #include "agent/steal/http/request_head.h"
 #include "siphon/transport/asio.h"
 
@@ -65,16 +67,15 @@ class HttpRouter {
   // subscriptions (FilterOverlap notices).
   virtual std::optional<Route> route(uint16_t port, const RequestHead& head) = 0;
 
-  // Opens a StolenRequest stream to the session of `route` and joins it to
-  // one end of a socketpair; returns the other end (non-blocking, AF_UNIX
-  // SOCK_STREAM), where the engine writes the request as HTTP/1.1 and reads
-  // the session's response. EOF on it before a complete response means the
-  // session reset the stream or went away. An error (the session is gone,
-  // too many streams): the engine answers 502.
-  virtual absl::StatusOr<UniqueFd> openStolenRequest(const Route& route,
-                                                     const ConnectionInfo& conn,
-                                                     const RequestHead& head,
-                                                     uint64_t connection_request) = 0;
+  // Opens a StolenRequest stream to the session of `route`, where the
+  // engine writes the request as HTTP/1.1 and reads the session's response
+  // (byte_stream.h; `ex`: the engine's event loop). An end of stream before
+  // a complete response means the session reset the stream or went away.
+  // An error (the session is gone, too many streams): the engine answers
+  // 502.
+  virtual absl::StatusOr<std::shared_ptr<StolenStream>> openStolenRequest(
+      net::asio::any_io_executor ex, const Route& route, const ConnectionInfo& conn,
+      const RequestHead& head, uint64_t connection_request) = 0;
 
   // A connected non-blocking TCP socket to `destination`, made from inside
   // the target around the steering (the application gets it even while its

@@ -1,42 +1,24 @@
 #include "agent/steal/http/tunnel.h"
 
-#include <sys/socket.h>
-
 #include "siphon/transport/spawn.h"
 
 namespace siphon::agent::steal::http {
 
 namespace asio = net::asio;
 
-Descriptor adoptSocket(asio::any_io_executor ex, int fd) {
-  int family = AF_UNSPEC;
-  socklen_t len = sizeof(family);
-  ::getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &family, &len);
-  return Descriptor(ex, asio::generic::stream_protocol(family, SOCK_STREAM), fd);
-}
-
-void abortDescriptor(Descriptor& d) {
-  if (!d.is_open()) return;
-  linger l{1, 0};
-  // Fails harmlessly (ENOPROTOOPT is not returned; unix sockets ignore it).
-  ::setsockopt(d.native_handle(), SOL_SOCKET, SO_LINGER, &l, sizeof(l));
-  net::error_code ignored;
-  d.close(ignored);
-}
-
-Tunnel::Tunnel(Descriptor a, std::string to_b, Descriptor b, std::string to_a)
+Tunnel::Tunnel(ByteStream a, std::string to_b, ByteStream b, std::string to_a)
     : a_(std::move(a)), b_(std::move(b)), to_b_(std::move(to_b)), to_a_(std::move(to_a)) {}
 
 void Tunnel::abort() {
   if (aborted_) return;
   aborted_ = true;
-  abortDescriptor(a_);
-  abortDescriptor(b_);
+  a_.abort();
+  b_.abort();
 }
 
 net::awaitable<void> Tunnel::pipe(bool a_to_b) {
-  Descriptor& from = a_to_b ? a_ : b_;
-  Descriptor& to = a_to_b ? b_ : a_;
+  ByteStream& from = a_to_b ? a_ : b_;
+  ByteStream& to = a_to_b ? b_ : a_;
   std::string& pending = a_to_b ? to_b_ : to_a_;
   net::error_code ec;
   if (!pending.empty()) {
@@ -55,7 +37,7 @@ net::awaitable<void> Tunnel::pipe(bool a_to_b) {
                                                    asio::redirect_error(net::use_awaitable, ec));
     if (aborted_) break;
     if (ec == asio::error::eof) {
-      ::shutdown(to.native_handle(), SHUT_WR);
+      to.shutdownSend();
       break;
     }
     if (ec) {
@@ -84,9 +66,8 @@ net::awaitable<void> Tunnel::run() {
   });
   co_await pipe(false);
   while (!other_done) co_await signal.wait();
-  net::error_code ignored;
-  a_.close(ignored);
-  b_.close(ignored);
+  a_.close();
+  b_.close();
 }
 
 }  // namespace siphon::agent::steal::http

@@ -351,9 +351,9 @@ class FakeRouter : public HttpRouter {
     if (!steal.get()(head)) return std::nullopt;
     return Route{7, {}};
   }
-  absl::StatusOr<UniqueFd> openStolenRequest(const Route& route, const ConnectionInfo&,
-                                             const RequestHead& head,
-                                             uint64_t connection_request) override {
+  absl::StatusOr<std::shared_ptr<StolenStream>> openStolenRequest(
+      net::asio::any_io_executor ex, const Route& route, const ConnectionInfo&,
+      const RequestHead& head, uint64_t connection_request) override {
     EXPECT_EQ(route.subscription_id, 7u);
     if (fail_open) return absl::UnavailableError("too many streams");
     ++opens;
@@ -370,7 +370,7 @@ class FakeRouter : public HttpRouter {
     sessions_.start(sv[1], [s, head](int fd) {
       if (s) s(fd, head);
     });
-    return UniqueFd(sv[0]);
+    return socketStolenStream(ex, UniqueFd(sv[0]));
   }
   net::awaitable<absl::StatusOr<UniqueFd>> connectApplication(SockAddr destination) override {
     const SockAddr dest = destination;

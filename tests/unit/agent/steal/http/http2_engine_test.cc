@@ -133,8 +133,9 @@ class FakeRouter : public HttpRouter {
     return Route{7, {}};
   }
 
-  absl::StatusOr<UniqueFd> openStolenRequest(const Route&, const ConnectionInfo&,
-                                             const RequestHead& head, uint64_t n) override {
+  absl::StatusOr<std::shared_ptr<StolenStream>> openStolenRequest(
+      net::asio::any_io_executor ex, const Route&, const ConnectionInfo&, const RequestHead& head,
+      uint64_t n) override {
     if (refuse_sessions) return absl::UnavailableError("no session");
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
@@ -147,7 +148,7 @@ class FakeRouter : public HttpRouter {
       fn(fd, head);
       ::close(fd);
     });
-    return UniqueFd(sv[0]);
+    return socketStolenStream(ex, UniqueFd(sv[0]));
   }
 
   net::awaitable<absl::StatusOr<UniqueFd>> connectApplication(SockAddr destination) override {
