@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -333,10 +334,12 @@ net::awaitable<void> Exchange::answer502(std::string why_in) {
 net::awaitable<void> Exchange::readResponse() {
   ResponseScanner& scan = response_;
   std::string pending;
-  std::string buf(kRelayChunk, '\0');
+  // Not zeroed: most answers are a few hundred bytes, and clearing 64 KiB
+  // per exchange was 2 % of `siphon steal`'s profile under load.
+  const auto buf = std::make_unique_for_overwrite<char[]>(kRelayChunk);
   while (true) {
     net::error_code ec;
-    const size_t n = co_await local_.async_read_some(asio::buffer(buf),
+    const size_t n = co_await local_.async_read_some(asio::buffer(buf.get(), kRelayChunk),
                                                      asio::redirect_error(net::use_awaitable, ec));
     if (ended_ || stream_failed_) co_return;
     if (ec) {
@@ -383,10 +386,10 @@ net::awaitable<void> Exchange::readResponse() {
       scan.reset(head_);
     }
     if (upgraded_) {
-      if (!co_await toStream(buf.substr(0, n))) co_return;
+      if (!co_await toStream(std::string(buf.get(), n))) co_return;
       continue;
     }
-    pending.append(buf, 0, n);
+    pending.append(buf.get(), n);
     const Step step = co_await forward(pending);
     if (step == Step::kDone || step == Step::kFailed) co_return;
   }

@@ -42,7 +42,7 @@ void LineWriter::write(std::string line) {
       ++dropped_;
       ++dropped_unsaid_;
     }
-    wake = idle_;
+    wake = idle_ || (gathering_ && halfFull());
   }
   if (wake) cv_.notify_one();
 }
@@ -54,7 +54,7 @@ bool LineWriter::tryWrite(std::string chunk) {
     if (!fits(chunk.size())) return false;
     queued_bytes_ += chunk.size();
     queue_.push_back(std::move(chunk));
-    wake = idle_;
+    wake = idle_ || (gathering_ && halfFull());
   }
   if (wake) cv_.notify_one();
   return true;
@@ -65,6 +65,8 @@ bool LineWriter::tryWrite(std::string chunk) {
 bool LineWriter::fits(size_t size) const {
   return queued_bytes_ + writing_bytes_ + size <= max_queued_;
 }
+
+bool LineWriter::halfFull() const { return (queued_bytes_ + writing_bytes_) * 2 > max_queued_; }
 
 bool LineWriter::drained() const {
   return queue_.empty() && !writing_ && dropped_unsaid_ == 0;
@@ -77,8 +79,11 @@ size_t LineWriter::queuedBytes() const {
 
 void LineWriter::flush() {
   std::unique_lock<std::mutex> lock(mu_);
+  ++flushes_;  // no gathering pause while a flush waits
+  cv_.notify_all();
   drained_.wait_for(lock, std::chrono::milliseconds(flush_limit_ms),
                     [this] { return drained(); });
+  --flushes_;
 }
 
 uint64_t LineWriter::dropped() const {
@@ -124,6 +129,10 @@ void LineWriter::run() {
     writing_ = false;
     writing_bytes_ = 0;
     if (drained()) drained_.notify_all();
+    // Let the next lines gather before looking again (kGather).
+    gathering_ = true;
+    cv_.wait_for(lock, kGather, [this] { return stop_ || flushes_ > 0 || halfFull(); });
+    gathering_ = false;
   }
 }
 
