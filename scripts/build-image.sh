@@ -11,6 +11,8 @@
 #
 # Content (one uncompressed layer, no shell):
 #   /usr/local/bin/siphon-agent           the agent (debug sections stripped)
+#   /usr/local/bin/siphon-containerd      its containerd (gRPC) helper, from
+#     beside the agent binary
 #   /usr/sbin/xtables-{nft,legacy}-multi   iptables for the fallback steal
 #     backend, with the {ip,ip6}tables{,-nft,-legacy}{,-save,-restore}
 #     symlinks (plain iptables* are the nft flavour, Debian's default)
@@ -83,6 +85,10 @@ done
 LC_ALL=C readelf -h "$agent" 2>/dev/null | grep -Eq 'Type:[[:space:]]+(EXEC|DYN)' ||
   die "agent binary $agent is an ELF file but not an executable"
 [ -x "$agent" ] || die "agent binary $agent is not executable (chmod +x)"
+# siphon-containerd, which the agent runs to ask containerd (gRPC stays out
+# of the agent), is built beside it.
+helper="$(dirname "$agent")/siphon-containerd"
+[ -x "$helper" ] || die "$helper is missing: it is built with siphon-agent (cmake --build build --target siphon-agent) and the agent needs it beside it for containerd"
 
 if [ -z "$version" ]; then
   version="$("$agent" --version 2>/dev/null | head -n1 | tr -d '[:space:]')" ||
@@ -175,16 +181,19 @@ put_libs_of() {
            done <<<"$out" | sort -u)
 }
 
-# The agent, without debug sections (a RelWithDebInfo build is ~90 MB of
-# DWARF); strip keeps the symbol table for stack traces.
+# The agent and its containerd helper, without debug sections (a
+# RelWithDebInfo build is ~90 MB of DWARF); strip keeps the symbol table for
+# stack traces.
 mkdir -p "$rootfs/usr/local/bin"
-if command -v strip >/dev/null; then
-  strip --strip-debug -o "$rootfs/usr/local/bin/siphon-agent" "$agent" ||
-    die "strip --strip-debug $agent failed"
-else
-  cp "$agent" "$rootfs/usr/local/bin/siphon-agent"
-fi
-chmod 0755 "$rootfs/usr/local/bin/siphon-agent"
+for bin in "$agent" "$helper"; do
+  if command -v strip >/dev/null; then
+    strip --strip-debug -o "$rootfs/usr/local/bin/$(basename "$bin")" "$bin" ||
+      die "strip --strip-debug $bin failed"
+  else
+    cp "$bin" "$rootfs/usr/local/bin/$(basename "$bin")"
+  fi
+  chmod 0755 "$rootfs/usr/local/bin/$(basename "$bin")"
+done
 
 mkdir -p "$rootfs/usr/sbin"
 cp -L "$nft_multi" "$rootfs/usr/sbin/xtables-nft-multi"
@@ -203,7 +212,7 @@ for m in "$xtables_dir"/*.so; do
   cp -L "$m" "$rootfs$xtables_dir/"
   chmod 0644 "$rootfs$xtables_dir/$(basename "$m")"
 done
-put_libs_of "$agent" "$nft_multi" "$legacy_multi" "$xtables_dir"/*.so
+put_libs_of "$agent" "$helper" "$nft_multi" "$legacy_multi" "$xtables_dir"/*.so
 # Library content is mode 0644 except the loader, which must be executable.
 find "$rootfs" -type f -name '*.so*' -exec chmod 0644 {} +
 while IFS= read -r interp; do

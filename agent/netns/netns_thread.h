@@ -9,7 +9,7 @@
 //  - runInNetns(): one task on a short-lived thread, for start-up work done
 //    before a worker exists (the iptables owner lock).
 // The iptables guard and the iptables commands are processes, not threads:
-// they setns in the child they fork (steal/iptables/guard.cc, netns_exec.cc).
+// they setns in the child they fork (steal/iptables/guard.cc, common/exec.cc).
 //
 // Threads: start() and join() from any thread but the started one.
 #pragma once

@@ -4,8 +4,9 @@
 Builds the agent image from the agent under test and reads the OCI layout
 back: the blobs are what the index, manifest and config say (digests,
 sizes, diff_id), the config has the exec-form entrypoint, PATH and labels
-of images/Dockerfile, and the layer holds the agent, iptables (both
-flavours, the tool names the agent runs, the modules) and every library
+of images/Dockerfile, and the layer holds the agent, its containerd helper
+(which alone links gRPC), iptables (both flavours, the tool names the agent
+runs, the modules) and every library
 each binary needs (its DT_NEEDED entries and its loader, followed through
 the image's own symlinks), and no shell. A second build must give the same
 bytes. Bad input must be refused with a message naming the problem.
@@ -154,6 +155,16 @@ class BuildImageTest(unittest.TestCase):
         data = self.image.read("/usr/local/bin/siphon-agent")
         self.assertEqual(data[:4], b"\x7fELF")
 
+    def test_the_containerd_helper_is_beside_the_agent(self):
+        m = self.image.members["usr/local/bin/siphon-containerd"]
+        self.assertTrue(m.isfile())
+        self.assertEqual(m.mode & 0o777, 0o755)
+        # gRPC is the helper's, not the agent's.
+        _, agent_needs = elf_needs(self.image.read("/usr/local/bin/siphon-agent"))
+        _, helper_needs = elf_needs(self.image.read("/usr/local/bin/siphon-containerd"))
+        self.assertFalse([n for n in agent_needs if "grpc" in n], agent_needs)
+        self.assertTrue([n for n in helper_needs if "grpc" in n], helper_needs)
+
     def test_iptables_tools_the_agent_runs_are_there(self):
         for fam in ("iptables", "ip6tables"):
             for flavour in ("nft", "legacy"):
@@ -176,7 +187,8 @@ class BuildImageTest(unittest.TestCase):
             if m.isfile() and ".so" in posixpath.basename(n):
                 libdirs.add("/" + posixpath.dirname(n))
         self.assertTrue(libdirs)
-        todo = ["/usr/local/bin/siphon-agent", "/usr/sbin/xtables-nft-multi",
+        todo = ["/usr/local/bin/siphon-agent", "/usr/local/bin/siphon-containerd",
+                "/usr/sbin/xtables-nft-multi",
                 "/usr/sbin/xtables-legacy-multi"]
         todo += ["/" + n for n in self.image.members if "/xtables/lib" in n]
         seen = set()
@@ -235,6 +247,13 @@ class BuildImageTest(unittest.TestCase):
         shutil.copyfile(ARGS.agent, p)
         os.chmod(p, 0o644)
         self.assertRefused(p, "is not executable")
+
+    def test_agent_without_its_containerd_helper(self):
+        p = os.path.join(self.tmp, "lonely", "siphon-agent")
+        os.makedirs(os.path.dirname(p), exist_ok=True)
+        shutil.copyfile(ARGS.agent, p)
+        os.chmod(p, 0o755)
+        self.assertRefused(p, "siphon-containerd is missing")
 
     def test_directory(self):
         self.assertRefused(self.tmp, "is not a regular file")

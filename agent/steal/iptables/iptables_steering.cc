@@ -10,8 +10,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/exec.h"
 #include "agent/common/log.h"
-#include "agent/steal/iptables/netns_exec.h"
 #include "siphon/status.h"
 
 namespace siphon::agent::steal {

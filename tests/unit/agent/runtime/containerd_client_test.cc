@@ -1,5 +1,5 @@
-// The containerd client against a real gRPC server on a unix socket that
-// implements the two calls it makes (Containers.Get, Tasks.Get) the way
+// The containerd client (and the siphon-containerd helper it runs) against
+// a real gRPC server on a unix socket that implements the two calls it makes (Containers.Get, Tasks.Get) the way
 // containerd does: objects scoped by the "containerd-namespace" metadata,
 // NOT_FOUND for what a namespace lacks, the OCI spec as JSON in an Any.
 #include <gmock/gmock.h>
@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "agent/runtime/containerd_query.h"
 #include "agent/runtime/runtime_client.h"
 #include "github.com/containerd/containerd/api/services/containers/v1/containers.grpc.pb.h"
 #include "github.com/containerd/containerd/api/services/tasks/v1/tasks.grpc.pb.h"
@@ -101,6 +102,8 @@ class FakeTasks final : public tasks::Tasks::Service {
 class ContainerdClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    // The helper the client runs (containerd_query.h), as built.
+    ::setenv("SIPHON_CONTAINERD_HELPER", SIPHON_CONTAINERD_HELPER_BIN, 1);
     std::string tmpl = "/tmp/siphon-ctrd-XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
@@ -220,6 +223,41 @@ TEST_F(ContainerdClientTest, SocketWithNoServerBehindIsUnavailable) {
   // gRPC leaves the socket file behind: connect() is refused now.
   auto r = client()->resolve("abc");
   ASSERT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+}
+
+// Without the helper the agent says what is missing and where it looked.
+TEST_F(ContainerdClientTest, AMissingHelperIsOneClearError) {
+  world_["k8s.io"]["abc"] = task("{}", 7);
+  start();
+  ::setenv("SIPHON_CONTAINERD_HELPER", "/nonexistent/siphon-containerd", 1);
+  auto r = client()->resolve("abc");
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_THAT(msg(r.status()), HasSubstr("siphon-containerd beside siphon-agent"));
+  EXPECT_THAT(msg(r.status()), HasSubstr("/nonexistent/siphon-containerd"));
+}
+
+TEST(ContainerdAnswer, ATaskAndAnErrorReadBackAsWritten) {
+  ContainerdTask t;
+  t.pid = 31;
+  t.oci_spec = "{\"process\":{\"env\":[\"A=1\\nerror 5 x\"]}}\npid 9\n";
+  auto back = parseContainerdAnswer(formatContainerdAnswer(t));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->pid, 31);
+  EXPECT_EQ(back->oci_spec, t.oci_spec);
+
+  const absl::Status e = absl::PermissionDeniedError("containerd at /s: Tasks.Get: denied\nmore");
+  auto err = parseContainerdAnswer(formatContainerdAnswer(e));
+  EXPECT_EQ(err.status(), e);
+}
+
+TEST(ContainerdAnswer, AnythingElseIsUnreadable) {
+  for (std::string_view garbled : {"", "pid x\nspec 0\n", "pid 3\nspec 5\nabc", "pid 0\nspec 0\n",
+                                   "error 99 nope", "error x nope", "hello"}) {
+    auto r = parseContainerdAnswer(garbled);
+    ASSERT_FALSE(r.ok()) << garbled;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal) << garbled;
+    EXPECT_THAT(msg(r.status()), HasSubstr("siphon-containerd answered something unreadable"));
+  }
 }
 
 }  // namespace

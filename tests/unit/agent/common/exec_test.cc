@@ -1,11 +1,11 @@
-#include "agent/steal/iptables/netns_exec.h"
+#include "agent/common/exec.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <string>
 
-namespace siphon::agent::steal {
+namespace siphon::agent {
 namespace {
 
 using ::testing::HasSubstr;
@@ -53,4 +53,4 @@ TEST(NetnsExec, FindsToolsInSbin) {
 }
 
 }  // namespace
-}  // namespace siphon::agent::steal
+}  // namespace siphon::agent

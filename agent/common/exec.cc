@@ -1,9 +1,10 @@
-#include "agent/steal/iptables/netns_exec.h"
+#include "agent/common/exec.h"
 
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,7 +18,7 @@
 #include "agent/common/unique_fd.h"
 #include "siphon/status.h"
 
-namespace siphon::agent::steal {
+namespace siphon::agent {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -73,6 +74,7 @@ absl::StatusOr<ExecResult> execCapture(const std::vector<std::string>& argv, std
   if (pipe2(fail_p, O_CLOEXEC) != 0) return lastErrnoStatus("execCapture: pipe");
   UniqueFd fail_r(fail_p[0]), fail_w(fail_p[1]);
   const int netns_fd = options.netns_fd;
+  const bool raise_caps = options.iptables_capabilities;
 
   pid_t pid = fork();
   if (pid < 0) return lastErrnoStatus("execCapture: fork");
@@ -83,7 +85,11 @@ absl::StatusOr<ExecResult> execCapture(const std::vector<std::string>& argv, std
     if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) childFail(fail_w.get(), 1);
     // The agent runs with SECBIT_NOROOT: exec'ing root-owned iptables gives
     // it only the ambient set (agent/common/capabilities.h).
-    caps::raiseAmbient(caps::kIptablesAmbient);
+    if (raise_caps) {
+      caps::raiseAmbient(caps::kIptablesAmbient);
+    } else {
+      prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    }
     // dup2 clears FD_CLOEXEC on 0-2; every other descriptor of the agent
     // (listeners included) must not reach the program.
     dup2(in_r.get(), 0);
@@ -189,4 +195,4 @@ std::string findTool(std::string_view name) {
   return "";
 }
 
-}  // namespace siphon::agent::steal
+}  // namespace siphon::agent

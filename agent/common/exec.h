@@ -1,6 +1,7 @@
 // Running a program to completion with its output captured, optionally
 // inside a network namespace: how the iptables backend drives
-// iptables-restore/-save in the target's netns without moving the agent.
+// iptables-restore/-save in the target's netns without moving the agent,
+// and how containerd is asked through siphon-containerd.
 //
 // Threads: any thread; blocks until the program exits (or the deadline).
 // Safe in a multithreaded process: everything the child needs is built
@@ -14,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace siphon::agent::steal {
+namespace siphon::agent {
 
 struct ExecResult {
   int exit_code = -1;  // 128+N when killed by signal N
@@ -28,6 +29,11 @@ struct ExecOptions {
   // The program is killed past it (an iptables waiting forever on the
   // xtables lock must not wedge the agent).
   std::chrono::milliseconds timeout = std::chrono::seconds(30);
+  // The capabilities the program gets (ambient; the agent runs with
+  // SECBIT_NOROOT, so exec'ing as root gives nothing else):
+  // caps::kIptablesAmbient, what iptables needs; false: none (a helper
+  // that needs only the agent's uid, such as siphon-containerd).
+  bool iptables_capabilities = true;
 };
 
 // Runs argv[0] (an absolute path) with `input` on its stdin and a minimal
@@ -48,4 +54,4 @@ absl::StatusOr<std::string> execChecked(const std::vector<std::string>& argv,
 // the sbin and bin directories, or "" when none is executable.
 std::string findTool(std::string_view name);
 
-}  // namespace siphon::agent::steal
+}  // namespace siphon::agent
