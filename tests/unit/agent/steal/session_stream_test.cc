@@ -9,11 +9,11 @@
 
 #include <algorithm>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "tests/fakes/agent/fake_session_host.h"
+#include "tests/fakes/loopback.h"
 
 namespace siphon::agent::steal {
 namespace {
@@ -21,6 +21,7 @@ namespace {
 namespace asio = net::asio;
 using http::ByteStream;
 using fakes::FakePeer;
+using fakes::randomBytes;
 using fakes::FakeSessionHost;
 
 protocol::SessionLimits smallWindows() {
@@ -28,13 +29,6 @@ protocol::SessionLimits smallWindows() {
   l.initial_stream_window = 4096;
   l.max_stream_window = 16384;  // a reader that keeps up may grow it this far
   return l;
-}
-
-std::string randomBytes(size_t n, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::string s(n, '\0');
-  for (auto& c : s) c = static_cast<char>(rng());
-  return s;
 }
 
 // What the engine's side did: each operation's end.
