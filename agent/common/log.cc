@@ -118,6 +118,8 @@ std::string formatLine(Format format, Level level, std::string_view name,
   return line;
 }
 
+bool enabled(Level level) { return level >= g_level.load(std::memory_order_relaxed); }
+
 void event(Level level, std::string_view name, std::initializer_list<Field> fields) {
   if (level < g_level.load()) return;
   std::string line = formatLine(g_format.load(), level, name, fields, nowUtc());

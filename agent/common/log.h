@@ -40,6 +40,10 @@ struct Field {
 };
 
 void event(Level level, std::string_view name, std::initializer_list<Field> fields = {});
+// Whether events of `level` are written. Fields are built (strings
+// formatted and copied) before event() can drop them: a debug line on a
+// per-request path asks first.
+bool enabled(Level level);
 inline void debug(std::string_view name, std::initializer_list<Field> f = {}) {
   event(Level::kDebug, name, f);
 }

@@ -347,12 +347,14 @@ class StealServiceImpl final : public StealService,
     // a round trip later.
     if (session->session().sendsEarly()) stream->start();
     session->wake();
-    log::debug("steal_request", {{"session", session->id()},
-                                 {"stream", *id},
-                                 {"subscription", sub->id},
-                                 {"source", outgoing::formatAddress(conn.source)},
-                                 {"method", head.method},
-                                 {"target", head.target.substr(0, 200)}});
+    if (log::enabled(log::Level::kDebug)) {  // per request
+      log::debug("steal_request", {{"session", session->id()},
+                                   {"stream", *id},
+                                   {"subscription", sub->id},
+                                   {"source", outgoing::formatAddress(conn.source)},
+                                   {"method", head.method},
+                                   {"target", head.target.substr(0, 200)}});
+    }
     return stream;
   }
 
@@ -776,10 +778,12 @@ class StealServiceImpl final : public StealService,
     opt.tcp = true;
     opt.label = outgoing::formatAddress(peer);
     if (!pumpStream(session, *id, std::move(fd), opt).ok()) return;
-    log::debug("steal_connection", {{"session", session->id()},
-                                    {"stream", *id},
-                                    {"source", outgoing::formatAddress(peer)},
-                                    {"destination", outgoing::formatAddress(*original)}});
+    if (log::enabled(log::Level::kDebug)) {  // per connection
+      log::debug("steal_connection", {{"session", session->id()},
+                                      {"stream", *id},
+                                      {"source", outgoing::formatAddress(peer)},
+                                      {"destination", outgoing::formatAddress(*original)}});
+    }
   }
 
   // Event loop, draining: everything queued goes to the application, then
@@ -828,8 +832,10 @@ class StealServiceImpl final : public StealService,
       abortiveClose(std::move(*in));
       co_return;
     }
-    log::debug("steal_passthrough", {{"source", outgoing::formatAddress(src)},
-                                     {"destination", outgoing::formatAddress(dst)}});
+    if (log::enabled(log::Level::kDebug)) {  // per connection
+      log::debug("steal_passthrough", {{"source", outgoing::formatAddress(src)},
+                                       {"destination", outgoing::formatAddress(dst)}});
+    }
     splice(self->ctx_.io.get_executor(), std::move(*in), std::move(*out), [counted] {});
   }
 

@@ -410,11 +410,13 @@ net::awaitable<bool> Http1Connection::exchange(std::unique_ptr<RequestParser> pa
   }
 
   x->route = state_->router.route(info_.port, x->head);
-  log::debug("http_request", {{"client", formatAddress(info_.source)},
-                              {"method", x->head.method},
-                              {"target", x->head.target},
-                              {"request", requests_},
-                              {"stolen_by", x->route ? x->route->subscription_id : 0}});
+  if (log::enabled(log::Level::kDebug)) {  // per request: no fields built for nothing
+    log::debug("http_request", {{"client", formatAddress(info_.source)},
+                                {"method", x->head.method},
+                                {"target", x->head.target},
+                                {"request", requests_},
+                                {"stolen_by", x->route ? x->route->subscription_id : 0}});
+  }
   std::shared_ptr<Http1AppPool> pool;
   if (x->route) {
     absl::StatusOr<std::shared_ptr<StolenStream>> stolen =

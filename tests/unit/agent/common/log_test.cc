@@ -37,6 +37,19 @@ TEST(LogTest, RejectsUnknownFormatAndLevel) {
   EXPECT_TRUE(init(Format::kText, "info").ok());
 }
 
+TEST(LogTest, EnabledFollowsTheConfiguredLevel) {
+  ASSERT_TRUE(init(Format::kText, "info").ok());
+  EXPECT_FALSE(enabled(Level::kDebug));
+  EXPECT_TRUE(enabled(Level::kInfo));
+  EXPECT_TRUE(enabled(Level::kError));
+  ASSERT_TRUE(init(Format::kText, "debug").ok());
+  EXPECT_TRUE(enabled(Level::kDebug));
+  ASSERT_TRUE(init(Format::kText, "error").ok());
+  EXPECT_FALSE(enabled(Level::kWarn));
+  EXPECT_TRUE(enabled(Level::kError));
+  ASSERT_TRUE(init(Format::kText, "info").ok());
+}
+
 TEST(ThrottleTest, LogsPowersOfTwoPerKeyWithTheCount) {
   Throttle t;
   std::vector<uint64_t> logged;
