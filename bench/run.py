@@ -631,7 +631,7 @@ http {{
         r = sh(self.cli_bin, "--agent", endpoint, "--token-file", self.token_file, "exec", *args,
                netns=self.node, timeout=timeout or self.secs + 120, check=False)
         if r.returncode != 0:
-            raise RuntimeError(f"siphon exec {' '.join(args)}: exit {r.returncode}: "
+            raise RuntimeError(f"siphon exec {' '.join(map(str, args))}: exit {r.returncode}: "
                                f"{r.stderr[-2000:]}")
         return r.stdout
 
