@@ -93,6 +93,21 @@ void SessionStolenStream::onData(std::string_view payload) {
     if (protocol::Session* s = host_.session()) s->consumed(id_, payload.size());
     return;
   }
+  if (read_done_ && in_.size() == in_offset_) {
+    // A read waits and nothing is buffered: straight into its buffer; only
+    // what does not fit is kept.
+    const size_t n = std::min(payload.size(), read_into_.size());
+    std::memcpy(read_into_.data(), payload.data(), n);
+    bytes_out_ += n;
+    if (protocol::Session* s = host_.session()) {
+      s->consumed(id_, n);
+      host_.wake();
+    }
+    in_.assign(payload.substr(n));
+    in_offset_ = 0;
+    complete(std::exchange(read_done_, nullptr), {}, n);
+    return;
+  }
   in_.append(payload);
   tryRead();
 }
