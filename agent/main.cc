@@ -162,7 +162,14 @@ int realMain(int argc, char** argv) {
     return fail(s.code() == absl::StatusCode::kPermissionDenied ? kExitPermission : kExitInternal,
                 sv(s.message()));
   }
-  if (auto s = server.listen(); !s.ok()) {
+  if (!config.take_over.empty()) {
+    // A handover (docs/CONTINUITY.md): the old agent's listener, sessions
+    // and steal become ours; if it fails, the old agent goes on.
+    if (auto s = server.takeOver(); !s.ok()) {
+      log::error("handover_failed", {{"from", config.take_over}, {"error", sv(s.message())}});
+      return fail(kExitInternal, sv(s.message()));
+    }
+  } else if (auto s = server.listen(); !s.ok()) {
     log::error("listen_failed", {{"error", sv(s.message())}});
     return fail(kExitListen, sv(s.message()));
   }

@@ -51,6 +51,7 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
   std::string token_file, log_format = "text", log_level = "info";
   std::string first_client_timeout = "30s", idle_timeout = "0s", session_grace = "60s";
   std::string drain_timeout = "25s";
+  std::string handover_timeout = "30s";
   std::string target_restart_timeout = "30s";
   std::string handshake_timeout = "10s";
   std::string keepalive_interval = "5s", keepalive_timeout = "20s";
@@ -79,6 +80,18 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
       ->capture_default_str();
   app.add_option("--session-grace", session_grace,
                  "how long a disconnected session waits for its client to resume")
+      ->capture_default_str();
+  app.add_option("--handover-socket", config.handover_socket,
+                 "a unix socket (mode 0600) on which a new agent process started with "
+                 "--take-over PATH takes this one over: sessions, stolen and outgoing "
+                 "connections and the steal move to it, and this agent exits 0 "
+                 "(docs/CONTINUITY.md, Handover)");
+  app.add_option("--take-over", config.take_over,
+                 "start by taking over the agent whose --handover-socket is PATH (same target) "
+                 "instead of binding --listen: its listener, sessions, connections and steal; "
+                 "if anything fails, that agent goes on and this one exits 1");
+  app.add_option("--handover-timeout", handover_timeout,
+                 "how long each agent of a handover waits for the other's next step")
       ->capture_default_str();
   app.add_option("--drain-timeout", drain_timeout,
                  "on SIGTERM: how long connections in flight may go on (new ones reach the "
@@ -272,6 +285,7 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
                              std::pair{&idle_timeout, &config.idle_timeout},
                              std::pair{&session_grace, &config.limits.session_grace},
                              std::pair{&drain_timeout, &config.drain_timeout},
+                             std::pair{&handover_timeout, &config.handover_timeout},
                              std::pair{&target_restart_timeout, &config.target_restart_timeout},
                              std::pair{&handshake_timeout, &config.handshake_timeout},
                              std::pair{&keepalive_interval, &config.limits.keepalive_interval},
@@ -281,6 +295,9 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
     auto d = parseDuration(*text);
     if (!d.ok()) return usage(err, sv(d.status().message()));
     *field = *d;
+  }
+  if (config.handover_timeout.count() <= 0) {
+    return usage(err, absl::StrCat("--handover-timeout ", handover_timeout, ": must be positive"));
   }
   if (config.handshake_timeout.count() <= 0) {
     return usage(err,

@@ -179,6 +179,15 @@ class CaptureService : public StreamService {
     streams_.clear();
   }
 
+  std::string handoverBlocker() const override {
+    size_t live = 0;
+    for (const auto& w : streams_) {
+      if (auto s = w.lock(); s && !s->dead()) ++live;
+    }
+    if (live == 0) return "";
+    return absl::StrCat(live, " packet captures (captures do not move to a new agent yet)");
+  }
+
   ServiceContext& ctx_;
   CaptureOptions options_;
   std::shared_ptr<FilterCompiler> compiler_;  // shared with the opens under way

@@ -194,6 +194,17 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
     }
   }
 
+  // Open files live in the file helper and its descriptors here: they do
+  // not move to a new agent yet.
+  std::string handoverBlocker() const override {
+    const size_t handles = table_.total();
+    const size_t watches = watches_.total();
+    if (handles == 0 && watches == 0) return "";
+    return absl::StrCat(handles, " open files and directories and ", watches,
+                        " file watches (files do not move to a new agent yet: close them or "
+                        "end the fs mount first)");
+  }
+
   void sessionEnded(const std::string& session_id) override {
     watches_.sessionEnded(session_id);
     std::vector<Handle> handles = table_.removeSession(session_id);

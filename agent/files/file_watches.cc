@@ -117,6 +117,12 @@ absl::Status FileWatches::remove(const std::string& session_id, uint64_t watch) 
   return absl::OkStatus();
 }
 
+size_t FileWatches::total() const {
+  size_t n = 0;
+  for (const auto& [id, s] : sessions_) n += s->counts.size();
+  return n;
+}
+
 size_t FileWatches::watches(const std::string& session_id) const {
   auto it = sessions_.find(session_id);
   return it == sessions_.end() ? 0 : it->second->counts.size();

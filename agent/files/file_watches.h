@@ -58,6 +58,8 @@ class FileWatches {
   void stop();
 
   size_t watches(const std::string& session_id) const;
+  // Watches of every session.
+  size_t total() const;
 
  private:
   struct SessionWatches;

@@ -181,6 +181,12 @@ std::string HandleTable::limitText() const {
   return protocol::limitReached("open file and directory", max_per_session_, "--max-open-files");
 }
 
+size_t HandleTable::total() const {
+  size_t n = 0;
+  for (const auto& [id, s] : sessions_) n += s.handles.size();
+  return n;
+}
+
 size_t HandleTable::count(const std::string& session) const {
   auto it = sessions_.find(session);
   return it == sessions_.end() ? 0 : it->second.handles.size();

@@ -136,6 +136,8 @@ class HandleTable {
   // Every handle of the session, taken out (the session ended).
   std::vector<Handle> removeSession(const std::string& session);
   size_t count(const std::string& session) const;
+  // Handles of every session.
+  size_t total() const;
   // "open file and directory limit of N reached (siphon-agent
   // --max-open-files raises it)".
   std::string limitText() const;

@@ -149,6 +149,10 @@ AgentMetrics::AgentMetrics() : start_time_seconds_(unixNow()) {
             "Session resume attempts, by result (ok, unknown_session, bad_token, "
             "replay_failed, handshake_failed, superseded: a later resume of the session won).",
             {"result"});
+  r.declare("siphon_handovers_total", Type::kCounter,
+            "Handovers to or from another agent process, by result (taken: this agent took "
+            "over; refused, failed: the other agent went on as before).",
+            {"result"});
   r.declareCollected("siphon_handshakes_pending", Type::kGauge,
                      "Connections accepted that have not finished the handshake (TLS, Hello).", {},
                      [this] {
@@ -223,6 +227,10 @@ void AgentMetrics::errorSent(v1::ErrorCode code, ErrorFrame frame) {
 
 void AgentMetrics::resume(std::string_view result) {
   registry_.series("siphon_resumes_total", {std::string(result)}).add();
+}
+
+void AgentMetrics::handover(std::string_view result) {
+  registry_.series("siphon_handovers_total", {std::string(result)}).add();
 }
 
 void AgentMetrics::handshakeRejected(std::string_view reason) {

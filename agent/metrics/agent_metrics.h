@@ -68,6 +68,9 @@ class AgentMetrics {
   // A resume attempt: "ok", or why it failed.
   void resume(std::string_view result);
   void session(std::string_view event);  // "opened", "ended", "lost"
+  // A handover (docs/CONTINUITY.md): "given" (this agent handed over and
+  // exits), "taken" (this agent took over), "refused", "failed".
+  void handover(std::string_view result);
   // A connection closed at accept, before its handshake: "max_handshakes",
   // "max_handshakes_per_source" or "fd_reserve".
   void handshakeRejected(std::string_view reason);

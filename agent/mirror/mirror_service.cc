@@ -347,6 +347,12 @@ class MirrorServiceImpl final : public MirrorService,
     }
   }
 
+  std::string handoverBlocker() const override {
+    if (subs_.empty()) return "";
+    return absl::StrCat(subs_.size(),
+                        " mirror subscriptions (mirrors do not move to a new agent yet)");
+  }
+
   void sessionEnded(const std::string& session_id) override {
     std::vector<uint64_t> ids;
     for (const auto& [id, sub] : subs_) {

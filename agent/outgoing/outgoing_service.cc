@@ -443,9 +443,12 @@ class OutgoingService : public StreamService {
                                                                 : req.unix_path()}});
     // A failure resets this stream only.
     std::weak_ptr<SocketPump> weak = pump;
+    ++*connecting_;
+    std::shared_ptr<void> counted(nullptr, [n = connecting_](void*) { --*n; });
     net::spawn(ctx_.io,
-               Connect::run(std::make_unique<Connect>(ctx_, options_, std::move(host),
-                                                      std::move(pump), std::move(req))),
+               counting(Connect::run(std::make_unique<Connect>(ctx_, options_, std::move(host),
+                                                               std::move(pump), std::move(req))),
+                        std::move(counted)),
                "outgoing_connect", [weak] {
                  if (auto p = weak.lock()) {
                    p->reset(wireError(v1::INTERNAL, "outgoing connect failed"));
@@ -453,9 +456,22 @@ class OutgoingService : public StreamService {
                });
   }
 
+  // A connect under way is a coroutine of this process: a handover waits
+  // for it to end (it is bounded by the connect timeout).
+  std::string handoverBlocker() const override {
+    if (*connecting_ == 0) return "";
+    return absl::StrCat(*connecting_, " outgoing connects under way");
+  }
+
  private:
+  static net::awaitable<void> counting(net::awaitable<void> work, std::shared_ptr<void> counted) {
+    const auto held = std::move(counted);
+    co_await std::move(work);
+  }
+
   ServiceContext& ctx_;
   OutgoingOptions options_;
+  std::shared_ptr<size_t> connecting_ = std::make_shared<size_t>(0);
 };
 
 }  // namespace

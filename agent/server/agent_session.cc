@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
 #include "agent/server/server.h"
+#include "agent/streams/socket_pump.h"
 #include "siphon/status.h"
 #include "siphon/transport/spawn.h"
 
@@ -353,6 +354,101 @@ void AgentSession::onStreamWritable(uint64_t stream_id) {
 void AgentSession::onGoaway(v1::Goaway goaway) {
   client_closed_ = true;
   log::debug("session_goaway", {{"session", id_}, {"message", goaway.message()}});
+}
+
+// ---- handover ----
+
+void AgentSession::freezeForHandover() {
+  if (ended_ || frozen_) return;
+  frozen_ = true;
+  if (attached()) {
+    // The old transport's end must not detach the session a second time.
+    ++generation_;
+    transport_->close();
+    session_.onTransportLost();
+    log::info("session_detached", {{"session", id_}, {"reason", "handover"}});
+    armGrace(std::chrono::steady_clock::now() + session_.limits().session_grace);
+  } else if (session_.attached()) {
+    session_.onTransportLost();
+    armGrace(std::chrono::steady_clock::now() + session_.limits().session_grace);
+  }
+  for (auto& [id, e] : streams_) e->freeze();
+}
+
+void AgentSession::thawAfterHandover() {
+  if (!frozen_) return;
+  frozen_ = false;
+  auto streams = streams_;  // an endpoint may unregister itself
+  for (auto& [id, e] : streams) e->thaw();
+}
+
+std::string AgentSession::handoverBlocker() const {
+  if (ended_) return "";
+  if (size_t n = session_.unansweredRequests(); n > 0) {
+    return absl::StrCat("session ", id_, " has ", n, " requests not answered yet");
+  }
+  return "";
+}
+
+absl::Status AgentSession::exportState(v1::SessionExport* out, std::vector<UniqueFd>* fds) {
+  out->set_id(id_);
+  out->set_resume_token(resume_token_);
+  out->set_client_name(client_name_);
+  out->set_protocol_minor(protocol_minor_);
+  absl::Status s = session_.exportState(out->mutable_protocol());
+  if (!s.ok()) return absl::FailedPreconditionError(absl::StrCat("session ", id_, ": ", s.message()));
+  for (auto& [id, e] : streams_) {
+    absl::Status p = e->exportState(out->add_pumps(), fds);
+    if (!p.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("session ", id_, ", stream ", id, ": ", p.message()));
+    }
+  }
+  for (const auto& [id, kind] : stream_kinds_) {
+    (*out->mutable_stream_kinds())[id] = static_cast<uint32_t>(kind);
+  }
+  out->set_bytes_in(bytes_in_);
+  out->set_bytes_out(bytes_out_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<AgentSession>> AgentSession::restore(
+    Server& server, const v1::SessionExport& state, std::vector<UniqueFd>& fds) {
+  auto self = std::make_shared<AgentSession>(server, state.id(), state.resume_token(),
+                                             state.client_name(),
+                                             protocol::Session::limitsOf(state.protocol()));
+  absl::Status s = self->session_.restoreState(state.protocol(), protocol::Clock::now());
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("session ", state.id(), ": ", s.message()));
+  self->protocol_minor_ = state.protocol_minor();
+  self->bytes_in_ = state.bytes_in();
+  self->bytes_out_ = state.bytes_out();
+  self->frozen_ = true;
+  self->restored_grace_ = self->session_.limits().session_grace;
+  for (const v1::PumpExport& p : state.pumps()) {
+    if (p.fd() < 0 || static_cast<size_t>(p.fd()) >= fds.size() || !fds[p.fd()]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("session ", state.id(), ", stream ", p.stream_id(), ": no socket"));
+    }
+    if (!self->session_.streamOpen(p.stream_id())) {
+      return absl::InvalidArgumentError(absl::StrCat("session ", state.id(), ", stream ",
+                                                     p.stream_id(), ": not open in the session"));
+    }
+    auto pump = streams::SocketPump::restore(server.executor(), self, p,
+                                             std::move(fds[static_cast<size_t>(p.fd())]));
+    if (!pump.ok()) return pump.status();
+    self->streams_[p.stream_id()] = *std::move(pump);
+  }
+  for (const auto& [id, kind] : state.stream_kinds()) {
+    if (kind < metrics::kStreamKinds) {
+      self->stream_kinds_[id] = static_cast<metrics::StreamKind>(kind);
+    }
+  }
+  return self;
+}
+
+void AgentSession::startAfterHandover() {
+  armGrace(std::chrono::steady_clock::now() + restored_grace_);
+  thawAfterHandover();
 }
 
 }  // namespace siphon::agent

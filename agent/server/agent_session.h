@@ -43,7 +43,10 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   protocol::Session& session() override { return session_; }
   bool attached() const { return transport_ != nullptr && !transport_->closed(); }
   // Had a transport and lost it: waiting for a resume within the grace.
-  bool detached() const { return transport_ != nullptr && transport_->closed() && !ended_; }
+  // (A session a handover brought counts too, until its client resumes.)
+  bool detached() const {
+    return !ended_ && (transport_ != nullptr ? transport_->closed() : restored_grace_.count() > 0);
+  }
   std::chrono::steady_clock::time_point created() const { return created_; }
 
   // Runs a new transport for this session (after the handshake) for
@@ -115,6 +118,25 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   // for theirs (--max-open-files).
   void logLimitHit(const absl::Status& hit) override;
 
+  // Handover (docs/CONTINUITY.md, "Handover"). freezeForHandover() cuts
+  // the transport (the client resumes against whichever agent accepts it
+  // next) and freezes every stream's endpoint; thawAfterHandover() undoes
+  // the freeze when the handover failed.
+  void freezeForHandover();
+  void thawAfterHandover();
+  // Why the session cannot move now ("" when it can): answers it owes.
+  std::string handoverBlocker() const;
+  absl::Status exportState(v1::SessionExport* out, std::vector<UniqueFd>* fds);
+  // The session exportState() described, on the new agent: detached, its
+  // streams' endpoints frozen until startAfterHandover().
+  static absl::StatusOr<std::shared_ptr<AgentSession>> restore(Server& server,
+                                                               const v1::SessionExport& state,
+                                                               std::vector<UniqueFd>& fds);
+  void startAfterHandover();
+  // Handovers this session went through (the Welcome of a resume says it).
+  uint64_t handovers() const { return handovers_; }
+  void setHandovers(uint64_t n) { handovers_ = n; }
+
   // SessionHandler
   void onRequest(v1::Request request) override;
   void onStreamOpen(v1::StreamOpen open) override;
@@ -157,6 +179,10 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   uint64_t bytes_in_ = 0;
   uint64_t bytes_out_ = 0;
   std::map<v1::ErrorCode, uint64_t> limit_hits_;  // per code, for logLimitHit
+  uint64_t handovers_ = 0;
+  bool frozen_ = false;
+  // Restored by a handover: its grace, from startAfterHandover().
+  std::chrono::milliseconds restored_grace_{0};
 };
 
 }  // namespace siphon::agent

@@ -43,6 +43,16 @@ struct AgentConfig {
   // adopts it (docs/CONTINUITY.md#a-restarting-target); 0: exit at once.
   std::chrono::milliseconds target_restart_timeout{30000};
   uint32_t max_sessions = 64;
+  // Handover (docs/CONTINUITY.md, "Handover"). --handover-socket: where a
+  // new agent may take this one over (empty: nowhere). --take-over: start
+  // by taking over the agent listening there, instead of binding --listen.
+  // --handover-timeout: how long each side waits for the other's next step
+  // (the new agent's import: its steering, every session); the freeze wait
+  // is how long answers and connects under way may take to end.
+  std::string handover_socket;
+  std::string take_over;
+  std::chrono::milliseconds handover_timeout{30000};
+  std::chrono::milliseconds handover_freeze_wait{3000};
   // --metrics HOST:PORT: /metrics, /healthz, /readyz (docs/OPERATIONS.md);
   // empty: off.
   std::string metrics_listen;

@@ -64,6 +64,7 @@ Server::Server(AgentConfig config, std::unique_ptr<Target> target, std::unique_p
 }
 
 Server::~Server() {
+  stopHandover();
   // Blocking jobs may still post to the loop or use the services: let them
   // finish first. The same for the netns worker's queue (its tasks answer on
   // the loop): a task run after the others returns once they are done.
@@ -81,11 +82,16 @@ absl::Status Server::init() {
   return absl::OkStatus();
 }
 
-absl::Status Server::listen() {
+absl::Status Server::setUpTls() {
   if (!config_.tls_cert.empty() || !config_.tls_key.empty() || !config_.tls_client_ca.empty()) {
     ASSIGN_OR_RETURN(
         tls_, net::tls::serverContext({config_.tls_cert, config_.tls_key, config_.tls_client_ca}));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Server::listen() {
+  RETURN_IF_ERROR(setUpTls());
   std::string host, port;
   RETURN_IF_ERROR(net::splitHostPort(config_.listen, &host, &port));
   net::error_code ec;
@@ -110,7 +116,8 @@ absl::Status Server::listen() {
   if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
     fd_budget_ = fdBudgetFor(rl.rlim_cur);
   }
-  return listenMetrics();
+  RETURN_IF_ERROR(listenMetrics());
+  return listenHandover(/*replace=*/false);
 }
 
 absl::Status Server::listenMetrics() {
@@ -184,11 +191,16 @@ int Server::run() {
 }
 
 awaitable<void> Server::acceptLoop() {
-  while (!stopping_) {
+  while (!stopping_ && !handover_frozen_) {
     net::error_code ec;
     net::tcp::socket socket =
         co_await acceptor_.async_accept(asio::redirect_error(use_awaitable, ec));
     if (stopping_) break;
+    if (handover_frozen_) {
+      // Accepted as the freeze began: the client's handshake would find
+      // no one; it reconnects to whichever agent accepts next.
+      break;
+    }
     if (ec) {
       if (ec == asio::error::operation_aborted) break;
       // EMFILE and friends: log, breathe, go on; the listener must not die.
@@ -323,7 +335,9 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
     }
     co_return;
   }
-  if (stopping_) co_return;
+  // A handover froze the agent: the client reconnects and meets whichever
+  // agent serves then (the socket closes here, before any answer).
+  if (stopping_ || handover_frozen_) co_return;
   if (!first->frame.has_hello()) {
     co_await reject(v1::PROTOCOL_ERROR, "the first frame must be Hello");
     co_return;
@@ -401,6 +415,7 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
     }
     session = std::make_shared<AgentSession>(*this, newId(8), newId(24), hello.client_name(),
                                              decision.limits);
+    session->setHandovers(handovers_);
     sessions_[session->id()] = session;
   }
   session->setProtocolMinor(version->minor());
@@ -409,6 +424,7 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
   session->session().allowEarlyData(version->minor() >= protocol::kEarlyDataMinor, false);
   welcome.set_session_id(session->id());
   welcome.set_resume_token(session->resumeToken());
+  welcome.set_handovers(session->handovers());
   *welcome.mutable_limits() = protocol::toProto(session->session().limits());
 
   // The Welcome goes out before the session's own frames: write it here,
@@ -427,7 +443,7 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
     }
     co_return;
   }
-  if (session->ended()) co_return;
+  if (session->ended() || handover_frozen_) co_return;
   if (welcome.resumed() && session->session().attachment() != attachment) {
     log::info("resume_superseded", {{"session", session->id()}, {"peer", peer}});
     metrics_.resume("superseded");

@@ -7,13 +7,20 @@
 // (reading /proc) goes to the blocking pool and comes back by post().
 #pragma once
 
+#include <sys/types.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/common/unique_fd.h"
 #include "agent/common/log.h"
 #include "agent/metrics/agent_metrics.h"
 #include "agent/metrics/http_endpoint.h"
@@ -40,6 +47,11 @@ class Server {
   // Enters the target's network namespace on a worker thread and builds the
   // services. PERMISSION_DENIED when setns is not allowed.
   absl::Status init();
+  // Instead of listen(): takes over the agent whose --handover-socket is
+  // config().take_over (docs/CONTINUITY.md, "Handover"): its listener,
+  // sessions, connections and steal. On any error the old agent goes on
+  // and this one should exit (FAILED_PRECONDITION with the reason).
+  absl::Status takeOver();
   // Binds the listener (TLS when config().tls_cert is set).
   // INVALID_ARGUMENT for TLS files that do not load (net::tls::
   // serverContext), UNAVAILABLE with the address and the reason.
@@ -83,6 +95,25 @@ class Server {
   std::string notReady() const;
 
  private:
+  // ---- handover (handover.cc) ----
+  absl::Status setUpTls();
+  // --handover-socket: binds it and starts the thread that serves it.
+  // `replace`: a socket file there is ours to replace (the agent we took
+  // over still listens on it while it exits).
+  absl::Status listenHandover(bool replace);
+  void handoverThread();
+  void stopHandover();
+  void serveHandover(UniqueFd conn);
+  // Runs `f` on the event loop and waits for its result; nullopt when the
+  // loop stopped first.
+  template <class F>
+  auto onLoop(F f) -> std::optional<decltype(f())>;
+  void freezeForHandover();
+  void thawAfterHandover(std::string_view why);
+  std::string handoverBlocker() const;
+  absl::StatusOr<std::string> exportHandover(std::vector<UniqueFd>* fds);
+  absl::Status importHandover(const v1::AgentState& state, std::vector<UniqueFd>& fds);
+
   net::awaitable<void> acceptLoop();
   // --metrics: binds the operator's HTTP endpoint (listen() calls it).
   absl::Status listenMetrics();
@@ -148,6 +179,15 @@ class Server {
   std::chrono::steady_clock::time_point drain_deadline_;
   bool stopping_ = false;
   int exit_code_ = kExitOk;
+  // Handover: the event loop's flag (no accepts, handshakes end without a
+  // session), this agent's line's handover count, the socket's thread.
+  bool handover_frozen_ = false;
+  uint64_t handovers_ = 0;
+  UniqueFd handover_listener_;
+  ino_t handover_inode_ = 0;  // of the socket file we bound (unlinked at exit if still ours)
+  std::atomic<bool> handover_stop_{false};
+  std::atomic<int> handover_conn_{-1};  // the handover being served (to wake it at exit)
+  std::thread handover_thread_;
 };
 
 }  // namespace siphon::agent

@@ -7,6 +7,7 @@
 // to ServiceContext::blocking and posts its result back to ServiceContext::io.
 #pragma once
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <memory>
@@ -20,6 +21,8 @@
 #include "agent/target/target.h"
 #include "siphon/transport/asio.h"
 #include "siphon/v1/frame.pb.h"
+#include "siphon/v1/handover.pb.h"
+#include "agent/common/unique_fd.h"
 
 namespace siphon::agent {
 
@@ -33,6 +36,9 @@ class AgentMetrics;
 class SubscriptionIds {
  public:
   uint64_t next() { return next_++; }
+  // Handover: the new agent goes on where the old one's ids were.
+  uint64_t peek() const { return next_; }
+  void setNext(uint64_t next) { next_ = std::max(next_, next); }
 
  private:
   uint64_t next_ = 1;
@@ -90,6 +96,34 @@ class RequestService {
   // Work in flight a drain waits for besides the sessions' streams (a
   // connection being passed through to the application, say).
   virtual size_t inFlight() const { return 0; }
+  // Handover (docs/CONTINUITY.md, "Handover"), in this order on the old
+  // agent: freeze() (take no new work from the target: accept loops stop),
+  // handoverBlocker() until it is "" or the wait ends, exportState();
+  // then either thaw() (the new agent failed: go on as before) or
+  // handedOver() (it took everything: let go of what is the target's
+  // without undoing it). On the new agent: importState() before it serves,
+  // startAfterHandover() once the old one let go.
+  virtual void freeze() {}
+  virtual void thaw() {}
+  // Why this service's state cannot move now ("" when it can). Transient
+  // reasons (a connect under way) clear while the agent is frozen.
+  virtual std::string handoverBlocker() const { return ""; }
+  virtual absl::Status exportState(v1::AgentState* out, std::vector<UniqueFd>* fds) {
+    (void)out;
+    (void)fds;
+    return absl::OkStatus();
+  }
+  // `sessions`: the imported sessions by id.
+  virtual absl::Status importState(
+      const v1::AgentState& in, std::vector<UniqueFd>& fds,
+      const std::map<std::string, std::shared_ptr<SessionHost>>& sessions) {
+    (void)in;
+    (void)fds;
+    (void)sessions;
+    return absl::OkStatus();
+  }
+  virtual void handedOver() {}
+  virtual void startAfterHandover() {}
   // `siphon sessions`: appends the subscriptions session `session_id` holds
   // with this service (steal, mirror).
   virtual void describeSubscriptions(
@@ -116,6 +150,18 @@ class StreamEndpoint {
   virtual void onAccept(const v1::StreamAccept& accept) { (void)accept; }
   // The session ended: close sockets now; send no frames.
   virtual void close() = 0;
+
+  // Handover (docs/CONTINUITY.md, "Handover"): freeze() stops every read
+  // and write until thaw(); exportState() describes a frozen endpoint for a
+  // new agent process (its descriptors appended to `fds`, named by index).
+  // The default: an endpoint that cannot move, and says what it is.
+  virtual void freeze() {}
+  virtual void thaw() {}
+  virtual absl::Status exportState(v1::PumpExport* out, std::vector<UniqueFd>* fds) {
+    (void)out;
+    (void)fds;
+    return absl::FailedPreconditionError("a stream of a kind that does not move yet");
+  }
 };
 
 class StreamService {
@@ -129,6 +175,9 @@ class StreamService {
   // target needs (a capture) end now, so the drain does not wait for them;
   // new ones are refused with AGENT_DRAINING.
   virtual void agentDraining() {}
+  // Handover: why this service's streams cannot move now ("" when they
+  // can; RequestService::handoverBlocker).
+  virtual std::string handoverBlocker() const { return ""; }
 };
 
 class ServiceRegistry {
@@ -150,6 +199,15 @@ class ServiceRegistry {
   void describeSubscriptions(
       const std::string& session_id,
       google::protobuf::RepeatedPtrField<v1::SubscriptionSummary>* out) const;
+  // Handover: RequestService's calls, on every service.
+  void freeze();
+  void thaw();
+  std::string handoverBlocker() const;
+  absl::Status exportState(v1::AgentState* out, std::vector<UniqueFd>* fds);
+  absl::Status importState(const v1::AgentState& in, std::vector<UniqueFd>& fds,
+                           const std::map<std::string, std::shared_ptr<SessionHost>>& sessions);
+  void handedOver();
+  void startAfterHandover();
 
  private:
   std::map<int, std::shared_ptr<RequestService>> requests_;

@@ -90,4 +90,42 @@ void ServiceRegistry::sessionEnded(const std::string& session_id) {
   for (auto& s : unique_requests_) s->sessionEnded(session_id);
 }
 
+void ServiceRegistry::freeze() {
+  for (auto& s : unique_requests_) s->freeze();
+}
+
+void ServiceRegistry::thaw() {
+  for (auto& s : unique_requests_) s->thaw();
+}
+
+std::string ServiceRegistry::handoverBlocker() const {
+  for (const auto& s : unique_requests_) {
+    if (std::string why = s->handoverBlocker(); !why.empty()) return why;
+  }
+  for (const auto& [kind, s] : streams_) {
+    if (std::string why = s->handoverBlocker(); !why.empty()) return why;
+  }
+  return "";
+}
+
+absl::Status ServiceRegistry::exportState(v1::AgentState* out, std::vector<UniqueFd>* fds) {
+  for (auto& s : unique_requests_) RETURN_IF_ERROR(s->exportState(out, fds));
+  return absl::OkStatus();
+}
+
+absl::Status ServiceRegistry::importState(
+    const v1::AgentState& in, std::vector<UniqueFd>& fds,
+    const std::map<std::string, std::shared_ptr<SessionHost>>& sessions) {
+  for (auto& s : unique_requests_) RETURN_IF_ERROR(s->importState(in, fds, sessions));
+  return absl::OkStatus();
+}
+
+void ServiceRegistry::handedOver() {
+  for (auto& s : unique_requests_) s->handedOver();
+}
+
+void ServiceRegistry::startAfterHandover() {
+  for (auto& s : unique_requests_) s->startAfterHandover();
+}
+
 }  // namespace siphon::agent

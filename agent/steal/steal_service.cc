@@ -9,12 +9,14 @@
 #include "agent/steal/steal_service.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
 #include <cstring>
+#include <future>
 #include <map>
 #include <optional>
 
@@ -288,6 +290,179 @@ class StealServiceImpl final : public StealService,
         t->async_wait([self, t](net::error_code) { self->closeListeners(); });
       });
     });
+  }
+
+  // ---- handover (event loop, but importState: before the loop runs) ----
+
+  // The accept loops stop; connections wait in the listeners' queues for
+  // whichever agent accepts next.
+  void freeze() override {
+    frozen_ = true;
+    ++accept_generation_;
+    for (auto& a : acceptors_) {
+      net::error_code ignored;
+      a->cancel(ignored);
+    }
+  }
+
+  void thaw() override {
+    if (!frozen_) return;
+    frozen_ = false;
+    ++accept_generation_;
+    for (auto& a : acceptors_) spawnAcceptLoop(a);
+  }
+
+  std::string handoverBlocker() const override {
+    if (draining_ || stopped_) return "the agent is draining";
+    if (engine_ && engine_->connections() > 0) {
+      return absl::StrCat(engine_->connections(),
+                          " HTTP connections of filtered steals (they do not move to a new agent "
+                          "yet)");
+    }
+    for (const Subscription* s : table_.all()) {
+      if (s->filter) {
+        return absl::StrCat("filtered steal of port ", s->port,
+                            " (filtered steals do not move to a new agent yet)");
+      }
+      if (!s->active) return absl::StrCat("a steal of port ", s->port, " is being set up");
+    }
+    if (passthroughs_ > 0) {
+      return absl::StrCat(passthroughs_, " connections being passed through to the application");
+    }
+    return "";
+  }
+
+  absl::Status exportState(v1::AgentState* out, std::vector<UniqueFd>* fds) override {
+    v1::StealExport& st = *out->mutable_steal();
+    st.set_listener_v4(-1);
+    st.set_listener_v6(-1);
+    for (auto& a : acceptors_) {
+      auto bound = outgoing::localAddress(a->native_handle());
+      if (!bound.ok()) return bound.status();
+      int d = ::fcntl(a->native_handle(), F_DUPFD_CLOEXEC, 3);
+      if (d < 0) return lastErrnoStatus("handover: dup a steal listener");
+      const auto index = static_cast<int32_t>(fds->size());
+      fds->emplace_back(d);
+      if (bound->family() == AF_INET6) {
+        st.set_listener_v6(index);
+      } else {
+        st.set_listener_v4(index);
+      }
+    }
+    st.set_listener_v4_port(listener_ports_.first);
+    st.set_listener_v6_port(listener_ports_.second);
+    for (const Subscription* s : table_.all()) {
+      v1::StealSubscriptionExport& e = *st.add_subscriptions();
+      e.set_id(s->id);
+      e.set_port(s->port);
+      e.set_session_id(s->session_id);
+      e.set_client_name(s->client_name);
+    }
+    if (st.subscriptions_size() > 0 && st.listener_v4() < 0) {
+      return absl::FailedPreconditionError("steal: subscriptions without a listener");
+    }
+    return absl::OkStatus();
+  }
+
+  // Builds this agent's steering around the old agent's listeners, beside
+  // the old agent's steering (both send each new connection to the same
+  // listeners: no moment in which a port reaches nobody), with every port
+  // the old agent steered. Called before the event loop runs.
+  absl::Status importState(
+      const v1::AgentState& in, std::vector<UniqueFd>& fds,
+      const std::map<std::string, std::shared_ptr<SessionHost>>& sessions) override {
+    const v1::StealExport& st = in.steal();
+    if (st.listener_v4() < 0) {
+      if (st.subscriptions_size() > 0) {
+        return absl::InvalidArgumentError("handover: steal subscriptions without a listener");
+      }
+      return absl::OkStatus();
+    }
+    auto take = [&fds](int32_t i) -> UniqueFd {
+      if (i < 0 || static_cast<size_t>(i) >= fds.size()) return UniqueFd();
+      return std::move(fds[static_cast<size_t>(i)]);
+    };
+    auto v4 = std::make_shared<UniqueFd>(take(st.listener_v4()));
+    auto v6 = std::make_shared<UniqueFd>(take(st.listener_v6()));
+    if (!*v4) return absl::InvalidArgumentError("handover: the steal listener is missing");
+    Listeners listeners;
+    listeners.v4 = v4->get();
+    listeners.v6 = *v6 ? v6->get() : -1;
+    listeners.v4_port = static_cast<uint16_t>(st.listener_v4_port());
+    listeners.v6_port = static_cast<uint16_t>(st.listener_v6_port());
+    std::vector<uint16_t> ports;
+    for (const auto& s : st.subscriptions()) {
+      if (s.port() == 0 || s.port() > 65535) {
+        return absl::InvalidArgumentError(absl::StrCat("handover: steal port ", s.port()));
+      }
+      if (!sessions.contains(s.session_id())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("handover: steal of port ", s.port(), " names no session"));
+      }
+      ports.push_back(static_cast<uint16_t>(s.port()));
+    }
+    std::promise<absl::Status> built;
+    std::string backend;
+    auto self = shared_from_this();
+    asio::post(strand_, [self, &built, &backend, listeners, ports] {
+      auto steering = self->factory_(listeners);
+      if (!steering.ok()) {
+        built.set_value(steering.status());
+        return;
+      }
+      self->steering_ = std::move(*steering);
+      backend = std::string(self->steering_->name());
+      for (uint16_t port : ports) {
+        absl::Status s = self->acquirePort(port);
+        if (!s.ok()) {
+          built.set_value(s);
+          return;
+        }
+      }
+      built.set_value(absl::OkStatus());
+    });
+    RETURN_IF_ERROR(built.get_future().get());
+    for (const auto& e : st.subscriptions()) {
+      Subscription s;
+      s.id = e.id();
+      s.port = static_cast<uint16_t>(e.port());
+      s.session_id = e.session_id();
+      s.client_name = e.client_name();
+      RETURN_IF_ERROR(table_.restore(std::move(s)));
+      sessions_[e.session_id()] = sessions.at(e.session_id());
+    }
+    log::info("steal_started", {{"backend", backend},
+                                {"listener_v4", static_cast<int>(listeners.v4_port)},
+                                {"listener_v6", static_cast<int>(listeners.v6_port)},
+                                {"handover", true}});
+    io_steering_ = steering_.get();
+    io_backend_ = backend;
+    listener_ports_ = {listeners.v4_port, listeners.v6_port};
+    imported_listeners_ = {v4, v6};
+    return absl::OkStatus();
+  }
+
+  void startAfterHandover() override {
+    auto listeners = std::move(imported_listeners_);
+    for (auto& fd : listeners) {
+      if (!fd || !*fd || stopped_) continue;
+      auto d = std::make_shared<asio::posix::stream_descriptor>(ctx_.io, fd->release());
+      acceptors_.push_back(d);
+      spawnAcceptLoop(d);
+    }
+  }
+
+  // The new agent took over: this agent's steering goes now (the new one's
+  // steers the same listeners), before the new agent accepts anything.
+  // Blocks the event loop for that long: the agent is frozen and exits.
+  void handedOver() override {
+    std::promise<void> done;
+    auto self = shared_from_this();
+    asio::post(strand_, [self, &done] {
+      if (self->steering_) self->steering_->stop();
+      done.set_value();
+    });
+    done.get_future().wait();
   }
 
   // Passthroughs running, and the listeners while a drain keeps them open.
@@ -689,11 +864,13 @@ class StealServiceImpl final : public StealService,
                                          std::shared_ptr<asio::posix::stream_descriptor> l) {
     const auto self = std::move(service);
     const auto listener = std::move(l);
-    while (!self->stopped_) {
+    // A handover's freeze ends this loop; a thaw starts another.
+    const uint64_t generation = self->accept_generation_;
+    while (!self->stopped_ && !self->frozen_ && generation == self->accept_generation_) {
       net::error_code ec;
       co_await listener->async_wait(asio::posix::stream_descriptor::wait_read,
                                     asio::redirect_error(net::use_awaitable, ec));
-      if (ec || self->stopped_) break;
+      if (ec || self->stopped_ || self->frozen_ || generation != self->accept_generation_) break;
       // Accept everything queued: a burst of connections costs one wake-up.
       while (true) {
         SockAddr peer;
@@ -854,6 +1031,11 @@ class StealServiceImpl final : public StealService,
   std::atomic<bool> stopped_{false};
   bool draining_ = false;    // event loop
   size_t passthroughs_ = 0;  // splices running (event loop)
+  // Handover (event loop): frozen, the accept loops of which generation
+  // run, and the old agent's listeners until the new agent serves.
+  bool frozen_ = false;
+  uint64_t accept_generation_ = 0;
+  std::vector<std::shared_ptr<UniqueFd>> imported_listeners_;
   // Created with the first filtered subscription (event loop).
   std::unique_ptr<http::HttpEngine> engine_;
   // FilterOverlap notices waiting for their interval, per subscription.

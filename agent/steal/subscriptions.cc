@@ -57,6 +57,27 @@ absl::StatusOr<Subscription> SubscriptionTable::reserve(
   return s;
 }
 
+std::vector<const Subscription*> SubscriptionTable::all() const {
+  std::vector<const Subscription*> out;
+  out.reserve(by_id_.size());
+  for (const auto& [id, s] : by_id_) out.push_back(&s);
+  return out;
+}
+
+absl::Status SubscriptionTable::restore(Subscription s) {
+  if (s.id == 0 || by_id_.contains(s.id)) {
+    return absl::InvalidArgumentError(absl::StrCat("subscription id ", s.id, " is taken"));
+  }
+  if (s.port == 0 || by_port_.contains(s.port)) {
+    return absl::InvalidArgumentError(absl::StrCat("port ", s.port, " is subscribed twice"));
+  }
+  s.active = true;
+  by_port_[s.port].push_back(s.id);
+  next_id_ = std::max(next_id_, s.id + 1);
+  by_id_[s.id] = std::move(s);
+  return absl::OkStatus();
+}
+
 bool SubscriptionTable::activate(uint64_t id) {
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return false;

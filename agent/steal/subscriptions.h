@@ -81,6 +81,11 @@ class SubscriptionTable {
   // The subscriptions of a session, by id (`siphon sessions`).
   std::vector<const Subscription*> ofSession(const std::string& session_id) const;
   size_t size() const { return by_id_.size(); }
+  // Every subscription, by id (a handover exports them).
+  std::vector<const Subscription*> all() const;
+  // A subscription of the old agent, active, under its own id (a
+  // handover). INVALID_ARGUMENT when its id or port is taken already.
+  absl::Status restore(Subscription s);
 
  private:
   void unindex(const Subscription& s);

@@ -85,6 +85,10 @@ net::awaitable<absl::Status> SocketPump::waitWritable(
 
 void SocketPump::start() {
   if (dead_ || started_) return;
+  if (frozen_) {
+    started_ = true;  // thaw() starts it
+    return;
+  }
   started_ = true;
   readMore();
   flushWrites();
@@ -106,7 +110,7 @@ size_t SocketPump::maxMessage(protocol::Session& s) const {
 // ------------------------------------------------------ socket -> stream
 
 void SocketPump::readMore() {
-  if (dead_ || !started_ || read_done_ || read_armed_ || wants_credit_) return;
+  if (dead_ || frozen_ || !started_ || read_done_ || read_armed_ || wants_credit_) return;
   protocol::Session* s = host_.session();
   if (s == nullptr) {
     close();
@@ -250,7 +254,10 @@ void SocketPump::arm(asio::posix::descriptor_base::wait_type what, bool SocketPu
   this->*armed = true;
   sock_.async_wait(what, [self = shared_from_this(), armed, then](net::error_code ec) {
     self.get()->*armed = false;
-    if (ec || self->dead_) return;
+    if (self->dead_ || self->frozen_) return;
+    // A wait cancelled by freeze() whose thaw() came before this handler
+    // ran: thaw() found the wait still armed, so the work is done here.
+    if (ec && ec != net::asio::error::operation_aborted) return;
     (self.get()->*then)();
   });
 }
@@ -276,7 +283,7 @@ void SocketPump::onData(std::string_view payload) {
                     "address), not Data"));
     return;
   }
-  if (out_.empty() && started_ && !write_armed_ && sock_.is_open()) {
+  if (out_.empty() && started_ && !frozen_ && !write_armed_ && sock_.is_open()) {
     // Nothing waits ahead of it: hand the payload to the socket straight
     // from the receive buffer, and keep (copy) only what it does not take.
     ssize_t n;
@@ -323,7 +330,7 @@ void SocketPump::onDatagram(v1::StreamDatagram datagram) {
 }
 
 void SocketPump::flushWrites() {
-  if (dead_ || !started_ || write_armed_ || !sock_.is_open()) return;
+  if (dead_ || frozen_ || !started_ || write_armed_ || !sock_.is_open()) return;
   auto self = shared_from_this();
   const int fd = sock_.native_handle();
   size_t done = 0;  // payload bytes the socket took (or that were dropped)
@@ -437,6 +444,82 @@ void SocketPump::closeSocket(bool abortive) {
   }
   net::error_code ignored;
   sock_.close(ignored);
+}
+
+// ------------------------------------------------------------- handover
+
+void SocketPump::freeze() {
+  if (dead_ || frozen_) return;
+  frozen_ = true;
+  // The waits end (operation_aborted) and do nothing while frozen.
+  net::error_code ignored;
+  if (sock_.is_open()) sock_.cancel(ignored);
+}
+
+void SocketPump::thaw() {
+  if (!frozen_) return;
+  frozen_ = false;
+  if (dead_ || !started_) return;
+  auto self = shared_from_this();
+  readMore();
+  flushWrites();
+}
+
+absl::Status SocketPump::exportState(v1::PumpExport* out, std::vector<UniqueFd>* fds) {
+  if (dead_ || !sock_.is_open()) {
+    return absl::FailedPreconditionError(absl::StrCat("stream ", id_, " has no socket"));
+  }
+  if (!frozen_) return absl::FailedPreconditionError("the pump is not frozen");
+  if (opt_.kind == Kind::kDatagram && !out_.empty()) {
+    // Each carries its destination, which the state does not hold.
+    return absl::FailedPreconditionError(
+        absl::StrCat("stream ", id_, " (UDP to ", opt_.label, ") has datagrams waiting to go"));
+  }
+  int dup_fd = ::fcntl(sock_.native_handle(), F_DUPFD_CLOEXEC, 3);
+  if (dup_fd < 0) return lastErrnoStatus("handover: dup a stream's socket");
+  out->set_stream_id(id_);
+  out->set_fd(static_cast<int32_t>(fds->size()));
+  fds->emplace_back(dup_fd);
+  out->set_kind(static_cast<uint32_t>(opt_.kind));
+  out->set_udp(opt_.udp);
+  out->set_tcp(opt_.tcp);
+  out->set_peer_window(opt_.peer_window);
+  out->set_label(opt_.label);
+  out->set_started(started_);
+  out->set_read_done(read_done_);
+  out->set_peer_closed(peer_closed_);
+  out->set_write_done(write_done_);
+  for (const Out& o : out_) out->add_out(o.data.substr(o.offset));
+  out->set_bytes_in(bytes_in_);
+  out->set_bytes_out(bytes_out_);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<SocketPump>> SocketPump::restore(asio::any_io_executor ex,
+                                                                std::weak_ptr<SessionHost> host,
+                                                                const v1::PumpExport& state,
+                                                                UniqueFd fd) {
+  if (state.kind() > static_cast<uint32_t>(Kind::kDatagram)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handover: stream ", state.stream_id(), " has unknown kind ", state.kind()));
+  }
+  Options opt;
+  opt.kind = static_cast<Kind>(state.kind());
+  opt.udp = state.udp();
+  opt.tcp = state.tcp();
+  opt.peer_window = state.peer_window();
+  opt.label = state.label();
+  auto pump = std::make_shared<SocketPump>(std::move(ex), state.stream_id(), std::move(host), opt);
+  pump->frozen_ = true;
+  RETURN_IF_ERROR(pump->attach(std::move(fd)));
+  pump->started_ = state.started();
+  pump->read_done_ = state.read_done();
+  pump->peer_closed_ = state.peer_closed();
+  pump->write_done_ = state.write_done();
+  for (const std::string& o : state.out()) pump->out_.push_back(Out{o, 0, std::nullopt});
+  pump->bytes_in_ = state.bytes_in();
+  pump->bytes_out_ = state.bytes_out();
+  return pump;
 }
 
 }  // namespace siphon::agent::streams

@@ -37,6 +37,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "agent/common/unique_fd.h"
@@ -108,6 +109,18 @@ class SocketPump : public StreamEndpoint, public std::enable_shared_from_this<So
   void onAccept(const v1::StreamAccept& accept) override;
   void close() override;
 
+  // Handover (docs/CONTINUITY.md, "Handover").
+  void freeze() override;
+  void thaw() override;
+  absl::Status exportState(v1::PumpExport* out, std::vector<UniqueFd>* fds) override;
+  // The pump exportState() described, on a new agent: `fd` is its socket.
+  // Frozen until thaw(), which goes on where the old agent stopped
+  // (reading when started, writing what waits, a half-close still due).
+  static absl::StatusOr<std::shared_ptr<SocketPump>> restore(net::asio::any_io_executor ex,
+                                                             std::weak_ptr<SessionHost> host,
+                                                             const v1::PumpExport& state,
+                                                             UniqueFd fd);
+
   // Counters, for tests and logs.
   uint64_t bytesIn() const { return bytes_in_; }    // socket -> stream
   uint64_t bytesOut() const { return bytes_out_; }  // stream -> socket
@@ -143,6 +156,7 @@ class SocketPump : public StreamEndpoint, public std::enable_shared_from_this<So
 
   bool started_ = false;
   bool dead_ = false;
+  bool frozen_ = false;  // a handover: no reads, no writes
   // socket -> stream
   bool read_armed_ = false;
   bool wants_credit_ = false;

@@ -950,4 +950,187 @@ void Session::sendGoaway(v1::ErrorCode code, std::string_view message) {
   queueControl(f);
 }
 
+// ---- handover ----
+
+absl::Status Session::exportState(v1::SessionState* out) {
+  if (attached_) {
+    return absl::FailedPreconditionError("the session still has a transport");
+  }
+  if (!incoming_requests_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(incoming_requests_.size(), " requests of the client are not answered yet"));
+  }
+  if (reserved_total_ != 0 || !reserved_.empty()) {
+    return absl::FailedPreconditionError("room is reserved for an answer being prepared");
+  }
+  out->Clear();
+  out->set_max_frame_size(limits_.max_frame_size);
+  out->set_initial_stream_window(limits_.initial_stream_window);
+  out->set_max_streams(limits_.max_streams);
+  out->set_max_pending_requests(limits_.max_pending_requests);
+  out->set_replay_buffer_bytes(limits_.replay_buffer_bytes);
+  out->set_keepalive_interval_ms(static_cast<uint64_t>(limits_.keepalive_interval.count()));
+  out->set_keepalive_timeout_ms(static_cast<uint64_t>(limits_.keepalive_timeout.count()));
+  out->set_session_grace_ms(static_cast<uint64_t>(limits_.session_grace.count()));
+  out->set_max_read_size(limits_.max_read_size);
+  out->set_max_stream_window(limits_.max_stream_window);
+  out->set_window_growth_budget(limits_.window_growth_budget);
+  for (const auto& f : replay_) {
+    v1::ReplayFrame& r = *out->add_replay();
+    r.set_head(f->head);
+    std::string payload = f->payload;
+    if (f->piped) {
+      // The pipe is read once (materialize() keeps the bytes): the old
+      // agent, going on after a failed handover, sends the same bytes.
+      auto bytes = f->piped->materialize();
+      if (!bytes.ok()) return bytes.status();
+      payload.append(*bytes);
+    }
+    r.set_payload(std::move(payload));
+    r.set_stream_id(f->stream_id);
+  }
+  out->set_acked(acked_);
+  out->set_sent(sent_);
+  out->set_taken(taken_);
+  out->set_attachment(attachment_);
+  out->set_received(received_);
+  out->set_ack_sent(ack_sent_);
+  out->set_ping_nonce(ping_nonce_);
+  out->set_next_request_id(next_request_id_);
+  std::vector<uint64_t> pending(pending_requests_.begin(), pending_requests_.end());
+  std::sort(pending.begin(), pending.end());
+  for (uint64_t id : pending) out->add_pending_requests(id);
+  out->set_next_stream_id(next_stream_id_);
+  out->set_highest_peer_stream(highest_peer_stream_);
+  std::vector<uint64_t> ids = streamIds();
+  std::sort(ids.begin(), ids.end());
+  for (uint64_t id : ids) {
+    const Stream& s = streams_.at(id);
+    v1::StreamState& o = *out->add_streams();
+    o.set_id(id);
+    o.set_accepted(s.accepted);
+    o.set_early(s.early);
+    o.set_unsent(s.unsent);
+    o.set_send_credit(s.send_credit);
+    o.set_recv_credit(s.recv_credit);
+    o.set_unreported(s.unreported);
+    o.set_recv_window(s.recv_window);
+    o.set_grown(s.grown);
+    o.set_local_closed(s.local_closed);
+    o.set_remote_closed(s.remote_closed);
+    o.set_wants_write(s.wants_write);
+    o.set_unsent_bound(s.unsent_bound);
+  }
+  out->set_window_growth(window_growth_);
+  out->set_early_send(early_send_);
+  out->set_early_receive(early_receive_);
+  out->set_path_rtt_us(static_cast<uint64_t>(path_rtt_.count()));
+  return absl::OkStatus();
+}
+
+SessionLimits Session::limitsOf(const v1::SessionState& state) {
+  SessionLimits l;
+  l.max_frame_size = state.max_frame_size();
+  l.initial_stream_window = state.initial_stream_window();
+  l.max_streams = state.max_streams();
+  l.max_pending_requests = state.max_pending_requests();
+  l.replay_buffer_bytes = state.replay_buffer_bytes();
+  l.keepalive_interval = std::chrono::milliseconds(state.keepalive_interval_ms());
+  l.keepalive_timeout = std::chrono::milliseconds(state.keepalive_timeout_ms());
+  l.session_grace = std::chrono::milliseconds(state.session_grace_ms());
+  l.max_read_size = state.max_read_size();
+  l.max_stream_window = state.max_stream_window();
+  l.window_growth_budget = state.window_growth_budget();
+  return l;
+}
+
+absl::Status Session::restoreState(const v1::SessionState& state, TimePoint now) {
+  auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("handover state: ", what));
+  };
+  if (state.acked() > state.sent() ||
+      state.sent() - state.acked() != static_cast<uint64_t>(state.replay_size())) {
+    return bad(absl::StrCat("frames ", state.acked() + 1, "..", state.sent(), " but ",
+                            state.replay_size(), " are held"));
+  }
+  if (state.taken() > state.sent() || state.ack_sent() > state.received()) {
+    return bad("counters out of order");
+  }
+  if (state.next_stream_id() == 0 || isLocalStream(state.next_stream_id()) == false) {
+    return bad(absl::StrCat("stream id ", state.next_stream_id(), " is not this side's"));
+  }
+  limits_ = limitsOf(state);
+  decoder_.reset();
+  decoder_.setMaxFrameSize(limits_.max_frame_size);
+  attached_ = false;
+  replay_.clear();
+  replay_bytes_ = 0;
+  for (const v1::ReplayFrame& r : state.replay()) {
+    auto f = std::make_shared<OutFrame>();
+    f->head = r.head();
+    f->payload = r.payload();
+    f->sequenced = true;
+    f->stream_id = r.stream_id();
+    replay_bytes_ += f->size();
+    replay_.push_back(std::move(f));
+  }
+  acked_ = state.acked();
+  sent_ = state.sent();
+  write_next_ = 0;
+  taken_ = state.taken();
+  path_rtt_ = std::chrono::microseconds(state.path_rtt_us());
+  control_.clear();
+  control_bytes_ = 0;
+  queued_pong_.reset();
+  queued_ack_.reset();
+  queued_ping_.reset();
+  attachment_ = state.attachment();
+  received_ = state.received();
+  ack_sent_ = state.ack_sent();
+  unacked_in_bytes_ = 0;
+  ack_due_ = TimePoint::max();
+  now_ = now;
+  last_received_ = now;
+  last_ping_ = now;
+  ping_nonce_ = state.ping_nonce();
+  next_request_id_ = state.next_request_id();
+  pending_requests_.clear();
+  pending_requests_.insert(state.pending_requests().begin(), state.pending_requests().end());
+  incoming_requests_.clear();
+  next_stream_id_ = state.next_stream_id();
+  highest_peer_stream_ = state.highest_peer_stream();
+  streams_.clear();
+  any_wants_write_ = false;
+  for (const v1::StreamState& o : state.streams()) {
+    if (o.id() == 0 || (isLocalStream(o.id()) ? o.id() >= next_stream_id_
+                                              : o.id() > highest_peer_stream_)) {
+      return bad(absl::StrCat("stream ", o.id(), " was never opened"));
+    }
+    Stream s;
+    s.accepted = o.accepted();
+    s.early = o.early();
+    s.send_credit = o.send_credit();
+    s.recv_credit = o.recv_credit();
+    s.unreported = o.unreported();
+    s.recv_window = o.recv_window();
+    s.grown = o.grown();
+    s.last_update = now;
+    s.local_closed = o.local_closed();
+    s.remote_closed = o.remote_closed();
+    s.wants_write = o.wants_write();
+    s.unsent_bound = o.unsent_bound();
+    any_wants_write_ = any_wants_write_ || s.wants_write;
+    streams_.emplace(o.id(), s);
+  }
+  window_growth_ = state.window_growth();
+  early_send_ = state.early_send();
+  early_receive_ = state.early_receive();
+  recheck_writable_ = true;
+  unsent_drained_ = false;
+  reserved_.clear();
+  reserved_total_ = 0;
+  recountUnsent();
+  return absl::OkStatus();
+}
+
 }  // namespace siphon::protocol

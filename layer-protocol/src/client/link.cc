@@ -120,6 +120,12 @@ net::awaitable<absl::Status> Client::handshake(Link& link, net::Stream& socket, 
       co_return protoError(v1::RESUME_FAILED, "the agent answered with a new session");
     }
     CO_RETURN_IF_ERROR(link.session->resume(welcome->last_seq_received(), protocol::Clock::now()));
+    if (welcome->handovers() > link.welcome.handovers()) {
+      // The agent process that held the session handed it to a new one
+      // (docs/CONTINUITY.md, "Handover"): that is why the connection was cut.
+      link.welcome.set_handovers(welcome->handovers());
+      link.handed_over = true;
+    }
   } else {
     link.welcome = *std::move(welcome);
     link.session = std::make_unique<protocol::Session>(protocol::Role::kClient,
@@ -242,6 +248,10 @@ net::awaitable<void> Client::runTransports(std::shared_ptr<Client> self,
     ++link->resumes;
     socket = std::move(next->socket);
     leftover = std::move(next->leftover);
+    if (link->handed_over) {
+      link->handed_over = false;
+      why = absl::UnavailableError("the agent was handed over to a new agent process");
+    }
     if (on_resumed_ && link == link_) on_resumed_(why);
   }
 }

@@ -54,6 +54,7 @@ struct Link : protocol::SessionHandler, std::enable_shared_from_this<Link> {
   bool retiring = false;       // its agent drains: it serves its streams until they end
   bool resubscribing = false;  // a failover is making the subscriptions again here
   uint64_t resumes = 0;
+  bool handed_over = false;  // the last resume met a new agent process (a handover)
   std::map<uint64_t, std::shared_ptr<Client::Pending>> pending;
   std::map<uint64_t, std::weak_ptr<ClientStream>> streams;
   std::map<uint64_t, uint64_t> subscription_ids;  // the agent's id -> the client's

@@ -85,6 +85,7 @@
 #include "siphon/protocol/limits.h"
 #include "siphon/protocol/piped_bytes.h"
 #include "siphon/v1/frame.pb.h"
+#include "siphon/v1/handover.pb.h"
 
 namespace siphon::protocol {
 
@@ -259,6 +260,8 @@ class Session {
   // request already answered (or unknown) reserves nothing: `wanted`.
   absl::StatusOr<size_t> reserveResponse(uint64_t request_id, size_t wanted);
   size_t pendingRequests() const { return pending_requests_.size(); }
+  // The peer's requests not answered yet.
+  size_t unansweredRequests() const { return incoming_requests_.size(); }
   // Requests still waiting for a response (to fail them when the session dies).
   std::vector<uint64_t> pendingRequestIds() const;
   // The answer to request `request_id` (a file read) may come with its
@@ -341,6 +344,26 @@ class Session {
   void sendTargetRestarted(v1::TargetRestarted restarted);
   // Control frames, never sequenced.
   void sendGoaway(v1::ErrorCode code, std::string_view message);
+
+  // ---- handover (docs/CONTINUITY.md, "Handover") ----
+
+  // Everything a new agent process needs to go on with this session where
+  // it is: counters, the frames the peer has not acked (a piped file read's
+  // bytes read out of their pipe), streams with their credit and windows,
+  // the requests it waits on, the limits. Only a detached session whose
+  // peer's requests are all answered and that holds no answer room can be
+  // exported (FAILED_PRECONDITION otherwise: the reason names what is
+  // left). The session itself is not changed, so the old agent goes on
+  // with it if the handover fails.
+  absl::Status exportState(v1::SessionState* out);
+  // The limits an exported session was made with: construct the session
+  // with them, then restoreState().
+  static SessionLimits limitsOf(const v1::SessionState& state);
+  // Takes the state exportState() gave (on a session just constructed with
+  // limitsOf() and the same role). The session is detached: resume() it on
+  // the client's next transport. INVALID_ARGUMENT for a state that does not
+  // hold together (counters against frames, stream ids against roles).
+  absl::Status restoreState(const v1::SessionState& state, TimePoint now);
 
  private:
   struct Stream {

@@ -1,0 +1,439 @@
+// Handover (docs/CONTINUITY.md, "Handover"): the Server's side of it.
+//
+// The old agent serves its --handover-socket on a thread of its own; each
+// step that touches the agent's state runs on the event loop (onLoop), so
+// the loop keeps serving timers and answers while the new agent works. The
+// new agent takes over in takeOver(), before its event loop runs.
+//
+// The old agent's commit point is reading HandoverConfirm: before it, any
+// failure (the new agent refuses, dies, or is too slow) thaws it and it
+// goes on as if nothing happened; the frozen agent read no socket and wrote
+// none meanwhile, so the state it exported is still exactly its own. After
+// it, the old agent removes its steering, says HandoverReleased and exits.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <future>
+#include <poll.h>
+
+#include "absl/strings/str_cat.h"
+#include "agent/common/log.h"
+#include "agent/outgoing/address.h"
+#include "agent/server/handover_channel.h"
+#include "agent/server/server.h"
+#include "siphon/status.h"
+#include "siphon/transport/spawn.h"
+
+#ifndef SIPHON_VERSION
+#define SIPHON_VERSION "0.0.0"
+#endif
+
+namespace siphon::agent {
+
+namespace asio = net::asio;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+int64_t msSince(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
+}
+
+// Whether process `pid` is gone within `wait` (pidfd: no pid reuse race).
+bool processGone(pid_t pid, std::chrono::milliseconds wait) {
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (!pidfd) return errno == ESRCH;
+  pollfd p{pidfd.get(), POLLIN, 0};
+  return ::poll(&p, 1, static_cast<int>(wait.count())) > 0;
+}
+
+}  // namespace
+
+template <class F>
+auto Server::onLoop(F f) -> std::optional<decltype(f())> {
+  using R = decltype(f());
+  auto task = std::make_shared<std::packaged_task<R()>>(std::move(f));
+  std::future<R> result = task->get_future();
+  asio::post(io_, [task] { (*task)(); });
+  while (result.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+    if (io_.stopped() || handover_stop_) return std::nullopt;
+  }
+  return result.get();
+}
+
+// ---------------------------------------------------------------- old side
+
+absl::Status Server::listenHandover(bool replace) {
+  if (config_.handover_socket.empty()) return absl::OkStatus();
+  if (replace) ::unlink(config_.handover_socket.c_str());
+  ASSIGN_OR_RETURN(handover_listener_, handover::listen(config_.handover_socket));
+  struct stat st {};
+  if (::stat(config_.handover_socket.c_str(), &st) == 0) handover_inode_ = st.st_ino;
+  log::info("handover_listening", {{"socket", config_.handover_socket}});
+  handover_thread_ = std::thread([this] { handoverThread(); });
+  return absl::OkStatus();
+}
+
+void Server::stopHandover() {
+  handover_stop_ = true;
+  if (int c = handover_conn_.load(); c >= 0) ::shutdown(c, SHUT_RDWR);
+  if (handover_thread_.joinable()) handover_thread_.join();
+  if (handover_listener_ && handover_inode_ != 0) {
+    // Ours still (an agent that took over from us binds it anew).
+    struct stat st {};
+    if (::stat(config_.handover_socket.c_str(), &st) == 0 && st.st_ino == handover_inode_) {
+      ::unlink(config_.handover_socket.c_str());
+    }
+  }
+}
+
+void Server::handoverThread() {
+  while (!handover_stop_) {
+    pollfd p{handover_listener_.get(), POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) continue;
+    UniqueFd conn(::accept4(handover_listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!conn) continue;
+    handover_conn_ = conn.get();
+    serveHandover(std::move(conn));
+    handover_conn_ = -1;
+  }
+}
+
+void Server::serveHandover(UniqueFd conn) {
+  const auto began = Clock::now();
+  const int sock = conn.get();
+  std::vector<UniqueFd> none;
+  auto refuse = [&](const std::string& reason) {
+    (void)handover::send(sock, handover::refusal(reason));
+    log::warn("handover_refused", {{"reason", reason}});
+    metrics_.handover("refused");
+  };
+  auto peer = handover::checkPeer(sock);
+  if (!peer.ok()) {
+    refuse(std::string(peer.status().message()));
+    return;
+  }
+  auto hello = handover::receive(sock, std::chrono::seconds(5), &none);
+  if (!hello.ok() || !hello->has_hello()) {
+    log::warn("handover_refused",
+              {{"peer_pid", static_cast<int64_t>(peer->pid)},
+               {"reason", hello.ok() ? "the first message is not a hello"
+                                     : std::string(hello.status().message())}});
+    return;
+  }
+  const v1::HandoverHello& h = hello->hello();
+  if (h.min_format() > handover::kFormat || h.format() < handover::kFormat) {
+    refuse(absl::StrCat("the new agent (version ", h.agent_version(), ") reads state formats ",
+                        h.min_format(), " to ", h.format(), "; this agent (version ",
+                        SIPHON_VERSION, ") writes format ", handover::kFormat,
+                        ": take over with an agent that reads it"));
+    return;
+  }
+  if (h.target_pid() != target_->pid() || h.target_netns_inode() != target_->netnsInode()) {
+    refuse(absl::StrCat("the new agent was started for target pid ", h.target_pid(),
+                        "; this agent serves target pid ", target_->pid(), " (",
+                        target_->netnsLabel(), ")"));
+    return;
+  }
+  log::info("handover_started", {{"peer_pid", static_cast<int64_t>(peer->pid)},
+                                 {"peer_version", h.agent_version()}});
+
+  auto frozen = onLoop([this] {
+    if (draining_ || stopping_) return std::string("the agent is draining");
+    freezeForHandover();
+    return std::string();
+  });
+  if (!frozen) return;
+  if (!frozen->empty()) {
+    refuse(*frozen);
+    return;
+  }
+  auto thaw = [&](const std::string& why) {
+    (void)onLoop([this, why] {
+      thawAfterHandover(why);
+      return true;
+    });
+  };
+  v1::HandoverMessage offer;
+  offer.mutable_offer()->set_format(handover::kFormat);
+  offer.mutable_offer()->set_agent_version(SIPHON_VERSION);
+  offer.mutable_offer()->set_pid(::getpid());
+  if (absl::Status s = handover::send(sock, offer); !s.ok()) {
+    thaw(std::string(s.message()));
+    return;
+  }
+  // What is under way ends: answers owed, connects, handshakes.
+  const auto wait_until = Clock::now() + config_.handover_freeze_wait;
+  std::string blocker;
+  while (true) {
+    auto b = onLoop([this] { return handoverBlocker(); });
+    if (!b) return;
+    blocker = std::move(*b);
+    if (blocker.empty() || Clock::now() >= wait_until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (!blocker.empty()) {
+    const std::string reason = absl::StrCat("this agent holds what cannot move: ", blocker);
+    refuse(reason);
+    thaw(reason);
+    return;
+  }
+  std::vector<UniqueFd> fds;
+  auto state = onLoop([this, &fds] { return exportHandover(&fds); });
+  if (!state) return;
+  if (!state->ok()) {
+    const std::string reason = absl::StrCat("export failed: ", state->status().message());
+    refuse(reason);
+    thaw(reason);
+    return;
+  }
+  const uint64_t state_bytes = (*state)->size();
+  absl::Status sent = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(UniqueFd memfd, handover::toMemfd(**state));
+    v1::HandoverMessage m;
+    m.mutable_state()->set_state_bytes(state_bytes);
+    m.mutable_state()->set_fd_count(static_cast<uint32_t>(fds.size()));
+    const int memfd_raw = memfd.get();
+    RETURN_IF_ERROR(handover::send(sock, m, std::span<const int>(&memfd_raw, 1)));
+    for (size_t i = 0; i < fds.size(); i += handover::kMaxFdsPerPacket) {
+      const size_t n = std::min(handover::kMaxFdsPerPacket, fds.size() - i);
+      std::vector<int> raw;
+      for (size_t j = 0; j < n; ++j) raw.push_back(fds[i + j].get());
+      v1::HandoverMessage f;
+      f.mutable_fds()->set_count(static_cast<uint32_t>(n));
+      RETURN_IF_ERROR(handover::send(sock, f, raw));
+    }
+    return absl::OkStatus();
+  }();
+  // Our copies: the new agent has its own now (or never will).
+  fds.clear();
+  if (!sent.ok()) {
+    const std::string reason = absl::StrCat("sending the state failed: ", sent.message());
+    log::warn("handover_failed", {{"reason", reason}});
+    metrics_.handover("failed");
+    thaw(reason);
+    return;
+  }
+  auto reply = handover::receive(sock, config_.handover_timeout, &none);
+  if (!reply.ok() || !reply->has_confirm()) {
+    std::string reason;
+    if (!reply.ok()) {
+      reason = absl::StrCat("the new agent did not confirm: ", reply.status().message());
+      // Too slow, or gone: it must not go on with what it has.
+      (void)handover::send(sock, handover::refusal(reason));
+    } else if (reply->has_refused()) {
+      reason = absl::StrCat("the new agent refused: ", reply->refused().reason());
+    } else {
+      reason = "the new agent answered out of turn";
+    }
+    log::warn("handover_failed", {{"peer_pid", static_cast<int64_t>(peer->pid)},
+                                  {"reason", reason}});
+    metrics_.handover("failed");
+    thaw(reason);
+    return;
+  }
+  // Committed: the new agent holds everything. Our steering goes (the new
+  // agent's steers the same listeners already), then we let go and exit;
+  // closing our copies of the sockets touches none of them.
+  auto counts = onLoop([this] {
+    services_->handedOver();
+    size_t streams = 0;
+    for (const auto& [id, s] : sessions_) streams += s->streamCount();
+    return std::pair<size_t, size_t>{sessions_.size(), streams};
+  });
+  v1::HandoverMessage released;
+  released.mutable_released();
+  (void)handover::send(sock, released);
+  log::info("handover_done", {{"to_pid", static_cast<int64_t>(peer->pid)},
+                              {"sessions", static_cast<uint64_t>(counts ? counts->first : 0)},
+                              {"streams", static_cast<uint64_t>(counts ? counts->second : 0)},
+                              {"state_bytes", state_bytes},
+                              {"took_ms", msSince(began)}});
+  std::fflush(stdout);
+  // No destructor runs: the sockets, the steering's listeners and the
+  // sessions are the new agent's now.
+  ::_exit(kExitOk);
+}
+
+void Server::freezeForHandover() {
+  handover_frozen_ = true;
+  net::error_code ignored;
+  acceptor_.cancel(ignored);
+  services_->freeze();
+  for (auto& [id, s] : sessions_) s->freezeForHandover();
+}
+
+void Server::thawAfterHandover(std::string_view why) {
+  if (!handover_frozen_) return;
+  handover_frozen_ = false;
+  services_->thaw();
+  for (auto& [id, s] : sessions_) s->thawAfterHandover();
+  if (!stopping_) {
+    net::spawn(io_, acceptLoop(), "accept_loop",
+               [this] { shutdown(kExitInternal, "the accept loop failed"); });
+  }
+  log::info("handover_thawed", {{"reason", why}});
+}
+
+std::string Server::handoverBlocker() const {
+  if (stopping_ || draining_) return "the agent is draining";
+  if (uint32_t n = handshake_slots_.pending(); n > 0) {
+    return absl::StrCat(n, " client handshakes under way");
+  }
+  if (std::string why = services_->handoverBlocker(); !why.empty()) return why;
+  for (const auto& [id, s] : sessions_) {
+    if (std::string why = s->handoverBlocker(); !why.empty()) return why;
+  }
+  return "";
+}
+
+absl::StatusOr<std::string> Server::exportHandover(std::vector<UniqueFd>* fds) {
+  v1::AgentState state;
+  state.set_format(handover::kFormat);
+  state.set_agent_version(SIPHON_VERSION);
+  int listener = ::fcntl(acceptor_.native_handle(), F_DUPFD_CLOEXEC, 3);
+  if (listener < 0) return lastErrnoStatus("handover: dup the listener");
+  state.set_listener(static_cast<int32_t>(fds->size()));
+  fds->emplace_back(listener);
+  state.set_next_subscription_id(service_ctx_->subscription_ids.peek());
+  state.set_handovers(handovers_ + 1);
+  for (auto& [id, s] : sessions_) {
+    if (s->ended()) continue;
+    RETURN_IF_ERROR(s->exportState(state.add_sessions(), fds));
+  }
+  RETURN_IF_ERROR(services_->exportState(&state, fds));
+  std::string bytes;
+  if (!state.SerializeToString(&bytes)) return absl::InternalError("handover: serialize");
+  return bytes;
+}
+
+// ---------------------------------------------------------------- new side
+
+absl::Status Server::takeOver() {
+  const auto began = Clock::now();
+  const std::string& path = config_.take_over;
+  RETURN_IF_ERROR(setUpTls());
+  ASSIGN_OR_RETURN(UniqueFd conn, handover::connect(path));
+  const int sock = conn.get();
+  auto refused = [&](const std::string& reason) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the agent at ", path, " refused the handover: ", reason));
+  };
+  ASSIGN_OR_RETURN(ucred old, handover::checkPeer(sock));
+  v1::HandoverMessage hello;
+  v1::HandoverHello& h = *hello.mutable_hello();
+  h.set_format(handover::kFormat);
+  h.set_min_format(handover::kMinFormat);
+  h.set_agent_version(SIPHON_VERSION);
+  h.set_pid(::getpid());
+  h.set_target_pid(target_->pid());
+  h.set_target_netns_inode(target_->netnsInode());
+  RETURN_IF_ERROR(handover::send(sock, hello));
+  std::vector<UniqueFd> fds;
+  ASSIGN_OR_RETURN(v1::HandoverMessage offer,
+                   handover::receive(sock, std::chrono::seconds(10), &fds));
+  if (offer.has_refused()) return refused(offer.refused().reason());
+  if (!offer.has_offer()) return refused("it answered out of turn");
+  if (offer.offer().format() < handover::kMinFormat || offer.offer().format() > handover::kFormat) {
+    const std::string reason =
+        absl::StrCat("the old agent (version ", offer.offer().agent_version(),
+                     ") writes state format ", offer.offer().format(), "; this agent (version ",
+                     SIPHON_VERSION, ") reads ", handover::kMinFormat, " to ", handover::kFormat);
+    (void)handover::send(sock, handover::refusal(reason));
+    return absl::FailedPreconditionError(absl::StrCat("handover refused: ", reason));
+  }
+  ASSIGN_OR_RETURN(
+      v1::HandoverMessage head,
+      handover::receive(sock, config_.handover_freeze_wait + std::chrono::seconds(10), &fds));
+  if (head.has_refused()) return refused(head.refused().reason());
+  if (!head.has_state() || fds.size() != 1) return refused("no state came");
+  UniqueFd memfd = std::move(fds[0]);
+  fds.clear();
+  while (fds.size() < head.state().fd_count()) {
+    ASSIGN_OR_RETURN(v1::HandoverMessage more,
+                     handover::receive(sock, std::chrono::seconds(10), &fds));
+    if (!more.has_fds()) return refused("descriptors missing");
+  }
+  auto fail = [&](const absl::Status& s) {
+    const std::string reason = absl::StrCat("the new agent could not take over: ", s.message());
+    (void)handover::send(sock, handover::refusal(reason));
+    metrics_.handover("failed");
+    return absl::FailedPreconditionError(absl::StrCat("handover failed: ", s.message()));
+  };
+  if (fds.size() != head.state().fd_count()) return fail(absl::DataLossError("descriptor count"));
+  auto bytes = handover::fromMemfd(memfd.get(), head.state().state_bytes());
+  if (!bytes.ok()) return fail(bytes.status());
+  v1::AgentState state;
+  if (!state.ParseFromString(*bytes)) return fail(absl::DataLossError("the state does not parse"));
+  const auto imported_at = Clock::now();
+  if (absl::Status s = importHandover(state, fds); !s.ok()) return fail(s);
+  v1::HandoverMessage confirm;
+  confirm.mutable_confirm();
+  RETURN_IF_ERROR(handover::send(sock, confirm));
+  auto released = handover::receive(sock, config_.handover_timeout, &fds);
+  if (!released.ok() || !released->has_released()) {
+    if (released.ok() && released->has_refused()) return refused(released->refused().reason());
+    // The old agent closed without a word after our confirm: it went on
+    // only if it is still there (it thawed); if it died, what it handed
+    // over is ours and nothing touched it since.
+    if (!processGone(old.pid, std::chrono::seconds(2))) {
+      return refused("it did not release what it handed over");
+    }
+    log::warn("handover_old_agent_gone", {{"pid", static_cast<int64_t>(old.pid)}});
+  }
+  // The socket path is ours from now on (the old agent exits).
+  RETURN_IF_ERROR(listenHandover(/*replace=*/true));
+  RETURN_IF_ERROR(listenMetrics());
+  for (auto& [id, s] : sessions_) s->startAfterHandover();
+  services_->startAfterHandover();
+  had_client_ = true;
+  metrics_.handover("taken");
+  size_t streams = 0;
+  for (const auto& [id, s] : sessions_) streams += s->streamCount();
+  log::info("handover_taken", {{"from_pid", static_cast<int64_t>(old.pid)},
+                               {"from_version", state.agent_version()},
+                               {"sessions", static_cast<uint64_t>(sessions_.size())},
+                               {"streams", static_cast<uint64_t>(streams)},
+                               {"state_bytes", static_cast<uint64_t>(bytes->size())},
+                               {"import_ms", msSince(imported_at)},
+                               {"took_ms", msSince(began)}});
+  return absl::OkStatus();
+}
+
+absl::Status Server::importHandover(const v1::AgentState& state, std::vector<UniqueFd>& fds) {
+  if (state.format() < handover::kMinFormat || state.format() > handover::kFormat) {
+    return absl::InvalidArgumentError(absl::StrCat("state format ", state.format()));
+  }
+  const int32_t li = state.listener();
+  if (li < 0 || static_cast<size_t>(li) >= fds.size() || !fds[li]) {
+    return absl::InvalidArgumentError("the client listener is missing");
+  }
+  UniqueFd listener = std::move(fds[static_cast<size_t>(li)]);
+  auto bound = outgoing::localAddress(listener.get());
+  if (!bound.ok()) return bound.status();
+  net::error_code ec;
+  acceptor_.assign(bound->family() == AF_INET6 ? net::tcp::v6() : net::tcp::v4(), listener.get(),
+                   ec);
+  if (ec) return absl::InternalError(absl::StrCat("the client listener: ", ec.message()));
+  (void)listener.release();
+  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+    fd_budget_ = fdBudgetFor(rl.rlim_cur);
+  }
+  handovers_ = state.handovers();
+  std::map<std::string, std::shared_ptr<SessionHost>> hosts;
+  for (const v1::SessionExport& e : state.sessions()) {
+    ASSIGN_OR_RETURN(std::shared_ptr<AgentSession> s, AgentSession::restore(*this, e, fds));
+    s->setHandovers(handovers_);
+    hosts[s->id()] = s;
+    sessions_[s->id()] = std::move(s);
+  }
+  service_ctx_->subscription_ids.setNext(state.next_subscription_id());
+  return services_->importState(state, fds, hosts);
+}
+
+}  // namespace siphon::agent
