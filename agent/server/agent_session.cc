@@ -361,23 +361,30 @@ void AgentSession::onGoaway(v1::Goaway goaway) {
 void AgentSession::freezeForHandover() {
   if (ended_ || frozen_) return;
   frozen_ = true;
+  // The grace stops while frozen (no session ends in the middle of a
+  // handover); a session the handover cuts gets all of it afterwards.
+  const auto now = std::chrono::steady_clock::now();
+  grace_left_ = session_.limits().session_grace;
   if (attached()) {
     // The old transport's end must not detach the session a second time.
     ++generation_;
     transport_->close();
     session_.onTransportLost();
     log::info("session_detached", {{"session", id_}, {"reason", "handover"}});
-    armGrace(std::chrono::steady_clock::now() + session_.limits().session_grace);
   } else if (session_.attached()) {
-    session_.onTransportLost();
-    armGrace(std::chrono::steady_clock::now() + session_.limits().session_grace);
+    session_.onTransportLost();  // a handshake's session, never attached
+  } else if (grace_deadline_ > now) {
+    grace_left_ = std::chrono::duration_cast<std::chrono::milliseconds>(grace_deadline_ - now);
   }
+  ++generation_;  // the grace timer's handler does nothing now
+  grace_timer_.cancel();
   for (auto& [id, e] : streams_) e->freeze();
 }
 
 void AgentSession::thawAfterHandover() {
   if (!frozen_) return;
   frozen_ = false;
+  if (!attached() && !ended_) armGrace(std::chrono::steady_clock::now() + grace_left_);
   auto streams = streams_;  // an endpoint may unregister itself
   for (auto& [id, e] : streams) e->thaw();
 }
@@ -409,6 +416,7 @@ absl::Status AgentSession::exportState(v1::SessionExport* out, std::vector<Uniqu
   }
   out->set_bytes_in(bytes_in_);
   out->set_bytes_out(bytes_out_);
+  out->set_grace_left_ms(static_cast<uint64_t>(grace_left_.count()));
   return absl::OkStatus();
 }
 
@@ -424,6 +432,11 @@ absl::StatusOr<std::shared_ptr<AgentSession>> AgentSession::restore(
   self->bytes_out_ = state.bytes_out();
   self->frozen_ = true;
   self->restored_grace_ = self->session_.limits().session_grace;
+  if (state.grace_left_ms() > 0) {
+    self->restored_grace_ =
+        std::min(self->restored_grace_, std::chrono::milliseconds(state.grace_left_ms()));
+  }
+  self->grace_left_ = self->restored_grace_;
   for (const v1::PumpExport& p : state.pumps()) {
     if (p.fd() < 0 || static_cast<size_t>(p.fd()) >= fds.size() || !fds[p.fd()]) {
       return absl::InvalidArgumentError(
@@ -446,9 +459,6 @@ absl::StatusOr<std::shared_ptr<AgentSession>> AgentSession::restore(
   return self;
 }
 
-void AgentSession::startAfterHandover() {
-  armGrace(std::chrono::steady_clock::now() + restored_grace_);
-  thawAfterHandover();
-}
+void AgentSession::startAfterHandover() { thawAfterHandover(); }
 
 }  // namespace siphon::agent

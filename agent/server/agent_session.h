@@ -183,6 +183,8 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   bool frozen_ = false;
   // Restored by a handover: its grace, from startAfterHandover().
   std::chrono::milliseconds restored_grace_{0};
+  // Frozen for a handover: the grace it has left (armed again on a thaw).
+  std::chrono::milliseconds grace_left_{0};
 };
 
 }  // namespace siphon::agent

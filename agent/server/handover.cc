@@ -17,7 +17,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <future>
 #include <poll.h>
 
@@ -142,6 +144,24 @@ void Server::serveHandover(UniqueFd conn) {
   }
   log::info("handover_started", {{"peer_pid", static_cast<int64_t>(peer->pid)},
                                  {"peer_version", h.agent_version()}});
+  // What this agent holds that cannot move refuses the handover before
+  // anything is disturbed; what is under way (answers owed, connects,
+  // handshakes) may end first, before the freeze and again after it.
+  auto waitForBlockers = [&]() -> std::optional<std::string> {
+    const auto wait_until = Clock::now() + config_.handover_freeze_wait;
+    while (true) {
+      auto b = onLoop([this] { return handoverBlocker(); });
+      if (!b) return std::nullopt;
+      if (b->empty() || Clock::now() >= wait_until) return b;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  };
+  auto before = waitForBlockers();
+  if (!before) return;
+  if (!before->empty()) {
+    refuse(absl::StrCat("this agent holds what cannot move: ", *before));
+    return;
+  }
 
   auto frozen = onLoop([this] {
     if (draining_ || stopping_) return std::string("the agent is draining");
@@ -167,18 +187,11 @@ void Server::serveHandover(UniqueFd conn) {
     thaw(std::string(s.message()));
     return;
   }
-  // What is under way ends: answers owed, connects, handshakes.
-  const auto wait_until = Clock::now() + config_.handover_freeze_wait;
-  std::string blocker;
-  while (true) {
-    auto b = onLoop([this] { return handoverBlocker(); });
-    if (!b) return;
-    blocker = std::move(*b);
-    if (blocker.empty() || Clock::now() >= wait_until) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  if (!blocker.empty()) {
-    const std::string reason = absl::StrCat("this agent holds what cannot move: ", blocker);
+  // Answers to requests that came before the transports were cut.
+  auto blocker = waitForBlockers();
+  if (!blocker) return;
+  if (!blocker->empty()) {
+    const std::string reason = absl::StrCat("this agent holds what cannot move: ", *blocker);
     refuse(reason);
     thaw(reason);
     return;
@@ -372,6 +385,12 @@ absl::Status Server::takeOver() {
   if (!state.ParseFromString(*bytes)) return fail(absl::DataLossError("the state does not parse"));
   const auto imported_at = Clock::now();
   if (absl::Status s = importHandover(state, fds); !s.ok()) return fail(s);
+  // Test hook (tests/privileged/steal/handover_test.cc): stop here, with
+  // everything imported and nothing confirmed, for the test to kill us.
+  if (const char* at = std::getenv("SIPHON_TEST_HANDOVER_STOP");
+      at != nullptr && std::string_view(at) == "before-confirm") {
+    ::raise(SIGSTOP);
+  }
   v1::HandoverMessage confirm;
   confirm.mutable_confirm();
   RETURN_IF_ERROR(handover::send(sock, confirm));

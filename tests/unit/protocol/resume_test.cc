@@ -90,6 +90,20 @@ class App : public SessionHandler {
     }
   }
 
+  // A handover (docs/CONTINUITY.md): this side's process is replaced by
+  // one that knows only the exported state, carried as bytes.
+  void handOver() {
+    v1::SessionState state;
+    absl::Status st = session.exportState(&state);
+    ASSERT_TRUE(st.ok()) << st;
+    v1::SessionState carried;
+    ASSERT_TRUE(carried.ParseFromString(state.SerializeAsString()));
+    Session fresh(session.role(), Session::limitsOf(carried), kT0);
+    st = fresh.restoreState(carried, kT0);
+    ASSERT_TRUE(st.ok()) << st;
+    session = std::move(fresh);
+  }
+
   // ---- SessionHandler
   void onRequest(v1::Request r) override {
     v1::Response resp;
@@ -173,7 +187,7 @@ struct World {
   // Cuts the transport after `to_agent` bytes of `wc` and `to_client` bytes
   // of `wa` arrived, lets both applications send during the cut, resumes.
   void cutAndResume(const std::string& wc, size_t to_agent, const std::string& wa, size_t to_client,
-                    int round) {
+                    int round, bool handover = false) {
     deliverPrefix(std::string_view(wc).substr(0, to_agent), a);
     deliverPrefix(std::string_view(wa).substr(0, to_client), c);
     c.session.onTransportLost();
@@ -188,6 +202,9 @@ struct World {
     c.send(3, 2);
     a.send(2, 3);
 
+    if (handover) {
+      ASSERT_NO_FATAL_FAILURE(a.handOver());
+    }
     now += std::chrono::seconds(1);
     uint64_t c_has = c.session.receivedCount();
     uint64_t a_has = a.session.receivedCount();
@@ -200,8 +217,10 @@ struct World {
 
 // The whole script; `cut` picks how much of each in-flight batch arrives.
 // With `second_cut`, the replay after the first resume is itself cut halfway.
+// With `handover`, the agent side's session is exported and restored into
+// a new one at each cut (a new agent process took it over).
 void runScript(size_t cut_c, size_t cut_a, bool second_cut, size_t* in_flight_c = nullptr,
-               size_t* in_flight_a = nullptr) {
+               size_t* in_flight_a = nullptr, bool handover = false) {
   World w;
   // Streams 1 (client's), 2 (agent's) open and accepted.
   uint64_t s1 = w.c.open();
@@ -234,14 +253,14 @@ void runScript(size_t cut_c, size_t cut_a, bool second_cut, size_t* in_flight_c 
   std::string wa = bytesOf(w.a.session.takeWrites());
   if (in_flight_c) *in_flight_c = wc.size();
   if (in_flight_a) *in_flight_a = wa.size();
-  ASSERT_NO_FATAL_FAILURE(
-      w.cutAndResume(wc, std::min(cut_c, wc.size()), wa, std::min(cut_a, wa.size()), 1));
+  ASSERT_NO_FATAL_FAILURE(w.cutAndResume(wc, std::min(cut_c, wc.size()), wa,
+                                         std::min(cut_a, wa.size()), 1, handover));
 
   if (second_cut) {
     // The replay itself is cut halfway through.
     std::string rc = bytesOf(w.c.session.takeWrites());
     std::string ra = bytesOf(w.a.session.takeWrites());
-    ASSERT_NO_FATAL_FAILURE(w.cutAndResume(rc, rc.size() / 2, ra, ra.size() / 3, 2));
+    ASSERT_NO_FATAL_FAILURE(w.cutAndResume(rc, rc.size() / 2, ra, ra.size() / 3, 2, handover));
   }
   ASSERT_NO_FATAL_FAILURE(w.pump());
 
@@ -323,6 +342,64 @@ TEST(ResumeTest, ReplayCutAgain) {
       return;
     }
   }
+}
+
+// A handover at every cut point, and again during the replay: the new
+// agent process, knowing only the exported state, goes on exactly where
+// the old one was (every request answered once, every byte once, in order).
+TEST(ResumeTest, HandoverAtEveryCutPointLosesNothing) {
+  size_t wc = 0, wa = 0;
+  runScript(0, 0, false, &wc, &wa, /*handover=*/true);
+  for (size_t k = 0; k <= std::max(wc, wa); k += 3) {
+    runScript(k, wa - std::min(k, wa), false, nullptr, nullptr, true);
+    runScript(k, k, true, nullptr, nullptr, true);
+    if (testing::Test::HasFailure()) {
+      ADD_FAILURE() << "first failure with a cut at " << k;
+      return;
+    }
+  }
+}
+
+// What cannot be exported says why; a state that does not hold together is
+// refused on import.
+TEST(ResumeTest, HandoverExportAndImportRefuseWhatDoesNotHold) {
+  Session agent(Role::kAgent, testLimits(), kT0);
+  v1::SessionState st;
+  absl::Status s = agent.exportState(&st);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(std::string(s.message()).find("transport"), std::string::npos) << s;
+  // An unanswered request of the peer.
+  Session client(Role::kClient, testLimits(), kT0);
+  v1::Request r;
+  r.mutable_env();
+  ASSERT_TRUE(client.sendRequest(r).ok());
+  SessionHandler ignore;
+  ASSERT_TRUE(agent.onBytes(bytesOf(client.takeWrites()), ignore, kT0).ok());
+  agent.onTransportLost();
+  s = agent.exportState(&st);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(std::string(s.message()).find("not answered"), std::string::npos) << s;
+  v1::Response resp;
+  resp.set_request_id(1);
+  resp.mutable_env();
+  agent.sendResponse(resp);
+  ASSERT_TRUE(agent.exportState(&st).ok());
+  // Counters against frames.
+  v1::SessionState bad = st;
+  bad.set_sent(bad.sent() + 5);
+  Session fresh(Role::kAgent, Session::limitsOf(bad), kT0);
+  s = fresh.restoreState(bad, kT0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // A client's stream id in an agent's state.
+  bad = st;
+  bad.set_next_stream_id(3);
+  s = fresh.restoreState(bad, kT0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // The good one restores, and resumes against the client.
+  Session good(Role::kAgent, Session::limitsOf(st), kT0);
+  ASSERT_TRUE(good.restoreState(st, kT0).ok());
+  EXPECT_TRUE(good.resume(0, kT0).ok());
+  EXPECT_TRUE(good.hasWrites());
 }
 
 TEST(ResumeTest, PeerCountOutOfRangeIsResumeFailed) {

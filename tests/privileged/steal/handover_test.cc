@@ -1,0 +1,395 @@
+// Handover end to end, as root, with real traffic (docs/CONTINUITY.md,
+// "Handover"): the steal tests' pod, client namespace and agent
+// (steal_fixture.h), the agent started with --handover-socket, and a second
+// siphon-agent started with --take-over while clients use the first:
+//
+//  - under wrk's keep-alive load through a stolen port: no socket error, no
+//    non-2xx, every answer the stolen one; the old agent exits 0, the CLI
+//    says once that its agent was handed over;
+//  - 1 GiB through a stolen connection and 1 GiB through an outgoing one
+//    (siphon forward), each paused by its reader mid-way while the handover
+//    runs: byte-exact;
+//  - the new agent killed (SIGKILL) after it imported everything and before
+//    it confirmed: the old agent goes on serving the same connections and
+//    new ones, and nothing of the new one is left (links, chains);
+//  - ten handovers in a row with a connection held across all of them:
+//    it echoes after each, and descriptors, links and chains stay level;
+//  - refusals: a new agent for another target, and an agent holding what
+//    cannot move yet (a mirror): one line on each side, the old agent serves.
+//
+// Both backends (sk_lookup, iptables). Without root every test skips.
+#include "tests/privileged/steal/steal_fixture.h"
+
+namespace siphon {
+namespace {
+
+// An agent of a handover: its process, its log, its ready endpoint.
+struct NewAgent {
+  std::unique_ptr<Agent> agent;
+  std::string endpoint;
+};
+
+size_t openFds(pid_t pid) {
+  size_t n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++n;
+  }
+  return n;
+}
+
+char processState(pid_t pid) {
+  std::string stat = readFile("/proc/" + std::to_string(pid) + "/stat");
+  size_t close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() ? '?' : stat[close + 2];
+}
+
+// Reads Pattern(seed) from `fd`: `pause_at` bytes, then waits for `go`,
+// then the rest to EOF. The bytes that matched, and whether EOF was clean.
+uint64_t receivePaused(int fd, uint64_t seed, uint64_t pause_at, std::promise<void>* paused,
+                       std::shared_future<void> go, bool* clean_eof) {
+  Pattern p(seed);
+  std::string buf(256 << 10, '\0'), want(256 << 10, '\0');
+  uint64_t good = 0;
+  bool waited = false;
+  *clean_eof = false;
+  while (true) {
+    if (!waited && good >= pause_at) {
+      waited = true;
+      paused->set_value();
+      go.wait();
+    }
+    const size_t ask = waited ? buf.size() : std::min<uint64_t>(buf.size(), pause_at - good);
+    ssize_t n = ::read(fd, buf.data(), ask);
+    if (n == 0) {
+      *clean_eof = true;
+      break;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) break;
+    p.fill(want.data(), static_cast<size_t>(n));
+    if (std::memcmp(buf.data(), want.data(), static_cast<size_t>(n)) != 0) break;
+    good += static_cast<uint64_t>(n);
+  }
+  if (!waited) paused->set_value();
+  return good;
+}
+
+class HandoverTest : public StealDrainLoadTest {
+ protected:
+  void SetUp() override {
+    StealDrainLoadTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    socket_ = dir_->path() + "/handover.sock";
+    ASSERT_NO_FATAL_FAILURE(restartAgent({"--handover-socket", socket_}));
+  }
+
+  void TearDown() override {
+    if (HasFailure()) {
+      for (size_t i = 0; i < agents_.size(); ++i) {
+        std::cerr << "--- new agent " << i << " log\n" << agents_[i]->log() << "---\n";
+      }
+    }
+    for (auto& a : agents_) a->child().kill();
+    StealDrainLoadTest::TearDown();
+  }
+
+  // A new agent taking over the one on socket_ (the fixture's agent_, or
+  // the last one this test started), with `env` added.
+  Agent* takeOver(pid_t target, const std::vector<std::string>& env = {}) {
+    std::vector<std::string> argv = {"--listen",       "127.0.0.1:0", "--token-file",
+                                     token_file_,      "--log-level", "debug",
+                                     "--steal-backend", GetParam().backend,
+                                     "--handover-socket", socket_,   "--take-over",
+                                     socket_,          "--session-grace", "3s",
+                                     "targeted",       "--pid",       std::to_string(target)};
+    std::vector<std::string> full_env = cleanEnv(env);
+    agents_.push_back(std::make_unique<Agent>(
+        argv, full_env, dir_->path() + "/agent-" + std::to_string(agents_.size() + 1) + ".log"));
+    return agents_.back().get();
+  }
+
+  // The agent now serving (the last that took over, or the first).
+  Agent& current() { return agents_.empty() ? *agent_ : *agents_.back(); }
+
+  // Hands the current agent over to a new one; expects success: the new
+  // agent's ready line, the old one's exit 0.
+  ::testing::AssertionResult handOver() {
+    Agent& old = current();
+    Agent* next = takeOver(httpd80_.pid());
+    std::string endpoint;
+    if (auto r = next->ready(&endpoint); !r) return r;
+    if (endpoint != endpoint_) {
+      return ::testing::AssertionFailure()
+             << "the new agent listens on " << endpoint << ", not " << endpoint_;
+    }
+    auto code = old.child().waitUntil(Clock::now() + std::chrono::seconds(10));
+    if (code != 0) {
+      return ::testing::AssertionFailure()
+             << "the old agent exited " << (code ? std::to_string(*code) : "never")
+             << "; its log:\n"
+             << old.log();
+    }
+    if (old.log().find("handover_done") == std::string::npos) {
+      return ::testing::AssertionFailure() << "no handover_done in the old agent's log";
+    }
+    return ::testing::AssertionSuccess();
+  }
+
+  // sk_lookup links on the pod's netns.
+  size_t podLinks() {
+    size_t n = 0;
+    for (const harness::BpfLink& link : harness::bpfLinks()) {
+      if (link.type == BPF_LINK_TYPE_NETNS && link.netns_ino == pod_->inode()) ++n;
+    }
+    return n;
+  }
+
+  // SIPHON chains in the pod (iptables, both families, both flavours).
+  size_t podChains() {
+    size_t n = 0;
+    for (const char* tool : {"iptables-nft-save", "iptables-legacy-save", "ip6tables-nft-save",
+                             "ip6tables-legacy-save"}) {
+      Result r = run({"ip", "netns", "exec", pod_->name(), tool});
+      std::istringstream in(r.out);
+      std::string line;
+      while (std::getline(in, line)) {
+        if (line.rfind(":SIPHON", 0) == 0) ++n;
+      }
+    }
+    return n;
+  }
+
+  std::string socket_;
+  std::vector<std::unique_ptr<Agent>> agents_;
+  std::vector<std::unique_ptr<Agent>> dead_;  // killed on purpose, kept for their logs
+};
+
+// wrk's 16 keep-alive connections through a stolen port while the agent is
+// handed over: every request answered, by the local server, none failed.
+TEST_P(HandoverTest, KeepAliveLoadThroughAStolenPortLosesNoRequest) {
+  LocalServer local(httpKeepAlive("stolen\n"));
+  LocalServer app(httpKeepAlive("original\n"), pod_->name(), kLoadPort);
+  Proc* s = steal({"--port", std::to_string(kLoadPort), "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 8080"));
+  auto stop_reading = drainOutput(s);
+  auto wrk = startWrk(6, {});
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const auto t0 = Clock::now();
+  ASSERT_TRUE(handOver());
+  const int64_t took = msSince(t0);
+  WrkCounts w = wrk.get();
+  stop_reading();
+  std::cerr << "wrk: " << w.raw << "handover (new agent started to old agent gone): " << took
+            << " ms\n";
+  ASSERT_TRUE(w.parsed) << w;
+  EXPECT_GT(w.requests, 1000) << w;
+  EXPECT_EQ(w.socketErrors(), 0) << w;
+  EXPECT_EQ(w.non2xx, 0) << w;
+  EXPECT_EQ(w.other, 0) << w;
+  EXPECT_EQ(w.original, 0) << w;
+  EXPECT_EQ(w.stolen, w.requests) << w;
+  EXPECT_EQ(app.accepted(), 0);
+  EXPECT_THAT(s->err, HasSubstr("the agent was handed over to a new agent process); session "
+                                "resumed, nothing lost"));
+  EXPECT_THAT(current().log(), HasSubstr("handover_taken"));
+  // New connections reach the new agent's steal; ending the steal gives the
+  // port back, and terminating the new agent leaves nothing.
+  EXPECT_EQ(curl(kLoadPort), "stolen\n");
+  s->signal(SIGINT);
+  EXPECT_EQ(s->finish(), 0) << s->err;
+  EXPECT_TRUE(originalWithin(std::chrono::seconds(5), kLoadPort));
+  ::kill(current().child().pid(), SIGTERM);
+  EXPECT_EQ(current().child().waitUntil(Clock::now() + std::chrono::seconds(10)), 0);
+  EXPECT_EQ(leftovers(), "");
+}
+
+// 1 GiB down a stolen connection and 1 GiB down an outgoing one, each
+// paused by its reader a quarter of the way while the agent is handed over.
+TEST_P(HandoverTest, StolenAndOutgoingDownloadsArriveByteExact) {
+  constexpr uint64_t kTotal = 1ull << 30;
+  constexpr uint64_t kPauseAt = 256ull << 20;
+  LocalServer stolen_source([](int fd) { sendPattern(fd, 11, kTotal); });
+  LocalServer pod_source([](int fd) { sendPattern(fd, 22, kTotal); }, pod_->name(), 8092);
+  Proc* s = steal({"--port", "80", "--to", stolen_source.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
+  steals_.push_back(std::make_unique<Proc>(
+      std::vector<std::string>{SIPHON_CLI_BIN, "--agent", endpoint_, "--token-file", token_file_,
+                               "forward", "-L", "0:127.0.0.1:8092"},
+      cleanEnv()));
+  Proc* fwd = steals_.back().get();
+  ASSERT_TRUE(fwd->readUntil([](const std::string&, const std::string& err) {
+    return err.find("forwarding ") != std::string::npos || err.find("siphon:") != std::string::npos;
+  })) << fwd->err;
+  const size_t colon = fwd->err.find("127.0.0.1:");
+  ASSERT_NE(colon, std::string::npos) << fwd->err;
+  const uint16_t fwd_port = static_cast<uint16_t>(std::stoi(fwd->err.substr(colon + 10)));
+
+  Fd down1(connectFrom(client_->name(), podAddress(), 80));
+  ASSERT_GE(down1.get(), 0);
+  setTimeouts(down1.get(), 60);
+  Fd down2(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+  Address loop{AF_INET, "127.0.0.1"};
+  ss = sockaddrOf(loop, fwd_port, &len);
+  ASSERT_EQ(::connect(down2.get(), reinterpret_cast<sockaddr*>(&ss), len), 0) << strerror(errno);
+  setTimeouts(down2.get(), 60);
+
+  std::promise<void> go;
+  std::shared_future<void> go_f = go.get_future().share();
+  std::promise<void> paused1, paused2;
+  auto p1 = paused1.get_future();
+  auto p2 = paused2.get_future();
+  bool eof1 = false, eof2 = false;
+  auto r1 = std::async(std::launch::async, [&] {
+    return receivePaused(down1.get(), 11, kPauseAt, &paused1, go_f, &eof1);
+  });
+  auto r2 = std::async(std::launch::async, [&] {
+    return receivePaused(down2.get(), 22, kPauseAt, &paused2, go_f, &eof2);
+  });
+  p1.wait();
+  p2.wait();
+  const bool handed = handOver();
+  go.set_value();
+  const uint64_t got1 = r1.get(), got2 = r2.get();
+  ASSERT_TRUE(handed);
+  EXPECT_EQ(got1, kTotal) << "stolen download";
+  EXPECT_TRUE(eof1);
+  EXPECT_EQ(got2, kTotal) << "outgoing download";
+  EXPECT_TRUE(eof2);
+  EXPECT_THAT(current().log(), HasSubstr("handover_taken"));
+  EXPECT_TRUE(s->readUntil([](const std::string&, const std::string& err) {
+    return err.find("handed over to a new agent process") != std::string::npos;
+  })) << s->err;
+}
+
+// The new agent stops (a test hook) with everything imported, its own
+// steering attached and nothing confirmed, and is killed: the old agent
+// thaws and serves the connection it held and new ones; nothing of the new
+// agent is left in the pod.
+TEST_P(HandoverTest, ANewAgentKilledBeforeItConfirmsLeavesTheOldOneServing) {
+  LocalServer local(echoServe);
+  Proc* s = nullptr;
+  Fd held = stealAndConnect(local, &s);
+  ASSERT_GE(held.get(), 0);
+  const size_t links_before = podLinks();
+  const size_t chains_before = podChains();
+  Agent* next = takeOver(httpd80_.pid(), {"SIPHON_TEST_HANDOVER_STOP=before-confirm"});
+  const pid_t pid = next->child().pid();
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  while (processState(pid) != 'T' && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(processState(pid), 'T') << next->log();
+  // Stopped with its steering beside the old one's.
+  EXPECT_THAT(next->log(), HasSubstr("handover=true"));
+  next->child().kill();
+  dead_.push_back(std::move(agents_.back()));
+  agents_.pop_back();
+  // The old agent sees the socket close and goes on.
+  const auto thaw_deadline = Clock::now() + std::chrono::seconds(10);
+  while (agent_->log().find("handover_thawed") == std::string::npos &&
+         Clock::now() < thaw_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_THAT(agent_->log(), HasSubstr("handover_thawed"));
+  EXPECT_FALSE(agent_->child().waitUntil(Clock::now()).has_value()) << "the old agent exited";
+  EXPECT_EQ(echoOnce(held.get(), "after"), "after");
+  Fd fresh(connectFrom(client_->name(), podAddress(), 80));
+  ASSERT_GE(fresh.get(), 0);
+  EXPECT_EQ(echoOnce(fresh.get(), "new"), "new");
+  // The new agent's link (sk_lookup) went with it; its chains (iptables)
+  // went with its guard.
+  const auto clean_deadline = Clock::now() + std::chrono::seconds(10);
+  while ((podLinks() != links_before || podChains() != chains_before) &&
+         Clock::now() < clean_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(podLinks(), links_before);
+  EXPECT_EQ(podChains(), chains_before);
+  // And a handover after that one works.
+  EXPECT_TRUE(handOver());
+  EXPECT_EQ(echoOnce(held.get(), "later"), "later");
+}
+
+// Ten handovers in a row, one connection held across all of them, echoing
+// after each: the agents' descriptors, the pod's links and chains level.
+TEST_P(HandoverTest, TenHandoversInARowLeakNothing) {
+  LocalServer local(echoServe);
+  Proc* s = nullptr;
+  Fd held = stealAndConnect(local, &s);
+  ASSERT_GE(held.get(), 0);
+  const size_t links = podLinks();
+  const size_t chains = podChains();
+  std::vector<size_t> fds;
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_TRUE(handOver()) << "handover " << i + 1;
+    ASSERT_EQ(echoOnce(held.get(), "round" + std::to_string(i)), "round" + std::to_string(i));
+    Fd fresh(connectFrom(client_->name(), podAddress(), 80));
+    ASSERT_GE(fresh.get(), 0);
+    ASSERT_EQ(echoOnce(fresh.get(), "new"), "new");
+    fds.push_back(openFds(current().child().pid()));
+    EXPECT_EQ(podLinks(), links) << "after handover " << i + 1;
+  }
+  // Chains: the old agent's go as it exits (its guard), a moment later.
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (podChains() != chains && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(podChains(), chains);
+  // The 10th agent holds what the 2nd did (one connection more or less in
+  // flight at the moment of counting).
+  EXPECT_LE(fds.back(), fds[1] + 2) << "descriptors grow with each handover";
+  EXPECT_THAT(current().log(), HasSubstr("handover_taken"));
+  Result sessions = run({SIPHON_CLI_BIN, "--agent", endpoint_, "--token-file", token_file_,
+                         "sessions"});
+  EXPECT_EQ(sessions.exit_code, 0) << sessions;
+}
+
+// A new agent for another target is refused; so is a handover of an agent
+// holding what does not move yet (a mirror), before any client is cut. One
+// line on each side; the old agent serves on.
+TEST_P(HandoverTest, RefusalsAreOneLineAndTheOldAgentServesOn) {
+  LocalServer local(echoServe);
+  Proc* s = nullptr;
+  Fd held = stealAndConnect(local, &s);
+  ASSERT_GE(held.get(), 0);
+
+  Agent* wrong = takeOver(httpd81_.pid());
+  dead_.push_back(std::move(agents_.back()));
+  agents_.pop_back();
+  EXPECT_EQ(wrong->child().waitUntil(Clock::now() + std::chrono::seconds(10)), 1);
+  EXPECT_THAT(wrong->log(), HasSubstr("refused the handover: the new agent was started for target "
+                                      "pid " + std::to_string(httpd81_.pid())));
+  EXPECT_THAT(agent_->log(), HasSubstr("handover_refused"));
+
+  steals_.push_back(std::make_unique<Proc>(
+      std::vector<std::string>{SIPHON_CLI_BIN, "--agent", endpoint_, "--token-file", token_file_,
+                               "mirror", "--port", "81"},
+      cleanEnv()));
+  Proc* m = steals_.back().get();
+  ASSERT_TRUE(m->readUntil([](const std::string&, const std::string& err) {
+    return err.find("mirror: port 81") != std::string::npos ||
+           err.find("siphon:") != std::string::npos;
+  })) << m->err;
+  Agent* blocked = takeOver(httpd80_.pid());
+  dead_.push_back(std::move(agents_.back()));
+  agents_.pop_back();
+  EXPECT_EQ(blocked->child().waitUntil(Clock::now() + std::chrono::seconds(20)), 1);
+  EXPECT_THAT(blocked->log(), HasSubstr("this agent holds what cannot move: 1 mirror "
+                                        "subscriptions"));
+  // Refused before the freeze: no client was even cut.
+  EXPECT_THAT(agent_->log(), Not(HasSubstr("reason=handover")));
+  EXPECT_EQ(echoOnce(held.get(), "still"), "still");
+  EXPECT_EQ(curl(81), "original-81\n");
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, HandoverTest,
+                         ::testing::Values(Param{"sk_lookup", AF_INET},
+                                           Param{"iptables", AF_INET6}),
+                         paramName);
+
+}  // namespace
+}  // namespace siphon
