@@ -417,6 +417,10 @@ absl::Status AgentSession::exportState(v1::SessionExport* out, std::vector<Uniqu
   out->set_bytes_in(bytes_in_);
   out->set_bytes_out(bytes_out_);
   out->set_grace_left_ms(static_cast<uint64_t>(grace_left_.count()));
+  out->set_handovers(handovers_);
+  out->set_age_ms(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            std::chrono::steady_clock::now() - created_)
+                                            .count()));
   return absl::OkStatus();
 }
 
@@ -428,9 +432,11 @@ absl::StatusOr<std::shared_ptr<AgentSession>> AgentSession::restore(
   absl::Status s = self->session_.restoreState(state.protocol(), protocol::Clock::now());
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("session ", state.id(), ": ", s.message()));
   self->protocol_minor_ = state.protocol_minor();
+  self->handovers_ = state.handovers() + 1;
   self->bytes_in_ = state.bytes_in();
   self->bytes_out_ = state.bytes_out();
   self->frozen_ = true;
+  self->created_ = std::chrono::steady_clock::now() - std::chrono::milliseconds(state.age_ms());
   self->restored_grace_ = self->session_.limits().session_grace;
   if (state.grace_left_ms() > 0) {
     self->restored_grace_ =

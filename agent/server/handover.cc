@@ -447,7 +447,6 @@ absl::Status Server::importHandover(const v1::AgentState& state, std::vector<Uni
   std::map<std::string, std::shared_ptr<SessionHost>> hosts;
   for (const v1::SessionExport& e : state.sessions()) {
     ASSIGN_OR_RETURN(std::shared_ptr<AgentSession> s, AgentSession::restore(*this, e, fds));
-    s->setHandovers(handovers_);
     hosts[s->id()] = s;
     sessions_[s->id()] = std::move(s);
   }

@@ -415,7 +415,6 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
     }
     session = std::make_shared<AgentSession>(*this, newId(8), newId(24), hello.client_name(),
                                              decision.limits);
-    session->setHandovers(handovers_);
     sessions_[session->id()] = session;
   }
   session->setProtocolMinor(version->minor());
@@ -518,6 +517,7 @@ v1::SessionsResponse Server::listSessions(const AgentSession& asking) const {
     out.set_streams(static_cast<uint32_t>(s->streamCount()));
     out.set_bytes_in(s->bytesIn());
     out.set_bytes_out(s->bytesOut());
+    out.set_handovers(s->handovers());
     out.set_current(s.get() == &asking);
     services_->describeSubscriptions(id, out.mutable_subscriptions());
     for (const auto& sub : out.subscriptions()) {

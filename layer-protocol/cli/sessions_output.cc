@@ -27,7 +27,11 @@ std::string sessionsText(const std::vector<client::SessionInfo>& sessions) {
     std::vector<std::string> subs;
     for (const auto& sub : s.subscriptions) subs.push_back(subscriptionText(sub));
     rows.push_back({s.current ? "*" : "", s.session_id, s.client_name.empty() ? "-" : s.client_name,
-                    formatUptime(s.age_ms), s.state, absl::StrCat(s.streams),
+                    formatUptime(s.age_ms),
+                    s.handovers == 0 ? s.state
+                                     : absl::StrCat(s.state, " (", s.handovers,
+                                                    s.handovers == 1 ? " handover)" : " handovers)"),
+                    absl::StrCat(s.streams),
                     absl::StrCat(s.bytes_in), absl::StrCat(s.bytes_out),
                     subs.empty() ? "-" : absl::StrJoin(subs, ", ")});
   }
@@ -65,6 +69,7 @@ std::string sessionsJson(const std::vector<client::SessionInfo>& sessions) {
     w.key("streams").value(s.streams);
     w.key("bytes_in").value(s.bytes_in);
     w.key("bytes_out").value(s.bytes_out);
+    w.key("handovers").value(s.handovers);
     w.key("subscriptions").beginArray();
     for (const auto& sub : s.subscriptions) {
       w.beginObject();

@@ -369,6 +369,7 @@ net::awaitable<absl::StatusOr<std::vector<SessionInfo>>> Target::sessions() cons
     // Agents before `state` said only `attached`.
     info.state = !s.state().empty() ? s.state() : s.attached() ? "attached" : "detached";
     info.age_ms = s.age_ms();
+    info.handovers = s.handovers();
     info.current = s.current();
     info.streams = s.streams();
     info.bytes_in = s.bytes_in();

@@ -343,9 +343,11 @@ TEST_P(HandoverTest, TenHandoversInARowLeakNothing) {
   // flight at the moment of counting).
   EXPECT_LE(fds.back(), fds[1] + 2) << "descriptors grow with each handover";
   EXPECT_THAT(current().log(), HasSubstr("handover_taken"));
+  // `siphon sessions` counts them for the session that went through them.
   Result sessions = run({SIPHON_CLI_BIN, "--agent", endpoint_, "--token-file", token_file_,
                          "sessions"});
   EXPECT_EQ(sessions.exit_code, 0) << sessions;
+  EXPECT_THAT(sessions.out, HasSubstr("attached (10 handovers)")) << sessions;
 }
 
 // A new agent for another target is refused; so is a handover of an agent

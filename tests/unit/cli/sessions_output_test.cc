@@ -44,6 +44,16 @@ TEST(SessionsText, AlignedRowsThisOneStarred) {
             "   s-22     -       1m05s  detached  0        0         0          -\n");
 }
 
+// A session that moved to a new agent process says how often, in STATE.
+TEST(SessionsText, HandoversShowInTheState) {
+  std::vector<client::SessionInfo> sessions = sampleSessions();
+  sessions[0].handovers = 1;
+  sessions[1].handovers = 3;
+  const std::string text = sessionsText(sessions);
+  EXPECT_NE(text.find("  attached (1 handover)  "), std::string::npos) << text;
+  EXPECT_NE(text.find("  detached (3 handovers)  "), std::string::npos) << text;
+}
+
 TEST(SessionsText, NoSessionsIsTheHeaderAlone) {
   EXPECT_EQ(sessionsText({}),
             "  SESSION  CLIENT  AGE  STATE  STREAMS  BYTES_IN  BYTES_OUT  SUBSCRIPTIONS\n");
@@ -53,6 +63,7 @@ TEST(SessionsJson, Fields) {
   std::vector<client::SessionInfo> sessions = sampleSessions();
   sessions[0].subscriptions.pop_back();
   sessions[0].bytes_out = 5'000'000'000;  // beyond 32 bits
+  sessions[0].handovers = 2;
   EXPECT_EQ(sessionsJson(sessions),
             "{\n"
             "  \"sessions\": [\n"
@@ -65,6 +76,7 @@ TEST(SessionsJson, Fields) {
             "      \"streams\": 2,\n"
             "      \"bytes_in\": 10,\n"
             "      \"bytes_out\": 5000000000,\n"
+            "      \"handovers\": 2,\n"
             "      \"subscriptions\": [\n"
             "        {\n"
             "          \"id\": 7,\n"
@@ -85,6 +97,7 @@ TEST(SessionsJson, Fields) {
             "      \"streams\": 0,\n"
             "      \"bytes_in\": 0,\n"
             "      \"bytes_out\": 0,\n"
+            "      \"handovers\": 0,\n"
             "      \"subscriptions\": []\n"
             "    }\n"
             "  ]\n"

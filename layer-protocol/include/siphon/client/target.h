@@ -130,6 +130,7 @@ struct SessionInfo {
   std::vector<uint32_t> stolen_ports;
   std::vector<uint32_t> mirrored_ports;
   std::vector<SessionSubscription> subscriptions;
+  uint64_t handovers = 0;  // times it moved to a new agent process
 };
 
 class Target {
