@@ -44,6 +44,7 @@ from contextlib import ExitStack
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from links import Links  # noqa: E402 - the links group, beside this file
+from handover import Handover  # noqa: E402 - the handover group, beside this file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -1486,7 +1487,7 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     groups = [g for g in args.only.split(",") if g] or [
         "bulk", "bulk8", "http", "short", "filtered", "idle", "forward", "startup", "rss",
-        "services", "mirror", "isolation", "mount", "exec", "links"]
+        "services", "mirror", "isolation", "mount", "exec", "handover", "links"]
     with ExitStack() as stack:
         procs = Procs()
         stack.callback(procs.close)
@@ -1512,6 +1513,7 @@ def main():
             ("isolation", b.isolation),
             ("mount", b.mount),
             ("exec", b.exec_group),
+            ("handover", lambda: Handover(b, log, sh, summary).run()),
             ("links", lambda: Links(b, log, sh, summary).run()),
         ]
         for group, run in runs:
