@@ -89,7 +89,10 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
   app.add_option("--take-over", config.take_over,
                  "start by taking over the agent whose --handover-socket is PATH (same target) "
                  "instead of binding --listen: its listener, sessions, connections and steal; "
-                 "if anything fails, that agent goes on and this one exits 1");
+                 "if anything fails, that agent goes on and this one exits 1. 'auto': the one "
+                 "other siphon-agent process here with a socket at this agent's "
+                 "--handover-socket path in its root (/proc/PID/root/PATH: another container "
+                 "of the pod)");
   app.add_option("--handover-timeout", handover_timeout,
                  "how long each agent of a handover waits for the other's next step")
       ->capture_default_str();

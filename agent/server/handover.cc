@@ -18,12 +18,16 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <future>
 #include <poll.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "agent/common/log.h"
 #include "agent/outgoing/address.h"
 #include "agent/server/handover_channel.h"
@@ -44,6 +48,54 @@ namespace {
 
 int64_t msSince(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
+}
+
+// --take-over auto: the one other siphon-agent process of this PID
+// namespace with a socket at `socket` (this agent's own --handover-socket
+// path) in its root: /proc/PID/root/SOCKET. Two agents in containers of
+// one pod (ephemeral containers of the same target) each see the other's
+// files that way, and the target's processes do not (it takes ptrace
+// access to the agent).
+absl::StatusOr<std::string> findAgentToTakeOver(const std::string& socket) {
+  if (socket.empty() || socket[0] != '/') {
+    return absl::InvalidArgumentError(
+        "--take-over auto looks for the old agent's socket at this agent's --handover-socket "
+        "path, which must be given (an absolute path)");
+  }
+  std::vector<std::string> found;
+  std::vector<std::pair<dev_t, ino_t>> seen;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    if (std::stol(name) == ::getpid()) continue;
+    std::error_code lec;
+    const std::string exe = std::filesystem::read_symlink(it->path() / "exe", lec).filename();
+    // "siphon-agent", or "siphon-agent (deleted)" once its binary was replaced.
+    if (lec || exe.rfind("siphon-agent", 0) != 0) continue;
+    const std::string candidate = it->path().string() + "/root" + socket;
+    struct stat st {};
+    if (::stat(candidate.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    // One socket file seen through several processes (the old agent's
+    // helpers run from its binary too, in its root): once.
+    if (std::find(seen.begin(), seen.end(), std::pair{st.st_dev, st.st_ino}) != seen.end()) {
+      continue;
+    }
+    seen.emplace_back(st.st_dev, st.st_ino);
+    found.push_back(candidate);
+  }
+  if (found.empty()) {
+    return absl::NotFoundError(absl::StrCat("--take-over auto: no other siphon-agent process here "
+                                            "has a handover socket at ",
+                                            socket));
+  }
+  if (found.size() > 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--take-over auto: several agents have a handover socket at ", socket, " (",
+                     absl::StrJoin(found, ", "), "): give --take-over the path"));
+  }
+  return found[0];
 }
 
 // Whether process `pid` is gone within `wait` (pidfd: no pid reuse race).
@@ -329,7 +381,11 @@ absl::StatusOr<std::string> Server::exportHandover(std::vector<UniqueFd>* fds) {
 
 absl::Status Server::takeOver() {
   const auto began = Clock::now();
-  const std::string& path = config_.take_over;
+  std::string path = config_.take_over;
+  if (path == "auto") {
+    ASSIGN_OR_RETURN(path, findAgentToTakeOver(config_.handover_socket));
+    log::info("handover_found", {{"socket", path}});
+  }
   RETURN_IF_ERROR(setUpTls());
   ASSIGN_OR_RETURN(UniqueFd conn, handover::connect(path));
   const int sock = conn.get();

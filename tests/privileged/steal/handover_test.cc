@@ -97,12 +97,14 @@ class HandoverTest : public StealDrainLoadTest {
 
   // A new agent taking over the one on socket_ (the fixture's agent_, or
   // the last one this test started), with `env` added.
-  Agent* takeOver(pid_t target, const std::vector<std::string>& env = {}) {
+  // `from`: --take-over's value (socket_ by default; "auto" finds it).
+  Agent* takeOver(pid_t target, const std::vector<std::string>& env = {},
+                  const std::string& from = "") {
     std::vector<std::string> argv = {"--listen",       "127.0.0.1:0", "--token-file",
                                      token_file_,      "--log-level", "debug",
                                      "--steal-backend", GetParam().backend,
                                      "--handover-socket", socket_,   "--take-over",
-                                     socket_,          "--session-grace", "3s",
+                                     from.empty() ? socket_ : from, "--session-grace", "3s",
                                      "targeted",       "--pid",       std::to_string(target)};
     std::vector<std::string> full_env = cleanEnv(env);
     agents_.push_back(std::make_unique<Agent>(
@@ -115,9 +117,9 @@ class HandoverTest : public StealDrainLoadTest {
 
   // Hands the current agent over to a new one; expects success: the new
   // agent's ready line, the old one's exit 0.
-  ::testing::AssertionResult handOver() {
+  ::testing::AssertionResult handOver(const std::string& from = "") {
     Agent& old = current();
-    Agent* next = takeOver(httpd80_.pid());
+    Agent* next = takeOver(httpd80_.pid(), {}, from);
     std::string endpoint;
     if (auto r = next->ready(&endpoint); !r) return r;
     if (endpoint != endpoint_) {
@@ -315,7 +317,8 @@ TEST_P(HandoverTest, ANewAgentKilledBeforeItConfirmsLeavesTheOldOneServing) {
 }
 
 // Ten handovers in a row, one connection held across all of them, echoing
-// after each: the agents' descriptors, the pod's links and chains level.
+// after each: the agents' descriptors, the pod's links and chains level;
+// every other new agent finds the old one with --take-over auto.
 TEST_P(HandoverTest, TenHandoversInARowLeakNothing) {
   LocalServer local(echoServe);
   Proc* s = nullptr;
@@ -325,7 +328,9 @@ TEST_P(HandoverTest, TenHandoversInARowLeakNothing) {
   const size_t chains = podChains();
   std::vector<size_t> fds;
   for (int i = 0; i < 10; ++i) {
-    ASSERT_TRUE(handOver()) << "handover " << i + 1;
+    // Every other one finds the old agent by itself (--take-over auto: its
+    // process, and its socket at our --handover-socket path in its root).
+    ASSERT_TRUE(handOver(i % 2 == 1 ? "auto" : "")) << "handover " << i + 1;
     ASSERT_EQ(echoOnce(held.get(), "round" + std::to_string(i)), "round" + std::to_string(i));
     Fd fresh(connectFrom(client_->name(), podAddress(), 80));
     ASSERT_GE(fresh.get(), 0);
