@@ -20,16 +20,13 @@ import subprocess
 import threading
 import time
 
+from links import pct  # the same percentile as the links group
+
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "link_probe.py")
 PY = "/usr/bin/python3"
 STREAM_PORT = 18093  # the stream server, in the node namespace
 SECONDS = 6
 EVENT_AT = 2.5
-
-
-def pct(values, q):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
 class Handover:
