@@ -160,12 +160,16 @@ void Server::handoverThread() {
 
 void Server::serveHandover(UniqueFd conn) {
   const auto began = Clock::now();
+  // The metrics are the event loop's.
+  auto countOnLoop = [this](const char* result) {
+    asio::post(io_, [this, result] { metrics_.handover(result); });
+  };
   const int sock = conn.get();
   std::vector<UniqueFd> none;
   auto refuse = [&](const std::string& reason) {
     (void)handover::send(sock, handover::refusal(reason));
     log::warn("handover_refused", {{"reason", reason}});
-    metrics_.handover("refused");
+    countOnLoop("refused");
   };
   auto peer = handover::checkPeer(sock);
   if (!peer.ok()) {
@@ -280,7 +284,7 @@ void Server::serveHandover(UniqueFd conn) {
   if (!sent.ok()) {
     const std::string reason = absl::StrCat("sending the state failed: ", sent.message());
     log::warn("handover_failed", {{"reason", reason}});
-    metrics_.handover("failed");
+    countOnLoop("failed");
     thaw(reason);
     return;
   }
@@ -298,7 +302,7 @@ void Server::serveHandover(UniqueFd conn) {
     }
     log::warn("handover_failed", {{"peer_pid", static_cast<int64_t>(peer->pid)},
                                   {"reason", reason}});
-    metrics_.handover("failed");
+    countOnLoop("failed");
     thaw(reason);
     return;
   }
