@@ -465,9 +465,16 @@ absl::Status Server::takeOver() {
     }
     log::warn("handover_old_agent_gone", {{"pid", static_cast<int64_t>(old.pid)}});
   }
-  // The socket path is ours from now on (the old agent exits).
+  // The socket path is ours from now on; the metrics address once the old
+  // agent, which exits now, let go of it. Everything is ours already: a
+  // metrics endpoint that cannot bind is said, not a reason to stop.
   RETURN_IF_ERROR(listenHandover(/*replace=*/true));
-  RETURN_IF_ERROR(listenMetrics());
+  (void)processGone(old.pid, std::chrono::seconds(5));
+  if (absl::Status m = listenMetrics(); !m.ok()) {
+    log::warn("metrics_listen_failed", {{"address", config_.metrics_listen},
+                                        {"error", sv(m.message())}});
+    http_.reset();
+  }
   for (auto& [id, s] : sessions_) s->startAfterHandover();
   services_->startAfterHandover();
   had_client_ = true;

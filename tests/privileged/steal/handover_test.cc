@@ -82,7 +82,18 @@ class HandoverTest : public StealDrainLoadTest {
     StealDrainLoadTest::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
     socket_ = dir_->path() + "/handover.sock";
-    ASSERT_NO_FATAL_FAILURE(restartAgent({"--handover-socket", socket_}));
+    // Every agent serves its metrics on the same address: the new one
+    // binds it once the old one let go.
+    Fd probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    ASSERT_EQ(::bind(probe.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(::getsockname(probe.get(), reinterpret_cast<sockaddr*>(&a), &len), 0);
+    metrics_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    probe.reset();
+    ASSERT_NO_FATAL_FAILURE(restartAgent({"--handover-socket", socket_, "--metrics", metrics_}));
   }
 
   void TearDown() override {
@@ -105,6 +116,7 @@ class HandoverTest : public StealDrainLoadTest {
                                      "--steal-backend", GetParam().backend,
                                      "--handover-socket", socket_,   "--take-over",
                                      from.empty() ? socket_ : from, "--session-grace", "3s",
+                                     "--metrics", metrics_,
                                      "targeted",       "--pid",       std::to_string(target)};
     std::vector<std::string> full_env = cleanEnv(env);
     agents_.push_back(std::make_unique<Agent>(
@@ -164,6 +176,7 @@ class HandoverTest : public StealDrainLoadTest {
   }
 
   std::string socket_;
+  std::string metrics_;  // every agent's --metrics address
   std::vector<std::unique_ptr<Agent>> agents_;
   std::vector<std::unique_ptr<Agent>> dead_;  // killed on purpose, kept for their logs
 };
@@ -337,6 +350,10 @@ TEST_P(HandoverTest, TenHandoversInARowLeakNothing) {
     ASSERT_EQ(echoOnce(fresh.get(), "new"), "new");
     fds.push_back(openFds(current().child().pid()));
     EXPECT_EQ(podLinks(), links) << "after handover " << i + 1;
+    // The new agent's metrics, on the old one's address.
+    Result m = run({"curl", "-sS", "--max-time", "5", "http://" + metrics_ + "/metrics"});
+    EXPECT_THAT(m.out, HasSubstr("siphon_handovers_total{result=\"taken\"} 1"))
+        << "after handover " << i + 1 << ": " << m;
   }
   // Chains: the old agent's go as it exits (its guard), a moment later.
   const auto deadline = Clock::now() + std::chrono::seconds(10);
