@@ -227,14 +227,47 @@ http {{
         return self.procs.start(["nginx", "-c", conf], netns=ns, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
 
-    def wait_port(self, ns, port, timeout=10, udp=False):
+    def wait_port(self, ns, port, timeout=10, udp=False, proc=None, log_path=None):
+        """Waits until something listens on `port` in `ns`. With `proc` (the
+        process meant to listen there), says at once when it exited, with
+        the end of its stderr (`log_path`)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             r = sh("ss", "-Hluln" if udp else "-Htln", f"sport = :{port}", netns=ns, check=False)
             if r.stdout.strip():
                 return
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"nothing listens on {port} in {ns}: {' '.join(proc.args[-3:])} "
+                                   f"exited {proc.returncode}{self.tail(log_path)}")
             time.sleep(0.05)
-        raise RuntimeError(f"nothing listens on {port} in {ns}")
+        state = "" if proc is None else f" (its process {'runs' if proc.poll() is None else 'exited'})"
+        raise RuntimeError(f"nothing listens on {port} in {ns} after {timeout} s{state}"
+                           f"{self.tail(log_path)}")
+
+    @staticmethod
+    def tail(log_path):
+        if not log_path or not os.path.exists(log_path):
+            return ""
+        with open(log_path, errors="replace") as f:
+            text = f.read().strip()
+        return f": {text[-500:]}" if text else ""
+
+    def listener(self, argv, ns, port, name, attempts=3):
+        """Starts `argv` in `ns` and waits until it listens on `port`: a
+        process that exits first (a port not yet free, say) is started
+        again, up to `attempts` times; the last failure says why."""
+        for attempt in range(attempts):
+            log_path = os.path.join(self.tmp, f"{name}-{time.time_ns()}.log")
+            p = self.procs.start(argv, netns=ns, stderr=open(log_path, "w"))
+            try:
+                self.wait_port(ns, port, proc=p, log_path=log_path)
+                return p
+            except RuntimeError as e:
+                self.procs.stop(p)
+                if attempt + 1 == attempts:
+                    raise
+                log(f"{name}: {e}; starting it again")
+                time.sleep(0.3)
 
     def pod_pid(self):
         # The nginx master is the target: `ip netns exec` execs in place.
@@ -285,14 +318,12 @@ http {{
     def peer_on(self, port, to_port):
         """iptables REDIRECT in the pod -> socat (pod) -> socat (node) -> to_port."""
         relay1, relay2 = 15080 + port % 1000, 16080 + port % 1000
-        a = self.procs.start(["socat", "-b", "262144", f"TCP-LISTEN:{relay1},reuseaddr,fork,backlog=4096",
-                              f"TCP:{self.node_ip}:{relay2}"], netns=self.pod,
-                             stderr=subprocess.DEVNULL)
-        b = self.procs.start(["socat", "-b", "262144", f"TCP-LISTEN:{relay2},reuseaddr,fork,backlog=4096",
-                              f"TCP:127.0.0.1:{to_port}"], netns=self.node,
-                             stderr=subprocess.DEVNULL)
-        self.wait_port(self.pod, relay1)
-        self.wait_port(self.node, relay2)
+        a = self.listener(["socat", "-b", "262144",
+                           f"TCP-LISTEN:{relay1},reuseaddr,fork,backlog=4096",
+                           f"TCP:{self.node_ip}:{relay2}"], self.pod, relay1, "peer-relay-pod")
+        b = self.listener(["socat", "-b", "262144",
+                           f"TCP-LISTEN:{relay2},reuseaddr,fork,backlog=4096",
+                           f"TCP:127.0.0.1:{to_port}"], self.node, relay2, "peer-relay-node")
         rule = ["-t", "nat", "-p", "tcp", "--dport", str(port), "-j", "REDIRECT", "--to-ports",
                 str(relay1)]
         sh("iptables", "-A", "PREROUTING", *rule, netns=self.pod)
@@ -593,21 +624,19 @@ http {{
         agent, endpoint = self.start_agent()
         try:
             for rep in range(self.reps):
+                fwd_log = os.path.join(self.tmp, f"forward-{time.time_ns()}.log")
                 fwd = self.cli(endpoint, "forward", "-L", "127.0.0.1:17201:127.0.0.1:5201",
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                self.wait_port(self.node, 17201)
+                               stdout=subprocess.DEVNULL, stderr=open(fwd_log, "w"))
+                self.wait_port(self.node, 17201, proc=fwd, log_path=fwd_log)
                 values["siphon"].append(self.iperf_from_node(17201))
                 self.procs.stop(fwd, signal.SIGINT)
-                a = self.procs.start(["socat", "-b", "262144",
-                                      "TCP-LISTEN:17202,reuseaddr,fork,backlog=4096",
-                                      f"TCP:{self.pod_node_ip}:17203"], netns=self.node,
-                                     stderr=subprocess.DEVNULL)
-                b = self.procs.start(["socat", "-b", "262144",
-                                      "TCP-LISTEN:17203,reuseaddr,fork,backlog=4096",
-                                      "TCP:127.0.0.1:5201"], netns=self.pod,
-                                     stderr=subprocess.DEVNULL)
-                self.wait_port(self.node, 17202)
-                self.wait_port(self.pod, 17203)
+                a = self.listener(["socat", "-b", "262144",
+                                   "TCP-LISTEN:17202,reuseaddr,fork,backlog=4096",
+                                   f"TCP:{self.pod_node_ip}:17203"], self.node, 17202,
+                                  "forward-peer-node")
+                b = self.listener(["socat", "-b", "262144",
+                                   "TCP-LISTEN:17203,reuseaddr,fork,backlog=4096",
+                                   "TCP:127.0.0.1:5201"], self.pod, 17203, "forward-peer-pod")
                 values["peer"].append(self.iperf_from_node(17202))
                 self.procs.stop(a)
                 self.procs.stop(b)
@@ -824,10 +853,9 @@ http {{
         """The application's throughput (bulk, and small HTTP requests) with
         a mirror on against without, what the mirror's CPU costs per GB and
         per thousand packets, and the highest rate it copies without a gap."""
-        sink = self.procs.start(["socat", "-u", "-b", "262144",
-                                 "TCP-LISTEN:19000,reuseaddr,fork,backlog=64", "GOPEN:/dev/null"],
-                                netns=self.node, stderr=subprocess.DEVNULL)
-        self.wait_port(self.node, 19000)
+        sink = self.listener(["socat", "-u", "-b", "262144",
+                              "TCP-LISTEN:19000,reuseaddr,fork,backlog=64", "GOPEN:/dev/null"],
+                             self.node, 19000, "mirror-sink")
         agent, endpoint = self.start_agent()
         self.mirror_agent = agent
         values = {"direct": [], "siphon": []}
