@@ -29,6 +29,18 @@ struct NewAgent {
   std::string endpoint;
 };
 
+// The fewest descriptors `pid` holds over five looks 20 ms apart: one look
+// may catch one that comes and goes (a metrics scrape, a resume's accept).
+size_t openFds(pid_t pid);
+size_t steadyFds(pid_t pid) {
+  size_t least = SIZE_MAX;
+  for (int i = 0; i < 5; ++i) {
+    least = std::min(least, openFds(pid));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return least;
+}
+
 size_t openFds(pid_t pid) {
   size_t n = 0;
   std::error_code ec;
@@ -348,7 +360,7 @@ TEST_P(HandoverTest, TenHandoversInARowLeakNothing) {
     Fd fresh(connectFrom(client_->name(), podAddress(), 80));
     ASSERT_GE(fresh.get(), 0);
     ASSERT_EQ(echoOnce(fresh.get(), "new"), "new");
-    fds.push_back(openFds(current().child().pid()));
+    fds.push_back(steadyFds(current().child().pid()));
     EXPECT_EQ(podLinks(), links) << "after handover " << i + 1;
     // The new agent's metrics, on the old one's address.
     Result m = run({"curl", "-sS", "--max-time", "5", "http://" + metrics_ + "/metrics"});
@@ -361,8 +373,8 @@ TEST_P(HandoverTest, TenHandoversInARowLeakNothing) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   EXPECT_EQ(podChains(), chains);
-  // The 10th agent holds what the 2nd did (one connection more or less in
-  // flight at the moment of counting).
+  // The 10th agent holds what the 2nd did: a descriptor lost per handover
+  // would be 8 more.
   EXPECT_LE(fds.back(), fds[1] + 2) << "descriptors grow with each handover";
   EXPECT_THAT(current().log(), HasSubstr("handover_taken"));
   // `siphon sessions` counts them for the session that went through them.
