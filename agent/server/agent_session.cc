@@ -437,12 +437,12 @@ absl::StatusOr<std::shared_ptr<AgentSession>> AgentSession::restore(
   self->bytes_out_ = state.bytes_out();
   self->frozen_ = true;
   self->created_ = std::chrono::steady_clock::now() - std::chrono::milliseconds(state.age_ms());
-  self->restored_grace_ = self->session_.limits().session_grace;
+  self->restored_ = true;
+  self->grace_left_ = self->session_.limits().session_grace;
   if (state.grace_left_ms() > 0) {
-    self->restored_grace_ =
-        std::min(self->restored_grace_, std::chrono::milliseconds(state.grace_left_ms()));
+    self->grace_left_ =
+        std::min(self->grace_left_, std::chrono::milliseconds(state.grace_left_ms()));
   }
-  self->grace_left_ = self->restored_grace_;
   for (const v1::PumpExport& p : state.pumps()) {
     if (p.fd() < 0 || static_cast<size_t>(p.fd()) >= fds.size() || !fds[p.fd()]) {
       return absl::InvalidArgumentError(

@@ -45,7 +45,7 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   // Had a transport and lost it: waiting for a resume within the grace.
   // (A session a handover brought counts too, until its client resumes.)
   bool detached() const {
-    return !ended_ && (transport_ != nullptr ? transport_->closed() : restored_grace_.count() > 0);
+    return !ended_ && (transport_ != nullptr ? transport_->closed() : restored_);
   }
   std::chrono::steady_clock::time_point created() const { return created_; }
 
@@ -181,8 +181,8 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   std::map<v1::ErrorCode, uint64_t> limit_hits_;  // per code, for logLimitHit
   uint64_t handovers_ = 0;
   bool frozen_ = false;
-  // Restored by a handover: its grace, from startAfterHandover().
-  std::chrono::milliseconds restored_grace_{0};
+  // Restored by a handover (detached until its client resumes).
+  bool restored_ = false;
   // Frozen for a handover: the grace it has left (armed again on a thaw).
   std::chrono::milliseconds grace_left_{0};
 };

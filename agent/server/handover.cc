@@ -11,7 +11,6 @@
 // none meanwhile, so the state it exported is still exactly its own. After
 // it, the old agent removes its steering, says HandoverReleased and exits.
 #include <fcntl.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -507,9 +506,7 @@ absl::Status Server::importHandover(const v1::AgentState& state, std::vector<Uni
                    ec);
   if (ec) return absl::InternalError(absl::StrCat("the client listener: ", ec.message()));
   (void)listener.release();
-  if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-    fd_budget_ = fdBudgetFor(rl.rlim_cur);
-  }
+  setFdBudget();
   handovers_ = state.handovers();
   std::map<std::string, std::shared_ptr<SessionHost>> hosts;
   for (const v1::SessionExport& e : state.sessions()) {

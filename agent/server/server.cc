@@ -112,12 +112,16 @@ absl::Status Server::listen() {
   if (ec) return fail("bind");
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return fail("listen");
+  setFdBudget();
+  RETURN_IF_ERROR(listenMetrics());
+  return listenHandover(/*replace=*/false);
+}
+
+void Server::setFdBudget() {
   // The descriptor budget of admit(), from the limit main() raised.
   if (rlimit rl{}; ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
     fd_budget_ = fdBudgetFor(rl.rlim_cur);
   }
-  RETURN_IF_ERROR(listenMetrics());
-  return listenHandover(/*replace=*/false);
 }
 
 absl::Status Server::listenMetrics() {

@@ -115,6 +115,9 @@ class Server {
   absl::Status importHandover(const v1::AgentState& state, std::vector<UniqueFd>& fds);
 
   net::awaitable<void> acceptLoop();
+  // The descriptor budget of admit(), from RLIMIT_NOFILE (listen(), a
+  // handover's import).
+  void setFdBudget();
   // --metrics: binds the operator's HTTP endpoint (listen() calls it).
   absl::Status listenMetrics();
   // Admits an accepted connection to a handshake slot, or closes it at once
