@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <variant>
 #include <cerrno>
@@ -194,15 +195,111 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
     }
   }
 
-  // Open files live in the file helper and its descriptors here: they do
-  // not move to a new agent yet.
-  std::string handoverBlocker() const override {
-    const size_t handles = table_.total();
-    const size_t watches = watches_.total();
-    if (handles == 0 && watches == 0) return "";
-    return absl::StrCat(handles, " open files and directories and ", watches,
-                        " file watches (files do not move to a new agent yet: close them or "
-                        "end the fs mount first)");
+  // Handover (docs/CONTINUITY.md): requests under way are the sessions'
+  // blockers (answers owed); what stays open moves as descriptors: each
+  // handle's open file (its offset, a directory's position) and each
+  // session's inotify instance (its watches and queued events).
+  void freeze() override { watches_.freeze(); }
+  void thaw() override { watches_.thaw(); }
+  void startAfterHandover() override { watches_.start(); }
+
+  absl::Status exportState(v1::AgentState* out, std::vector<UniqueFd>* fds) override {
+    std::map<std::string, v1::SessionFilesExport*> by_session;
+    auto entry = [&](const std::string& sid) {
+      v1::SessionFilesExport*& e = by_session[sid];
+      if (e == nullptr) {
+        e = out->add_files();
+        e->set_session_id(sid);
+        e->set_inotify(-1);
+      }
+      return e;
+    };
+    size_t moved = 0;
+    for (const auto& [sid, s] : table_.sessions()) {
+      v1::SessionFilesExport* e = entry(sid);
+      e->set_next_handle(s.next);
+      for (const auto& [number, h] : s.handles) {
+        const auto* dir = std::get_if<std::shared_ptr<DirObject>>(&h);
+        absl::StatusOr<UniqueFd> fd =
+            dir != nullptr ? (*dir)->exportFd() : std::get<std::shared_ptr<FileObject>>(h)->exportFd();
+        if (!fd.ok() && errnoOf(fd.status()) == EBADF) {
+          // Its file helper was lost: it answers EBADF here, and will
+          // there as a handle the session does not hold.
+          log::info("file_not_handed_over", {{"session", sid}, {"handle", number},
+                                             {"error", sv(fd.status().message())}});
+          continue;
+        }
+        if (!fd.ok()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "session ", sid, ", file handle ", number, ": ", fd.status().message()));
+        }
+        v1::FileHandleExport* x = e->add_handles();
+        x->set_handle(number);
+        x->set_dir(dir != nullptr);
+        x->set_fd(static_cast<int32_t>(fds->size()));
+        fds->push_back(*std::move(fd));
+        ++moved;
+      }
+    }
+    ASSIGN_OR_RETURN(std::vector<FileWatches::Exported> watched, watches_.exportState());
+    for (FileWatches::Exported& w : watched) {
+      v1::SessionFilesExport* e = entry(w.session_id);
+      e->set_inotify(static_cast<int32_t>(fds->size()));
+      fds->push_back(std::move(w.instance));
+      for (const auto& [wd, count] : w.counts) {
+        v1::FileWatchExport* x = e->add_watches();
+        x->set_watch(wd);
+        x->set_count(count);
+      }
+    }
+    if (moved > 0 || !watched.empty()) {
+      log::info("files_exported", {{"handles", static_cast<uint64_t>(moved)},
+                                   {"watches", static_cast<uint64_t>(watches_.total())}});
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status importState(
+      const v1::AgentState& in, std::vector<UniqueFd>& fds,
+      const std::map<std::string, std::shared_ptr<SessionHost>>& sessions) override {
+    auto take = [&](int32_t i) -> absl::StatusOr<UniqueFd> {
+      if (i < 0 || static_cast<size_t>(i) >= fds.size() || !fds[static_cast<size_t>(i)].valid()) {
+        return absl::InvalidArgumentError(absl::StrCat("files: descriptor ", i, " is missing"));
+      }
+      return std::move(fds[static_cast<size_t>(i)]);
+    };
+    for (const v1::SessionFilesExport& f : in.files()) {
+      auto host = sessions.find(f.session_id());
+      if (host == sessions.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("files of session ", f.session_id(), ", which did not come"));
+      }
+      HandleTable::Session handles;
+      handles.next = std::max<uint64_t>(f.next_handle(), 1);
+      for (const v1::FileHandleExport& h : f.handles()) {
+        if (h.handle() == 0 || h.handle() >= handles.next) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "session ", f.session_id(), ": file handle ", h.handle(), " is past its next one"));
+        }
+        ASSIGN_OR_RETURN(UniqueFd fd, take(h.fd()));
+        absl::StatusOr<Handle> object = fs_->adopt(std::move(fd), h.dir());
+        if (!object.ok()) {
+          return absl::Status(object.status().code(),
+                              absl::StrCat("session ", f.session_id(), ", file handle ",
+                                           h.handle(), ": ", object.status().message()));
+        }
+        handles.handles.emplace(h.handle(), *std::move(object));
+      }
+      table_.restore(f.session_id(), std::move(handles));
+      if (f.inotify() >= 0) {
+        FileWatches::Exported w;
+        w.session_id = f.session_id();
+        ASSIGN_OR_RETURN(w.instance, take(f.inotify()));
+        for (const v1::FileWatchExport& x : f.watches()) w.counts[x.watch()] = x.count();
+        watches_.restore(host->second, std::move(w));
+      }
+    }
+    return absl::OkStatus();
   }
 
   void sessionEnded(const std::string& session_id) override {

@@ -53,6 +53,13 @@ absl::StatusOr<Handle> LocalFileSystem::open(const R& req) {
   return Handle(std::shared_ptr<FileObject>(std::make_shared<OpenFile>(*std::move(fd))));
 }
 
+absl::StatusOr<Handle> LocalFileSystem::adopt(UniqueFd fd, bool dir) {
+  if (!dir) return Handle(std::shared_ptr<FileObject>(std::make_shared<OpenFile>(std::move(fd))));
+  auto d = OpenDir::create(std::move(fd), root_fd_);
+  if (!d.ok()) return d.status();
+  return Handle(std::shared_ptr<DirObject>(*std::move(d)));
+}
+
 Result LocalFileSystem::path(const R& req, bool writes_refused) {
   v1::FileResponse r;
   switch (req.op_case()) {

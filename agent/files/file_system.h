@@ -46,6 +46,10 @@ class FileSystem {
   // number it was made with names the new root already. What holds more
   // (a helper process with a copy of the old root) starts again.
   virtual void targetRestarted(pid_t pid) { (void)pid; }
+  // Handover (docs/CONTINUITY.md): the object behind a handle another
+  // agent exported (FileObject/DirObject::exportFd) and this one takes on:
+  // a directory (`dir`) reads on from the descriptor's position.
+  virtual absl::StatusOr<Handle> adopt(UniqueFd fd, bool dir) = 0;
 };
 
 // The calls in this process, on paths under `root_fd` (not owned; it must
@@ -56,6 +60,7 @@ class LocalFileSystem : public FileSystem {
       : root_fd_(root_fd), root_(root_fd), guard_(guard) {}
   absl::StatusOr<Handle> open(const v1::FileRequest& req) override;
   absl::StatusOr<v1::FileResponse> path(const v1::FileRequest& req, bool writes_refused) override;
+  absl::StatusOr<Handle> adopt(UniqueFd fd, bool dir) override;
 
  private:
   // RootFs::open with the guard's checks before and after.

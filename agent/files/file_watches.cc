@@ -1,5 +1,6 @@
 #include "agent/files/file_watches.h"
 
+#include <fcntl.h>
 #include <sys/inotify.h>
 #include <unistd.h>
 
@@ -62,6 +63,8 @@ struct FileWatches::SessionWatches {
   bool overflow = false;
   bool timer_armed = false;
   bool closed = false;
+  // Bumped by a freeze and a thaw: a wait started before is stale.
+  uint64_t reading = 0;
 };
 
 FileWatches::~FileWatches() { stop(); }
@@ -81,7 +84,7 @@ absl::StatusOr<uint64_t> FileWatches::add(const std::shared_ptr<SessionHost>& se
     }
     slot = std::make_shared<SessionWatches>(io_, fd, session);
     slot->session_id = session->id();
-    startReading(slot);
+    if (!frozen_) startReading(slot);
   }
   SessionWatches& s = *slot;
   if (s.counts.size() >= kMaxWatchesPerSession) {
@@ -142,11 +145,58 @@ void FileWatches::stop() {
   sessions_.clear();
 }
 
+void FileWatches::freeze() {
+  frozen_ = true;
+  for (auto& [id, s] : sessions_) {
+    ++s->reading;
+    net::error_code ignored;
+    s->desc.cancel(ignored);
+    s->timer.cancel(ignored);
+    s->timer_armed = false;
+    if (!s->pending.empty() || s->overflow) flush(*s);
+  }
+}
+
+void FileWatches::thaw() {
+  if (!frozen_) return;
+  frozen_ = false;
+  start();
+}
+
+void FileWatches::start() {
+  for (auto& [id, s] : sessions_) {
+    ++s->reading;
+    startReading(s);
+  }
+}
+
+absl::StatusOr<std::vector<FileWatches::Exported>> FileWatches::exportState() const {
+  std::vector<Exported> out;
+  for (const auto& [id, s] : sessions_) {
+    if (s->closed) continue;
+    Exported e;
+    e.session_id = id;
+    const int fd = ::fcntl(s->desc.native_handle(), F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return lastErrnoStatus("handover: dup an inotify instance");
+    e.instance.reset(fd);
+    e.counts.insert(s->counts.begin(), s->counts.end());
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+void FileWatches::restore(const std::shared_ptr<SessionHost>& session, Exported e) {
+  auto s = std::make_shared<SessionWatches>(io_, e.instance.release(), session);
+  s->session_id = session->id();
+  s->counts.insert(e.counts.begin(), e.counts.end());
+  sessions_[s->session_id] = std::move(s);
+}
+
 void FileWatches::startReading(std::shared_ptr<SessionWatches> s) {
   SessionWatches* raw = s.get();
   raw->desc.async_wait(asio::posix::descriptor_base::wait_read,
-                       [s = std::move(s)](const net::error_code& ec) mutable {
-                         if (ec || s->closed) return;
+                       [s = std::move(s), reading = raw->reading](const net::error_code& ec) mutable {
+                         if (ec || s->closed || s->reading != reading) return;
                          readEvents(s);
                          if (!s->closed) startReading(std::move(s));
                        });

@@ -20,6 +20,11 @@
 // naming the limit); the system's fs.inotify.max_user_instances and
 // max_user_watches answer EMFILE / ENOSPC with the sysctl named.
 //
+// Handover (docs/CONTINUITY.md): freeze() stops reading and sends what
+// was gathered; the instances move to the new agent as descriptors (the
+// same instances: their watches, and the events queued in them, go on),
+// each watch with its count; the new agent reads them from start() on.
+//
 // Threads: the event loop only (inotify_add_watch on an fd resolved already
 // does not block).
 #pragma once
@@ -29,8 +34,10 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/common/unique_fd.h"
 #include "agent/services/session_host.h"
 #include "siphon/transport/asio.h"
 
@@ -57,6 +64,21 @@ class FileWatches {
   // The agent stops: every instance closes.
   void stop();
 
+  // Handover. freeze(): nothing is read until thaw() (the handover failed)
+  // or ever (it succeeded); what was gathered is sent now.
+  void freeze();
+  void thaw();
+  struct Exported {
+    std::string session_id;
+    UniqueFd instance;  // a copy of the session's inotify descriptor
+    std::map<int, uint64_t> counts;  // watch -> watches of it
+  };
+  absl::StatusOr<std::vector<Exported>> exportState() const;
+  // On the new agent: a session's instance as exportState() gave it, read
+  // from start() on.
+  void restore(const std::shared_ptr<SessionHost>& session, Exported e);
+  void start();
+
   size_t watches(const std::string& session_id) const;
   // Watches of every session.
   size_t total() const;
@@ -69,6 +91,7 @@ class FileWatches {
 
   net::asio::io_context& io_;
   std::map<std::string, std::shared_ptr<SessionWatches>> sessions_;
+  bool frozen_ = false;
 };
 
 }  // namespace siphon::agent::files

@@ -62,6 +62,11 @@ enum Kind : uint8_t {
   kReaddir = 4,   // handle, aux: max_bytes (max_entries in the request)
   kClose = 5,     // handle: the client's close, its error
   kRelease = 6,   // handle: dropped (session ended), no error
+  // Handover (docs/CONTINUITY.md): the handle's descriptor comes with the
+  // answer (a directory's placed at its next entry not given); the handle
+  // stays.
+  kExport = 7,
+  kAdopt = 8,  // a descriptor came with the request; aux 1: a directory -> handle
 };
 
 constexpr size_t kRequestHeader = 1 + 4 + 8;
@@ -112,7 +117,7 @@ bool writeAll(int fd, std::string_view data) {
 
 // head, then bulk, in as few sendmsg calls as the socket takes; `pass`
 // (-1: none) goes with the first bytes, as SCM_RIGHTS.
-bool writeAnswer(int fd, std::string_view head, std::string_view bulk, int pass = -1) {
+bool writeParts(int fd, std::string_view head, std::string_view bulk, int pass = -1) {
   while (!head.empty() || !bulk.empty()) {
     struct iovec iov[2];
     int n_iov = 0;
@@ -157,18 +162,55 @@ bool readAll(int fd, char* buf, size_t size) {
 
 enum class FrameRead { kOk, kClosed, kMalformed };
 
-// One frame (its length prefix stripped): kClosed on EOF or an error,
-// kMalformed for a length past kMaxFrame.
-FrameRead readFrameOf(int fd, std::string* out) {
+// A frame's length prefix into len; a descriptor that came with its first
+// bytes lands in *passed, close-on-exec (more than one: the rest closed).
+// A descriptor the receiver cannot take (its limit) is dropped by the
+// kernel: the caller sees none.
+bool readLength(int fd, char* len, UniqueFd* passed) {
+  passed->reset();
+  struct iovec iov = {len, 4};
+  struct msghdr msg {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t n;
+  do {
+    n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0) return false;
+  for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int got = -1;
+      std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+      if (i == 0 && !passed->valid()) {
+        passed->reset(got);
+      } else {
+        ::close(got);
+      }
+    }
+  }
+  return n == 4 || readAll(fd, len + n, 4 - static_cast<size_t>(n));
+}
+
+// One frame (its length prefix stripped) and the descriptor that came
+// with it, if any: kClosed on EOF or an error, kMalformed for a length
+// past kMaxFrame.
+FrameRead readFrameOf(int fd, std::string* out, UniqueFd* passed) {
   char len[4];
-  if (!readAll(fd, len, 4)) return FrameRead::kClosed;
+  if (!readLength(fd, len, passed)) return FrameRead::kClosed;
   const uint32_t n = static_cast<uint32_t>(getLE(len, 4));
   if (n > kMaxFrame) return FrameRead::kMalformed;
   out->resize(n);
   return readAll(fd, out->data(), n) ? FrameRead::kOk : FrameRead::kClosed;
 }
 
-bool readFrame(int fd, std::string* out) { return readFrameOf(fd, out) == FrameRead::kOk; }
+bool readFrame(int fd, std::string* out, UniqueFd* passed) {
+  return readFrameOf(fd, out, passed) == FrameRead::kOk;
+}
 
 // An answer (its length prefix stripped) into *head; for kAnswerRead the
 // head ends with its FileResponse and the read's bytes go to *bulk, read
@@ -181,36 +223,8 @@ bool readFrame(int fd, std::string* out) { return readFrameOf(fd, out) == FrameR
 // then read through the helper.
 FrameRead readAnswer(int fd, std::string* head, std::string* bulk, UniqueFd* passed) {
   bulk->clear();
-  passed->reset();
   char len[4];
-  {
-    struct iovec iov = {len, sizeof len};
-    struct msghdr msg {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int))];
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    ssize_t n;
-    do {
-      n = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-    } while (n < 0 && errno == EINTR);
-    if (n <= 0) return FrameRead::kClosed;
-    for (struct cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < count; ++i) {
-        int got = -1;
-        std::memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        if (i == 0 && !passed->valid()) {
-          passed->reset(got);
-        } else {
-          ::close(got);
-        }
-      }
-    }
-    if (n < 4 && !readAll(fd, len + n, 4 - static_cast<size_t>(n))) return FrameRead::kClosed;
-  }
+  if (!readLength(fd, len, passed)) return FrameRead::kClosed;
   const uint32_t n = static_cast<uint32_t>(getLE(len, 4));
   if (n > kMaxFrame) return FrameRead::kMalformed;
   constexpr size_t kReadHead = kAnswerHeader + 4;
@@ -234,10 +248,11 @@ FrameRead readAnswer(int fd, std::string* head, std::string* bulk, UniqueFd* pas
   return FrameRead::kOk;
 }
 
-bool writeFrame(int fd, const std::string& body) {
+// `pass` (-1: none) goes with the frame's first bytes.
+bool writeFrame(int fd, const std::string& body, int pass = -1) {
   std::string len;
   putU32(len, static_cast<uint32_t>(body.size()));
-  return writeAll(fd, len) && writeAll(fd, body);
+  return writeParts(fd, len, body, pass);
 }
 
 // ============================================================ helper side
@@ -278,15 +293,24 @@ class HelperServer {
   // The answer to a request body into *out, length prefix included: the
   // connection's buffer, kept between answers. A read's bytes are left in
   // *bulk, where pread put them, and go to the socket after *out (one
-  // sendmsg of both; see writeAnswer): kRead answers carry them after the
+  // sendmsg of both; see writeParts): kRead answers carry them after the
   // message, not in it, so neither side copies them into or out of a
   // serialised FileResponse.
   //
-  // *pass: a descriptor to send with the answer, or -1 (see run()).
-  void serve(const std::string& frame, std::string* out, std::string* bulk, int* pass) {
+  // `received`: the descriptor that came with the request (kAdopt).
+  // *pass: a descriptor to send with the answer (see run()), its number in
+  // `fd` (-1: none), held in `owned` until the answer went when it is a
+  // copy made for the answer (kExport).
+  struct Pass {
+    int fd = -1;
+    UniqueFd owned;
+  };
+  void serve(const std::string& frame, UniqueFd received, std::string* out, std::string* bulk,
+             Pass* pass) {
     uint64_t handle = 0;
-    *pass = -1;
-    absl::StatusOr<v1::FileResponse> r = run(frame, &handle, pass);
+    pass->fd = -1;
+    pass->owned.reset();
+    absl::StatusOr<v1::FileResponse> r = run(frame, std::move(received), &handle, pass);
     bulk->clear();
     out->assign(4, '\0');
     if (r.ok() && r->has_data() && !r->data().data().empty()) {
@@ -310,8 +334,8 @@ class HelperServer {
   }
 
  private:
-  absl::StatusOr<v1::FileResponse> run(const std::string& frame, uint64_t* new_handle,
-                                       int* pass) {
+  absl::StatusOr<v1::FileResponse> run(const std::string& frame, UniqueFd received,
+                                       uint64_t* new_handle, Pass* pass) {
     if (frame.size() < kRequestHeader) return protoError(v1::INVALID_ARGUMENT, "short request");
     const auto kind = static_cast<Kind>(frame[0]);
     const auto aux = static_cast<uint32_t>(getLE(frame.data() + 1, 4));
@@ -322,12 +346,20 @@ class HelperServer {
       return protoError(v1::INVALID_ARGUMENT, "malformed request");
     }
     switch (kind) {
-      case kOpen: {
-        auto h = fs_.open(req);
+      case kOpen:
+      case kAdopt: {
+        absl::StatusOr<Handle> h;
+        if (kind == kOpen) {
+          h = fs_.open(req);
+        } else if (!received.valid()) {
+          h = protoError(v1::INVALID_ARGUMENT, "file helper: a handover's file came without its descriptor");
+        } else {
+          h = fs_.adopt(std::move(received), aux != 0);
+        }
         if (!h.ok()) return h.status();
         if (auto* f = std::get_if<std::shared_ptr<FileObject>>(&*h)) {
           if (auto* open = dynamic_cast<OpenFile*>(f->get()); open && readsInTheAgent(open->fd.get())) {
-            *pass = open->fd.get();
+            pass->fd = open->fd.get();
           }
         }
         std::lock_guard<std::mutex> lock(mu_);
@@ -352,6 +384,20 @@ class HelperServer {
         v1::FileResponse r;
         *r.mutable_entries() = *std::move(entries);
         return r;
+      }
+      case kExport: {
+        absl::StatusOr<UniqueFd> fd = absl::NotFoundError("");
+        if (auto f = find<FileObject>(handle)) {
+          fd = f->exportFd();
+        } else if (auto d = find<DirObject>(handle)) {
+          fd = d->exportFd();
+        } else {
+          return errnoStatus(EBADF, "file helper handle");
+        }
+        if (!fd.ok()) return fd.status();
+        pass->owned = *std::move(fd);
+        pass->fd = pass->owned.get();
+        return doneResponse();
       }
       case kClose:
       case kRelease: {
@@ -463,8 +509,9 @@ class Helper : public std::enable_shared_from_this<Helper> {
 
   // One request. `generation` 0: whichever helper runs (started if none);
   // otherwise only the helper that opened `handle`.
+  // `send`: a descriptor to pass with the request (kAdopt), or -1.
   absl::StatusOr<Reply> call(uint64_t generation, Kind kind, uint32_t aux, uint64_t handle,
-                             const R& req) {
+                             const R& req, int send = -1) {
     std::string frame;
     frame.push_back(static_cast<char>(kind));
     putU32(frame, aux);
@@ -494,7 +541,7 @@ class Helper : public std::enable_shared_from_this<Helper> {
 
     std::string bulk;
     UniqueFd passed;
-    const FrameRead got = writeFrame(conn.get(), frame)
+    const FrameRead got = writeFrame(conn.get(), frame, send)
                               ? readAnswer(conn.get(), &answer, &bulk, &passed)
                               : FrameRead::kClosed;
     const bool io_ok = got == FrameRead::kOk;
@@ -534,7 +581,10 @@ class Helper : public std::enable_shared_from_this<Helper> {
       cv_.notify_one();
     }
     if (!error.ok()) return error;
-    if (kind == kOpen && passed.valid() && pidfd_.valid()) {
+    if (kind == kExport) {
+      if (!passed.valid()) return errnoRefusal(EMFILE, "file helper: its descriptor did not come");
+      reply.passed = std::move(passed);
+    } else if ((kind == kOpen || kind == kAdopt) && passed.valid() && pidfd_.valid()) {
       if (local_files_.fetch_add(1) < local_budget_) {
         reply.passed = std::move(passed);
       } else {
@@ -743,6 +793,13 @@ class Helper : public std::enable_shared_from_this<Helper> {
   std::vector<std::string> spare_;  // answer buffers kept for the next calls
 };
 
+// The descriptor of the helper's handle `id` (kExport).
+absl::StatusOr<UniqueFd> exportHandle(Helper& helper, uint64_t gen, uint64_t id) {
+  auto r = helper.call(gen, kExport, 0, id, R());
+  if (!r.ok()) return r.status();
+  return std::move(r->passed);
+}
+
 // A file the helper holds. Reads of a regular file go to `local`, the
 // helper's descriptor passed to the agent, when it sent one: read here
 // into the string that becomes the answer, they skip the helper's copy
@@ -783,6 +840,7 @@ class RemoteFile : public FileObject {
     dropLocal();  // first, so that the helper's close is the file's last
     return helper_->call(gen_, kClose, 0, id_, R()).status();
   }
+  absl::StatusOr<UniqueFd> exportFd() override { return exportHandle(*helper_, gen_, id_); }
 
  private:
   void dropLocal() {
@@ -812,6 +870,7 @@ class RemoteDir : public DirObject {
     if (!r->response.has_entries()) return protoError(v1::INTERNAL, "file helper: not entries");
     return std::move(*r->response.mutable_entries());
   }
+  absl::StatusOr<UniqueFd> exportFd() override { return exportHandle(*helper_, gen_, id_); }
 
  private:
   std::shared_ptr<Helper> helper_;
@@ -824,14 +883,11 @@ class HelperFileSystem : public FileSystem {
       : helper_(std::make_shared<Helper>(std::move(options))) {}
 
   absl::StatusOr<Handle> open(const R& req) override {
-    auto r = helper_->call(0, kOpen, 0, 0, req);
-    if (!r.ok()) return r.status();
-    if (req.op_case() == R::kOpendir) {
-      return Handle(std::shared_ptr<DirObject>(
-          std::make_shared<RemoteDir>(helper_, r->generation, r->handle)));
-    }
-    return Handle(std::shared_ptr<FileObject>(std::make_shared<RemoteFile>(
-        helper_, r->generation, r->handle, std::move(r->passed))));
+    return handleOf(helper_->call(0, kOpen, 0, 0, req), req.op_case() == R::kOpendir);
+  }
+
+  absl::StatusOr<Handle> adopt(UniqueFd fd, bool dir) override {
+    return handleOf(helper_->call(0, kAdopt, dir ? 1 : 0, 0, R(), fd.get()), dir);
   }
 
   absl::StatusOr<v1::FileResponse> path(const R& req, bool writes_refused) override {
@@ -843,6 +899,17 @@ class HelperFileSystem : public FileSystem {
   void targetRestarted(pid_t pid) override { helper_->retarget(pid); }
 
  private:
+  // The object behind the handle an open or an adopt made in the helper.
+  absl::StatusOr<Handle> handleOf(absl::StatusOr<Helper::Reply> r, bool dir) {
+    if (!r.ok()) return r.status();
+    if (dir) {
+      return Handle(std::shared_ptr<DirObject>(
+          std::make_shared<RemoteDir>(helper_, r->generation, r->handle)));
+    }
+    return Handle(std::shared_ptr<FileObject>(std::make_shared<RemoteFile>(
+        helper_, r->generation, r->handle, std::move(r->passed))));
+  }
+
   std::shared_ptr<Helper> helper_;
 };
 
@@ -918,12 +985,13 @@ int fsHelperMain(int argc, char** argv) {
   if (!writeAll(kFirstConnFd, "R")) return 1;
   auto serveConn = [&server](int fd) {
     std::string frame, answer, bulk;
-    int pass = -1;
-    while (readFrame(fd, &frame)) {
-      // The descriptor is the handle's own: it stays open here until the
-      // handle's release, after this answer went.
-      server.serve(frame, &answer, &bulk, &pass);
-      if (!writeAnswer(fd, answer, bulk, pass)) break;
+    HelperServer::Pass pass;
+    UniqueFd received;
+    while (readFrame(fd, &frame, &received)) {
+      // An open's descriptor is the handle's own: it stays open here until
+      // the handle's release, after this answer went.
+      server.serve(frame, std::move(received), &answer, &bulk, &pass);
+      if (!writeParts(fd, answer, bulk, pass.fd)) break;
     }
     // The agent closed (or broke) a connection: it is gone or gave up on
     // this helper. Nothing else to serve.

@@ -26,6 +26,10 @@
 //   request  u32 length | u8 kind | u32 aux | u64 handle | FileRequest
 //   answer   u32 length | u8 ok   | u64 handle | FileResponse or Error
 // (length counts what follows it). Handles are the helper's own numbers.
+// A descriptor may ride on a frame's first bytes (SCM_RIGHTS): an open's
+// answer carries the file's when the agent may read it itself; for a
+// handover (docs/CONTINUITY.md) an export's answer carries the handle's
+// and an adopt's request a descriptor the new helper takes as a handle.
 //
 // A helper that dies or answers garbage is killed; the call that saw it and
 // every handle it held answer EIO/EBADF with a message saying so, and the

@@ -1,5 +1,6 @@
 #include "agent/files/handles.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -94,6 +95,12 @@ absl::Status OpenFile::close() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<UniqueFd> OpenFile::exportFd() {
+  const int f = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0);
+  if (f < 0) return lastErrnoStatus("handover: dup an open file");
+  return UniqueFd(f);
+}
+
 // ------------------------------------------------------------ OpenDir
 
 absl::StatusOr<std::shared_ptr<OpenDir>> OpenDir::create(UniqueFd fd, int root_fd) {
@@ -141,7 +148,9 @@ absl::StatusOr<v1::FileDirEntries> OpenDir::read(uint32_t max_entries, size_t ma
     std::optional<v1::DirEntry> next = std::move(pending_);
     std::string raw_name = std::move(pending_raw_name_);
     pending_.reset();
+    long before = pending_pos_;
     if (!next) {
+      before = ::telldir(dir_);
       errno = 0;
       struct dirent* d = ::readdir(dir_);
       if (d == nullptr) {
@@ -162,6 +171,7 @@ absl::StatusOr<v1::FileDirEntries> OpenDir::read(uint32_t max_entries, size_t ma
         (static_cast<uint32_t>(out.entries_size()) >= max_entries || bytes + cost > max_bytes)) {
       pending_ = std::move(next);  // first of the next batch
       pending_raw_name_ = std::move(raw_name);
+      pending_pos_ = before;
       break;
     }
     bytes += cost;
@@ -169,6 +179,18 @@ absl::StatusOr<v1::FileDirEntries> OpenDir::read(uint32_t max_entries, size_t ma
   }
   out.set_eof(eof_ && !pending_);
   return out;
+}
+
+absl::StatusOr<UniqueFd> OpenDir::exportFd() {
+  std::lock_guard<std::mutex> lock(mu_);
+  // seekdir() also drops what glibc read ahead: the kernel's position is
+  // then exactly the next entry not given, for both readers.
+  ::seekdir(dir_, pending_ ? pending_pos_ : ::telldir(dir_));
+  pending_.reset();
+  pending_raw_name_.clear();
+  const int f = ::fcntl(::dirfd(dir_), F_DUPFD_CLOEXEC, 0);
+  if (f < 0) return lastErrnoStatus("handover: dup an open directory");
+  return UniqueFd(f);
 }
 
 // ------------------------------------------------------------ HandleTable

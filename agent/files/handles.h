@@ -46,6 +46,10 @@ class FileObject {
   // (EIO, ENOSPC on NFS...). Called at most once; the destructor then does
   // nothing more.
   virtual absl::Status close() = 0;
+  // Handover (docs/CONTINUITY.md): a descriptor of this open file (the same
+  // open file description: its offset and flags go with it), for a new
+  // agent's FileSystem::adopt().
+  virtual absl::StatusOr<UniqueFd> exportFd() = 0;
 };
 
 // An open directory of a session, read in batches (see OpenDir::read).
@@ -55,6 +59,10 @@ class DirObject {
   // `with_stat`: each entry carries its lstat (readdirplus).
   virtual absl::StatusOr<v1::FileDirEntries> read(uint32_t max_entries, size_t max_bytes,
                                                   bool with_stat) = 0;
+  // Handover: a descriptor of the directory placed at the first entry its
+  // client has not been given yet (what was read ahead and kept is read
+  // again from there), for a new agent's FileSystem::adopt().
+  virtual absl::StatusOr<UniqueFd> exportFd() = 0;
 };
 
 // One open file of a session, an fd of this process.
@@ -65,6 +73,7 @@ struct OpenFile : FileObject {
     return splicePreadFd(fd.get(), size, offset);
   }
   absl::Status close() override;
+  absl::StatusOr<UniqueFd> exportFd() override;
   UniqueFd fd;
 };
 
@@ -93,6 +102,10 @@ class OpenDir : public DirObject {
   // host directory above it); ".." with the root unknown has no stat.
   absl::StatusOr<v1::FileDirEntries> read(uint32_t max_entries, size_t max_bytes,
                                           bool with_stat) override;
+  // The directory's position goes back to the entry kept for the next
+  // batch, if any (seekdir), so this object and the exported descriptor,
+  // which share that position, both go on from there.
+  absl::StatusOr<UniqueFd> exportFd() override;
 
  private:
   OpenDir(DIR* dir, bool is_root, bool root_known)
@@ -107,6 +120,7 @@ class OpenDir : public DirObject {
   const bool root_known_;  // create() was given the root
   std::optional<v1::DirEntry> pending_;
   std::string pending_raw_name_;  // its name as the kernel gave it
+  long pending_pos_ = 0;          // telldir() before it was read
   bool eof_ = false;
 };
 
@@ -142,11 +156,19 @@ class HandleTable {
   // --max-open-files raises it)".
   std::string limitText() const;
 
- private:
+  // Handover: a session's handles by number, and the number its next one
+  // gets (numbers are never reused within a session, on any agent).
   struct Session {
     uint64_t next = 1;
     std::map<uint64_t, Handle> handles;
   };
+  const std::map<std::string, Session>& sessions() const { return sessions_; }
+  // A session's handles as another agent had them (none yet here).
+  void restore(const std::string& session, Session handles) {
+    sessions_[session] = std::move(handles);
+  }
+
+ private:
   const Handle* find(const std::string& session, uint64_t handle) const;
 
   size_t max_per_session_;
