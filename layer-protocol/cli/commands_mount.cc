@@ -94,7 +94,7 @@ net::awaitable<int> runMount(const CommandEnv& env, std::shared_ptr<MountFlags> 
                                                                          : kExitError;
   }
   std::unique_ptr<fuse::FuseMount> m = std::move(*mount);
-  LongRunning lr(env, "fs mount");
+  LongRunning lr(env, "fs mount", LongRunning::toStderr());
   fuse::FuseMount* raw = m.get();
   lr.on_stop = [raw](int) { raw->stop(); };
   lr.on_end = [raw](int) { raw->stop(); };

@@ -305,7 +305,7 @@ absl::StatusOr<ForwardSpec> parseForwardSpec(std::string_view in) {
 }
 
 struct ForwardState {
-  explicit ForwardState(const CommandEnv& env) : connections(env.target), run(env, "forward") {}
+  explicit ForwardState(const CommandEnv& env) : connections(env.target), run(env, "forward", LongRunning::toStderr()) {}
   client::Connections connections;
   // Signals and the session's loss; only runForward waits on it.
   LongRunning run;

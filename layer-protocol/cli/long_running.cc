@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -30,6 +31,14 @@ LongRunning::LongRunning(const CommandEnv& env, std::string name,
       self_(std::make_shared<LongRunning*>(this)) {}
 
 LongRunning::~LongRunning() { finish(); }
+
+std::function<void(std::string)> LongRunning::toStderr() {
+  return [](std::string line) {
+    if (!line.empty() && line.back() != '\n') line.push_back('\n');
+    std::fputs(line.c_str(), stderr);
+    std::fflush(stderr);
+  };
+}
 
 void LongRunning::start() {
   if (started_) return;

@@ -34,6 +34,8 @@ class LongRunning {
   // unset, as for commands whose stderr is for other things.
   LongRunning(const CommandEnv& env, std::string name,
               std::function<void(std::string)> print = nullptr);
+  // A `print` that writes each line to stderr as it is.
+  static std::function<void(std::string)> toStderr();
   ~LongRunning();
   LongRunning(const LongRunning&) = delete;
   LongRunning& operator=(const LongRunning&) = delete;
