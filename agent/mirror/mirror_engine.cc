@@ -1,5 +1,6 @@
 #include "agent/mirror/mirror_engine.h"
 
+#include <fcntl.h>
 #include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <netlink/msg.h>
@@ -12,6 +13,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -28,6 +30,12 @@
 
 namespace siphon::agent::mirror {
 namespace {
+
+// A handover's overlap: the new engine's program copied into its ring
+// while the old one still copied into the old ring. A packet copied by both
+// is stamped by the old program first, then by the new one a few
+// microseconds later (both run on the same hook, one after the other).
+constexpr Timestamp kOverlapSlack = std::chrono::milliseconds(1);
 
 Timestamp monotonicNow() {
   timespec ts{};
@@ -79,6 +87,30 @@ struct MirrorEngine::Impl : ConnectionEvents {
   uint64_t overflow_gap_bytes = 0;
   absl::Status first_attach_error;  // of the start-up enumeration
 
+  // Pause (pause(), resume(), exportState()). While `parked`, the thread
+  // waits on pause_cv and touches nothing: the table is read under pause_mu
+  // by exportState().
+  std::mutex pause_mu;
+  std::condition_variable pause_cv;
+  bool pause_wanted = false;
+  bool parked = false;
+  bool finished = false;                 // run() returned
+  std::atomic<bool> pause_asked{false};  // pause_wanted, read without the lock
+
+  // Handover, the taking-over side (options.adopted). Engine thread, but
+  // `reading` also under pause_mu (exportState() refuses before go()).
+  std::atomic<bool> go_wanted{false};
+  bool reading = true;            // false from an adopted start until go()
+  bool draining_adopted = false;  // inside consumeAdopted()
+  Timestamp adopted_last{};       // the newest stamp read from the old ring
+  // While the old ring is read: the endpoints of the connections that were
+  // open at the pause or opened since, by id; and of those that closed
+  // meanwhile. The own ring then holds copies of their last packets too,
+  // which would open each of them again as a new connection: they are
+  // dropped while they are from the overlap.
+  std::unordered_map<uint64_t, std::pair<Endpoint, Endpoint>> handover_endpoints;
+  std::set<std::pair<Endpoint, Endpoint>> closed_in_handover;
+
   // ---- ConnectionEvents (engine thread, inside table calls) ----
 
   void onOpened(const ConnectionInfo& connection) override {
@@ -88,6 +120,9 @@ struct MirrorEngine::Impl : ConnectionEvents {
     e.info = connection;
     batch.push_back(std::move(e));
     server_port[connection.id] = connection.server.port;
+    if (draining_adopted) {
+      handover_endpoints[connection.id] = {connection.client, connection.server};
+    }
   }
 
   void onData(uint64_t id, Direction direction, std::string_view bytes) override {
@@ -134,6 +169,12 @@ struct MirrorEngine::Impl : ConnectionEvents {
 
   void onClosed(uint64_t id, CloseReason reason) override {
     server_port.erase(id);
+    if (draining_adopted) {
+      if (auto it = handover_endpoints.find(id); it != handover_endpoints.end()) {
+        closed_in_handover.insert(it->second);
+        handover_endpoints.erase(it);
+      }
+    }
     MirrorEvent e;
     e.kind = MirrorEvent::Kind::kClosed;
     e.connection = id;
@@ -255,6 +296,12 @@ struct MirrorEngine::Impl : ConnectionEvents {
         [this](const bpf::MirrorPacket& p) {
           std::string_view bytes(reinterpret_cast<const char*>(p.data.data()), p.data.size());
           const Timestamp at(static_cast<int64_t>(p.header.timestamp_ns));
+          if (draining_adopted) {
+            adopted_last = std::max(adopted_last, at);
+          } else if (!closed_in_handover.empty() && at <= adopted_last + kOverlapSlack &&
+                     ofClosedInHandover(bytes)) {
+            return;  // read from the old ring already, and closed there
+          }
           hops->onPacket(bytes, loopbacks.contains(static_cast<int>(p.header.ifindex)), at,
                          [this, at](std::string_view packet) {
                            // A malformed packet is counted by the table.
@@ -262,6 +309,7 @@ struct MirrorEngine::Impl : ConnectionEvents {
                          });
         },
         [this](uint64_t lost) { table->addDroppedPackets(lost); }));
+    if (options.adopted) RETURN_IF_ERROR(adopt(*options.adopted));
     RETURN_IF_ERROR(openLinkWatch());
     if (attached.empty()) {
       return first_attach_error.ok()
@@ -272,15 +320,93 @@ struct MirrorEngine::Impl : ConnectionEvents {
     if (!wake) return lastErrnoStatus("mirror: eventfd");
     epoll = UniqueFd(::epoll_create1(EPOLL_CLOEXEC));
     if (!epoll) return lastErrnoStatus("mirror: epoll_create1");
-    for (int fd : {loader->fd(), nl_socket_get_fd(links.get()), wake.get()}) {
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.fd = fd;
-      if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
-        return lastErrnoStatus("mirror: epoll_ctl");
-      }
+    // The ring is level-triggered: it joins the epoll set only once read.
+    if (reading) RETURN_IF_ERROR(watch(loader->fd()));
+    RETURN_IF_ERROR(watch(nl_socket_get_fd(links.get())));
+    RETURN_IF_ERROR(watch(wake.get()));
+    return absl::OkStatus();
+  }
+
+  absl::Status watch(int fd) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (::epoll_ctl(epoll.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      return lastErrnoStatus("mirror: epoll_ctl");
     }
     return absl::OkStatus();
+  }
+
+  // In setUp(), before the interfaces are attached: the ports the old
+  // engine mirrored are copied into the new ring from the first attached
+  // interface on, the connections restored.
+  absl::Status adopt(const MirrorEngineState& state) {
+    std::set<uint16_t> mirrored = options.table.server_ports;
+    mirrored.insert(state.ports.begin(), state.ports.end());
+    for (uint16_t port : mirrored) RETURN_IF_ERROR(loader->addPort(port));
+    hops->setPorts(mirrored);
+    table->setServerPorts(mirrored);  // the table is empty yet: closes nothing
+    skip_s2c = state.ports_without_server_bytes;
+    {
+      std::lock_guard lock(mu);
+      ports = std::move(mirrored);
+      unwanted_s2c = state.ports_without_server_bytes;
+    }
+    RETURN_IF_ERROR(loader->adoptRing(state.ring.get()));
+    table->restore(state.connections, state.next_connection_id, monotonicNow());
+    for (const ConnectionSnapshot& c : state.connections) {
+      server_port[c.info.id] = c.info.server.port;
+      handover_endpoints[c.info.id] = {c.info.client, c.info.server};
+    }
+    std::lock_guard lock(pause_mu);
+    reading = false;
+    return absl::OkStatus();
+  }
+
+  // go(): the old process is gone, so its ring gets nothing more. Read it
+  // to its end (the same callback: each packet goes to hops and the table
+  // as if read from our ring), then our own from the next consume on.
+  void takeOver() {
+    draining_adopted = true;
+    auto read = loader->consumeAdopted();
+    draining_adopted = false;
+    if (!read.ok()) {
+      // What was left in it becomes gaps (holes no ring fills).
+      log::error("mirror_adopted_ring", {{"error", sv(read.status().message())}});
+    }
+    loader->closeAdopted();
+    options.adopted.reset();  // its fd closed here, unless the caller holds the state
+    handover_endpoints.clear();
+    if (absl::Status s = watch(loader->fd()); !s.ok()) {
+      log::error("mirror_stopped", {{"error", sv(s.message())}});
+      stop.store(true);
+    }
+    std::lock_guard lock(pause_mu);
+    reading = true;
+    log::info("mirror_adopted_ring_read",
+              {{"packets", static_cast<int64_t>(read.ok() ? *read : 0)},
+               {"connections_closed_meanwhile", static_cast<int64_t>(closed_in_handover.size())}});
+  }
+
+  // Whether a packet of the own ring is of a connection closed while the
+  // old ring was read (and so already complete).
+  bool ofClosedInHandover(std::string_view packet) const {
+    auto segment = parsePacket(packet, LinkType::kRawIp);
+    if (!segment.ok()) return false;
+    return closed_in_handover.contains({segment->source, segment->destination}) ||
+           closed_in_handover.contains({segment->destination, segment->source});
+  }
+
+  // pause(): waits, delivering nothing, until resume() or the destructor.
+  // False when it was the destructor.
+  bool park() {
+    flush();
+    std::unique_lock lock(pause_mu);
+    parked = true;
+    pause_cv.notify_all();
+    pause_cv.wait(lock, [this] { return !pause_wanted || stop.load(); });
+    parked = false;
+    return !stop.load();
   }
 
   void applyPorts() {
@@ -321,9 +447,15 @@ struct MirrorEngine::Impl : ConnectionEvents {
   }
 
   void run() {
+    bool abandoned = false;  // destroyed while paused
     Timestamp last_tick = monotonicNow();
     epoll_event events[4];
     while (!stop.load()) {
+      // Between two iterations: everything read so far was delivered.
+      if (pause_asked.load() && !park()) {
+        abandoned = true;
+        break;
+      }
       int n = ::epoll_wait(epoll.get(), events, 4, static_cast<int>(options.tick.count()));
       if (n < 0 && errno != EINTR) {
         log::error("mirror_stopped", {{"error", sv(lastErrnoStatus("epoll_wait").message())}});
@@ -347,6 +479,18 @@ struct MirrorEngine::Impl : ConnectionEvents {
           }
         }
       }
+      if (!reading) {
+        if (!go_wanted.load()) {
+          // Nothing read, so no timeout either: a restored hole may be
+          // filled from one of the rings once they are read.
+          if (monotonicNow() - last_tick >= options.tick) {
+            publishStats();
+            last_tick = monotonicNow();
+          }
+          continue;
+        }
+        takeOver();  // and on to our ring at once
+      }
       if (ring_ready && options.coalesce.count() > 0) {
         // One wake-up per burst, not per packet (options.coalesce).
         timespec pause{0, static_cast<long>(options.coalesce.count()) * 1000};
@@ -354,10 +498,16 @@ struct MirrorEngine::Impl : ConnectionEvents {
         }
       }
       applyPorts();
+      const Timestamp read_at = monotonicNow();
       auto consumed = loader->consume();
       if (!consumed.ok()) {
         log::error("mirror_stopped", {{"error", sv(consumed.status().message())}});
         break;
+      }
+      if (!closed_in_handover.empty() && read_at > adopted_last + std::chrono::seconds(1)) {
+        // Everything stamped in the overlap was in the ring by then (a
+        // record is stamped once reserved, committed microseconds later).
+        closed_in_handover.clear();
       }
       const Timestamp now = monotonicNow();
       if (now - last_tick >= options.tick) {
@@ -370,9 +520,14 @@ struct MirrorEngine::Impl : ConnectionEvents {
       }
       flush();
     }
-    table->closeAll();
-    flush();
+    if (!abandoned) {
+      table->closeAll();
+      flush();
+    }
     publishStats();
+    std::lock_guard lock(pause_mu);
+    finished = true;
+    pause_cv.notify_all();
   }
 };
 
@@ -396,7 +551,12 @@ absl::StatusOr<std::unique_ptr<MirrorEngine>> MirrorEngine::start(int netns_fd,
 MirrorEngine::MirrorEngine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 MirrorEngine::~MirrorEngine() {
-  impl_->stop.store(true);
+  {
+    // Under the lock: a parked thread checks `stop` under it too.
+    std::lock_guard lock(impl_->pause_mu);
+    impl_->stop.store(true);
+  }
+  impl_->pause_cv.notify_all();
   uint64_t one = 1;
   (void)!::write(impl_->wake.get(), &one, sizeof(one));
   impl_->thread.join();
@@ -457,6 +617,54 @@ void MirrorEngine::released(size_t bytes) {
 }
 
 size_t MirrorEngine::queuedBytes() const { return impl_->queued.load(); }
+
+void MirrorEngine::pause() {
+  std::unique_lock lock(impl_->pause_mu);
+  impl_->pause_wanted = true;
+  impl_->pause_asked.store(true);
+  uint64_t one = 1;
+  (void)!::write(impl_->wake.get(), &one, sizeof(one));
+  impl_->pause_cv.wait(lock,
+                       [this] { return impl_->parked || impl_->finished || !impl_->pause_wanted; });
+}
+
+void MirrorEngine::resume() {
+  {
+    std::lock_guard lock(impl_->pause_mu);
+    impl_->pause_wanted = false;
+    impl_->pause_asked.store(false);
+  }
+  impl_->pause_cv.notify_all();
+}
+
+absl::StatusOr<MirrorEngineState> MirrorEngine::exportState() {
+  std::lock_guard lock(impl_->pause_mu);
+  if (!impl_->parked) {
+    return absl::FailedPreconditionError(
+        "mirror: the engine's state is exported only while paused");
+  }
+  if (!impl_->reading) {
+    return absl::FailedPreconditionError(
+        "mirror: the engine took over a ring it has not read yet (go() not called)");
+  }
+  MirrorEngineState state;
+  state.connections = impl_->table->snapshot();
+  state.next_connection_id = impl_->table->nextId();
+  {
+    std::lock_guard ports_lock(impl_->mu);
+    state.ports = impl_->ports;
+    state.ports_without_server_bytes = impl_->unwanted_s2c;
+  }
+  state.ring = UniqueFd(::fcntl(impl_->loader->ringFd(), F_DUPFD_CLOEXEC, 0));
+  if (!state.ring) return lastErrnoStatus("mirror: dup the ring buffer's fd");
+  return state;
+}
+
+void MirrorEngine::go() {
+  if (impl_->go_wanted.exchange(true)) return;
+  uint64_t one = 1;
+  (void)!::write(impl_->wake.get(), &one, sizeof(one));
+}
 
 MirrorEngineStats MirrorEngine::stats() const {
   std::lock_guard lock(impl_->mu);

@@ -18,8 +18,21 @@
 // Nothing is pinned: the TCX links are fds of this process, so the
 // destructor, or the process dying by any signal, detaches everything.
 //
-// Threads: start(), addPort(), removePort(), released(), stats() and the
-// destructor from any thread; `Deliver` runs on the engine's thread.
+// Handover (a new agent process takes over, docs/CONTINUITY.md section 8):
+// the old engine pause()s (its thread parks between two batches, having
+// delivered everything it read; its program keeps copying into its ring)
+// and exportState()s its connections and a dup of its ring's fd. The new
+// engine starts with them (MirrorEngineOptions::adopted): its own program
+// copies into its own ring from its start, but its thread reads neither ring
+// until go(), which comes once the old process is gone (its links with it).
+// Then it reads the old ring to its end, then its own: together they hold
+// every packet since the pause, some twice (the reassembler counts those
+// as duplicates), so no stream has a gap the copy did not have anyway.
+//
+// Threads: start(), addPort(), removePort(), setServerToClient(),
+// released(), stats(), pause(), resume(), exportState(), go() and the
+// destructor from any thread; `Deliver` runs on the engine's thread, never
+// while it is paused.
 #pragma once
 
 #include <chrono>
@@ -31,6 +44,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/common/unique_fd.h"
 #include "agent/mirror/reassembly.h"
 
 namespace siphon::agent::mirror {
@@ -51,6 +65,24 @@ struct MirrorEvent {
 
 // The v1::Direction value of a direction (the first byte of a record).
 uint8_t directionByte(Direction direction);
+
+// What a paused engine hands to the engine that takes over from it
+// (MirrorEngine::exportState(), MirrorEngineOptions::adopted).
+struct MirrorEngineState {
+  // Every open connection, least recently active first, its reassembly
+  // exactly as the old engine left it.
+  std::vector<ConnectionSnapshot> connections;
+  uint64_t next_connection_id = 1;
+  // The mirrored ports (addPort()), and those whose server->client bytes
+  // nobody wants (setServerToClient(port, false)): the new engine mirrors
+  // and skips them from its start, so restored connections go on as they
+  // were.
+  std::set<uint16_t> ports;
+  std::set<uint16_t> ports_without_server_bytes;
+  // A dup of the old engine's ring buffer map fd. Its program keeps writing
+  // there until its links are gone (the old process exited).
+  UniqueFd ring;
+};
 
 struct MirrorEngineOptions {
   // The ring buffer between the TC program and this thread (a power of two,
@@ -78,6 +110,15 @@ struct MirrorEngineOptions {
     o.stream.max_buffered = 8u << 20;
     return o;
   }();
+  // Taking over from an engine of another process (its exportState()):
+  // start() also mirrors the ports of the state and of table.server_ports
+  // at once (as if addPort()ed: the new ring fills from the start), skips
+  // the server->client bytes of its ports_without_server_bytes (as if
+  // setServerToClient(port, false)), restores the connections (no kOpened:
+  // the consumer knows them; their ids kept, new ones above), and the
+  // thread reads nothing until go(). The engine closes `ring` once it has
+  // read it, and drops its reference to the state then.
+  std::shared_ptr<MirrorEngineState> adopted;
 };
 
 struct MirrorEngineStats {
@@ -127,6 +168,30 @@ class MirrorEngine {
   size_t queuedBytes() const;
 
   MirrorEngineStats stats() const;
+
+  // Stops reading the ring, for a handover: returns once the thread is
+  // parked, every event of what it read delivered (the last batch was
+  // handed to `Deliver` before it returns). The program still copies into
+  // the ring meanwhile (a full ring drops copies, seen later as gaps);
+  // ports, link events and timeouts wait too. Destroyed while paused, the
+  // engine delivers nothing more (not even the closes of its connections:
+  // another engine may hold them now). No-op when paused already, or when
+  // the thread has ended (a ring that could not be read).
+  void pause();
+  // Goes on exactly as before the pause (the handover failed): the ring
+  // kept what came meanwhile. No-op when not paused.
+  void resume();
+  // While paused: the state another engine takes over with (see
+  // MirrorEngineOptions::adopted); the engine itself is unchanged, and
+  // resume() goes on with it. Errors: FAILED_PRECONDITION when not paused,
+  // or before go() of an engine that adopted a state (the old ring is
+  // unread); the errno of dup().
+  absl::StatusOr<MirrorEngineState> exportState();
+  // With options.adopted: the old engine's process is gone (its ring gets
+  // nothing more); read its ring to its end, close it, then read this
+  // engine's own as usual. Returns at once; the thread does it. No-op
+  // without options.adopted, or when called again.
+  void go();
 
  private:
   struct Impl;

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <deque>
+#include <future>
 #include <map>
 #include <set>
 
@@ -56,6 +57,55 @@ v1::Error closeError(CloseReason reason) {
   return toProtoError(protoError(v1::CANCELLED, "mirror of this port stopped"));
 }
 
+// ---- handover: the capture's state as handover.proto carries it ----
+
+v1::MirrorEndpointExport toExport(const Endpoint& e) {
+  v1::MirrorEndpointExport out;
+  out.set_family(e.address.family);
+  out.set_address(std::string(e.address.bytes.begin(), e.address.bytes.end()));
+  out.set_port(e.port);
+  return out;
+}
+
+absl::StatusOr<Endpoint> fromExport(const v1::MirrorEndpointExport& in) {
+  if ((in.family() != 4 && in.family() != 6) || in.address().size() != 16 || in.port() > 65535) {
+    return absl::InvalidArgumentError("mirror: a malformed connection endpoint");
+  }
+  Endpoint e;
+  e.address.family = static_cast<uint8_t>(in.family());
+  std::copy(in.address().begin(), in.address().end(), e.address.bytes.begin());
+  e.port = static_cast<uint16_t>(in.port());
+  return e;
+}
+
+void toExport(const StreamSnapshot& s, v1::MirrorDirectionExport* out) {
+  out->set_started(s.started);
+  out->set_mid_stream(s.mid_stream);
+  out->set_ended(s.ended);
+  out->set_has_isn(s.isn.has_value());
+  out->set_isn(s.isn.value_or(0));
+  out->set_next_seq(s.next_seq);
+  for (const auto& [seq, bytes] : s.pending) {
+    v1::MirrorChunkExport* c = out->add_pending();
+    c->set_seq(seq);
+    c->set_bytes(bytes);
+  }
+  out->set_has_fin(s.fin_seq.has_value());
+  out->set_fin_seq(s.fin_seq.value_or(0));
+}
+
+StreamSnapshot fromExport(const v1::MirrorDirectionExport& in) {
+  StreamSnapshot s;
+  s.started = in.started();
+  s.mid_stream = in.mid_stream();
+  s.ended = in.ended();
+  if (in.has_isn()) s.isn = in.isn();
+  s.next_seq = in.next_seq();
+  for (const v1::MirrorChunkExport& c : in.pending()) s.pending.emplace_back(c.seq(), c.bytes());
+  if (in.has_fin()) s.fin_seq = in.fin_seq();
+  return s;
+}
+
 // What one subscription holds across its streams.
 struct Budget {
   size_t limit = 0;
@@ -74,6 +124,47 @@ class MirrorStream final : public StreamEndpoint,
   ~MirrorStream() override { budget_->queued -= queued_; }
 
   bool dead() const { return dead_; }
+
+  // Handover: the stream as it stands (frozen), and the same on the new
+  // agent (its queue counted in the subscription's budget again).
+  void exportTo(v1::MirrorStreamExport* out) const {
+    out->set_stream_id(id_);
+    out->set_dead(dead_);
+    out->set_accepted(accepted_);
+    out->set_finishing(finishing_);
+    out->set_half_closed(half_closed_);
+    out->set_client_closed(client_closed_);
+    out->set_max_record(static_cast<uint32_t>(max_record_));
+    for (const Item& item : queue_) {
+      v1::MirrorQueuedExport* q = out->add_queue();
+      q->set_kind(static_cast<uint32_t>(item.kind));
+      q->set_record(item.record);
+      q->set_direction(item.direction == Direction::kServerToClient ? 1 : 0);
+      q->set_gap(item.gap);
+      if (item.kind == Item::kReset) *q->mutable_error() = item.error;
+    }
+  }
+  void restoreFrom(const v1::MirrorStreamExport& in) {
+    dead_ = in.dead();
+    accepted_ = in.accepted();
+    finishing_ = in.finishing();
+    half_closed_ = in.half_closed();
+    client_closed_ = in.client_closed();
+    if (in.max_record() >= 2) max_record_ = std::min<size_t>(in.max_record(), kMaxRecord);
+    for (const v1::MirrorQueuedExport& q : in.queue()) {
+      Item item;
+      item.kind = static_cast<Item::Kind>(std::min<uint32_t>(q.kind(), Item::kReset));
+      item.record = q.record();
+      item.direction = q.direction() == 1 ? Direction::kServerToClient : Direction::kClientToServer;
+      item.gap = q.gap();
+      item.error = q.error();
+      if (item.kind == Item::kRecord) {
+        queued_ += item.record.size();
+        budget_->queued += item.record.size();
+      }
+      queue_.push_back(std::move(item));
+    }
+  }
 
   // `record` starts with the direction byte.
   void pushRecord(std::string record, Direction direction) {
@@ -153,6 +244,16 @@ class MirrorStream final : public StreamEndpoint,
   }
   void onReset(const v1::Error&) override { die(); }
   void onWritable() override { flush(); }
+  // Handover: the session moves this stream's frames and credit; the
+  // mirror service moves the stream itself (its queue).
+  void thaw() override { flush(); }
+  absl::Status exportState(v1::PumpExport* out, std::vector<UniqueFd>* fds) override {
+    (void)fds;
+    out->set_stream_id(id_);
+    out->set_fd(-1);
+    out->set_service("mirror");
+    return absl::OkStatus();
+  }
   void onAccept(const v1::StreamAccept& accept) override {
     accepted_ = true;
     auto s = session_.lock();
@@ -347,10 +448,172 @@ class MirrorServiceImpl final : public MirrorService,
     }
   }
 
-  std::string handoverBlocker() const override {
-    if (subs_.empty()) return "";
-    return absl::StrCat(subs_.size(),
-                        " mirror subscriptions (mirrors do not move to a new agent yet)");
+  // ---- handover (docs/CONTINUITY.md) ----
+
+  // The capture stops reading once what it read is on its way here: the
+  // batches it delivered are run before the export (posted before it).
+  void freeze() override {
+    frozen_ = true;
+    onStrandAndWait([this] {
+      if (source_) source_->pause();
+      return true;
+    });
+  }
+
+  void thaw() override {
+    if (!frozen_) return;
+    frozen_ = false;
+    auto self = shared_from_this();
+    asio::post(strand_, [self] {
+      if (self->source_) self->source_->resume();
+    });
+  }
+
+  absl::Status exportState(v1::AgentState* out, std::vector<UniqueFd>* fds) override {
+    if (subs_.empty()) return absl::OkStatus();
+    absl::StatusOr<MirrorEngineState> engine =
+        onStrandAndWait([this]() -> absl::StatusOr<MirrorEngineState> {
+          if (!source_) return absl::FailedPreconditionError("mirror: no capture runs");
+          return source_->exportState();
+        });
+    if (!engine.ok()) {
+      return absl::Status(engine.status().code(),
+                          absl::StrCat("mirror: ", engine.status().message()));
+    }
+    v1::MirrorExport& m = *out->mutable_mirror();
+    m.set_ring(-1);
+    if (engine->ring.valid()) {
+      m.set_ring(static_cast<int32_t>(fds->size()));
+      fds->push_back(std::move(engine->ring));
+    }
+    m.set_next_connection_id(engine->next_connection_id);
+    for (const auto& [port, refs] : port_refs_) {
+      m.add_ports(port);
+      if (!serverToClientWanted(port)) m.add_ports_without_server_bytes(port);
+    }
+    for (const ConnectionSnapshot& c : engine->connections) {
+      v1::MirrorConnectionExport& x = *m.add_connections();
+      x.set_id(c.info.id);
+      *x.mutable_client() = toExport(c.info.client);
+      *x.mutable_server() = toExport(c.info.server);
+      x.set_started_mid_stream(c.info.started_mid_stream);
+      toExport(c.client_to_server, x.mutable_client_to_server());
+      toExport(c.server_to_client, x.mutable_server_to_client());
+      x.set_in_service(conns_.contains(c.info.id));
+    }
+    uint64_t streams = 0;
+    for (const auto& [id, sub] : subs_) {
+      v1::MirrorSubscriptionExport& x = *m.add_subscriptions();
+      x.set_id(id);
+      x.set_port(sub.port);
+      x.set_both_directions(sub.both);
+      x.set_session_id(sub.session_id);
+      x.set_budget(sub.budget->limit);
+      for (const auto& [conn, stream] : sub.streams) {
+        v1::MirrorStreamExport& y = *x.add_streams();
+        y.set_connection(conn);
+        stream->exportTo(&y);
+        ++streams;
+      }
+    }
+    log::info("mirror_exported", {{"subscriptions", static_cast<uint64_t>(subs_.size())},
+                                  {"streams", streams},
+                                  {"connections", static_cast<uint64_t>(engine->connections.size())}});
+    return absl::OkStatus();
+  }
+
+  // Before the new agent serves: the subscriptions and their streams as
+  // they were, and the capture started beside the old one's (it reads from
+  // startAfterHandover()).
+  absl::Status importState(
+      const v1::AgentState& in, std::vector<UniqueFd>& fds,
+      const std::map<std::string, std::shared_ptr<SessionHost>>& sessions) override {
+    if (!in.has_mirror() || in.mirror().subscriptions_size() == 0) return absl::OkStatus();
+    const v1::MirrorExport& m = in.mirror();
+    auto adopted = std::make_shared<MirrorEngineState>();
+    adopted->next_connection_id = m.next_connection_id();
+    if (m.ring() >= 0) {
+      const auto i = static_cast<size_t>(m.ring());
+      if (i >= fds.size() || !fds[i].valid()) {
+        return absl::InvalidArgumentError("mirror: the capture's ring buffer is missing");
+      }
+      adopted->ring = std::move(fds[i]);
+    }
+    for (uint32_t port : m.ports()) adopted->ports.insert(static_cast<uint16_t>(port));
+    for (uint32_t port : m.ports_without_server_bytes()) {
+      adopted->ports_without_server_bytes.insert(static_cast<uint16_t>(port));
+    }
+    for (const v1::MirrorConnectionExport& x : m.connections()) {
+      ConnectionSnapshot c;
+      c.info.id = x.id();
+      ASSIGN_OR_RETURN(c.info.client, fromExport(x.client()));
+      ASSIGN_OR_RETURN(c.info.server, fromExport(x.server()));
+      c.info.started_mid_stream = x.started_mid_stream();
+      c.client_to_server = fromExport(x.client_to_server());
+      c.server_to_client = fromExport(x.server_to_client());
+      if (x.in_service()) conns_[c.info.id] = c.info;
+      adopted->connections.push_back(std::move(c));
+    }
+    for (const v1::MirrorSubscriptionExport& x : m.subscriptions()) {
+      auto host = sessions.find(x.session_id());
+      if (host == sessions.end() || x.port() == 0 || x.port() > 65535) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "mirror subscription ", x.id(), ": its session ", x.session_id(), " did not come"));
+      }
+      Subscription sub;
+      sub.id = x.id();
+      sub.port = static_cast<uint16_t>(x.port());
+      sub.both = x.both_directions();
+      sub.active = true;
+      sub.session_id = x.session_id();
+      sub.session = host->second;
+      sub.budget->limit = x.budget() != 0 ? x.budget() : options_.subscription_buffer;
+      for (const v1::MirrorStreamExport& y : x.streams()) {
+        auto stream =
+            std::make_shared<MirrorStream>(sub.session, y.stream_id(), sub.budget, stats_);
+        stream->restoreFrom(y);
+        if (!stream->dead() && y.stream_id() != 0) {
+          if (!host->second->session().streamOpen(y.stream_id())) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "mirror subscription ", x.id(), ": stream ", y.stream_id(), " is not open"));
+          }
+          host->second->registerStream(y.stream_id(), stream);
+        }
+        sub.streams[y.connection()] = std::move(stream);
+      }
+      ++port_refs_[sub.port];
+      subs_.emplace(sub.id, std::move(sub));
+    }
+    // The capture: attached now, beside the old agent's; reading waits for
+    // go() (startAfterHandover).
+    std::weak_ptr<MirrorServiceImpl> weak = shared_from_this();
+    asio::io_context& io = ctx_.io;
+    const uint64_t generation = generation_;
+    auto source = factory_(
+        [weak, &io, generation](std::vector<MirrorEvent> batch) {
+          asio::post(io, [weak, generation, batch = std::move(batch)]() mutable {
+            if (auto self = weak.lock()) self->onBatch(generation, std::move(batch));
+          });
+        },
+        adopted);
+    if (!source.ok()) {
+      return absl::Status(source.status().code(),
+                          absl::StrCat("mirror: the capture: ", source.status().message()));
+    }
+    source_ = std::move(*source);
+    source_generation_ = generation;
+    log::info("mirror_imported", {{"subscriptions", static_cast<uint64_t>(subs_.size())},
+                                  {"connections", static_cast<uint64_t>(adopted->connections.size())}});
+    return absl::OkStatus();
+  }
+
+  // The old agent let go (it is gone): its ring holds what its capture saw
+  // last, read to its end before ours.
+  void startAfterHandover() override {
+    auto self = shared_from_this();
+    asio::post(strand_, [self] {
+      if (self->source_) self->source_->go();
+    });
   }
 
   void sessionEnded(const std::string& session_id) override {
@@ -502,16 +765,28 @@ class MirrorServiceImpl final : public MirrorService,
 
   // ---- strand side ----
 
+  // Runs `f` on the strand and waits for its result (the handover's
+  // freeze and export, from the event loop: the strand's work is short).
+  template <typename F>
+  auto onStrandAndWait(F f) -> decltype(f()) {
+    std::packaged_task<decltype(f())()> task(std::move(f));
+    auto result = task.get_future();
+    asio::post(strand_, [&task] { task(); });
+    return result.get();
+  }
+
   absl::Status ensureSourceOnStrand(uint64_t generation) {
     if (source_) return absl::OkStatus();
     if (stopping_) return protoError(v1::AGENT_DRAINING, "the agent is shutting down");
     std::weak_ptr<MirrorServiceImpl> weak = shared_from_this();
     asio::io_context& io = ctx_.io;
-    auto source = factory_([weak, &io, generation](std::vector<MirrorEvent> batch) {
-      asio::post(io, [weak, generation, batch = std::move(batch)]() mutable {
-        if (auto self = weak.lock()) self->onBatch(generation, std::move(batch));
-      });
-    });
+    auto source = factory_(
+        [weak, &io, generation](std::vector<MirrorEvent> batch) {
+          asio::post(io, [weak, generation, batch = std::move(batch)]() mutable {
+            if (auto self = weak.lock()) self->onBatch(generation, std::move(batch));
+          });
+        },
+        nullptr);
     if (!source.ok()) return source.status();
     source_ = std::move(*source);
     source_generation_ = generation;
@@ -676,6 +951,7 @@ class MirrorServiceImpl final : public MirrorService,
   MirrorServiceStats stats_;
   uint64_t generation_ = 1;  // bumped when the source goes: its late batches are ignored
   std::atomic<bool> stopping_{false};
+  bool frozen_ = false;  // a handover froze the capture
 
   // Strand.
   std::unique_ptr<MirrorSource> source_;
@@ -691,6 +967,10 @@ class EngineSource final : public MirrorSource {
   void setServerToClient(uint16_t port, bool wanted) override {
     engine_->setServerToClient(port, wanted);
   }
+  void pause() override { engine_->pause(); }
+  void resume() override { engine_->resume(); }
+  absl::StatusOr<MirrorEngineState> exportState() override { return engine_->exportState(); }
+  void go() override { engine_->go(); }
 
  private:
   std::unique_ptr<MirrorEngine> engine_;
@@ -711,9 +991,12 @@ void registerMirror(ServiceRegistry& registry, ServiceContext& ctx) {
   options.subscription_buffer = ctx.config.mirror_buffer_bytes;
   auto service = makeMirrorService(
       ctx,
-      [netns_fd, engine](std::function<void(std::vector<MirrorEvent>)> deliver)
+      [netns_fd, engine](std::function<void(std::vector<MirrorEvent>)> deliver,
+                         std::shared_ptr<MirrorEngineState> adopted)
           -> absl::StatusOr<std::unique_ptr<MirrorSource>> {
-        ASSIGN_OR_RETURN(auto e, MirrorEngine::start(netns_fd, engine, std::move(deliver)));
+        MirrorEngineOptions o = engine;
+        o.adopted = std::move(adopted);
+        ASSIGN_OR_RETURN(auto e, MirrorEngine::start(netns_fd, o, std::move(deliver)));
         return std::unique_ptr<MirrorSource>(new EngineSource(std::move(e)));
       },
       options);

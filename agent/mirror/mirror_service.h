@@ -21,6 +21,12 @@
 //               Nothing waits: the application and the other sessions
 //               never slow down for a slow one.
 //
+// Handover (docs/CONTINUITY.md): the capture pauses at the freeze, once
+// what it read is delivered to the streams; the subscriptions, each
+// stream's queue and the capture's state (MirrorEngine::exportState) move;
+// the new agent's capture attaches at once and reads the old one's ring to
+// its end before its own, so a mirrored stream goes on with no gap.
+//
 // Unsubscribe, or the session's end, resets the subscription's streams
 // (CANCELLED) and stops mirroring the port when nobody else does; the last
 // subscription gone unloads the capture program. A drain resets every
@@ -57,12 +63,22 @@ class MirrorSource {
     (void)port;
     (void)wanted;
   }
+  // Handover (MirrorEngine's pause, resume, exportState, go). A source
+  // that cannot move says so in exportState().
+  virtual void pause() {}
+  virtual void resume() {}
+  virtual absl::StatusOr<MirrorEngineState> exportState() {
+    return absl::FailedPreconditionError("this mirror source does not move to a new agent");
+  }
+  virtual void go() {}
 };
 
-// Starts a source that hands its batches to `deliver` (from any thread).
-// Runs on the blocking pool.
+// Starts a source that hands its batches to `deliver` (from any thread);
+// with `adopted`, one that goes on from another agent's (a handover:
+// MirrorEngineOptions::adopted). Runs on the blocking pool.
 using MirrorSourceFactory = std::function<absl::StatusOr<std::unique_ptr<MirrorSource>>(
-    std::function<void(std::vector<MirrorEvent>)> deliver)>;
+    std::function<void(std::vector<MirrorEvent>)> deliver,
+    std::shared_ptr<MirrorEngineState> adopted)>;
 
 struct MirrorServiceOptions {
   // Bytes a subscription may hold for streams without credit.

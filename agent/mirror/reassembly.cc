@@ -294,8 +294,9 @@ void StreamReassembler::onSegment(uint32_t seq, uint8_t flags, std::string_view 
   if (offset < 0) {
     // Bytes from before the stream's start (joined mid-stream after a
     // reordered segment): unknowable, and outside the span we account for.
+    // Restored without a known start: bytes the earlier owner handled.
     size_t before = std::min(payload.size(), static_cast<size_t>(-offset));
-    stats_.ignored_bytes += before;
+    (restored_mid_way_ ? stats_.duplicate_bytes : stats_.ignored_bytes) += before;
     payload.remove_prefix(before);
     offset = 0;
   }
@@ -523,6 +524,79 @@ void StreamReassembler::finish(StreamSink& sink) {
   ended_ = true;
 }
 
+StreamSnapshot StreamReassembler::snapshot() const {
+  StreamSnapshot out;
+  out.started = started_;
+  out.mid_stream = started_mid_stream_;
+  out.ended = ended_;
+  out.isn = isn_;
+  // Offsets back to sequence numbers: modulo 2^32, as on the wire.
+  out.next_seq = first_seq_ + static_cast<uint32_t>(next_);
+  out.pending.reserve(pending_.size());
+  for (const auto& [offset, chunk] : pending_) {
+    out.pending.emplace_back(first_seq_ + static_cast<uint32_t>(offset), chunk.bytes);
+  }
+  if (fin_end_) out.fin_seq = first_seq_ + static_cast<uint32_t>(*fin_end_);
+  return out;
+}
+
+void StreamReassembler::restore(const StreamSnapshot& snapshot, Timestamp now) {
+  invariant(!started_ && !ended_ && pending_.empty(), "restore() on a reassembler in use");
+  ended_ = snapshot.ended;
+  if (!snapshot.started) return;
+  started_ = true;
+  started_mid_stream_ = snapshot.mid_stream;
+  isn_ = snapshot.isn;
+  if (isn_) {
+    // Offsets from the real first byte, as the original had them (modulo
+    // 2^32: only their differences matter), so a retransmitted SYN still
+    // matches firstSeq().
+    first_seq_ = *isn_ + 1;
+    next_ = static_cast<uint32_t>(snapshot.next_seq - first_seq_);
+  } else {
+    first_seq_ = snapshot.next_seq;
+    next_ = 0;
+    restored_mid_way_ = true;
+  }
+  highest_end_ = next_;
+  // Like onSegment(): a sequence number as an offset, by its signed 32-bit
+  // distance from the next byte.
+  auto offsetOf = [&](uint32_t seq) {
+    return static_cast<int64_t>(next_) + static_cast<int32_t>(seq - snapshot.next_seq);
+  };
+  std::optional<uint64_t> fin;
+  if (snapshot.fin_seq) {
+    fin = static_cast<uint64_t>(std::max<int64_t>(offsetOf(*snapshot.fin_seq), next_));
+  }
+  // A snapshot holds ordered, disjoint chunks past next_ and before the
+  // FIN; one from elsewhere that does not is cut to that, not trusted.
+  for (const auto& [seq, bytes] : snapshot.pending) {
+    int64_t begin = offsetOf(seq);
+    std::string_view piece = bytes;
+    const int64_t floor = std::max<int64_t>(next_, highest_end_);
+    if (begin < floor) {
+      piece.remove_prefix(std::min<uint64_t>(piece.size(), floor - begin));
+      begin = floor;
+    }
+    if (fin && begin + static_cast<int64_t>(piece.size()) > static_cast<int64_t>(*fin)) {
+      piece = piece.substr(
+          0, static_cast<size_t>(std::max<int64_t>(0, static_cast<int64_t>(*fin) - begin)));
+    }
+    if (piece.empty()) continue;
+    auto [it, inserted] =
+        pending_.emplace(static_cast<uint64_t>(begin), Chunk{std::string(piece), now});
+    invariant(inserted, "two restored chunks at one offset");
+    arrivals_.insert(now);
+    buffered_ += piece.size();
+    held_ += chunkCost(it->second);
+    highest_end_ = static_cast<uint64_t>(begin) + piece.size();
+  }
+  if (fin) {
+    fin_end_ = std::max(*fin, highest_end_);
+    fin_arrival_ = now;
+  }
+}
+
 // ---------------------------------------------------------------- ConnectionTable
 
 std::string_view closeReasonName(CloseReason reason) {
@@ -741,6 +815,35 @@ void ConnectionTable::setServerPorts(std::set<uint16_t> ports) {
     if (!options_.server_ports.contains(c->info.server.port)) gone.push_back(c);
   }
   for (Connection* c : gone) close(*c, CloseReason::kShutdown);
+}
+
+std::vector<ConnectionSnapshot> ConnectionTable::snapshot() const {
+  std::vector<ConnectionSnapshot> out;
+  out.reserve(by_activity_.size());
+  for (const Connection* c : by_activity_) {
+    out.push_back({c->info, c->to_server.snapshot(), c->to_client.snapshot()});
+  }
+  return out;
+}
+
+void ConnectionTable::restore(const std::vector<ConnectionSnapshot>& connections, uint64_t next_id,
+                              Timestamp now) {
+  for (const ConnectionSnapshot& s : connections) {
+    Key key{s.info.client, s.info.server};
+    invariant(!connections_.contains(key), "a restored connection is in the table already");
+    auto connection = std::make_unique<Connection>(options_.stream);
+    connection->info = s.info;
+    connection->last_seen = now;
+    connection->to_server.restore(s.client_to_server, now);
+    connection->to_client.restore(s.server_to_client, now);
+    Connection* raw = connection.get();
+    by_activity_.push_back(raw);
+    raw->activity = std::prev(by_activity_.end());
+    held_total_ += held(*raw);
+    next_id_ = std::max(next_id_, s.info.id + 1);
+    connections_.emplace(std::move(key), std::move(connection));
+  }
+  next_id_ = std::max(next_id_, next_id);
 }
 
 size_t ConnectionTable::held(const Connection& connection) {

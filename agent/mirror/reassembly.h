@@ -36,6 +36,7 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -138,6 +139,22 @@ struct StreamStats {
   uint64_t ignored_bytes = 0;    // before the stream's start, past its FIN, or after its end
 };
 
+// One direction as a StreamReassembler holds it: enough to rebuild it in
+// another reassembler (another process, after a handover) that goes on
+// exactly where this one stopped. Sequence numbers, not offsets: the two
+// need not agree on where the stream started.
+struct StreamSnapshot {
+  bool started = false;
+  bool mid_stream = false;
+  bool ended = false;
+  std::optional<uint32_t> isn;
+  uint32_t next_seq = 0;  // the first byte not yet delivered or reported as a gap
+  // Out-of-order bytes held past holes: (sequence number of the first byte,
+  // bytes), in stream order.
+  std::vector<std::pair<uint32_t, std::string>> pending;
+  std::optional<uint32_t> fin_seq;  // just past the last data byte, once a FIN was seen
+};
+
 // One direction of a TCP connection.
 //
 // Call order: onSegment()/advanceTime() any number of times; finish() at
@@ -148,6 +165,9 @@ struct StreamStats {
 // Sequence numbers are mapped to 64-bit stream offsets relative to the
 // next byte expected, so a stream crosses 2^32 freely; a segment more than
 // 2^31 before that point is taken as old data, as TCP itself would.
+//
+// snapshot() any time; restore() only on a reassembler that has seen
+// nothing yet, instead of its first segment.
 class StreamReassembler {
  public:
   explicit StreamReassembler(ReassemblerOptions options = {});
@@ -177,6 +197,18 @@ class StreamReassembler {
   // Gives up the first hole (a gap) and delivers what follows it up to the
   // next hole: memory is needed elsewhere. No-op with nothing buffered.
   void shed(StreamSink& sink);
+
+  // What this direction holds, to rebuild it elsewhere (restore()).
+  StreamSnapshot snapshot() const;
+  // Becomes the reassembler `snapshot` was taken of, with fresh stats: the
+  // held chunks count as arrived at `now` (their hole timeouts restart).
+  // Bytes before next_seq count as duplicates (they were delivered or
+  // reported before the snapshot), also when the stream's start is not
+  // known. Produces no events: a chunk at next_seq, which a snapshot never
+  // holds, would wait for the next segment. Held memory may exceed
+  // max_buffered when this one's is smaller than the snapshot's; the next
+  // segment that needs room gives up holes as usual.
+  void restore(const StreamSnapshot& snapshot, Timestamp now);
 
   // What holding one separate out-of-order segment of `bytes` bytes costs:
   // its payload's heap block (none when short enough for the string
@@ -230,6 +262,11 @@ class StreamReassembler {
   bool started_mid_stream_ = false;
   bool ended_ = false;
   std::optional<uint32_t> isn_;
+  // Restored without knowing the stream's first byte (no ISN): offset 0 is
+  // where the snapshot had got to, and what comes before it was handled by
+  // the reassembler the snapshot came from (duplicates, not "before the
+  // start").
+  bool restored_mid_way_ = false;
   uint32_t first_seq_ = 0;  // sequence number of stream offset 0
   uint64_t next_ = 0;       // offset of the next byte to deliver
   uint64_t highest_end_ = 0;
@@ -266,6 +303,12 @@ struct ConnectionInfo {
   // Joined without seeing the handshake: the streams start at the first
   // segment seen, and earlier bytes of the connection are unknown.
   bool started_mid_stream = false;
+};
+
+// One connection as a ConnectionTable holds it (ConnectionTable::snapshot()).
+struct ConnectionSnapshot {
+  ConnectionInfo info;
+  StreamSnapshot client_to_server, server_to_client;
 };
 
 // Per-connection events. Every opened connection gets exactly one
@@ -337,6 +380,19 @@ class ConnectionTable {
   // The mirrored ports changed: later mid-stream joins use `ports`, and the
   // connections whose server port left the set are closed (kShutdown).
   void setServerPorts(std::set<uint16_t> ports);
+
+  // Every connection, least recently active first, and the id the next one
+  // will get: what restore() takes to rebuild this table elsewhere (a new
+  // agent process taking over, agent/mirror/mirror_engine.h).
+  std::vector<ConnectionSnapshot> snapshot() const;
+  uint64_t nextId() const { return next_id_; }
+  // Adds the connections of another table's snapshot(), with their ids, in
+  // the same activity order, as last active at `now`; later connections get
+  // ids from max(next_id, the highest restored id + 1). Emits no onOpened:
+  // the consumer knows these connections already. Not counted as opened.
+  // Precondition (aborts otherwise): no restored connection's endpoints are
+  // in the table already.
+  void restore(const std::vector<ConnectionSnapshot>& connections, uint64_t next_id, Timestamp now);
 
   // Packets the transport lost before they reached us (ring buffer full):
   // counted here so one place holds the mirror's counters.

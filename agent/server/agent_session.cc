@@ -444,6 +444,15 @@ absl::StatusOr<std::shared_ptr<AgentSession>> AgentSession::restore(
         std::min(self->grace_left_, std::chrono::milliseconds(state.grace_left_ms()));
   }
   for (const v1::PumpExport& p : state.pumps()) {
+    if (!p.service().empty()) {
+      // A service's endpoint (a mirror's stream): the service registers it
+      // as it imports its own state (ServiceRegistry::importState).
+      if (!self->session_.streamOpen(p.stream_id())) {
+        return absl::InvalidArgumentError(absl::StrCat("session ", state.id(), ", stream ",
+                                                       p.stream_id(), ": not open in the session"));
+      }
+      continue;
+    }
     if (p.fd() < 0 || static_cast<size_t>(p.fd()) >= fds.size() || !fds[p.fd()]) {
       return absl::InvalidArgumentError(
           absl::StrCat("session ", state.id(), ", stream ", p.stream_id(), ": no socket"));

@@ -109,6 +109,7 @@ MirrorLoader::~MirrorLoader() {
     if (links.egress >= 0) close(links.egress);
   }
   if (reader_ != nullptr) ring_buffer__free(reader_);
+  closeAdopted();
   mirror_bpf__destroy(skel_);
 }
 
@@ -195,6 +196,29 @@ absl::Status MirrorLoader::startReader(PacketCallback on_packet, LossCallback on
 }
 
 int MirrorLoader::fd() const { return reader_ == nullptr ? -1 : ring_buffer__epoll_fd(reader_); }
+
+int MirrorLoader::ringFd() const { return bpf_map__fd(skel_->maps.mirror_events); }
+
+absl::Status MirrorLoader::adoptRing(int ring_fd) {
+  if (reader_ == nullptr) return absl::FailedPreconditionError("mirror reader not started");
+  if (adopted_ != nullptr) return absl::FailedPreconditionError("a mirror ring already adopted");
+  adopted_ = ring_buffer__new(ring_fd, &MirrorLoader::onRecord, this, nullptr);
+  if (adopted_ == nullptr) return lastErrnoStatus("open the adopted mirror ring buffer");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> MirrorLoader::consumeAdopted() {
+  if (adopted_ == nullptr) return absl::FailedPreconditionError("no mirror ring adopted");
+  int n = ring_buffer__consume(adopted_);
+  if (n < 0) return errnoStatus(-n, "read the adopted mirror ring buffer");
+  if (bad_record_) return absl::InternalError("malformed record in the adopted mirror ring buffer");
+  return static_cast<size_t>(n);
+}
+
+void MirrorLoader::closeAdopted() {
+  if (adopted_ != nullptr) ring_buffer__free(adopted_);
+  adopted_ = nullptr;
+}
 
 int MirrorLoader::onRecord(void* ctx, void* data, size_t size) {
   auto* self = static_cast<MirrorLoader*>(ctx);

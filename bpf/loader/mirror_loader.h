@@ -57,7 +57,8 @@ struct MirrorCounters {
 // links; the program also uses the bpf_cast_to_kern_ctx kfunc of 6.3).
 //
 // Threads: not thread-safe; one call at a time, not concurrent with
-// destruction. The callbacks run on the thread that calls consume().
+// destruction. The callbacks run on the thread that calls consume() or
+// consumeAdopted().
 class MirrorLoader {
  public:
   struct Options {
@@ -117,6 +118,23 @@ class MirrorLoader {
   int fd() const;
   absl::StatusOr<size_t> consume();
 
+  // The ring buffer map's fd (this object's): what another reader dups to
+  // take the ring over (a new agent process, agent/mirror/mirror_engine.h).
+  int ringFd() const;
+
+  // A second reader, on another loader's ring buffer (a dup of its
+  // ringFd(), maybe from another process): consumeAdopted() hands every
+  // record waiting there to the same `on_packet` as consume() (startReader()
+  // first). It maps the same consumer position, so it goes on exactly where
+  // the other reader stopped. No loss reports: the counters are the other
+  // program's. closeAdopted() drops the reader; `ring_fd` stays the
+  // caller's, open until then. Errors: FailedPrecondition when adopted
+  // twice or the reader is not started; the kernel's on a map that is not a
+  // ring buffer.
+  absl::Status adoptRing(int ring_fd);
+  absl::StatusOr<size_t> consumeAdopted();
+  void closeAdopted();
+
  private:
   struct Links {
     int ingress = -1;
@@ -128,7 +146,8 @@ class MirrorLoader {
 
   mirror_bpf* skel_;  // owned; destroyed by mirror_bpf__destroy
   std::map<int, Links> links_;
-  ::ring_buffer* reader_ = nullptr;  // owned; ring_buffer__free
+  ::ring_buffer* reader_ = nullptr;   // owned; ring_buffer__free
+  ::ring_buffer* adopted_ = nullptr;  // owned; ring_buffer__free
   PacketCallback on_packet_;
   LossCallback on_loss_;
   uint64_t lost_reported_ = 0;

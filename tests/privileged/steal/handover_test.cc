@@ -14,8 +14,11 @@
 //    new ones, and nothing of the new one is left (links, chains);
 //  - ten handovers in a row with a connection held across all of them:
 //    it echoes after each, and descriptors, links and chains stay level;
+//  - a mirror of a connection streaming through the handover, replayed by
+//    `siphon mirror --to`: the replay is byte-exact, no gap;
 //  - refusals: a new agent for another target, and an agent holding what
-//    cannot move yet (a mirror): one line on each side, the old agent serves.
+//    cannot move yet (a filtered steal): one line on each side, the old
+//    agent serves.
 //
 // Both backends (sk_lookup, iptables). Without root every test skips.
 #include "tests/privileged/steal/steal_fixture.h"
@@ -384,9 +387,92 @@ TEST_P(HandoverTest, TenHandoversInARowLeakNothing) {
   EXPECT_THAT(sessions.out, HasSubstr("attached (10 handovers)")) << sessions;
 }
 
+// A connection to a mirrored port of the pod streams 48 MiB at about
+// 24 MiB/s from before the handover to after it; `siphon mirror --to`
+// replays its bytes to a local server: they arrive byte-exact, with no
+// gap, and the mirror CLI says once that its agent was handed over.
+TEST_P(HandoverTest, AMirrorAcrossAHandoverHasNoGap) {
+  constexpr uint16_t kMirrored = 8093;
+  constexpr uint64_t kTotal = 48ull << 20;
+  constexpr size_t kChunk = 64 << 10;
+  LocalServer sink([](int fd) {
+    std::string buf(256 << 10, '\0');
+    while (::read(fd, buf.data(), buf.size()) > 0) {
+    }
+  }, pod_->name(), kMirrored);
+  std::mutex mu;
+  std::string replayed;
+  LocalServer replay([&](int fd) {
+    std::string buf(256 << 10, '\0');
+    ssize_t n;
+    while ((n = ::read(fd, buf.data(), buf.size())) > 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      replayed.append(buf.data(), static_cast<size_t>(n));
+    }
+  });
+  steals_.push_back(std::make_unique<Proc>(
+      std::vector<std::string>{SIPHON_CLI_BIN, "--agent", endpoint_, "--token-file", token_file_,
+                               "mirror", "--port", std::to_string(kMirrored), "--to",
+                               replay.to()},
+      cleanEnv()));
+  Proc* m = steals_.back().get();
+  ASSERT_TRUE(m->readUntil([](const std::string&, const std::string& err) {
+    return err.find("mirror: port ") != std::string::npos ||
+           err.find("siphon:") != std::string::npos;
+  })) << m->err;
+
+  Fd conn(connectFrom(client_->name(), podAddress(), kMirrored));
+  ASSERT_GE(conn.get(), 0);
+  setTimeouts(conn.get(), 60);
+  std::atomic<uint64_t> sent{0};
+  auto sender = std::async(std::launch::async, [&] {
+    Pattern p(33);
+    std::string chunk(kChunk, '\0');
+    while (sent < kTotal) {
+      p.fill(chunk.data(), chunk.size());
+      if (::send(conn.get(), chunk.data(), chunk.size(), MSG_NOSIGNAL) !=
+          static_cast<ssize_t>(chunk.size())) {
+        return false;
+      }
+      sent += chunk.size();
+      std::this_thread::sleep_for(std::chrono::microseconds(2500));
+    }
+    return true;
+  });
+  while (sent < kTotal / 4) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const bool handed = handOver();
+  const uint64_t at_handover = sent;
+  ASSERT_TRUE(sender.get()) << "the sender failed after " << sent << " bytes";
+  ASSERT_TRUE(handed);
+  EXPECT_LT(at_handover, kTotal) << "the handover ran after the stream ended";
+  conn.reset();
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (Clock::now() < deadline) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (replayed.size() >= kTotal) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::string want(kTotal, '\0');
+  Pattern(33).fill(want.data(), want.size());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(replayed.size(), kTotal) << "replayed bytes; mirror stderr:\n" << m->err;
+    EXPECT_TRUE(replayed == want) << "the replay is not the stream";
+  }
+  EXPECT_TRUE(m->readUntil([](const std::string&, const std::string& err) {
+    return err.find("handed over to a new agent process") != std::string::npos;
+  })) << m->err;
+  EXPECT_THAT(m->err, Not(HasSubstr("missing"))) << m->err;
+  EXPECT_THAT(m->err, Not(HasSubstr("gap"))) << m->err;
+  EXPECT_THAT(agent_->log(), HasSubstr("mirror_exported"));
+  EXPECT_THAT(current().log(), HasSubstr("mirror_imported"));
+}
+
 // A new agent for another target is refused; so is a handover of an agent
-// holding what does not move yet (a mirror), before any client is cut. One
-// line on each side; the old agent serves on.
+// holding what does not move yet (a filtered steal), before any client is
+// cut. One line on each side; the old agent serves on.
 TEST_P(HandoverTest, RefusalsAreOneLineAndTheOldAgentServesOn) {
   LocalServer local(echoServe);
   Proc* s = nullptr;
@@ -401,21 +487,15 @@ TEST_P(HandoverTest, RefusalsAreOneLineAndTheOldAgentServesOn) {
                                       "pid " + std::to_string(httpd81_.pid())));
   EXPECT_THAT(agent_->log(), HasSubstr("handover_refused"));
 
-  steals_.push_back(std::make_unique<Proc>(
-      std::vector<std::string>{SIPHON_CLI_BIN, "--agent", endpoint_, "--token-file", token_file_,
-                               "mirror", "--port", "81"},
-      cleanEnv()));
-  Proc* m = steals_.back().get();
-  ASSERT_TRUE(m->readUntil([](const std::string&, const std::string& err) {
-    return err.find("mirror: port 81") != std::string::npos ||
-           err.find("siphon:") != std::string::npos;
-  })) << m->err;
+  LocalServer filtered(httpKeepAlive("filtered\n"));
+  Proc* f = steal({"--port", "81", "--filter-path", "/only-this", "--to", filtered.to()});
+  ASSERT_THAT(f->err, HasSubstr("stealing port 81"));
   Agent* blocked = takeOver(httpd80_.pid());
   dead_.push_back(std::move(agents_.back()));
   agents_.pop_back();
   EXPECT_EQ(blocked->child().waitUntil(Clock::now() + std::chrono::seconds(20)), 1);
-  EXPECT_THAT(blocked->log(), HasSubstr("this agent holds what cannot move: 1 mirror "
-                                        "subscriptions"));
+  EXPECT_THAT(blocked->log(), HasSubstr("this agent holds what cannot move: filtered steal of "
+                                        "port 81"));
   // Refused before the freeze: no client was even cut.
   EXPECT_THAT(agent_->log(), Not(HasSubstr("reason=handover")));
   EXPECT_EQ(echoOnce(held.get(), "still"), "still");

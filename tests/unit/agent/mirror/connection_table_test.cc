@@ -261,5 +261,112 @@ TEST(ConnectionTable, TotalBufferedBytesAreBounded) {
   EXPECT_EQ(f.table.heldMemory(), 0u);
 }
 
+// A handover: one table's connections, holes and held out-of-order data
+// included, rebuilt in another that goes on with the rest of the segments
+// (some of them seen by the first already, as both rings hold the overlap).
+// Between them, each stream is delivered whole, once, without a gap.
+TEST(ConnectionTable, SnapshotRestoreGoesOnWithoutGapOrDuplicate) {
+  const std::string up = "0123456789abcdefghijklmnopqrst";  // 30 bytes, 6 segments of 5
+  const std::string down = "HELLOWORLD";
+  const Endpoint other = endpoint(3, 41000);
+  auto piece = [&](uint32_t offset) { return std::string_view(up).substr(offset, 5); };
+
+  Fixture a;
+  // Connection 1, handshake seen: client ISN 100, server ISN 900.
+  a.table.onSegment(segment(kClient, kServer, 100, tcp::kSyn), seconds(0));
+  a.table.onSegment(segment(kServer, kClient, 900, tcp::kSyn | tcp::kAck, "", 101), seconds(0));
+  a.table.onSegment(segment(kClient, kServer, 101 + 0, tcp::kAck, piece(0)), seconds(0));
+  a.table.onSegment(segment(kClient, kServer, 101 + 10, tcp::kAck, piece(10)), seconds(0));
+  a.table.onSegment(segment(kClient, kServer, 101 + 20, tcp::kAck, piece(20)), seconds(0));
+  // The server's second half and its FIN came before its first half.
+  a.table.onSegment(segment(kServer, kClient, 906, tcp::kAck | tcp::kFin, "WORLD"), seconds(0));
+  // Connection 2, joined mid-stream (no ISN): "xyz" delivered, "pqr" held.
+  a.table.onSegment(segment(other, kServer, 5000, tcp::kAck, "xyz"), seconds(0));
+  a.table.onSegment(segment(other, kServer, 5010, tcp::kAck, "pqr"), seconds(0));
+
+  ASSERT_EQ(a.events.opened.size(), 2u);
+  EXPECT_EQ((a.events.data[{1, kC2S}]), "01234");
+  EXPECT_EQ((a.events.data[{1, kS2C}]), "");
+  EXPECT_EQ((a.events.data[{2, kC2S}]), "xyz");
+
+  const std::vector<ConnectionSnapshot> snap = a.table.snapshot();
+  ASSERT_EQ(snap.size(), 2u);
+  EXPECT_EQ(a.table.nextId(), 3u);
+  const ConnectionSnapshot& one = snap[0].info.id == 1 ? snap[0] : snap[1];
+  EXPECT_EQ(one.info.client, kClient);
+  EXPECT_EQ(one.client_to_server.isn, 100u);
+  EXPECT_EQ(one.client_to_server.next_seq, 106u);
+  EXPECT_EQ(one.client_to_server.pending,
+            (std::vector<std::pair<uint32_t, std::string>>{{111, "abcde"}, {121, "klmno"}}));
+  EXPECT_EQ(one.server_to_client.isn, 900u);
+  EXPECT_EQ(one.server_to_client.next_seq, 901u);
+  EXPECT_EQ(one.server_to_client.fin_seq, 911u);
+  const ConnectionSnapshot& two = snap[0].info.id == 2 ? snap[0] : snap[1];
+  EXPECT_TRUE(two.client_to_server.mid_stream);
+  EXPECT_EQ(two.client_to_server.next_seq, 5003u);
+
+  Fixture b;
+  b.table.restore(snap, a.table.nextId(), seconds(1));
+  EXPECT_EQ(b.table.size(), 2u);
+  EXPECT_TRUE(b.events.opened.empty());  // the consumer knows them
+  EXPECT_EQ(b.table.bufferedBytes(), a.table.bufferedBytes());
+  EXPECT_EQ(b.table.heldMemory(), a.table.heldMemory());
+
+  // The rest, in another order, with what the first table had already
+  // (delivered or held) mixed in.
+  b.table.onSegment(segment(kClient, kServer, 101 + 0, tcp::kAck, piece(0)), seconds(1));
+  b.table.onSegment(segment(kClient, kServer, 101 + 15, tcp::kAck, piece(15)), seconds(1));
+  b.table.onSegment(segment(kClient, kServer, 101 + 5, tcp::kAck, piece(5)), seconds(1));
+  b.table.onSegment(segment(kClient, kServer, 101 + 10, tcp::kAck, piece(10)), seconds(1));
+  b.table.onSegment(segment(kClient, kServer, 101 + 20, tcp::kAck, piece(20)), seconds(1));
+  b.table.onSegment(segment(kClient, kServer, 101 + 25, tcp::kAck, piece(25)), seconds(1));
+  b.table.onSegment(segment(kServer, kClient, 901, tcp::kAck, "HELLO"), seconds(1));
+  b.table.onSegment(segment(kServer, kClient, 906, tcp::kAck | tcp::kFin, "WORLD"), seconds(1));
+  b.table.onSegment(segment(other, kServer, 5000, tcp::kAck, "xyz1234"), seconds(1));
+  b.table.onSegment(segment(other, kServer, 5007, tcp::kAck, "567"), seconds(1));
+  b.table.onSegment(segment(other, kServer, 5010, tcp::kAck, "pqr"), seconds(1));
+  b.table.onSegment(segment(kClient, kServer, 131, tcp::kAck | tcp::kFin), seconds(1));
+
+  EXPECT_EQ((a.events.data[{1, kC2S}] + b.events.data[{1, kC2S}]), up);
+  EXPECT_EQ((a.events.data[{1, kS2C}] + b.events.data[{1, kS2C}]), down);
+  EXPECT_EQ((a.events.data[{2, kC2S}] + b.events.data[{2, kC2S}]), "xyz1234567pqr");
+  EXPECT_TRUE(b.events.gaps.empty());
+  EXPECT_EQ(b.events.log, (std::vector<std::string>{"end 1 s2c", "end 1 c2s", "close 1 fin"}));
+
+  // Ids: the restored keep theirs, a new connection gets the next one.
+  b.table.onSegment(segment(endpoint(4, 42000), kServer, 7000, tcp::kSyn), seconds(1));
+  ASSERT_EQ(b.events.opened.size(), 1u);
+  EXPECT_EQ(b.events.opened[0].id, 3u);
+  b.table.closeAll();
+  EXPECT_TRUE(b.events.gaps.empty());
+  EXPECT_EQ(b.events.closed.count(2), 1u);
+  // What b saw again was counted as duplicate, not as before a stream's
+  // start, even for the connection joined mid-stream: 5 + 5 + 5 bytes of
+  // connection 1, "xyz" and "pqr" of connection 2.
+  EXPECT_EQ(b.table.counters().duplicate_bytes, 15u + 6u);
+  EXPECT_EQ(b.table.counters().delivered_bytes, 25u + 10u + 10u);
+}
+
+// Restored ids win over a next id that is too low: new ones never collide.
+TEST(ConnectionTable, RestoredIdsStayUnique) {
+  Fixture a;
+  a.table.onSegment(segment(kClient, kServer, 100, tcp::kSyn), seconds(0));
+  std::vector<ConnectionSnapshot> snap = a.table.snapshot();
+  ASSERT_EQ(snap.size(), 1u);
+  snap[0].info.id = 41;
+  Fixture b;
+  b.table.restore(snap, /*next_id=*/7, seconds(0));
+  EXPECT_EQ(b.table.nextId(), 42u);
+  b.table.onSegment(segment(endpoint(9, 40000), kServer, 100, tcp::kSyn), seconds(0));
+  ASSERT_EQ(b.events.opened.size(), 1u);
+  EXPECT_EQ(b.events.opened[0].id, 42u);
+  // A retransmitted SYN of the restored connection is the same connection.
+  b.table.onSegment(segment(kClient, kServer, 100, tcp::kSyn), seconds(0));
+  EXPECT_EQ(b.events.opened.size(), 1u);
+  EXPECT_TRUE(b.events.closed.empty());
+  b.table.closeAll();
+  EXPECT_EQ(b.events.closed.count(41), 1u);
+}
+
 }  // namespace
 }  // namespace siphon::agent::mirror

@@ -5,6 +5,7 @@
 // gaps counted there, and unsubscribe resetting it. No agent server, no
 // root.
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
 
 #include <algorithm>
 #include <functional>
@@ -28,8 +29,11 @@ using fakes::ServiceHarness;
 
 struct Capture {
   std::mutex mu;
-  std::vector<std::string> calls;  // "add 80", "remove 80", "stop"
+  std::vector<std::string> calls;  // "add 80", "remove 80", "stop", "pause", "go"...
   std::function<void(std::vector<MirrorEvent>)> deliver;
+  // A handover: what the source exports, and what a new one was given.
+  std::vector<ConnectionSnapshot> connections;
+  std::shared_ptr<MirrorEngineState> adopted;
 
   void record(std::string s) {
     std::lock_guard<std::mutex> l(mu);
@@ -54,6 +58,18 @@ class Source : public MirrorSource {
     return absl::OkStatus();
   }
   void released(size_t) override {}
+  void pause() override { c_->record("pause"); }
+  void resume() override { c_->record("resume"); }
+  void go() override { c_->record("go"); }
+  absl::StatusOr<MirrorEngineState> exportState() override {
+    c_->record("export");
+    MirrorEngineState s;
+    s.connections = c_->connections;
+    s.next_connection_id = 9;
+    s.ports = {80};
+    s.ring = UniqueFd(::eventfd(0, EFD_CLOEXEC));  // stands for the ring buffer
+    return s;
+  }
 
  private:
   std::shared_ptr<Capture> c_;
@@ -131,11 +147,13 @@ class MirrorServiceHostTest : public ::testing::Test {
   std::shared_ptr<Capture> capture_ = std::make_shared<Capture>();
   std::shared_ptr<MirrorService> service_ =
       makeMirrorService(harness_.ctx(),
-                        [c = capture_](std::function<void(std::vector<MirrorEvent>)> deliver)
+                        [c = capture_](std::function<void(std::vector<MirrorEvent>)> deliver,
+                           std::shared_ptr<MirrorEngineState> adopted)
                             -> absl::StatusOr<std::unique_ptr<MirrorSource>> {
                           {
                             std::lock_guard<std::mutex> l(c->mu);
                             c->deliver = std::move(deliver);
+                            c->adopted = std::move(adopted);
                           }
                           return std::make_unique<Source>(c);
                         });
@@ -221,6 +239,95 @@ TEST_F(MirrorServiceHostTest, UnsubscribeResetsTheStreamsAndADrainRefusesNewOnes
 
   service_->agentDraining();
   EXPECT_EQ(call(a_, mirrorReq(3, 80)).error().code(), v1::AGENT_DRAINING);
+}
+
+// A handover: the old service pauses its capture at the freeze and
+// exports its subscription, the stream with what it queued (the client has
+// not accepted it yet) and the capture's state; a new service imports them
+// for the same session, registers the stream on its host, starts a capture
+// from that state (reading from go()), and the records it delivers queue
+// behind the old ones on the same stream. A thaw resumes the old capture.
+TEST_F(MirrorServiceHostTest, AHandoverMovesSubscriptionsStreamsAndTheCapture) {
+  const uint64_t sub = call(a_, mirrorReq(1, 80)).subscribed().subscription_id();
+  ConnectionSnapshot c;
+  c.info = opened(7, 80).info;
+  c.client_to_server.started = true;
+  c.client_to_server.next_seq = 1000;
+  capture_->connections = {c};
+  push({opened(7, 80), data(7, "first"), data(7, "second")});
+  ASSERT_TRUE(harness_.runUntil([&] { return a_->opened.size() == 1; }));
+  const uint64_t stream = a_->registered.at(0);
+
+  service_->freeze();
+  EXPECT_EQ(capture_->count("pause"), 1u);
+  service_->thaw();
+  EXPECT_TRUE(harness_.runUntil([&] { return capture_->count("resume") == 1; }));
+  service_->freeze();
+
+  v1::AgentState state;
+  std::vector<UniqueFd> fds;
+  ASSERT_TRUE(service_->exportState(&state, &fds).ok());
+  ASSERT_TRUE(state.has_mirror());
+  const v1::MirrorExport& m = state.mirror();
+  ASSERT_EQ(m.subscriptions_size(), 1);
+  EXPECT_EQ(m.subscriptions(0).id(), sub);
+  ASSERT_EQ(m.subscriptions(0).streams_size(), 1);
+  EXPECT_EQ(m.subscriptions(0).streams(0).stream_id(), stream);
+  EXPECT_EQ(m.subscriptions(0).streams(0).queue_size(), 2) << "not accepted yet: both queued";
+  ASSERT_EQ(m.connections_size(), 1);
+  EXPECT_TRUE(m.connections(0).in_service());
+  EXPECT_EQ(m.connections(0).client_to_server().next_seq(), 1000u);
+  ASSERT_GE(m.ring(), 0);
+  ASSERT_LT(static_cast<size_t>(m.ring()), fds.size());
+
+  // The new agent: its own harness, capture and host for the same session.
+  v1::SessionState protocol;
+  a_->session().onTransportLost();  // the freeze cuts the transport
+  absl::Status exported = a_->session().exportState(&protocol);
+  ASSERT_TRUE(exported.ok()) << exported;
+  ServiceHarness harness;
+  auto capture = std::make_shared<Capture>();
+  auto service = makeMirrorService(
+      harness.ctx(),
+      [capture](std::function<void(std::vector<MirrorEvent>)> deliver,
+                std::shared_ptr<MirrorEngineState> adopted)
+          -> absl::StatusOr<std::unique_ptr<MirrorSource>> {
+        std::lock_guard<std::mutex> l(capture->mu);
+        capture->deliver = std::move(deliver);
+        capture->adopted = std::move(adopted);
+        return std::make_unique<Source>(capture);
+      });
+  auto moved = std::make_shared<FakeSessionHost>("session-a");
+  ASSERT_TRUE(moved->session().restoreState(protocol, protocol::Clock::now()).ok());
+  absl::Status imported = service->importState(state, fds, {{"session-a", moved}});
+  ASSERT_TRUE(imported.ok()) << imported;
+  ASSERT_TRUE(capture->adopted);
+  EXPECT_EQ(capture->adopted->next_connection_id, 9u);
+  EXPECT_EQ(capture->adopted->ports, std::set<uint16_t>{80});
+  ASSERT_EQ(capture->adopted->connections.size(), 1u);
+  EXPECT_EQ(capture->adopted->connections[0].client_to_server.next_seq, 1000u);
+  EXPECT_TRUE(capture->adopted->ring.valid());
+  EXPECT_EQ(moved->registered, std::vector<uint64_t>{stream}) << "the stream, on the new host";
+  EXPECT_TRUE(service->ownsSubscription(sub, "session-a"));
+  EXPECT_EQ(capture->count("go"), 0u) << "the capture reads once the old agent let go";
+  service->startAfterHandover();
+  EXPECT_TRUE(harness.runUntil([&] { return capture->count("go") == 1; }));
+
+  capture->deliver({data(7, "third")});
+  harness.poll();
+  v1::AgentState again;
+  std::vector<UniqueFd> more;
+  service->freeze();
+  ASSERT_TRUE(service->exportState(&again, &more).ok());
+  ASSERT_EQ(again.mirror().subscriptions(0).streams_size(), 1);
+  const auto& queue = again.mirror().subscriptions(0).streams(0).queue();
+  ASSERT_EQ(queue.size(), 3);
+  EXPECT_EQ(queue[0].record().substr(1), "first");
+  EXPECT_EQ(queue[1].record().substr(1), "second");
+  EXPECT_EQ(queue[2].record().substr(1), "third") << "behind the old ones, on the same stream";
+  moved->end();
+  service->agentStopping();
+  harness.poll();
 }
 
 }  // namespace

@@ -246,7 +246,8 @@ class MirrorServiceTest : public testing::Test {
     agent_.start(config, std::make_unique<RealProcFs>(), spec, [capture, options](Server& server) {
       auto service = makeMirrorService(
           server.serviceContext(),
-          [capture](std::function<void(std::vector<MirrorEvent>)> deliver)
+          [capture](std::function<void(std::vector<MirrorEvent>)> deliver,
+                     std::shared_ptr<MirrorEngineState>)
               -> absl::StatusOr<std::unique_ptr<MirrorSource>> {
             if (capture->fail_start) {
               return protoError(v1::PERMISSION_DENIED, "the fake kernel says no");

@@ -280,5 +280,79 @@ TEST(StreamReassembler, FinishReportsEverythingMissing) {
   EXPECT_EQ(s.reassembler.bufferedBytes(), 0u);
 }
 
+// One direction rebuilt from its snapshot across the 2^32 wrap: the
+// original and the copy deliver the stream once between them, the copy
+// counts what the original had as duplicates, and its FIN ends it.
+TEST(StreamReassembler, SnapshotRestoreAcrossTheWrap) {
+  const std::string original = "the quick brown fox jumps over the lazy dog";  // 43 bytes
+  Stream a(0xfffffff0u);  // data from 0xfffffff1: the wrap is at offset 15
+  a.send(0, original.substr(0, 10));
+  a.send(20, original.substr(20, 10));  // held past a hole, across the wrap
+  a.send(35, original.substr(35), kData | tcp::kFin);
+  const StreamSnapshot snap = a.reassembler.snapshot();
+  EXPECT_TRUE(snap.started);
+  EXPECT_FALSE(snap.mid_stream);
+  EXPECT_EQ(snap.isn, 0xfffffff0u);
+  EXPECT_EQ(snap.next_seq, 0xfffffff1u + 10);
+  ASSERT_EQ(snap.pending.size(), 2u);
+  EXPECT_EQ(snap.pending[0].first, 0xfffffff1u + 20);  // 4 past the wrap
+  EXPECT_EQ(snap.pending[1].second, original.substr(35));
+  EXPECT_EQ(snap.fin_seq, static_cast<uint32_t>(0xfffffff1u + 43));
+
+  StreamReassembler b;
+  b.restore(snap, Timestamp{});
+  EXPECT_EQ(b.bufferedBytes(), a.reassembler.bufferedBytes());
+  testing::Recorder sink;
+  auto send = [&](uint32_t offset, std::string_view bytes) {
+    b.onSegment(0xfffffff1u + offset, kData, bytes, Timestamp{}, sink);
+  };
+  send(0, original.substr(0, 15));  // 10 old, 5 new
+  send(20, original.substr(20, 5));
+  send(15, original.substr(15, 20));  // 5 new, 10 held already, 5 new
+  EXPECT_EQ(a.sink.data + sink.data, original);
+  EXPECT_TRUE(sink.gaps.empty());
+  EXPECT_EQ(sink.ends, 1);
+  EXPECT_EQ(b.stats().duplicate_bytes, 10u + 5u + 10u);
+  EXPECT_EQ(b.stats().ignored_bytes, 0u);
+}
+
+// Without a known start (joined mid-stream), what came before the restored
+// point is a duplicate too, not "before the start"; a stream restored
+// before it started starts on its first segment as usual.
+TEST(StreamReassembler, SnapshotRestoreMidStreamAndUnstarted) {
+  StreamReassembler a;
+  Recorder a_sink;
+  a.onSegment(5000, kData, "abc", Timestamp{}, a_sink);
+  a.onSegment(5006, kData, "ghi", Timestamp{}, a_sink);
+  StreamReassembler b;
+  b.restore(a.snapshot(), milliseconds(10));
+  EXPECT_TRUE(b.startedMidStream());
+  Recorder b_sink;
+  b.onSegment(5000, kData, "abcdef", milliseconds(10), b_sink);
+  EXPECT_EQ(a_sink.data + b_sink.data, "abcdefghi");
+  EXPECT_EQ(b.stats().duplicate_bytes, 3u);
+  EXPECT_EQ(b.stats().ignored_bytes, 0u);
+  // The restored hole times out from the restore, not from the original's
+  // arrival: nothing given up before hole_timeout after it.
+  StreamReassembler c;
+  Recorder c_sink;
+  c.restore(a.snapshot(), milliseconds(1500));
+  c.advanceTime(milliseconds(1500) + ReassemblerOptions{}.hole_timeout - milliseconds(1), c_sink);
+  EXPECT_TRUE(c_sink.gaps.empty());
+  c.advanceTime(milliseconds(1500) + ReassemblerOptions{}.hole_timeout, c_sink);
+  EXPECT_EQ(c_sink.gap_bytes, 3u);
+  EXPECT_EQ(c_sink.data, "ghi");
+
+  StreamReassembler fresh;
+  StreamReassembler d;
+  d.restore(fresh.snapshot(), Timestamp{});
+  EXPECT_FALSE(d.started());
+  Recorder d_sink;
+  d.onSegment(77, tcp::kSyn, "", Timestamp{}, d_sink);
+  d.onSegment(78, kData, "x", Timestamp{}, d_sink);
+  EXPECT_EQ(d_sink.data, "x");
+  EXPECT_EQ(d.isn(), 77u);
+}
+
 }  // namespace
 }  // namespace siphon::agent::mirror
