@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
@@ -470,11 +471,6 @@ absl::Status SocketPump::exportState(v1::PumpExport* out, std::vector<UniqueFd>*
     return absl::FailedPreconditionError(absl::StrCat("stream ", id_, " has no socket"));
   }
   if (!frozen_) return absl::FailedPreconditionError("the pump is not frozen");
-  if (opt_.kind == Kind::kDatagram && !out_.empty()) {
-    // Each carries its destination, which the state does not hold.
-    return absl::FailedPreconditionError(
-        absl::StrCat("stream ", id_, " (UDP to ", opt_.label, ") has datagrams waiting to go"));
-  }
   int dup_fd = ::fcntl(sock_.native_handle(), F_DUPFD_CLOEXEC, 3);
   if (dup_fd < 0) return lastErrnoStatus("handover: dup a stream's socket");
   out->set_stream_id(id_);
@@ -489,7 +485,13 @@ absl::Status SocketPump::exportState(v1::PumpExport* out, std::vector<UniqueFd>*
   out->set_read_done(read_done_);
   out->set_peer_closed(peer_closed_);
   out->set_write_done(write_done_);
-  for (const Out& o : out_) out->add_out(o.data.substr(o.offset));
+  for (const Out& o : out_) {
+    out->add_out(o.data.substr(o.offset));
+    // A datagram waiting to go keeps its destination (same machine, same
+    // kernel: the sockaddr as it is).
+    out->add_out_to(o.to ? std::string(reinterpret_cast<const char*>(&o.to->storage), o.to->len)
+                         : std::string());
+  }
   out->set_bytes_in(bytes_in_);
   out->set_bytes_out(bytes_out_);
   return absl::OkStatus();
@@ -516,7 +518,24 @@ absl::StatusOr<std::shared_ptr<SocketPump>> SocketPump::restore(asio::any_io_exe
   pump->read_done_ = state.read_done();
   pump->peer_closed_ = state.peer_closed();
   pump->write_done_ = state.write_done();
-  for (const std::string& o : state.out()) pump->out_.push_back(Out{o, 0, std::nullopt});
+  for (int i = 0; i < state.out_size(); ++i) {
+    std::optional<SockAddr> to;
+    if (i < state.out_to_size() && !state.out_to(i).empty()) {
+      const std::string& raw = state.out_to(i);
+      if (raw.size() > sizeof(sockaddr_storage)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "handover: stream ", state.stream_id(), ": a datagram's destination is malformed"));
+      }
+      to.emplace();
+      std::memcpy(&to->storage, raw.data(), raw.size());
+      to->len = static_cast<socklen_t>(raw.size());
+    }
+    if (opt.kind == Kind::kDatagram && !to) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "handover: stream ", state.stream_id(), ": a datagram without its destination"));
+    }
+    pump->out_.push_back(Out{state.out(i), 0, to});
+  }
   pump->bytes_in_ = state.bytes_in();
   pump->bytes_out_ = state.bytes_out();
   return pump;

@@ -664,6 +664,55 @@ TEST_F(SocketPumpTest, UnconnectedUdpCarriesThePeerAddress) {
   EXPECT_EQ(client_->datagrams[0].peer().port(), toProto(remote_addr).port());
 }
 
+// A handover (docs/CONTINUITY.md section 8) of an unconnected UDP stream
+// frozen with datagrams waiting to go: each moves with its destination, and
+// the restored pump sends each to its own once thawed.
+TEST_F(SocketPumpTest, AFrozenUdpStreamsWaitingDatagramsMoveWithTheirDestinations) {
+  UniqueFd agent_sock = udpSocket();
+  UniqueFd first = udpSocket(), second = udpSocket();
+  const SockAddr first_addr = addressOf(first.get()), second_addr = addressOf(second.get());
+  SocketPump::Options o;
+  o.kind = SocketPump::Kind::kDatagram;
+  o.udp = true;
+  auto pump = open(std::move(agent_sock), o);
+  pump->freeze();
+  for (const auto& [to, payload] : {std::pair{&first_addr, "to the first"},
+                                    std::pair{&second_addr, "to the second"}}) {
+    v1::StreamDatagram d;
+    d.set_stream_id(id_);
+    *d.mutable_peer() = toProto(*to);
+    d.set_payload(payload);
+    ASSERT_TRUE(client_session_->sendDatagram(d).ok());
+  }
+  settle();
+  char buf[100];
+  EXPECT_LT(::recv(first.get(), buf, sizeof buf, MSG_DONTWAIT), 0) << "frozen: nothing goes";
+
+  v1::PumpExport state;
+  std::vector<UniqueFd> fds;
+  absl::Status exported = pump->exportState(&state, &fds);
+  ASSERT_TRUE(exported.ok()) << exported;
+  ASSERT_EQ(state.out_size(), 2);
+  ASSERT_EQ(state.out_to_size(), 2);
+  ASSERT_EQ(fds.size(), 1u);
+  auto restored = SocketPump::restore(io_.get_executor(), agent_, state, std::move(fds[0]));
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  agent_->pumps[id_] = *restored;
+  pump.reset();  // the old agent lets go without a word (it exits)
+  (*restored)->thaw();
+  settle();
+  ssize_t n = ::recv(first.get(), buf, sizeof buf, MSG_DONTWAIT);
+  EXPECT_EQ(std::string(buf, n > 0 ? static_cast<size_t>(n) : 0), "to the first");
+  n = ::recv(second.get(), buf, sizeof buf, MSG_DONTWAIT);
+  EXPECT_EQ(std::string(buf, n > 0 ? static_cast<size_t>(n) : 0), "to the second");
+
+  v1::PumpExport broken = state;
+  broken.set_out_to(0, std::string(sizeof(sockaddr_storage) + 1, 'x'));
+  UniqueFd spare = udpSocket();
+  EXPECT_FALSE(SocketPump::restore(io_.get_executor(), agent_, broken, std::move(spare)).ok())
+      << "a destination that is no sockaddr is refused";
+}
+
 TEST_F(SocketPumpTest, SeqpacketKeepsRecordsAndHalfCloses) {
   Pair p = unixPair(SOCK_SEQPACKET);
   const int remote = p.remote.get();
