@@ -296,12 +296,20 @@ class StealServiceImpl final : public StealService,
 
   // The accept loops stop; connections wait in the listeners' queues for
   // whichever agent accepts next.
+  // Passthroughs stop where they are (held here while frozen: parked, no
+  // coroutine holds them).
   void freeze() override {
     frozen_ = true;
     ++accept_generation_;
     for (auto& a : acceptors_) {
       net::error_code ignored;
       a->cancel(ignored);
+    }
+    for (const auto& weak : splices_) {
+      if (auto s = weak.lock()) {
+        s->freeze();
+        frozen_splices_.push_back(std::move(s));
+      }
     }
   }
 
@@ -310,6 +318,7 @@ class StealServiceImpl final : public StealService,
     frozen_ = false;
     ++accept_generation_;
     for (auto& a : acceptors_) spawnAcceptLoop(a);
+    thawSplices();
   }
 
   std::string handoverBlocker() const override {
@@ -326,8 +335,16 @@ class StealServiceImpl final : public StealService,
       }
       if (!s->active) return absl::StrCat("a steal of port ", s->port, " is being set up");
     }
-    if (passthroughs_ > 0) {
-      return absl::StrCat(passthroughs_, " connections being passed through to the application");
+    // Passthroughs move once parked (a freeze cancels what they wait on);
+    // one still connecting to the application has nothing to move yet.
+    if (frozen_) {
+      if (passthroughs_ > frozen_splices_.size()) {
+        return absl::StrCat(passthroughs_ - frozen_splices_.size(),
+                            " passthroughs connecting to the application");
+      }
+      size_t moving = 0;
+      for (const auto& s : frozen_splices_) moving += !s->finished() && !s->parked() ? 1 : 0;
+      if (moving > 0) return absl::StrCat(moving, " passthroughs stopping");
     }
     return "";
   }
@@ -361,6 +378,19 @@ class StealServiceImpl final : public StealService,
     if (st.subscriptions_size() > 0 && st.listener_v4() < 0) {
       return absl::FailedPreconditionError("steal: subscriptions without a listener");
     }
+    for (const auto& splice : frozen_splices_) {
+      if (splice->finished()) continue;
+      ASSIGN_OR_RETURN(SpliceState state, splice->exportState());
+      v1::PassthroughExport& p = *st.add_passthroughs();
+      p.set_client(static_cast<int32_t>(fds->size()));
+      fds->push_back(std::move(state.a));
+      p.set_application(static_cast<int32_t>(fds->size()));
+      fds->push_back(std::move(state.b));
+      p.set_client_to_application(std::move(state.a_to_b));
+      p.set_application_to_client(std::move(state.b_to_a));
+      p.set_client_done(state.a_to_b_done);
+      p.set_application_done(state.b_to_a_done);
+    }
     return absl::OkStatus();
   }
 
@@ -372,6 +402,27 @@ class StealServiceImpl final : public StealService,
       const v1::AgentState& in, std::vector<UniqueFd>& fds,
       const std::map<std::string, std::shared_ptr<SessionHost>>& sessions) override {
     const v1::StealExport& st = in.steal();
+    for (const v1::PassthroughExport& p : st.passthroughs()) {
+      const auto ok = [&fds](int32_t i) {
+        return i >= 0 && static_cast<size_t>(i) < fds.size() && fds[static_cast<size_t>(i)];
+      };
+      if (!ok(p.client()) || !ok(p.application()) || p.client() == p.application()) {
+        return absl::InvalidArgumentError("handover: a passthrough's sockets are missing");
+      }
+      SpliceState state;
+      state.a = std::move(fds[static_cast<size_t>(p.client())]);
+      state.b = std::move(fds[static_cast<size_t>(p.application())]);
+      state.a_to_b = p.client_to_application();
+      state.b_to_a = p.application_to_client();
+      state.a_to_b_done = p.client_done();
+      state.b_to_a_done = p.application_done();
+      ++passthroughs_;
+      auto self = shared_from_this();
+      const std::shared_ptr<void> counted(nullptr, [self](void*) { --self->passthroughs_; });
+      auto splice = restoreSplice(ctx_.io.get_executor(), std::move(state), [counted] {});
+      splices_.push_back(splice);
+      frozen_splices_.push_back(std::move(splice));
+    }
     if (st.listener_v4() < 0) {
       if (st.subscriptions_size() > 0) {
         return absl::InvalidArgumentError("handover: steal subscriptions without a listener");
@@ -443,6 +494,7 @@ class StealServiceImpl final : public StealService,
   }
 
   void startAfterHandover() override {
+    thawSplices();
     auto listeners = std::move(imported_listeners_);
     for (auto& fd : listeners) {
       if (!fd || !*fd || stopped_) continue;
@@ -1013,7 +1065,20 @@ class StealServiceImpl final : public StealService,
       log::debug("steal_passthrough", {{"source", outgoing::formatAddress(src)},
                                        {"destination", outgoing::formatAddress(dst)}});
     }
-    splice(self->ctx_.io.get_executor(), std::move(*in), std::move(*out), [counted] {});
+    auto handle = splice(self->ctx_.io.get_executor(), std::move(*in), std::move(*out), [counted] {});
+    std::erase_if(self->splices_, [](const auto& w) { return w.expired(); });
+    self->splices_.push_back(handle);
+    if (self->frozen_) {
+      // Connected while frozen (it was connecting at the freeze).
+      handle->freeze();
+      self->frozen_splices_.push_back(std::move(handle));
+    }
+  }
+
+  void thawSplices() {
+    auto frozen = std::move(frozen_splices_);
+    frozen_splices_.clear();
+    for (auto& s : frozen) s->thaw();
   }
 
   ServiceContext& ctx_;
@@ -1031,6 +1096,9 @@ class StealServiceImpl final : public StealService,
   std::atomic<bool> stopped_{false};
   bool draining_ = false;    // event loop
   size_t passthroughs_ = 0;  // splices running (event loop)
+  // Handover (event loop): the splices, and those held while frozen.
+  std::vector<std::weak_ptr<SpliceHandle>> splices_;
+  std::vector<std::shared_ptr<SpliceHandle>> frozen_splices_;
   // Handover (event loop): frozen, the accept loops of which generation
   // run, and the old agent's listeners until the new agent serves.
   bool frozen_ = false;

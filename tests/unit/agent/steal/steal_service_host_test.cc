@@ -4,6 +4,7 @@
 // refusal, and one stolen connection delivered as a stream the agent opens
 // on the host. No agent server, no root.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -207,6 +208,117 @@ TEST_F(StealServiceHostTest, AStolenConnectionBecomesAStreamOnTheHost) {
     peer.pipe();
     return peer.data[open.stream_id()] == "GET /";
   })) << peer.data[open.stream_id()];
+}
+
+// A handover (docs/CONTINUITY.md section 8) of a connection being passed
+// through to the application (its session went before it was accepted):
+// the application reads nothing for a while, so the splice holds bytes it
+// read from the client and could not write; the freeze parks it, the
+// export carries both sockets and those bytes, and a new service goes on:
+// the application gets every byte in order, its answer reaches the client,
+// and both ends' EOFs pass.
+TEST_F(StealServiceHostTest, APassthroughMovesWithTheBytesItHeld) {
+  UniqueFd app(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof at;
+  ASSERT_EQ(::bind(app.get(), reinterpret_cast<sockaddr*>(&at), sizeof at), 0);
+  ASSERT_EQ(::listen(app.get(), 4), 0);
+  ASSERT_EQ(::getsockname(app.get(), reinterpret_cast<sockaddr*>(&at), &len), 0);
+
+  ASSERT_TRUE(call(a_, stealReq(1, 8080)).has_subscribed());
+  a_->end();  // gone, its subscription not yet: the next connection passes through
+  kernel_->original_port = ntohs(at.sin_port);
+  UniqueFd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in to = at;
+  to.sin_port = htons(kernel_->listener_port);
+  ASSERT_EQ(::connect(client.get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+  UniqueFd upstream;
+  ASSERT_TRUE(harness_.runUntil([&] {
+    if (!upstream.valid()) upstream.reset(::accept4(app.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    return upstream.valid();
+  })) << "no passthrough reached the application";
+  ::fcntl(client.get(), F_SETFL, O_NONBLOCK);
+
+  // The client writes until nothing more goes: the application's buffer,
+  // then the splice's, then the client's are full.
+  std::string sent;
+  std::string chunk(64 << 10, '\0');
+  uint32_t x = 1;
+  for (int idle = 0; idle < 20;) {
+    for (char& c : chunk) c = static_cast<char>(x = x * 1103515245 + 12345);
+    const ssize_t n = ::send(client.get(), chunk.data(), chunk.size(), MSG_NOSIGNAL);
+    if (n > 0) {
+      sent.append(chunk.data(), static_cast<size_t>(n));
+      idle = 0;
+    } else {
+      ++idle;
+    }
+    harness_.poll();
+  }
+  ASSERT_GT(sent.size(), 0u);
+
+  service_->freeze();
+  ASSERT_TRUE(harness_.runUntil([&] { return service_->handoverBlocker().empty(); }))
+      << service_->handoverBlocker();
+  v1::AgentState state;
+  std::vector<UniqueFd> fds;
+  absl::Status exported = service_->exportState(&state, &fds);
+  ASSERT_TRUE(exported.ok()) << exported;
+  ASSERT_EQ(state.steal().passthroughs_size(), 1);
+  EXPECT_GT(state.steal().passthroughs(0).client_to_application().size(), 0u)
+      << "the splice held bytes it had not written";
+
+  ServiceHarness harness;
+  auto kernel = std::make_shared<Kernel>();
+  auto service = makeStealService(
+      harness.ctx(),
+      [kernel](const Listeners& l) -> absl::StatusOr<std::unique_ptr<Steering>> {
+        kernel->listener_port = l.v4_port;
+        return std::make_unique<RecordingSteering>(kernel);
+      },
+      [](uint16_t) -> absl::StatusOr<int> { return 0; });
+  auto moved = std::make_shared<FakeSessionHost>("session-a", "alice");
+  absl::Status imported = service->importState(state, fds, {{"session-a", moved}});
+  ASSERT_TRUE(imported.ok()) << imported;
+  service_->agentStopping();  // the old agent is gone (it exits)
+  harness_.poll();
+  service->startAfterHandover();
+
+  // The application reads everything, in order, and answers.
+  ::fcntl(upstream.get(), F_SETFL, O_NONBLOCK);
+  ::shutdown(client.get(), SHUT_WR);
+  std::string got;
+  bool eof = false;
+  ASSERT_TRUE(harness.runUntil([&] {
+    char buf[64 << 10];
+    ssize_t n = -1;
+    while (!eof && (n = ::recv(upstream.get(), buf, sizeof buf, 0)) > 0) {
+      got.append(buf, static_cast<size_t>(n));
+    }
+    if (!eof && n == 0) eof = true;
+    return eof;
+  })) << "the application got " << got.size() << " of " << sent.size() << " bytes and no EOF";
+  EXPECT_EQ(got.size(), sent.size());
+  EXPECT_TRUE(got == sent) << "the bytes differ";
+  ASSERT_EQ(::send(upstream.get(), "answer", 6, MSG_NOSIGNAL), 6);
+  ::shutdown(upstream.get(), SHUT_WR);
+  std::string back;
+  bool back_eof = false;
+  ASSERT_TRUE(harness.runUntil([&] {
+    char buf[64];
+    ssize_t n = -1;
+    while (!back_eof && (n = ::recv(client.get(), buf, sizeof buf, 0)) > 0) {
+      back.append(buf, static_cast<size_t>(n));
+    }
+    if (n == 0) back_eof = true;
+    return back_eof;
+  })) << back;
+  EXPECT_EQ(back, "answer");
+  moved->end();
+  service->agentStopping();
+  harness.poll();
 }
 
 }  // namespace
