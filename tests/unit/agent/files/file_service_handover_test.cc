@@ -35,45 +35,49 @@ using fakes::FakeSessionHost;
 using fakes::ServiceHarness;
 using R = v1::FileRequest;
 
-R openReq(const std::string& path, int flags) {
-  R r;
-  r.mutable_open()->set_path(path);
-  r.mutable_open()->set_flags(flags);
-  return r;
-}
-R readReq(uint64_t fd, uint32_t size) {
-  R r;
-  r.mutable_read()->set_fd(fd);
-  r.mutable_read()->set_size(size);
-  return r;
-}
-R writeReq(uint64_t fd, const std::string& data) {
-  R r;
-  r.mutable_write()->set_fd(fd);
-  r.mutable_write()->set_data(data);
-  return r;
-}
-R opendirReq(const std::string& path) {
-  R r;
-  r.mutable_opendir()->set_path(path);
-  return r;
-}
-R readdirReq(uint64_t dir, uint32_t max_entries) {
-  R r;
-  r.mutable_readdir()->set_dir(dir);
-  r.mutable_readdir()->set_max_entries(max_entries);
-  return r;
-}
-R closeReq(uint64_t fd) {
-  R r;
-  r.mutable_close()->set_fd(fd);
-  return r;
-}
-R watchReq(const std::string& path) {
-  R r;
-  r.mutable_watch()->set_path(path);
-  return r;
-}
+// The requests, named apart from the other tests of this binary (a unity
+// build puts them in one file).
+struct Req {
+  static R open(const std::string& path, int flags) {
+    R r;
+    r.mutable_open()->set_path(path);
+    r.mutable_open()->set_flags(flags);
+    return r;
+  }
+  static R read(uint64_t fd, uint32_t size) {
+    R r;
+    r.mutable_read()->set_fd(fd);
+    r.mutable_read()->set_size(size);
+    return r;
+  }
+  static R write(uint64_t fd, const std::string& data) {
+    R r;
+    r.mutable_write()->set_fd(fd);
+    r.mutable_write()->set_data(data);
+    return r;
+  }
+  static R opendir(const std::string& path) {
+    R r;
+    r.mutable_opendir()->set_path(path);
+    return r;
+  }
+  static R readdir(uint64_t dir, uint32_t max_entries) {
+    R r;
+    r.mutable_readdir()->set_dir(dir);
+    r.mutable_readdir()->set_max_entries(max_entries);
+    return r;
+  }
+  static R close(uint64_t fd) {
+    R r;
+    r.mutable_close()->set_fd(fd);
+    return r;
+  }
+  static R watch(const std::string& path) {
+    R r;
+    r.mutable_watch()->set_path(path);
+    return r;
+  }
+};
 
 std::string digits(size_t n) {
   std::string s;
@@ -115,7 +119,7 @@ struct Side {
   std::vector<std::string> listRest(uint64_t dir) {
     std::vector<std::string> names;
     for (int i = 0; i < 1000; ++i) {
-      v1::Response r = call(readdirReq(dir, 7));
+      v1::Response r = call(Req::readdir(dir, 7));
       EXPECT_TRUE(r.file().has_entries()) << r.DebugString();
       for (const auto& e : r.file().entries().entries()) names.push_back(e.name());
       if (!r.file().has_entries() || r.file().entries().eof()) break;
@@ -171,30 +175,30 @@ class FileServiceHandoverTest : public ::testing::TestWithParam<bool> {
 
 TEST_P(FileServiceHandoverTest, OpenFilesDirectoriesAndWatchesGoOnWhereTheyWere) {
   const std::string all = digits(1000);
-  const uint64_t file = old_->call(openReq("/big", O_RDONLY)).file().opened().fd();
+  const uint64_t file = old_->call(Req::open("/big", O_RDONLY)).file().opened().fd();
   ASSERT_NE(file, 0u);
-  v1::Response first = old_->call(readReq(file, 300));
+  v1::Response first = old_->call(Req::read(file, 300));
   ASSERT_EQ(first.file().data().data(), all.substr(0, 300)) << first.DebugString();
 
-  const uint64_t dir = old_->call(opendirReq("/d")).file().opened().fd();
+  const uint64_t dir = old_->call(Req::opendir("/d")).file().opened().fd();
   ASSERT_NE(dir, 0u);
   std::vector<std::string> names;
   for (int i = 0; i < 2; ++i) {
-    v1::Response r = old_->call(readdirReq(dir, 7));
+    v1::Response r = old_->call(Req::readdir(dir, 7));
     ASSERT_TRUE(r.file().has_entries()) << r.DebugString();
     for (const auto& e : r.file().entries().entries()) names.push_back(e.name());
   }
   ASSERT_EQ(names.size(), 14u);
 
-  const uint64_t out = old_->call(openReq("/out", O_WRONLY)).file().opened().fd();
+  const uint64_t out = old_->call(Req::open("/out", O_WRONLY)).file().opened().fd();
   ASSERT_NE(out, 0u);
-  ASSERT_EQ(old_->call(writeReq(out, "before-")).file().written().written(), 7u);
+  ASSERT_EQ(old_->call(Req::write(out, "before-")).file().written().written(), 7u);
 
   // A handle closed before: its number stays used.
-  const uint64_t closed = old_->call(openReq("/big", O_RDONLY)).file().opened().fd();
-  ASSERT_TRUE(old_->call(closeReq(closed)).file().has_done());
+  const uint64_t closed = old_->call(Req::open("/big", O_RDONLY)).file().opened().fd();
+  ASSERT_TRUE(old_->call(Req::close(closed)).file().has_done());
 
-  v1::Response watched = old_->call(watchReq("/d"));
+  v1::Response watched = old_->call(Req::watch("/d"));
   ASSERT_TRUE(watched.file().has_watched()) << watched.DebugString();
   const uint64_t watch = watched.file().watched().watch();
   // Seen by the old agent, sent before the freeze ends its reading.
@@ -219,7 +223,7 @@ TEST_P(FileServiceHandoverTest, OpenFilesDirectoriesAndWatchesGoOnWhereTheyWere)
   old_.reset();
   new_->service->startAfterHandover();
 
-  v1::Response rest = new_->call(readReq(file, 1000));
+  v1::Response rest = new_->call(Req::read(file, 1000));
   ASSERT_TRUE(rest.file().has_data()) << rest.DebugString();
   EXPECT_EQ(rest.file().data().data(), all.substr(300)) << "the read goes on at its offset";
 
@@ -239,12 +243,12 @@ TEST_P(FileServiceHandoverTest, OpenFilesDirectoriesAndWatchesGoOnWhereTheyWere)
     }
   }
 
-  ASSERT_EQ(new_->call(writeReq(out, "after")).file().written().written(), 5u);
-  EXPECT_TRUE(new_->call(closeReq(out)).file().has_done());
+  ASSERT_EQ(new_->call(Req::write(out, "after")).file().written().written(), 5u);
+  EXPECT_TRUE(new_->call(Req::close(out)).file().has_done());
   EXPECT_EQ(testing::ScratchTree::read(tree_.inRoot("out")), "before-after");
 
-  EXPECT_EQ(new_->call(readReq(closed, 1)).error().errno_value(), EBADF);
-  const uint64_t fresh = new_->call(openReq("/big", O_RDONLY)).file().opened().fd();
+  EXPECT_EQ(new_->call(Req::read(closed, 1)).error().errno_value(), EBADF);
+  const uint64_t fresh = new_->call(Req::open("/big", O_RDONLY)).file().opened().fd();
   EXPECT_GT(fresh, closed) << "a handle number is never given twice in a session";
 
   EXPECT_TRUE(new_->eventFor(watch, "while-frozen")) << "queued while frozen, read by the new agent";
@@ -258,13 +262,13 @@ TEST_P(FileServiceHandoverTest, OpenFilesDirectoriesAndWatchesGoOnWhereTheyWere)
 // The new agent failed: the old one thaws and everything goes on there.
 TEST_P(FileServiceHandoverTest, AThawedServiceGoesOnAsBefore) {
   const std::string all = digits(1000);
-  const uint64_t file = old_->call(openReq("/big", O_RDONLY)).file().opened().fd();
-  ASSERT_EQ(old_->call(readReq(file, 100)).file().data().data(), all.substr(0, 100));
-  const uint64_t dir = old_->call(opendirReq("/d")).file().opened().fd();
+  const uint64_t file = old_->call(Req::open("/big", O_RDONLY)).file().opened().fd();
+  ASSERT_EQ(old_->call(Req::read(file, 100)).file().data().data(), all.substr(0, 100));
+  const uint64_t dir = old_->call(Req::opendir("/d")).file().opened().fd();
   std::vector<std::string> names;
-  v1::Response listing = old_->call(readdirReq(dir, 5));
+  v1::Response listing = old_->call(Req::readdir(dir, 5));
   for (const auto& e : listing.file().entries().entries()) names.push_back(e.name());
-  const uint64_t watch = old_->call(watchReq("/d")).file().watched().watch();
+  const uint64_t watch = old_->call(Req::watch("/d")).file().watched().watch();
   ASSERT_NE(watch, 0u);
 
   std::vector<UniqueFd> fds;
@@ -273,7 +277,7 @@ TEST_P(FileServiceHandoverTest, AThawedServiceGoesOnAsBefore) {
   fds.clear();  // the new agent died with its copies
   old_->service->thaw();
 
-  EXPECT_EQ(old_->call(readReq(file, 1000)).file().data().data(), all.substr(100));
+  EXPECT_EQ(old_->call(Req::read(file, 1000)).file().data().data(), all.substr(100));
   std::vector<std::string> after = old_->listRest(dir);
   std::set<std::string> listed(names.begin(), names.end());
   for (const std::string& n : after) EXPECT_TRUE(listed.insert(n).second) << n << " listed twice";
@@ -284,7 +288,7 @@ TEST_P(FileServiceHandoverTest, AThawedServiceGoesOnAsBefore) {
 // A state that names a session that did not come, or a descriptor that is
 // missing, is refused with what is wrong; nothing is taken.
 TEST_P(FileServiceHandoverTest, AStateThatDoesNotHoldIsRefused) {
-  const uint64_t file = old_->call(openReq("/big", O_RDONLY)).file().opened().fd();
+  const uint64_t file = old_->call(Req::open("/big", O_RDONLY)).file().opened().fd();
   ASSERT_NE(file, 0u);
   std::vector<UniqueFd> fds;
   v1::AgentState state = exportOld(&fds);
