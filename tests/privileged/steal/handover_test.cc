@@ -345,16 +345,30 @@ TEST_P(HandoverTest, ANewAgentKilledBeforeItConfirmsLeavesTheOldOneServing) {
 }
 
 // Ten handovers in a row, one connection held across all of them, echoing
-// after each: the agents' descriptors, the pod's links and chains level;
-// every other new agent finds the old one with --take-over auto.
+// after each: the agents' descriptors, the state handed over, the pod's
+// links and chains level, a mirror of another port moving each time and
+// seeing every request; every other new agent finds the old one with
+// --take-over auto.
 TEST_P(HandoverTest, TenHandoversInARowLeakNothing) {
   LocalServer local(echoServe);
   Proc* s = nullptr;
   Fd held = stealAndConnect(local, &s);
   ASSERT_GE(held.get(), 0);
+  // A mirror of another port moves each time too (its ring buffer, its
+  // capture), and sees every connection made to that port meanwhile.
+  steals_.push_back(std::make_unique<Proc>(
+      std::vector<std::string>{SIPHON_CLI_BIN, "--agent", endpoint_, "--token-file", token_file_,
+                               "mirror", "--port", "81"},
+      cleanEnv()));
+  Proc* m = steals_.back().get();
+  ASSERT_TRUE(m->readUntil([](const std::string&, const std::string& err) {
+    return err.find("mirror: port 81") != std::string::npos ||
+           err.find("siphon:") != std::string::npos;
+  })) << m->err;
   const size_t links = podLinks();
   const size_t chains = podChains();
   std::vector<size_t> fds;
+  std::vector<size_t> state_bytes;
   for (int i = 0; i < 10; ++i) {
     // Every other one finds the old agent by itself (--take-over auto: its
     // process, and its socket at our --handover-socket path in its root).
@@ -363,7 +377,15 @@ TEST_P(HandoverTest, TenHandoversInARowLeakNothing) {
     Fd fresh(connectFrom(client_->name(), podAddress(), 80));
     ASSERT_GE(fresh.get(), 0);
     ASSERT_EQ(echoOnce(fresh.get(), "new"), "new");
+    ASSERT_EQ(curl(81), "original-81\n");
     fds.push_back(steadyFds(current().child().pid()));
+    {
+      // What the old agent handed over (its handover_done line).
+      Agent& old = agents_.size() >= 2 ? *agents_[agents_.size() - 2] : *agent_;
+      const std::string log = old.log();
+      const size_t at = log.find("state_bytes=", log.find("handover_done"));
+      state_bytes.push_back(at == std::string::npos ? 0 : std::stoul(log.substr(at + 12)));
+    }
     EXPECT_EQ(podLinks(), links) << "after handover " << i + 1;
     // The new agent's metrics, on the old one's address.
     Result m = run({"curl", "-sS", "--max-time", "5", "http://" + metrics_ + "/metrics"});
@@ -379,12 +401,28 @@ TEST_P(HandoverTest, TenHandoversInARowLeakNothing) {
   // The 10th agent holds what the 2nd did: a descriptor lost per handover
   // would be 8 more.
   EXPECT_LE(fds.back(), fds[1] + 2) << "descriptors grow with each handover";
+  // And the state handed over stays level (a few bytes of counters may
+  // grow, an unacknowledged frame come and go): a session's state growing
+  // with each handover would be a leak carried from agent to agent.
+  ASSERT_EQ(state_bytes.size(), 10u);
+  EXPECT_GT(state_bytes[1], 0u) << "no state_bytes in the handover_done line";
+  EXPECT_LE(state_bytes.back(), state_bytes[1] + 48)
+      << "the state grows with each handover: " << ::testing::PrintToString(state_bytes);
   EXPECT_THAT(current().log(), HasSubstr("handover_taken"));
   // `siphon sessions` counts them for the session that went through them.
   Result sessions = run({SIPHON_CLI_BIN, "--agent", endpoint_, "--token-file", token_file_,
                          "sessions"});
   EXPECT_EQ(sessions.exit_code, 0) << sessions;
   EXPECT_THAT(sessions.out, HasSubstr("attached (10 handovers)")) << sessions;
+  // The mirror saw the ten requests to port 81, one connection each.
+  EXPECT_TRUE(m->readUntil([](const std::string& out, const std::string&) {
+    size_t n = 0;
+    for (size_t at = out.find("GET / "); at != std::string::npos; at = out.find("GET / ", at + 1)) {
+      ++n;
+    }
+    return n >= 10;
+  })) << m->out << m->err;
+  EXPECT_THAT(m->err, Not(HasSubstr("missing"))) << m->err;
 }
 
 // A connection to a mirrored port of the pod streams 48 MiB at about
