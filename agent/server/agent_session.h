@@ -90,6 +90,9 @@ class AgentSession : public std::enable_shared_from_this<AgentSession>,
   // Streams open in either sense: with an endpoint, or known to the
   // protocol session (an outgoing connect still under way, say).
   size_t streamCount() const { return std::max(streams_.size(), session_.streamCount()); }
+  // Whether stream `stream_id` has its endpoint (a handover's check that a
+  // service took the streams it exported).
+  bool hasEndpoint(uint64_t stream_id) const { return streams_.contains(stream_id); }
   // Resets every stream with `error`: the client hears it, the sockets
   // close with RST (the end of a drain).
   void resetStreams(const v1::Error& error);

@@ -515,7 +515,20 @@ absl::Status Server::importHandover(const v1::AgentState& state, std::vector<Uni
     sessions_[s->id()] = std::move(s);
   }
   service_ctx_->subscription_ids.setNext(state.next_subscription_id());
-  return services_->importState(state, fds, hosts);
+  RETURN_IF_ERROR(services_->importState(state, fds, hosts));
+  // Every stream a service exported (a mirror's) has its endpoint again:
+  // one left without would be open to the client and silent for good.
+  for (const v1::SessionExport& e : state.sessions()) {
+    const auto& session = sessions_.at(e.id());
+    for (const v1::PumpExport& p : e.pumps()) {
+      if (!p.service().empty() && !session->hasEndpoint(p.stream_id())) {
+        return absl::InvalidArgumentError(absl::StrCat("session ", e.id(), ", stream ",
+                                                       p.stream_id(), ": the ", p.service(),
+                                                       " service did not take it"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace siphon::agent
