@@ -198,7 +198,7 @@ class Streamer {
  public:
   Streamer(int listener, const std::string& netns, uint64_t seed) : seed_(seed) {
     const uint16_t port = boundPort(listener);
-    server_ = std::thread([this, listener] {
+    server_ = std::thread([listener] {
       Fd c(::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
       if (c.get() < 0) return;
       harness::setTimeouts(c.get(), 10);
