@@ -242,7 +242,12 @@ class StealServiceImpl final : public StealService,
     });
   }
 
-  void agentStopping() override { stopSteering(); }
+  // Splices held frozen go too (each holds this service through its count:
+  // kept, they would keep each other).
+  void agentStopping() override {
+    frozen_splices_.clear();
+    stopSteering();
+  }
 
   // SIGTERM: the steering goes first, so new connections reach the
   // application from the kernel; then what the listeners still hold
