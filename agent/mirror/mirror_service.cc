@@ -586,16 +586,8 @@ class MirrorServiceImpl final : public MirrorService,
     }
     // The capture: attached now, beside the old agent's; reading waits for
     // go() (startAfterHandover).
-    std::weak_ptr<MirrorServiceImpl> weak = shared_from_this();
-    asio::io_context& io = ctx_.io;
     const uint64_t generation = generation_;
-    auto source = factory_(
-        [weak, &io, generation](std::vector<MirrorEvent> batch) {
-          asio::post(io, [weak, generation, batch = std::move(batch)]() mutable {
-            if (auto self = weak.lock()) self->onBatch(generation, std::move(batch));
-          });
-        },
-        adopted);
+    auto source = factory_(deliverer(generation), adopted);
     if (!source.ok()) {
       return absl::Status(source.status().code(),
                           absl::StrCat("mirror: the capture: ", source.status().message()));
@@ -765,6 +757,18 @@ class MirrorServiceImpl final : public MirrorService,
 
   // ---- strand side ----
 
+  // What a source of `generation` hands its batches to (from its thread):
+  // they run on the event loop.
+  std::function<void(std::vector<MirrorEvent>)> deliverer(uint64_t generation) {
+    std::weak_ptr<MirrorServiceImpl> weak = shared_from_this();
+    asio::io_context& io = ctx_.io;
+    return [weak, &io, generation](std::vector<MirrorEvent> batch) {
+      asio::post(io, [weak, generation, batch = std::move(batch)]() mutable {
+        if (auto self = weak.lock()) self->onBatch(generation, std::move(batch));
+      });
+    };
+  }
+
   // Runs `f` on the strand and waits for its result (the handover's
   // freeze and export, from the event loop: the strand's work is short).
   template <typename F>
@@ -778,15 +782,7 @@ class MirrorServiceImpl final : public MirrorService,
   absl::Status ensureSourceOnStrand(uint64_t generation) {
     if (source_) return absl::OkStatus();
     if (stopping_) return protoError(v1::AGENT_DRAINING, "the agent is shutting down");
-    std::weak_ptr<MirrorServiceImpl> weak = shared_from_this();
-    asio::io_context& io = ctx_.io;
-    auto source = factory_(
-        [weak, &io, generation](std::vector<MirrorEvent> batch) {
-          asio::post(io, [weak, generation, batch = std::move(batch)]() mutable {
-            if (auto self = weak.lock()) self->onBatch(generation, std::move(batch));
-          });
-        },
-        nullptr);
+    auto source = factory_(deliverer(generation), nullptr);
     if (!source.ok()) return source.status();
     source_ = std::move(*source);
     source_generation_ = generation;
