@@ -211,10 +211,22 @@ void Server::serveHandover(UniqueFd conn) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   };
+  // Sessions still live: what would not move finishes first (an HTTP
+  // request of a filtered steal is answered, then its connection parks).
+  if (!onLoop([this] {
+        services_->prepareHandover();
+        return true;
+      })) {
+    return;
+  }
   auto before = waitForBlockers();
   if (!before) return;
   if (!before->empty()) {
     refuse(absl::StrCat("this agent holds what cannot move: ", *before));
+    (void)onLoop([this] {
+      services_->thaw();  // undoes the preparation
+      return true;
+    });
     return;
   }
 

@@ -25,7 +25,7 @@
 namespace siphon::agent::handover {
 
 // The state format this agent writes, and the oldest it reads.
-inline constexpr uint32_t kFormat = 2;
+inline constexpr uint32_t kFormat = 3;  // 3: filtered steals (HTTP connections, filters)
 inline constexpr uint32_t kMinFormat = 1;
 // Descriptors per packet (the kernel's SCM_MAX_FD is 253).
 inline constexpr size_t kMaxFdsPerPacket = 250;

@@ -97,12 +97,17 @@ class RequestService {
   // connection being passed through to the application, say).
   virtual size_t inFlight() const { return 0; }
   // Handover (docs/CONTINUITY.md, "Handover"), in this order on the old
-  // agent: freeze() (take no new work from the target: accept loops stop),
-  // handoverBlocker() until it is "" or the wait ends, exportState();
-  // then either thaw() (the new agent failed: go on as before) or
-  // handedOver() (it took everything: let go of what is the target's
-  // without undoing it). On the new agent: importState() before it serves,
-  // startAfterHandover() once the old one let go.
+  // agent: prepareHandover() (sessions still live: take no new work that
+  // could not move, let what is under way finish), handoverBlocker() until
+  // it is "" or the wait ends, freeze() (take no new work from the target:
+  // accept loops stop; the sessions' transports are cut), handoverBlocker()
+  // again, exportState(); then either thaw() (the new agent failed, or a
+  // blocker stayed: go on as before; it also undoes a prepareHandover()
+  // no freeze followed) or handedOver() (it took everything: let go of
+  // what is the target's without undoing it). On the new agent:
+  // importState() before it serves, startAfterHandover() once the old one
+  // let go.
+  virtual void prepareHandover() {}
   virtual void freeze() {}
   virtual void thaw() {}
   // Why this service's state cannot move now ("" when it can). Transient
@@ -200,6 +205,7 @@ class ServiceRegistry {
       const std::string& session_id,
       google::protobuf::RepeatedPtrField<v1::SubscriptionSummary>* out) const;
   // Handover: RequestService's calls, on every service.
+  void prepareHandover();
   void freeze();
   void thaw();
   std::string handoverBlocker() const;

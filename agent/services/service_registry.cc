@@ -90,6 +90,10 @@ void ServiceRegistry::sessionEnded(const std::string& session_id) {
   for (auto& s : unique_requests_) s->sessionEnded(session_id);
 }
 
+void ServiceRegistry::prepareHandover() {
+  for (auto& s : unique_requests_) s->prepareHandover();
+}
+
 void ServiceRegistry::freeze() {
   for (auto& s : unique_requests_) s->freeze();
 }

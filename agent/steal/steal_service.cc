@@ -299,17 +299,26 @@ class StealServiceImpl final : public StealService,
 
   // ---- handover (event loop, but importState: before the loop runs) ----
 
-  // The accept loops stop; connections wait in the listeners' queues for
-  // whichever agent accepts next.
-  // Passthroughs stop where they are (held here while frozen: parked, no
-  // coroutine holds them).
-  void freeze() override {
-    frozen_ = true;
+  // Before the freeze, sessions still live: the accept loops stop (new
+  // connections wait in the listeners' queues for whichever agent accepts
+  // next) and the HTTP engine's connections park once the request under
+  // way is answered (its session is still there to answer it).
+  void prepareHandover() override {
+    if (accept_paused_) return;
+    accept_paused_ = true;
     ++accept_generation_;
     for (auto& a : acceptors_) {
       net::error_code ignored;
       a->cancel(ignored);
     }
+    if (engine_) engine_->park();
+  }
+
+  // Passthroughs stop where they are (held here while frozen: parked, no
+  // coroutine holds them).
+  void freeze() override {
+    prepareHandover();
+    frozen_ = true;
     for (const auto& weak : splices_) {
       if (auto s = weak.lock()) {
         s->freeze();
@@ -318,26 +327,28 @@ class StealServiceImpl final : public StealService,
     }
   }
 
+  // Also undoes a prepareHandover() that no freeze followed.
   void thaw() override {
-    if (!frozen_) return;
+    if (!accept_paused_) return;
+    accept_paused_ = false;
     frozen_ = false;
     ++accept_generation_;
     for (auto& a : acceptors_) spawnAcceptLoop(a);
+    if (engine_) engine_->unpark();
     thawSplices();
   }
 
   std::string handoverBlocker() const override {
     if (draining_ || stopped_) return "the agent is draining";
-    if (engine_ && engine_->connections() > 0) {
-      return absl::StrCat(engine_->connections(),
-                          " HTTP connections of filtered steals (they do not move to a new agent "
-                          "yet)");
+    // HTTP connections park once their request is answered; HTTP/2 ones
+    // and upgraded ones to a session close (GOAWAY; the end of the tunnel).
+    if (engine_) {
+      if (const size_t n = engine_->unparked(); n > 0) {
+        return absl::StrCat(n, " HTTP connections of filtered steals with a request, an HTTP/2 "
+                               "stream or an upgraded tunnel under way");
+      }
     }
     for (const Subscription* s : table_.all()) {
-      if (s->filter) {
-        return absl::StrCat("filtered steal of port ", s->port,
-                            " (filtered steals do not move to a new agent yet)");
-      }
       if (!s->active) return absl::StrCat("a steal of port ", s->port, " is being set up");
     }
     // Passthroughs move once parked (a freeze cancels what they wait on);
@@ -379,9 +390,23 @@ class StealServiceImpl final : public StealService,
       e.set_port(s->port);
       e.set_session_id(s->session_id);
       e.set_client_name(s->client_name);
+      if (s->filter) *e.mutable_http_filter() = s->filter->spec();
     }
     if (st.subscriptions_size() > 0 && st.listener_v4() < 0) {
       return absl::FailedPreconditionError("steal: subscriptions without a listener");
+    }
+    if (engine_) {
+      ASSIGN_OR_RETURN(std::vector<http::ParkedConnection> parked, engine_->exportParked());
+      for (http::ParkedConnection& c : parked) {
+        v1::HttpConnectionExport& e = *st.add_http_connections();
+        e.set_client(static_cast<int32_t>(fds->size()));
+        fds->push_back(std::move(c.client));
+        e.set_detecting(c.detecting);
+        e.set_received(std::move(c.received));
+        *e.mutable_source() = outgoing::toProto(c.info.source);
+        *e.mutable_destination() = outgoing::toProto(c.info.destination);
+        e.set_requests(c.requests);
+      }
     }
     for (const auto& splice : frozen_splices_) {
       if (splice->finished()) continue;
@@ -447,6 +472,7 @@ class StealServiceImpl final : public StealService,
     listeners.v4_port = static_cast<uint16_t>(st.listener_v4_port());
     listeners.v6_port = static_cast<uint16_t>(st.listener_v6_port());
     std::vector<uint16_t> ports;
+    std::map<uint64_t, std::shared_ptr<const http::RequestFilter>> filters;
     for (const auto& s : st.subscriptions()) {
       if (s.port() == 0 || s.port() > 65535) {
         return absl::InvalidArgumentError(absl::StrCat("handover: steal port ", s.port()));
@@ -455,7 +481,39 @@ class StealServiceImpl final : public StealService,
         return absl::InvalidArgumentError(
             absl::StrCat("handover: steal of port ", s.port(), " names no session"));
       }
+      if (s.has_http_filter()) {
+        auto f = http::RequestFilter::compile(s.http_filter());
+        if (!f.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "handover: the filter of the steal of port ", s.port(), ": ", f.status().message()));
+        }
+        filters[s.id()] = std::move(*f);
+      }
+      // A steering reference per subscription (filtered steals of one port
+      // hold one each), as subscribe() takes them.
       ports.push_back(static_cast<uint16_t>(s.port()));
+    }
+    std::vector<http::ParkedConnection> parked;
+    for (const v1::HttpConnectionExport& c : st.http_connections()) {
+      const int32_t i = c.client();
+      if (i < 0 || static_cast<size_t>(i) >= fds.size() || !fds[static_cast<size_t>(i)]) {
+        return absl::InvalidArgumentError("handover: an HTTP connection's socket is missing");
+      }
+      auto source = outgoing::fromProto(c.source());
+      auto destination = outgoing::fromProto(c.destination());
+      if (!source.ok() || !destination.ok()) {
+        return absl::InvalidArgumentError("handover: an HTTP connection's addresses are bad");
+      }
+      http::ParkedConnection p;
+      p.client = std::move(fds[static_cast<size_t>(i)]);
+      p.info = http::ConnectionInfo{*source, *destination, portOf(*destination)};
+      p.detecting = c.detecting();
+      p.received = c.received();
+      p.requests = c.requests();
+      parked.push_back(std::move(p));
+    }
+    if (!parked.empty() && filters.empty()) {
+      return absl::InvalidArgumentError("handover: HTTP connections without a filtered steal");
     }
     std::promise<absl::Status> built;
     std::string backend;
@@ -484,22 +542,30 @@ class StealServiceImpl final : public StealService,
       s.port = static_cast<uint16_t>(e.port());
       s.session_id = e.session_id();
       s.client_name = e.client_name();
+      if (auto f = filters.find(e.id()); f != filters.end()) s.filter = f->second;
       RETURN_IF_ERROR(table_.restore(std::move(s)));
       sessions_[e.session_id()] = sessions.at(e.session_id());
     }
     log::info("steal_started", {{"backend", backend},
                                 {"listener_v4", static_cast<int>(listeners.v4_port)},
                                 {"listener_v6", static_cast<int>(listeners.v6_port)},
-                                {"handover", true}});
+                                {"handover", true},
+                                {"subscriptions", static_cast<int64_t>(st.subscriptions_size())},
+                                {"http_connections", static_cast<uint64_t>(parked.size())},
+                                {"passthroughs", static_cast<int64_t>(st.passthroughs_size())}});
     io_steering_ = steering_.get();
     io_backend_ = backend;
     listener_ports_ = {listeners.v4_port, listeners.v6_port};
     imported_listeners_ = {v4, v6};
+    if (!filters.empty()) ensureEngine();
+    imported_http_ = std::move(parked);
     return absl::OkStatus();
   }
 
   void startAfterHandover() override {
     thawSplices();
+    if (engine_) engine_->adopt(std::move(imported_http_));
+    imported_http_.clear();
     auto listeners = std::move(imported_listeners_);
     for (auto& fd : listeners) {
       if (!fd || !*fd || stopped_) continue;
@@ -598,6 +664,29 @@ class StealServiceImpl final : public StealService,
     co_return fd;
   }
 
+  // The engine's raw connections to the application are this service's
+  // passthroughs: drains wait for them, handovers move them.
+  bool splicesToApplication() const override { return true; }
+  void spliceToApplication(UniqueFd client, std::string to_application, UniqueFd application,
+                           std::string to_client) override {
+    SpliceState state;
+    state.a = std::move(client);
+    state.b = std::move(application);
+    state.a_to_b = std::move(to_application);
+    state.b_to_a = std::move(to_client);
+    ++passthroughs_;
+    auto self = shared_from_this();
+    const std::shared_ptr<void> counted(nullptr, [self](void*) { --self->passthroughs_; });
+    auto handle = restoreSplice(ctx_.io.get_executor(), std::move(state), [counted] {});
+    std::erase_if(splices_, [](const auto& w) { return w.expired(); });
+    splices_.push_back(handle);
+    if (frozen_) {
+      frozen_splices_.push_back(std::move(handle));  // stays parked
+    } else {
+      handle->thaw();
+    }
+  }
+
   // Starts the accept loops (event loop) once the steering exists.
   void startAccepting(std::shared_ptr<UniqueFd> v4, std::shared_ptr<UniqueFd> v6,
                       Steering* steering, std::string backend, Listeners listeners) {
@@ -692,14 +781,7 @@ class StealServiceImpl final : public StealService,
       releasePort(port);
       return;
     }
-    if (sub->filter && !engine_) {
-      engine_ = std::make_unique<http::HttpEngine>(ctx_.io.get_executor(), *this,
-                                                   httpOptions(ctx_.config));
-      if (ctx_.metrics != nullptr) {
-        engine_->onHttp2Limit(
-            [m = ctx_.metrics](http::Http2Limit l) { m->http2LimitHit(http::http2LimitName(l)); });
-      }
-    }
+    if (sub->filter) ensureEngine();
     log::info("steal_subscribed",
               {{"session", session->id()},
                {"port", static_cast<int>(port)},
@@ -923,11 +1005,14 @@ class StealServiceImpl final : public StealService,
     const auto listener = std::move(l);
     // A handover's freeze ends this loop; a thaw starts another.
     const uint64_t generation = self->accept_generation_;
-    while (!self->stopped_ && !self->frozen_ && generation == self->accept_generation_) {
+    while (!self->stopped_ && !self->accept_paused_ && generation == self->accept_generation_) {
       net::error_code ec;
       co_await listener->async_wait(asio::posix::stream_descriptor::wait_read,
                                     asio::redirect_error(net::use_awaitable, ec));
-      if (ec || self->stopped_ || self->frozen_ || generation != self->accept_generation_) break;
+      if (ec || self->stopped_ || self->accept_paused_ ||
+          generation != self->accept_generation_) {
+        break;
+      }
       // Accept everything queued: a burst of connections costs one wake-up.
       while (true) {
         SockAddr peer;
@@ -1080,6 +1165,16 @@ class StealServiceImpl final : public StealService,
     }
   }
 
+  void ensureEngine() {
+    if (engine_) return;
+    engine_ = std::make_unique<http::HttpEngine>(ctx_.io.get_executor(), *this,
+                                                 httpOptions(ctx_.config));
+    if (ctx_.metrics != nullptr) {
+      engine_->onHttp2Limit(
+          [m = ctx_.metrics](http::Http2Limit l) { m->http2LimitHit(http::http2LimitName(l)); });
+    }
+  }
+
   void thawSplices() {
     auto frozen = std::move(frozen_splices_);
     frozen_splices_.clear();
@@ -1106,9 +1201,14 @@ class StealServiceImpl final : public StealService,
   std::vector<std::shared_ptr<SpliceHandle>> frozen_splices_;
   // Handover (event loop): frozen, the accept loops of which generation
   // run, and the old agent's listeners until the new agent serves.
+  // accept_paused_: from prepareHandover() to thaw(); frozen_: from
+  // freeze().
+  bool accept_paused_ = false;
   bool frozen_ = false;
   uint64_t accept_generation_ = 0;
   std::vector<std::shared_ptr<UniqueFd>> imported_listeners_;
+  // The old agent's parked HTTP connections until the new agent serves.
+  std::vector<http::ParkedConnection> imported_http_;
   // Created with the first filtered subscription (event loop).
   std::unique_ptr<http::HttpEngine> engine_;
   // FilterOverlap notices waiting for their interval, per subscription.

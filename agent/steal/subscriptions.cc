@@ -68,11 +68,20 @@ absl::Status SubscriptionTable::restore(Subscription s) {
   if (s.id == 0 || by_id_.contains(s.id)) {
     return absl::InvalidArgumentError(absl::StrCat("subscription id ", s.id, " is taken"));
   }
-  if (s.port == 0 || by_port_.contains(s.port)) {
-    return absl::InvalidArgumentError(absl::StrCat("port ", s.port, " is subscribed twice"));
+  if (s.port == 0) return absl::InvalidArgumentError("port 0");
+  // The rules reserve() keeps: filtered steals of one port coexist, one per
+  // session; anything else holds the port alone.
+  if (auto it = by_port_.find(s.port); it != by_port_.end()) {
+    for (uint64_t other : it->second) {
+      const Subscription& o = by_id_.at(other);
+      if (!s.filter || !o.filter || o.session_id == s.session_id) {
+        return absl::InvalidArgumentError(absl::StrCat("port ", s.port, " is subscribed twice"));
+      }
+    }
   }
   s.active = true;
-  by_port_[s.port].push_back(s.id);
+  std::vector<uint64_t>& ids = by_port_[s.port];
+  ids.insert(std::upper_bound(ids.begin(), ids.end(), s.id), s.id);  // ascending
   next_id_ = std::max(next_id_, s.id + 1);
   by_id_[s.id] = std::move(s);
   return absl::OkStatus();

@@ -1,5 +1,6 @@
 #include "agent/steal/http/engine.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "agent/common/log.h"
+#include "siphon/status.h"
 #include "agent/steal/http/detect.h"
 #include "agent/steal/http/http1.h"
 #include "agent/steal/http/http2.h"
@@ -31,11 +33,16 @@ namespace asio = net::asio;
 class PendingConnection final : public LiveConnection,
                                 public std::enable_shared_from_this<PendingConnection> {
  public:
-  PendingConnection(std::shared_ptr<EngineState> state, UniqueFd client, ConnectionInfo info)
+  // `received`: bytes already read from the client (a connection another
+  // agent parked while detecting).
+  PendingConnection(std::shared_ptr<EngineState> state, UniqueFd client, ConnectionInfo info,
+                    std::string received = {})
       : state_(std::move(state)),
         info_(std::move(info)),
         client_(adoptSocket(state_->ex, client.release())),
-        timer_(state_->ex) {}
+        timer_(state_->ex),
+        unparked_(state_->ex),
+        received_(std::move(received)) {}
   ~PendingConnection() override { unregister(); }
 
   void start() {
@@ -45,6 +52,7 @@ class PendingConnection final : public LiveConnection,
     // connection only (logged as coroutine_failed what=http_detect).
     auto self = shared_from_this();
     net::spawn(state_->ex, runHeld(self), "http_detect", [self] { self->abort(); });
+    if (state_->parking) park();
   }
 
   void drain() override {
@@ -58,11 +66,38 @@ class PendingConnection final : public LiveConnection,
     if (aborted_) return;
     aborted_ = true;
     timer_.cancel();
+    unparked_.notify();
     abortDescriptor(client_);
     if (tunnel_) tunnel_->abort();
   }
   // Detecting, or passing through: either way under way.
   bool busy() const override { return true; }
+
+  // Detecting: stops at once, with what it read so far. Passing through:
+  // not parked (a tunnel the router did not take runs to its end).
+  void park() override {
+    parking_ = true;
+    if (detecting_ && !parked_) {
+      timer_.cancel();
+      net::error_code ignored;
+      client_.cancel(ignored);
+    }
+  }
+  void unpark() override {
+    parking_ = false;
+    unparked_.notify();
+  }
+  bool parked() const override { return parked_; }
+  absl::StatusOr<ParkedConnection> exportParked() override {
+    if (!parked_) return absl::FailedPreconditionError("an HTTP connection is not parked");
+    ParkedConnection p;
+    p.client = UniqueFd(::fcntl(client_.native_handle(), F_DUPFD_CLOEXEC, 3));
+    if (!p.client) return lastErrnoStatus("handover: dup an HTTP client socket");
+    p.info = info_;
+    p.detecting = true;
+    p.received = received_;
+    return p;
+  }
 
  private:
   // What net::spawn starts; GCC 12: the parameter is moved into a local
@@ -78,11 +113,21 @@ class PendingConnection final : public LiveConnection,
 
   net::awaitable<void> run() {
     const HttpOptions& o = state_->options;
-    std::string received;
-    Protocol protocol = Protocol::kNeedMore;
+    std::string& received = received_;
+    Protocol protocol = received.empty() ? Protocol::kNeedMore
+                                         : detectProtocol(received, o.max_head_bytes);
     bool timed_out = false;
     detecting_ = true;
     while (protocol == Protocol::kNeedMore && !drain_ && !state_->draining) {
+      // A handover parks the connection here, between reads (its bytes
+      // are in `received`).
+      while (parking_ && !aborted_ && !drain_ && !state_->draining) {
+        parked_ = true;
+        co_await unparked_.wait();
+        parked_ = false;
+      }
+      if (aborted_) co_return;
+      if (drain_ || state_->draining) break;
       // Each read gets detect_timeout: a client that has begun a request
       // line gets as long for the next piece as for the first byte.
       timer_.expires_after(o.detect_timeout);
@@ -105,7 +150,10 @@ class PendingConnection final : public LiveConnection,
         timed_out = true;
         break;
       }
-      if (ec == asio::error::operation_aborted) break;  // drain
+      if (ec == asio::error::operation_aborted) {
+        if (parking_ && !drain_ && !state_->draining) continue;  // parks
+        break;                                                   // drain
+      }
       if (ec == asio::error::eof) {
         // A client that sends and half-closes (or connects and closes):
         // whatever it sent goes to the application, FIN after it.
@@ -159,6 +207,15 @@ class PendingConnection final : public LiveConnection,
       abort();  // as the application's own refusal would: an RST
       co_return;
     }
+    // The steal service's splice where it takes one (it moves in a
+    // handover); else a tunnel of the engine's own.
+    if (state_->router.splicesToApplication()) {
+      net::error_code ignored;
+      UniqueFd client(client_.release(ignored));
+      state_->router.spliceToApplication(std::move(client), std::move(received), std::move(*app),
+                                         std::string());
+      co_return;
+    }
     Descriptor app_socket = adoptSocket(state_->ex, app->release());
     tunnel_ = std::make_shared<Tunnel>(ByteStream(std::move(client_)), std::move(received),
                                        ByteStream(std::move(app_socket)), std::string());
@@ -170,7 +227,11 @@ class PendingConnection final : public LiveConnection,
   Descriptor client_;
   asio::steady_timer timer_;
   std::shared_ptr<Tunnel> tunnel_;
+  net::Signal unparked_;
+  std::string received_;
   bool registered_ = false;
+  bool parking_ = false;
+  bool parked_ = false;
   bool detecting_ = false;
   bool timed_out_ = false;
   bool drain_ = false;
@@ -224,6 +285,57 @@ size_t HttpEngine::inFlight() const {
 }
 
 size_t HttpEngine::connections() const { return state_->connections.size(); }
+
+void HttpEngine::park() {
+  state_->parking = true;
+  const std::vector<LiveConnection*> all(state_->connections.begin(), state_->connections.end());
+  for (LiveConnection* c : all) {
+    if (state_->connections.count(c)) c->park();
+  }
+  // Idle connections to the application stay: after a thaw they serve
+  // again; after a handover they close with this process (an idle
+  // keep-alive connection closing is nothing to the application).
+}
+
+void HttpEngine::unpark() {
+  if (!state_->parking) return;
+  state_->parking = false;
+  const std::vector<LiveConnection*> all(state_->connections.begin(), state_->connections.end());
+  for (LiveConnection* c : all) {
+    if (state_->connections.count(c)) c->unpark();
+  }
+}
+
+size_t HttpEngine::unparked() const {
+  size_t n = 0;
+  for (const LiveConnection* c : state_->connections) n += c->parked() ? 0 : 1;
+  return n;
+}
+
+absl::StatusOr<std::vector<ParkedConnection>> HttpEngine::exportParked() {
+  std::vector<ParkedConnection> out;
+  for (LiveConnection* c : state_->connections) {
+    absl::StatusOr<ParkedConnection> p = c->exportParked();
+    if (!p.ok()) return p.status();
+    out.push_back(std::move(*p));
+  }
+  return out;
+}
+
+void HttpEngine::adopt(std::vector<ParkedConnection> connections) {
+  for (ParkedConnection& p : connections) {
+    if (state_->stopped) return;  // the rest close
+    if (p.detecting) {
+      auto c = std::make_shared<PendingConnection>(state_, std::move(p.client), std::move(p.info),
+                                                   std::move(p.received));
+      c->start();
+      if (state_->draining) c->drain();
+    } else {
+      serveHttp1(state_, std::move(p.client), std::move(p.info), std::move(p.received),
+                 p.requests);
+    }
+  }
+}
 
 std::array<uint64_t, kHttp2Limits> HttpEngine::http2Limits() const { return state_->h2_limits; }
 

@@ -19,6 +19,12 @@
 //   errors   the session gone before its response: 502 with a short body
 //            naming the agent; a response already begun: the connection is
 //            aborted (RST), never a hang. Limits: 431, 413, 502.
+//   handover park(): no connection takes a new request; an HTTP/1 one
+//            stops once its response is out, a detecting one at once, with
+//            what each read of the next request kept (exportParked); an
+//            HTTP/2 one is sent GOAWAY and closes once its streams are
+//            done (its client reconnects, to whichever agent accepts).
+//            Another agent adopt()s the parked ones; unpark() goes on here.
 //
 // Threads: the event loop only.
 #pragma once
@@ -26,6 +32,7 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "agent/common/unique_fd.h"
 #include "agent/steal/http/engine_state.h"
@@ -52,6 +59,16 @@ class HttpEngine {
   size_t inFlight() const;
   // Connections served now (any state).
   size_t connections() const;
+
+  // Handover (see above). unparked(): connections not parked yet (requests
+  // under way, HTTP/2 streams finishing, tunnels).
+  void park();
+  void unpark();
+  size_t unparked() const;
+  // While every connection is parked: a copy of each one's socket and state.
+  absl::StatusOr<std::vector<ParkedConnection>> exportParked();
+  // Serves connections another agent parked, each from where it stopped.
+  void adopt(std::vector<ParkedConnection> connections);
   // HTTP/2 clients refused for going past a limit (http2_limits.h), by
   // Http2Limit; `observer` hears each one as it happens (the agent's
   // metrics). Set the observer before serving.

@@ -9,13 +9,30 @@
 #include <array>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
+#include <string>
 
+#include "absl/status/statusor.h"
+#include "agent/common/unique_fd.h"
 #include "agent/steal/http/http2_limits.h"
 #include "agent/steal/http/router.h"
 #include "siphon/transport/asio.h"
 
 namespace siphon::agent::steal::http {
+
+// A client connection parked for a handover (docs/CONTINUITY.md section 8):
+// no request under way, what was read of the next one kept. Another agent
+// process goes on serving it from here.
+struct ParkedConnection {
+  UniqueFd client;
+  ConnectionInfo info;
+  // Its protocol is not known yet (detection goes on with `received`);
+  // else HTTP/1.
+  bool detecting = false;
+  std::string received;   // read from the client, not parsed yet
+  uint64_t requests = 0;  // requests served on it so far
+};
 
 class LiveConnection {
  public:
@@ -30,6 +47,16 @@ class LiveConnection {
   // A request, an upgraded tunnel or a passthrough is under way: a drain
   // waits for it.
   virtual bool busy() const = 0;
+  // Handover: take no new request; once what is under way is done, stop
+  // reading (parked()) until unpark(). The default drains (HTTP/2: GOAWAY,
+  // the client opens a new connection, which the next agent serves).
+  virtual void park() { drain(); }
+  virtual void unpark() {}
+  virtual bool parked() const { return false; }
+  // While parked: a copy of the socket and what the connection holds.
+  virtual absl::StatusOr<ParkedConnection> exportParked() {
+    return absl::FailedPreconditionError("this connection does not park");
+  }
 };
 
 class Http2AppPool;  // http2.h
@@ -44,6 +71,7 @@ struct EngineState {
   HttpOptions options;
   bool draining = false;
   bool stopped = false;
+  bool parking = false;  // a handover: connections park (LiveConnection::park)
   // Registered by each connection while it lives (it removes itself).
   std::set<LiveConnection*> connections;
   // HTTP/2 connections to the application, shared by the HTTP/2 client

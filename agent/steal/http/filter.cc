@@ -74,6 +74,7 @@ absl::StatusOr<std::shared_ptr<const RequestFilter>> RequestFilter::compile(
   }
   out->any_ = f.match_any();
   out->description_ = absl::StrJoin(parts, f.match_any() ? " or " : " and ");
+  out->spec_ = f;
   return std::shared_ptr<const RequestFilter>(std::move(out));
 }
 

@@ -33,6 +33,8 @@ class RequestFilter {
   bool matches(const RequestHead& head) const;
   // "header x-user: ^alice$ and path ^/api", for logs and messages.
   const std::string& description() const { return description_; }
+  // What it was compiled from (a handover sends it to the new agent).
+  const v1::HttpFilter& spec() const { return spec_; }
 
  private:
   RequestFilter() = default;
@@ -46,6 +48,7 @@ class RequestFilter {
   bool any_ = false;
   bool names_user_agent_ = false;  // a header test on User-Agent: probes may match
   std::string description_;
+  v1::HttpFilter spec_;
 };
 
 }  // namespace siphon::agent::steal::http

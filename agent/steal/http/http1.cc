@@ -5,6 +5,7 @@
 // connection's state; the routing decision itself is in the engine.
 #include "agent/steal/http/http1.h"
 
+#include <fcntl.h>
 #include <strings.h>
 #include <sys/socket.h>
 
@@ -22,6 +23,7 @@
 #include "agent/steal/http/http2.h"
 #include "agent/steal/http/pool.h"
 #include "agent/steal/http/tunnel.h"
+#include "siphon/status.h"
 #include "siphon/transport/spawn.h"
 
 namespace siphon::agent::steal::http {
@@ -185,12 +187,14 @@ class Http1Connection final : public LiveConnection,
                               public std::enable_shared_from_this<Http1Connection> {
  public:
   Http1Connection(std::shared_ptr<EngineState> state, UniqueFd client, ConnectionInfo info,
-                  std::string received)
+                  std::string received, uint64_t requests)
       : state_(std::move(state)),
         info_(std::move(info)),
         client_(adoptSocket(state_->ex, client.release())),
         in_(state_->options.max_head_bytes + kPiece),
-        idle_timer_(state_->ex) {
+        idle_timer_(state_->ex),
+        unparked_(state_->ex),
+        requests_(requests) {
     const size_t n = asio::buffer_copy(in_.prepare(received.size()), asio::buffer(received));
     in_.commit(n);
   }
@@ -201,10 +205,12 @@ class Http1Connection final : public LiveConnection,
     // An exception out of the connection's loop aborts this connection only.
     auto self = shared_from_this();
     net::spawn(state_->ex, runHeld(self), "http1_connection", [self] { self->abort(); });
+    if (state_->parking) park();
   }
 
   void drain() override {
     drain_ = true;
+    unparked_.notify();
     // Idle (waiting for a request): closes at once. Busy: the response
     // says Connection: close, and the loop ends after it.
     if (reading_head_) cancelClient();
@@ -217,9 +223,32 @@ class Http1Connection final : public LiveConnection,
     abortDescriptor(client_);
     if (current_) current_->upstream.abort();
     if (tunnel_) tunnel_->abort();
+    unparked_.notify();
   }
 
   bool busy() const override { return busy_; }
+
+  // Waiting for a request: stops now (what was read of it stays in in_).
+  // Busy: stops once the response is out, before the next request is read.
+  void park() override {
+    parking_ = true;
+    if (reading_head_) cancelClient();
+  }
+  void unpark() override {
+    parking_ = false;
+    unparked_.notify();
+  }
+  bool parked() const override { return parked_; }
+  absl::StatusOr<ParkedConnection> exportParked() override {
+    if (!parked_) return absl::FailedPreconditionError("an HTTP/1 connection is not parked");
+    ParkedConnection p;
+    p.client = UniqueFd(::fcntl(client_.native_handle(), F_DUPFD_CLOEXEC, 3));
+    if (!p.client) return lastErrnoStatus("handover: dup an HTTP/1 client socket");
+    p.info = info_;
+    p.received = leftover(in_);
+    p.requests = requests_;
+    return p;
+  }
 
  private:
   // What net::spawn starts: `self` keeps the connection alive meanwhile.
@@ -237,6 +266,11 @@ class Http1Connection final : public LiveConnection,
   }
   net::awaitable<void> run();
   net::awaitable<void> serveRequests();
+  // bhttp::async_read_header's work, one read at a time, so that a park()
+  // stops it between reads: Beast's composed read starts its next read
+  // after a cancel() that came between two, and would wait for the client.
+  // The same errors as Beast's; operation_aborted when parking.
+  net::awaitable<net::error_code> readHead(RequestParser& parser);
   net::awaitable<bool> exchange(std::unique_ptr<RequestParser> parser);
   // Gives `x` an application connection from `pool` (`fresh`: a new one,
   // never an idle one). nullopt when it did; else what exchange() returns:
@@ -265,6 +299,21 @@ class Http1Connection final : public LiveConnection,
   // client socket, which only one coroutine may do).
   net::awaitable<void> stopBody(std::shared_ptr<Exchange> x);
 
+  // A head read cut short (a handover parks the connection): Beast has
+  // taken the request line out of in_ once it was whole, the fields not
+  // before the head is complete. The request line goes back in front, as
+  // the client sent it (Beast takes exactly "METHOD SP target SP
+  // HTTP/1.x CRLF"), so in_ holds every byte of the request so far.
+  void keepPartialHead(const RequestParser& parser) {
+    const auto& partial = parser.get();
+    if (parser.is_header_done() || partial.method_string().empty()) return;
+    std::string bytes = str(partial.method_string()) + " " + str(partial.target()) +
+                        (partial.version() == 10 ? " HTTP/1.0\r\n" : " HTTP/1.1\r\n");
+    bytes += leftover(in_);
+    in_.consume(in_.size());
+    in_.commit(asio::buffer_copy(in_.prepare(bytes.size()), asio::buffer(bytes)));
+  }
+
   void cancelClient() {
     net::error_code ignored;
     client_.cancel(ignored);
@@ -288,7 +337,13 @@ class Http1Connection final : public LiveConnection,
   Descriptor client_;
   beast::flat_buffer in_;
   asio::steady_timer idle_timer_;
+  net::Signal unparked_;
   uint64_t requests_ = 0;
+  bool parking_ = false;
+  bool parked_ = false;
+  // The socket went to the steal service's splice (an upgrade to the
+  // application): nothing of it is this connection's any more.
+  bool handed_off_ = false;
   bool reading_head_ = false;
   bool busy_ = false;
   bool drain_ = false;
@@ -303,7 +358,7 @@ net::awaitable<void> Http1Connection::run() {
     co_await serveRequests();
     busy_ = false;
     current_.reset();
-    if (!aborted_) co_await closeClient();
+    if (!aborted_ && !handed_off_) co_await closeClient();
   } catch (const std::exception& e) {
     log::warn("http1_connection_failed",
               {{"client", formatAddress(info_.source)}, {"error", e.what()}});
@@ -316,6 +371,12 @@ net::awaitable<void> Http1Connection::serveRequests() {
   const HttpOptions& o = state_->options;
   while (true) {
     busy_ = false;
+    // A handover parks the connection here, between requests.
+    while (parking_ && !aborted_ && !closing()) {
+      parked_ = true;
+      co_await unparked_.wait();
+      parked_ = false;
+    }
     if (aborted_ || closing()) co_return;
     auto parser = std::make_unique<RequestParser>();
     parser->header_limit(static_cast<uint32_t>(std::min<size_t>(o.max_head_bytes, UINT32_MAX)));
@@ -323,11 +384,14 @@ net::awaitable<void> Http1Connection::serveRequests() {
     net::error_code ec;
     reading_head_ = true;
     armIdleTimer();
-    co_await bhttp::async_read_header(client_, in_, *parser,
-                                      asio::redirect_error(net::use_awaitable, ec));
+    ec = co_await readHead(*parser);
     reading_head_ = false;
     idle_timer_.cancel();
     if (aborted_) co_return;
+    if (ec == asio::error::operation_aborted && parking_ && !closing()) {
+      keepPartialHead(*parser);
+      continue;  // parks
+    }
     if (ec) {
       // The client closed between requests, went idle, or the agent drains.
       if (ec == bhttp::error::end_of_stream || ec == bhttp::error::partial_message ||
@@ -356,6 +420,31 @@ net::awaitable<void> Http1Connection::serveRequests() {
     if (current_) co_await stopBody(current_);
     current_.reset();
     if (!keep) co_return;
+  }
+}
+
+net::awaitable<net::error_code> Http1Connection::readHead(RequestParser& parser) {
+  while (true) {
+    if (in_.size() > 0) {
+      net::error_code ec;
+      in_.consume(parser.put(in_.data(), ec));
+      if (ec && ec != bhttp::error::need_more) co_return ec;
+      if (parser.is_header_done()) co_return net::error_code();
+    }
+    if (parking_) co_return asio::error::operation_aborted;
+    if (in_.size() >= in_.max_size()) co_return bhttp::error::buffer_overflow;
+    net::error_code ec;
+    const size_t n = co_await client_.async_read_some(
+        in_.prepare(std::min<size_t>(kPiece, in_.max_size() - in_.size())),
+        asio::redirect_error(net::use_awaitable, ec));
+    in_.commit(n);
+    if (ec == asio::error::eof) {
+      if (!parser.got_some() && in_.size() == 0) co_return bhttp::error::end_of_stream;
+      net::error_code eof_ec;
+      parser.put_eof(eof_ec);
+      co_return eof_ec ? eof_ec : net::error_code(bhttp::error::partial_message);
+    }
+    if (ec) co_return ec;
   }
 }
 
@@ -559,6 +648,18 @@ net::awaitable<Outcome> Http1Connection::forwardResponse(std::shared_ptr<Exchang
     log::debug("http_upgraded", {{"client", formatAddress(info_.source)},
                                  {"protocol", x->upgrade_value},
                                  {"stolen", x->route.has_value()}});
+    if (!x->route && state_->router.splicesToApplication() && x->upstream.socket() != nullptr) {
+      // To the application: the steal service's splice (it moves in a
+      // handover), this connection is done.
+      net::error_code ignored;
+      UniqueFd client(client_.release(ignored));
+      UniqueFd app(x->upstream.socket()->release(ignored));
+      state_->router.spliceToApplication(std::move(client), leftover(in_), std::move(app),
+                                         leftover(x->upstream_in));
+      in_.consume(in_.size());
+      handed_off_ = true;
+      co_return Outcome::kClose;
+    }
     tunnel_ = std::make_shared<Tunnel>(ByteStream(std::move(client_)), leftover(in_),
                                        std::move(x->upstream),
                                        leftover(x->upstream_in));
@@ -878,9 +979,9 @@ net::awaitable<net::error_code> Http1Connection::writeBody(Stream& to, std::stri
 }  // namespace
 
 void serveHttp1(std::shared_ptr<EngineState> state, UniqueFd client, ConnectionInfo info,
-                std::string received) {
+                std::string received, uint64_t requests) {
   auto c = std::make_shared<Http1Connection>(std::move(state), std::move(client), std::move(info),
-                                             std::move(received));
+                                             std::move(received), requests);
   c->start();
 }
 

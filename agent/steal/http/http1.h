@@ -26,9 +26,10 @@
 namespace siphon::agent::steal::http {
 
 // Serves `client` as HTTP/1 until it closes. `received`: the bytes
-// detection already read (the start of the first request). Registers
-// itself in `state->connections` while it lives.
+// detection already read (the start of the first request). `requests`:
+// requests already served on it (a connection another agent parked).
+// Registers itself in `state->connections` while it lives.
 void serveHttp1(std::shared_ptr<EngineState> state, UniqueFd client, ConnectionInfo info,
-                std::string received);
+                std::string received, uint64_t requests = 0);
 
 }  // namespace siphon::agent::steal::http

@@ -201,8 +201,8 @@ class ServerConnection : public LiveConnection,
     }
     if (state_->stopped) {
       abort();
-    } else if (state_->draining) {
-      drain();
+    } else if (state_->draining || state_->parking) {
+      drain();  // parking: HTTP/2 connections do not move (LiveConnection::park)
     }
     armIdle();
   }

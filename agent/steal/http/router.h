@@ -83,6 +83,23 @@ class HttpRouter {
   // then body pieces, and a kept-alive connection must not hold the second
   // write for the application's delayed ACK.
   virtual net::awaitable<absl::StatusOr<UniqueFd>> connectApplication(SockAddr destination) = 0;
+
+  // Whether the router joins raw connections to the application itself
+  // (spliceToApplication): a connection that is not HTTP, or an upgrade
+  // the application answered 101. The steal service does, so they move in
+  // a handover like its other passthroughs; otherwise the engine runs a
+  // tunnel of its own.
+  virtual bool splicesToApplication() const { return false; }
+  // Joins `client` and `application` both ways until both are closed;
+  // `to_application` / `to_client`: bytes already read from one side that
+  // the other gets first.
+  virtual void spliceToApplication(UniqueFd client, std::string to_application,
+                                   UniqueFd application, std::string to_client) {
+    (void)client;
+    (void)to_application;
+    (void)application;
+    (void)to_client;
+  }
 };
 
 }  // namespace siphon::agent::steal::http

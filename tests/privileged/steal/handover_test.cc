@@ -16,9 +16,12 @@
 //    it echoes after each, and descriptors, links and chains stay level;
 //  - a mirror of a connection streaming through the handover, replayed by
 //    `siphon mirror --to`: the replay is byte-exact, no gap;
+//  - a filtered steal under two wrk loads (one its filter matches, one
+//    not): every request answered by the right side, none failed; its
+//    keep-alive connections park between requests and move;
 //  - refusals: a new agent for another target, and an agent holding what
-//    cannot move yet (a filtered steal): one line on each side, the old
-//    agent serves.
+//    cannot move in time (a filtered request answered after the wait):
+//    one line on each side, the old agent serves, the request is answered.
 //
 // Both backends (sk_lookup, iptables). Without root every test skips.
 #include "tests/privileged/steal/steal_fixture.h"
@@ -227,6 +230,58 @@ TEST_P(HandoverTest, KeepAliveLoadThroughAStolenPortLosesNoRequest) {
   // New connections reach the new agent's steal; ending the steal gives the
   // port back, and terminating the new agent leaves nothing.
   EXPECT_EQ(curl(kLoadPort), "stolen\n");
+  s->signal(SIGINT);
+  EXPECT_EQ(s->finish(), 0) << s->err;
+  EXPECT_TRUE(originalWithin(std::chrono::seconds(5), kLoadPort));
+  ::kill(current().child().pid(), SIGTERM);
+  EXPECT_EQ(current().child().waitUntil(Clock::now() + std::chrono::seconds(10)), 0);
+  EXPECT_EQ(leftovers(), "");
+}
+
+// A filtered steal under load from two wrk at once, across a handover:
+// the requests its filter matches (a header) go to the local server, the
+// others on to the application in the pod, over the same keep-alive
+// connections, before, during and after; no request fails and none goes
+// to the wrong side. The HTTP connections park between requests and move.
+TEST_P(HandoverTest, FilteredStealUnderLoadLosesNoRequestAndRoutesEachRight) {
+  LocalServer local(httpKeepAlive("stolen\n"));
+  LocalServer app(httpKeepAlive("original\n"), pod_->name(), kLoadPort);
+  Proc* s = steal({"--port", std::to_string(kLoadPort), "--filter-header", "x-siphon: ^me$",
+                   "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 8080"));
+  auto stop_reading = drainOutput(s);
+  auto mine = startWrk(6, {"-H", "x-siphon: me"});
+  auto theirs = startWrk(6, {});
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  ASSERT_TRUE(handOver());
+  WrkCounts m = mine.get();
+  WrkCounts t = theirs.get();
+  stop_reading();
+  std::cerr << "wrk (x-siphon: me): " << m.raw << "wrk (no header): " << t.raw;
+  ASSERT_TRUE(m.parsed) << m;
+  ASSERT_TRUE(t.parsed) << t;
+  EXPECT_GT(m.requests, 500) << m;
+  EXPECT_GT(t.requests, 500) << t;
+  for (const WrkCounts* w : {&m, &t}) {
+    EXPECT_EQ(w->socketErrors(), 0) << *w;
+    EXPECT_EQ(w->non2xx, 0) << *w;
+    EXPECT_EQ(w->other, 0) << *w;
+  }
+  EXPECT_EQ(m.stolen, m.requests) << m;
+  EXPECT_EQ(t.original, t.requests) << t;
+  // The old agent moved connections it held between requests (wrk's
+  // keep-alive ones), it did not close them.
+  EXPECT_THAT(current().log(), HasSubstr("handover_taken"));
+  EXPECT_THAT(current().log(), Not(HasSubstr("http_connections=0")));
+  EXPECT_THAT(current().log(), HasSubstr("http_connections="));
+  EXPECT_THAT(current().log(), Not(HasSubstr("http1_connection_failed")));
+  EXPECT_THAT(s->err, HasSubstr("session resumed, nothing lost"));
+  // After it: the new agent routes new connections by the same filter.
+  EXPECT_EQ(run({"ip", "netns", "exec", client_->name(), "curl", "-sS", "-g", "--max-time", "5",
+                 "-H", "x-siphon: me", podAddress().url(kLoadPort)})
+                .out,
+            "stolen\n");
+  EXPECT_EQ(curl(kLoadPort), "original\n");
   s->signal(SIGINT);
   EXPECT_EQ(s->finish(), 0) << s->err;
   EXPECT_TRUE(originalWithin(std::chrono::seconds(5), kLoadPort));
@@ -525,15 +580,32 @@ TEST_P(HandoverTest, RefusalsAreOneLineAndTheOldAgentServesOn) {
                                       "pid " + std::to_string(httpd81_.pid())));
   EXPECT_THAT(agent_->log(), HasSubstr("handover_refused"));
 
-  LocalServer filtered(httpKeepAlive("filtered\n"));
-  Proc* f = steal({"--port", "81", "--filter-path", "/only-this", "--to", filtered.to()});
+  // A filtered steal whose request is answered later than the old agent
+  // waits (3 s): its connection cannot park, the handover is refused
+  // before the freeze, and the request is answered as if nothing happened.
+  LocalServer filtered([](int fd) {
+    std::string head;
+    char c;
+    while (head.find("\r\n\r\n") == std::string::npos && ::read(fd, &c, 1) == 1) head += c;
+    std::this_thread::sleep_for(std::chrono::seconds(6));
+    const std::string answer = "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nslow\n";
+    (void)writeAll(fd, answer.data(), answer.size());
+  });
+  Proc* f = steal({"--port", "81", "--filter-path", "^/slow", "--to", filtered.to()});
   ASSERT_THAT(f->err, HasSubstr("stealing port 81"));
+  auto slow = std::async(std::launch::async, [this] {
+    return run({"ip", "netns", "exec", client_->name(), "curl", "-sS", "-g", "--max-time", "20",
+                podAddress().url(81, "/slow")});
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the request is under way
   Agent* blocked = takeOver(httpd80_.pid());
   dead_.push_back(std::move(agents_.back()));
   agents_.pop_back();
   EXPECT_EQ(blocked->child().waitUntil(Clock::now() + std::chrono::seconds(20)), 1);
-  EXPECT_THAT(blocked->log(), HasSubstr("this agent holds what cannot move: filtered steal of "
-                                        "port 81"));
+  EXPECT_THAT(blocked->log(), HasSubstr("this agent holds what cannot move: 1 HTTP connections of "
+                                        "filtered steals with a request"));
+  Result answered = slow.get();
+  EXPECT_EQ(answered.out, "slow\n") << answered.err;
   // Refused before the freeze: no client was even cut.
   EXPECT_THAT(agent_->log(), Not(HasSubstr("reason=handover")));
   EXPECT_EQ(echoOnce(held.get(), "still"), "still");

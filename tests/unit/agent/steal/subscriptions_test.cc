@@ -146,6 +146,38 @@ TEST(SubscriptionTable, FilteredAndUnfilteredConflictEitherWay) {
   EXPECT_NE(filtered.status().message().find("bob"), absl::string_view::npos) << filtered.status();
 }
 
+// A handover restores the old agent's subscriptions under their ids, by
+// the rules reserve() keeps: filtered steals of one port side by side
+// (matched earliest first, whatever order they came in), nothing beside an
+// unfiltered one, one per session and port.
+TEST(SubscriptionTable, RestoreKeepsTheSharingRulesAndTheOrder) {
+  SubscriptionTable t;
+  auto restored = [](uint64_t id, uint16_t port, const std::string& session,
+                     std::shared_ptr<const http::RequestFilter> filter) {
+    Subscription s;
+    s.id = id;
+    s.port = port;
+    s.session_id = session;
+    s.filter = std::move(filter);
+    return s;
+  };
+  ASSERT_TRUE(t.restore(restored(9, 80, "bbbb", userIs("bob"))).ok());
+  ASSERT_TRUE(t.restore(restored(4, 80, "aaaa", userIs("bob"))).ok());
+  auto m = t.matching(80, requestFrom("bob"));
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0]->id, 4u);  // the earlier subscription first
+  EXPECT_EQ(m[1]->id, 9u);
+  EXPECT_FALSE(t.restore(restored(10, 80, "aaaa", userIs("alice"))).ok());  // same session
+  EXPECT_FALSE(t.restore(restored(11, 80, "cccc", nullptr)).ok());          // whole port
+  EXPECT_FALSE(t.restore(restored(9, 81, "cccc", nullptr)).ok());           // id taken
+  ASSERT_TRUE(t.restore(restored(12, 81, "cccc", nullptr)).ok());
+  EXPECT_FALSE(t.restore(restored(13, 81, "dddd", userIs("dave"))).ok());
+  // New ids come after the restored ones.
+  auto next = t.reserve(82, "eeee", "eve");
+  ASSERT_TRUE(next.ok());
+  EXPECT_GT(next->id, 12u);
+}
+
 TEST(SubscriptionTable, MatchingListsActiveFiltersEarliestFirst) {
   SubscriptionTable t;
   auto later_any = [] {

@@ -450,6 +450,32 @@ class EngineHarness {
       return 0;
     });
   }
+  // Handover (engine.h).
+  void park() {
+    onLoop([this] {
+      engine_->park();
+      return 0;
+    });
+  }
+  void unpark() {
+    onLoop([this] {
+      engine_->unpark();
+      return 0;
+    });
+  }
+  size_t unparked() {
+    return onLoop([this] { return engine_->unparked(); });
+  }
+  absl::StatusOr<std::vector<ParkedConnection>> exportParked() {
+    return onLoop([this] { return engine_->exportParked(); });
+  }
+  void adopt(std::vector<ParkedConnection> parked) {
+    auto held = std::make_shared<std::vector<ParkedConnection>>(std::move(parked));
+    onLoop([this, held] {
+      engine_->adopt(std::move(*held));
+      return 0;
+    });
+  }
 
   FakeRouter router;
 
