@@ -19,6 +19,8 @@
 //  - a filtered steal under two wrk loads (one its filter matches, one
 //    not): every request answered by the right side, none failed; its
 //    keep-alive connections park between requests and move;
+//  - on a filtered port, a connection that is not HTTP and one upgraded by
+//    the application (raw splices) move mid-stream and echo after it;
 //  - refusals: a new agent for another target, and an agent holding what
 //    cannot move in time (a filtered request answered after the wait):
 //    one line on each side, the old agent serves, the request is answered.
@@ -285,6 +287,60 @@ TEST_P(HandoverTest, FilteredStealUnderLoadLosesNoRequestAndRoutesEachRight) {
   s->signal(SIGINT);
   EXPECT_EQ(s->finish(), 0) << s->err;
   EXPECT_TRUE(originalWithin(std::chrono::seconds(5), kLoadPort));
+  ::kill(current().child().pid(), SIGTERM);
+  EXPECT_EQ(current().child().waitUntil(Clock::now() + std::chrono::seconds(10)), 0);
+  EXPECT_EQ(leftovers(), "");
+}
+
+// A filtered port's connections the engine does not parse: one that is not
+// HTTP, and one upgraded (101) by the application. Both are raw splices to
+// the application and move mid-stream: each echoes after the handover on
+// the same connection, and the application never saw a new one.
+TEST_P(HandoverTest, RawAndUpgradedConnectionsOfAFilteredPortMoveMidStream) {
+  LocalServer local(httpKeepAlive("stolen\n"));
+  LocalServer app(
+      [](int fd) {
+        std::string first(4096, '\0');
+        const ssize_t n = ::read(fd, first.data(), first.size());
+        if (n <= 0) return;
+        first.resize(static_cast<size_t>(n));
+        if (first.rfind("GET /ws ", 0) == 0) {
+          const std::string ok =
+              "HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n";
+          if (!writeAll(fd, ok.data(), ok.size())) return;
+        } else if (!writeAll(fd, first.data(), first.size())) {
+          return;
+        }
+        echoServe(fd);
+      },
+      pod_->name(), kLoadPort);
+  Proc* s = steal({"--port", std::to_string(kLoadPort), "--filter-header", "x-siphon: ^me$",
+                   "--to", local.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 8080"));
+  Fd raw(connectFrom(client_->name(), podAddress(), kLoadPort));
+  ASSERT_GE(raw.get(), 0);
+  const std::string tls_like("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 11);
+  EXPECT_EQ(echoOnce(raw.get(), tls_like), tls_like);
+  Fd up(connectFrom(client_->name(), podAddress(), kLoadPort));
+  ASSERT_GE(up.get(), 0);
+  const std::string upgrade =
+      "GET /ws HTTP/1.1\r\nHost: t\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n";
+  ASSERT_TRUE(writeAll(up.get(), upgrade.data(), upgrade.size()));
+  std::string head;
+  char c;
+  while (head.find("\r\n\r\n") == std::string::npos && ::read(up.get(), &c, 1) == 1) head += c;
+  ASSERT_THAT(head, HasSubstr("101"));
+  EXPECT_EQ(echoOnce(up.get(), "ws-before"), "ws-before");
+
+  ASSERT_TRUE(handOver());
+  EXPECT_EQ(echoOnce(raw.get(), "raw-after"), "raw-after");
+  EXPECT_EQ(echoOnce(up.get(), "ws-after"), "ws-after");
+  EXPECT_EQ(app.accepted(), 2);
+  EXPECT_THAT(current().log(), HasSubstr("passthroughs=2"));
+  raw.reset();
+  up.reset();
+  s->signal(SIGINT);
+  EXPECT_EQ(s->finish(), 0) << s->err;
   ::kill(current().child().pid(), SIGTERM);
   EXPECT_EQ(current().child().waitUntil(Clock::now() + std::chrono::seconds(10)), 0);
   EXPECT_EQ(leftovers(), "");

@@ -618,6 +618,40 @@ TEST_F(Http2EngineTest, DrainSendsGoawayAndFinishesStreamsUnderWay) {
   EXPECT_TRUE(eventually([this] { return state_->connections.empty(); }));
 }
 
+// A handover parks the engine's connections: HTTP/2 ones do not move, so
+// parking one is a drain: GOAWAY, its stream under way answered, then it
+// closes (its client reconnects, to whichever agent accepts). It never
+// counts as parked, so the handover waits for it to be gone.
+TEST_F(Http2EngineTest, ParkingSendsGoawayFinishesTheStreamAndCloses) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  router_.session = [released](int fd, RequestHead head) {
+    released.wait();
+    echoSession(fd, head);
+  };
+  start();
+  H2Client client(port_);
+  const int32_t id = client.submit(get("/slow", true));
+  ASSERT_TRUE(client.runUntil([this] { return !router_.connectionRequests().empty(); }));
+  onLoop([this] {
+    state_->parking = true;
+    for (LiveConnection* c : state_->connections) c->park();
+  });
+  ASSERT_TRUE(client.runUntil([&] { return client.goawayReceived(); })) << client.error();
+  EXPECT_EQ(onLoop([this] {
+              size_t parked = 0;
+              for (LiveConnection* c : state_->connections) parked += c->parked() ? 1 : 0;
+              return parked;
+            }),
+            0u);
+  release.set_value();
+  ASSERT_TRUE(client.run()) << client.error();
+  EXPECT_EQ(client.response(id).status, 200);
+  EXPECT_EQ(client.response(id).error_code, 0u);
+  EXPECT_TRUE(client.waitEof(std::chrono::seconds(1)));
+  EXPECT_TRUE(eventually([this] { return state_->connections.empty(); }));
+}
+
 TEST_F(Http2EngineTest, ApplicationGoawayOpensANewConnection) {
   start();
   // The first app connection answers one stream then sends GOAWAY.
