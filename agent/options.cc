@@ -52,6 +52,7 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
   std::string first_client_timeout = "30s", idle_timeout = "0s", session_grace = "60s";
   std::string drain_timeout = "25s";
   std::string handover_timeout = "30s";
+  std::string handover_wait = "3s";
   std::string target_restart_timeout = "30s";
   std::string handshake_timeout = "10s";
   std::string keepalive_interval = "5s", keepalive_timeout = "20s";
@@ -95,6 +96,11 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
                  "of the pod)");
   app.add_option("--handover-timeout", handover_timeout,
                  "how long each agent of a handover waits for the other's next step")
+      ->capture_default_str();
+  app.add_option("--handover-wait", handover_wait,
+                 "how long an agent being handed over lets what is under way end (an HTTP "
+                 "request of a filtered steal, a connect) before it refuses the handover and "
+                 "goes on")
       ->capture_default_str();
   app.add_option("--drain-timeout", drain_timeout,
                  "on SIGTERM: how long connections in flight may go on (new ones reach the "
@@ -289,6 +295,7 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
                              std::pair{&session_grace, &config.limits.session_grace},
                              std::pair{&drain_timeout, &config.drain_timeout},
                              std::pair{&handover_timeout, &config.handover_timeout},
+                             std::pair{&handover_wait, &config.handover_freeze_wait},
                              std::pair{&target_restart_timeout, &config.target_restart_timeout},
                              std::pair{&handshake_timeout, &config.handshake_timeout},
                              std::pair{&keepalive_interval, &config.limits.keepalive_interval},
@@ -301,6 +308,9 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
   }
   if (config.handover_timeout.count() <= 0) {
     return usage(err, absl::StrCat("--handover-timeout ", handover_timeout, ": must be positive"));
+  }
+  if (config.handover_freeze_wait.count() <= 0) {
+    return usage(err, absl::StrCat("--handover-wait ", handover_wait, ": must be positive"));
   }
   if (config.handshake_timeout.count() <= 0) {
     return usage(err,

@@ -1,11 +1,16 @@
 #include "agent/capture/capture_service.h"
 
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <sys/socket.h>
+
 #include <exception>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/capture/adopted_ring.h"
 #include "agent/capture/capture_spec.h"
 #include "agent/common/log.h"
 #include "agent/netns/netns_worker.h"
@@ -179,13 +184,87 @@ class CaptureService : public StreamService {
     streams_.clear();
   }
 
+  // Captures move (CaptureStream, "handover"); one opening or finishing
+  // is waited for.
   std::string handoverBlocker() const override {
-    size_t live = 0;
     for (const auto& w : streams_) {
-      if (auto s = w.lock(); s && !s->dead()) ++live;
+      auto s = w.lock();
+      if (!s) continue;
+      if (std::string why = s->handoverBlocker(); !why.empty()) return why;
     }
-    if (live == 0) return "";
-    return absl::StrCat(live, " packet captures (captures do not move to a new agent yet)");
+    return "";
+  }
+
+  // The old agent's captures: each packet socket adopted with its ring
+  // (adopted_ring.h: libpcap cannot take an open one), its stream as it
+  // stood; reading starts in startAfterHandover().
+  absl::Status importState(
+      const v1::AgentState& in, std::vector<UniqueFd>& fds,
+      const std::map<std::string, std::shared_ptr<SessionHost>>& sessions) override {
+    for (const v1::SessionExport& e : in.sessions()) {
+      for (const v1::PumpExport& p : e.pumps()) {
+        if (p.service() != "capture") continue;
+        RETURN_IF_ERROR(importOne(e.id(), p, fds, sessions));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  void startAfterHandover() override {
+    for (auto& s : imported_) s->resume();
+    imported_.clear();
+  }
+
+  // `status` with `what` in front, its error code kept.
+  static absl::Status withWhat(const std::string& what, const absl::Status& status) {
+    return protoError(errorCodeOf(status), absl::StrCat(what, ": ", status.message()));
+  }
+
+  absl::Status importOne(const std::string& session_id, const v1::PumpExport& p,
+                         std::vector<UniqueFd>& fds,
+                         const std::map<std::string, std::shared_ptr<SessionHost>>& sessions) {
+    const v1::CaptureStreamExport& c = p.capture();
+    const std::string what = absl::StrCat("capture stream ", p.stream_id());
+    auto host = sessions.find(session_id);
+    if (host == sessions.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": its session did not come"));
+    }
+    if (c.socket() < 0 || static_cast<size_t>(c.socket()) >= fds.size() ||
+        !fds[static_cast<size_t>(c.socket())]) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": its packet socket is missing"));
+    }
+    if (!host->second->session().streamOpen(p.stream_id())) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": not open in its session"));
+    }
+    AdoptedRing ring;
+    ring.socket = std::move(fds[static_cast<size_t>(c.socket())]);
+    // packet_diag answers for the netns of the asking socket: the target's.
+    auto diag = ctx_.netns.socketSync(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (!diag.ok()) return diag.status();
+    auto geometry = ringGeometry(diag->get(), ring.socket.get());
+    if (!geometry.ok()) return withWhat(what, geometry.status());
+    ring.geometry = *geometry;
+    ring.link_type = c.link_type();
+    ring.snaplen = c.snaplen();
+    ring.data_link = c.data_link();
+    ring.kernel_drops = c.kernel_drops();
+    auto source = adoptRing(std::move(ring));
+    if (!source.ok()) return withWhat(what, source.status());
+    CaptureStream::Options so = options_.stream;
+    so.session_id = session_id;
+    so.interface = c.interface();
+    so.filter = c.filter();
+    so.finish_delay = std::chrono::milliseconds(c.finish_delay_ms());
+    ++*active_;
+    so.on_end = [active = active_] { --*active; };
+    auto stream = std::make_shared<CaptureStream>(ctx_.io.get_executor(), p.stream_id(),
+                                                  host->second, std::move(so));
+    stream->restoreFrom(c);
+    RETURN_IF_ERROR(stream->adopt(*std::move(source)));
+    host->second->registerStream(p.stream_id(), stream);
+    streams_.push_back(stream);
+    imported_.push_back(std::move(stream));
+    return absl::OkStatus();
   }
 
   ServiceContext& ctx_;
@@ -193,6 +272,8 @@ class CaptureService : public StreamService {
   std::shared_ptr<FilterCompiler> compiler_;  // shared with the opens under way
   bool draining_ = false;
   std::vector<std::weak_ptr<CaptureStream>> streams_;  // the open ones (dead ones pruned)
+  // Adopted in a handover, until the agent serves.
+  std::vector<std::shared_ptr<CaptureStream>> imported_;
   // Captures running now; shared with their on_end, which may outlive us.
   std::shared_ptr<size_t> active_;
 };

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -91,7 +92,7 @@ void CaptureStream::trySendHeader() {
 }
 
 void CaptureStream::armWait() {
-  if (waiting_ || turn_posted_ || dead_ || !header_sent_) return;
+  if (waiting_ || turn_posted_ || dead_ || frozen_ || !header_sent_) return;
   waiting_ = true;
   // async_wait re-arms the descriptor in epoll (EPOLL_CTL_MOD), which
   // reports a descriptor that is readable already: a wait started after a
@@ -109,7 +110,7 @@ void CaptureStream::armWait() {
 }
 
 void CaptureStream::readTurn() {
-  if (dead_ || !source_) return;
+  if (dead_ || frozen_ || !source_) return;
   auto self = shared_from_this();
   protocol::Session* s = host_.session();
   if (s == nullptr) {
@@ -280,6 +281,121 @@ void CaptureStream::onWritable() {
 }
 
 void CaptureStream::close() { stop("session ended"); }
+
+// ---- handover ----
+
+void CaptureStream::freeze() {
+  if (dead_ || frozen_) return;
+  frozen_ = true;
+  net::error_code ignored;
+  wait_fd_.cancel(ignored);
+  if (!started_ || !header_sent_ || !source_) return;
+  protocol::Session* s = host_.session();
+  if (s == nullptr) return;
+  // No count limit: libpcap (and the adopted reader) then stop only where
+  // no block is left to read, never inside one, so the next agent starts
+  // at the next block the kernel hands over and reads nothing twice.
+  turn_session_ = s;
+  absl::StatusOr<int> n = source_->read(std::numeric_limits<int>::max(), *this);
+  turn_session_ = nullptr;
+  if (!n.ok()) {
+    fail(n.status());
+    return;
+  }
+  pollKernelDrops(*s, /*force=*/true);
+  host_.wake();
+}
+
+void CaptureStream::thaw() {
+  if (!frozen_) return;
+  frozen_ = false;
+  if (dead_ || !started_) return;
+  if (!header_sent_) {
+    trySendHeader();
+    return;
+  }
+  armWait();
+}
+
+std::string CaptureStream::handoverBlocker() const {
+  if (dead_) return "";
+  if (!started_) return "a packet capture opening";
+  if (client_done_) return "a packet capture finishing";
+  return "";
+}
+
+absl::Status CaptureStream::exportState(v1::PumpExport* out, std::vector<UniqueFd>* fds) {
+  if (!started_ || !source_ || client_done_) {
+    return absl::FailedPreconditionError("a packet capture opening or finishing");
+  }
+  const int fd = ::fcntl(source_->selectableFd(), F_DUPFD_CLOEXEC, 3);
+  if (fd < 0) return lastErrnoStatus("handover: dup a capture's packet socket");
+  out->set_stream_id(id_);
+  out->set_fd(-1);
+  out->set_service("capture");
+  v1::CaptureStreamExport& c = *out->mutable_capture();
+  c.set_socket(static_cast<int32_t>(fds->size()));
+  fds->emplace_back(fd);
+  c.set_interface(options_.interface);
+  c.set_filter(options_.filter);
+  c.set_link_type(source_->linkType());
+  c.set_snaplen(source_->snaplen());
+  c.set_data_link(source_->dataLink());
+  const GapLedger::State ledger = ledger_.state();
+  // Drops since the freeze are counted from here by the next agent.
+  absl::StatusOr<uint32_t> drops = source_->kernelDrops();
+  c.set_kernel_drops(drops.ok() ? *drops : ledger.kernel_seen);
+  c.set_header_sent(header_sent_);
+  c.set_packets(packets_);
+  c.set_bytes(bytes_);
+  c.set_finish_delay_ms(static_cast<uint32_t>(options_.finish_delay.count()));
+  c.set_pending_packets(ledger.pending_packets);
+  c.set_pending_bytes(ledger.pending_bytes);
+  c.set_pending_kernel(ledger.pending_kernel);
+  c.set_kernel_seen(ledger.kernel_seen);
+  c.set_slow_client_packets(ledger.totals.slow_client_packets);
+  c.set_slow_client_bytes(ledger.totals.slow_client_bytes);
+  c.set_kernel_packets(ledger.totals.kernel_packets);
+  c.set_smallest_dropped(smallest_dropped_);
+  return absl::OkStatus();
+}
+
+void CaptureStream::restoreFrom(const v1::CaptureStreamExport& in) {
+  header_sent_ = in.header_sent();
+  packets_ = in.packets();
+  bytes_ = in.bytes();
+  smallest_dropped_ = static_cast<size_t>(in.smallest_dropped());
+  GapLedger::State ledger;
+  ledger.pending_packets = in.pending_packets();
+  ledger.pending_bytes = in.pending_bytes();
+  ledger.pending_kernel = in.pending_kernel();
+  ledger.kernel_seen = in.kernel_seen();
+  ledger.totals.slow_client_packets = in.slow_client_packets();
+  ledger.totals.slow_client_bytes = in.slow_client_bytes();
+  ledger.totals.kernel_packets = in.kernel_packets();
+  ledger_.restore(ledger);
+}
+
+absl::Status CaptureStream::adopt(std::unique_ptr<PacketSource> source) {
+  const int fd = ::fcntl(source->selectableFd(), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return lastErrnoStatus("capture: dup");
+  net::error_code ec;
+  wait_fd_.assign(fd, ec);
+  if (ec) {
+    ::close(fd);
+    return protoError(v1::INTERNAL, absl::StrCat("capture: ", ec.message()));
+  }
+  source_ = std::move(source);
+  started_ = true;
+  frozen_ = true;  // until resume()
+  header_ = globalHeader(source_->linkType(), source_->snaplen());
+  log::info("capture_adopted", {{"session", options_.session_id},
+                                {"stream", id_},
+                                {"interface", options_.interface},
+                                {"packets", packets_},
+                                {"header_sent", header_sent_}});
+  return absl::OkStatus();
+}
 
 void CaptureStream::reset(v1::Error error) {
   if (dead_) return;

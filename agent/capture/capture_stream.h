@@ -28,6 +28,14 @@
 //    words.
 // Every end closes the source (the packet socket and its ring) at once.
 //
+// Handover (docs/CONTINUITY.md section 8): freeze() reads what the kernel's
+// ring holds, whole blocks (so no block is left half read), counts the
+// kernel's drops, and then reads nothing until thaw(); exportState() gives
+// a copy of the packet socket (its ring and its filter go with it) and
+// where the pcap stream stands. On the new agent: construct, restoreFrom(),
+// adopt() the source reading the same ring (adopted_ring.h), resume() once
+// it serves: the next record is the packet after the last one sent.
+//
 // Call order: construct; the service registers it with the session, then
 // calls start(source) once it accepted the stream, or reset(error) when
 // the source could not be opened. close(), onReset() and onHalfClose() may
@@ -41,12 +49,14 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "agent/capture/gap_ledger.h"
 #include "agent/capture/packet_source.h"
 #include "agent/services/service.h"
 #include "siphon/protocol/session.h"
 #include "siphon/transport/asio.h"
+#include "siphon/v1/handover.pb.h"
 
 namespace siphon::agent::capture {
 
@@ -91,7 +101,17 @@ class CaptureStream : public StreamEndpoint,
   uint64_t streamId() const { return id_; }
   Stats stats() const { return {packets_, bytes_, ledger_.totals()}; }
 
+  // Handover (see above). "" when it can move; else why not (yet).
+  std::string handoverBlocker() const;
+  void restoreFrom(const v1::CaptureStreamExport& in);
+  // The source of an adopted capture (started, frozen until resume()).
+  absl::Status adopt(std::unique_ptr<PacketSource> source);
+  void resume() { thaw(); }
+
   // StreamEndpoint
+  void freeze() override;
+  void thaw() override;
+  absl::Status exportState(v1::PumpExport* out, std::vector<UniqueFd>* fds) override;
   void onData(std::string_view payload) override;  // ignored (consumed)
   void onHalfClose() override;
   void onReset(const v1::Error& error) override;
@@ -135,6 +155,7 @@ class CaptureStream : public StreamEndpoint,
   bool waiting_ = false;
   bool turn_posted_ = false;
   bool client_done_ = false;
+  bool frozen_ = false;  // a handover: nothing is read
   bool dead_ = false;
 };
 

@@ -38,6 +38,25 @@ class GapLedger {
   std::vector<v1::StreamGap> take(uint64_t stream_id);
   const Totals& totals() const { return totals_; }
 
+  // Everything it holds (a handover moves it to another agent process).
+  struct State {
+    uint64_t pending_packets = 0;
+    uint64_t pending_bytes = 0;
+    uint64_t pending_kernel = 0;
+    uint32_t kernel_seen = 0;
+    Totals totals;
+  };
+  State state() const {
+    return {pending_packets_, pending_bytes_, pending_kernel_, kernel_seen_, totals_};
+  }
+  void restore(const State& s) {
+    pending_packets_ = s.pending_packets;
+    pending_bytes_ = s.pending_bytes;
+    pending_kernel_ = s.pending_kernel;
+    kernel_seen_ = s.kernel_seen;
+    totals_ = s.totals;
+  }
+
  private:
   uint64_t pending_packets_ = 0;
   uint64_t pending_bytes_ = 0;

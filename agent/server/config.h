@@ -48,7 +48,8 @@ struct AgentConfig {
   // by taking over the agent listening there, instead of binding --listen.
   // --handover-timeout: how long each side waits for the other's next step
   // (the new agent's import: its steering, every session); the freeze wait
-  // is how long answers and connects under way may take to end.
+  // (--handover-wait) is how long answers, connects and HTTP requests
+  // under way may take to end, before the freeze and again after it.
   std::string handover_socket;
   std::string take_over;
   std::chrono::milliseconds handover_timeout{30000};

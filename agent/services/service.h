@@ -183,6 +183,19 @@ class StreamService {
   // Handover: why this service's streams cannot move now ("" when they
   // can; RequestService::handoverBlocker).
   virtual std::string handoverBlocker() const { return ""; }
+  // Handover, on the new agent (RequestService's calls of the same names):
+  // the endpoints of streams the old agent's sessions exported with this
+  // service's name (PumpExport::service), registered with their sessions
+  // before the agent serves; started once the old agent let go.
+  virtual absl::Status importState(
+      const v1::AgentState& in, std::vector<UniqueFd>& fds,
+      const std::map<std::string, std::shared_ptr<SessionHost>>& sessions) {
+    (void)in;
+    (void)fds;
+    (void)sessions;
+    return absl::OkStatus();
+  }
+  virtual void startAfterHandover() {}
 };
 
 class ServiceRegistry {

@@ -121,6 +121,7 @@ absl::Status ServiceRegistry::importState(
     const v1::AgentState& in, std::vector<UniqueFd>& fds,
     const std::map<std::string, std::shared_ptr<SessionHost>>& sessions) {
   for (auto& s : unique_requests_) RETURN_IF_ERROR(s->importState(in, fds, sessions));
+  for (auto& [kind, s] : streams_) RETURN_IF_ERROR(s->importState(in, fds, sessions));
   return absl::OkStatus();
 }
 
@@ -130,6 +131,7 @@ void ServiceRegistry::handedOver() {
 
 void ServiceRegistry::startAfterHandover() {
   for (auto& s : unique_requests_) s->startAfterHandover();
+  for (auto& [kind, s] : streams_) s->startAfterHandover();
 }
 
 }  // namespace siphon::agent

@@ -155,7 +155,9 @@ net::awaitable<int> runCapture(const CommandEnv& env, const CaptureFlags& flags)
 
   // A reader of stdout that goes away (`| head`) ends the capture; it is
   // not a signal to die of (LongRunning::start ignores SIGPIPE).
-  LongRunning run(env, "capture");
+  // Its stderr is for status lines: the session's (resumed, handed over) go
+  // there too.
+  LongRunning run(env, "capture", LongRunning::toStderr());
   bool stopping = false;  // finished: what comes now is the rest
   int aborted_by = 0;     // a second signal: stopped by us
   auto stop = [&] {

@@ -12,8 +12,11 @@
 //  - the new agent killed (SIGKILL) after it imported everything and before
 //    it confirmed: the old agent goes on serving the same connections and
 //    new ones, and nothing of the new one is left (links, chains);
-//  - ten handovers in a row with a connection held across all of them:
-//    it echoes after each, and descriptors, links and chains stay level;
+//  - ten handovers in a row with a connection held across all of them, a
+//    mirror and a packet capture: it echoes after each, descriptors, links
+//    and chains stay level, the capture has each request once;
+//  - a packet capture (`siphon capture`) of datagrams streaming through
+//    the handover: every one in the file once, in order;
 //  - a mirror of a connection streaming through the handover, replayed by
 //    `siphon mirror --to`: the replay is byte-exact, no gap;
 //  - a filtered steal under two wrk loads (one its filter matches, one
@@ -476,6 +479,17 @@ TEST_P(HandoverTest, TenHandoversInARowLeakNothing) {
     return err.find("mirror: port 81") != std::string::npos ||
            err.find("siphon:") != std::string::npos;
   })) << m->err;
+  // And a packet capture of port 81's traffic (its packet socket and ring).
+  const std::string pcap = dir_->path() + "/ten.pcap";
+  steals_.push_back(std::make_unique<Proc>(
+      std::vector<std::string>{SIPHON_CLI_BIN, "--agent", endpoint_, "--token-file", token_file_,
+                               "capture", "-i", "any", "-w", pcap, "tcp", "port", "81"},
+      cleanEnv()));
+  Proc* cap = steals_.back().get();
+  ASSERT_TRUE(cap->readUntil([](const std::string&, const std::string& err) {
+    return err.find("capturing on") != std::string::npos ||
+           err.find("siphon:") != std::string::npos;
+  })) << cap->err;
   const size_t links = podLinks();
   const size_t chains = podChains();
   std::vector<size_t> fds;
@@ -534,6 +548,95 @@ TEST_P(HandoverTest, TenHandoversInARowLeakNothing) {
     return n >= 10;
   })) << m->out << m->err;
   EXPECT_THAT(m->err, Not(HasSubstr("missing"))) << m->err;
+  // The capture went through all ten: each request to port 81 is in its
+  // file once, and it ends cleanly.
+  cap->signal(SIGINT);
+  EXPECT_EQ(cap->finish(), 0) << cap->err;
+  EXPECT_THAT(cap->err, Not(HasSubstr("siphon: capture"))) << cap->err;
+  const std::string captured = readFile(pcap);
+  size_t gets = 0;
+  for (size_t at = captured.find("GET / "); at != std::string::npos;
+       at = captured.find("GET / ", at + 1)) {
+    ++gets;
+  }
+  EXPECT_EQ(gets, 10u) << "requests to port 81 in the capture";
+}
+
+// Sequence numbers of the datagrams a pcap file holds: each record's
+// "SIPHONSEQ" marker and the eight digits after it, in file order.
+std::vector<int> handoverSequencesIn(const std::string& pcap) {
+  std::vector<int> out;
+  size_t at = 24;  // the global header
+  while (at + 16 <= pcap.size()) {
+    uint32_t caplen = 0;
+    std::memcpy(&caplen, pcap.data() + at + 8, 4);
+    const std::string_view data(pcap.data() + at + 16,
+                                std::min<size_t>(caplen, pcap.size() - at - 16));
+    at += 16 + caplen;
+    const size_t m = data.find("SIPHONSEQ");
+    if (m == std::string_view::npos || m + 17 > data.size()) continue;
+    out.push_back(std::stoi(std::string(data.substr(m + 9, 8))));
+  }
+  return out;
+}
+
+// `siphon capture` on the pod's interfaces while datagrams stream into the
+// pod (one a millisecond) from before the handover to after it: the file
+// holds every one of them once, in order; the packet socket and its ring
+// moved (the new agent reads on from the next block), and the CLI says
+// once that its agent was handed over.
+TEST_P(HandoverTest, APacketCaptureAcrossAHandoverMissesAndRepeatsNothing) {
+  constexpr uint16_t kPort = 9777;
+  constexpr int kDatagrams = 3000;
+  const std::string file = dir_->path() + "/handover.pcap";
+  steals_.push_back(std::make_unique<Proc>(
+      std::vector<std::string>{SIPHON_CLI_BIN, "--agent", endpoint_, "--token-file", token_file_,
+                               "capture", "-i", "any", "-w", file, "udp", "port",
+                               std::to_string(kPort)},
+      cleanEnv()));
+  Proc* c = steals_.back().get();
+  ASSERT_TRUE(c->readUntil([](const std::string&, const std::string& err) {
+    return err.find("capturing on") != std::string::npos ||
+           err.find("siphon:") != std::string::npos;
+  })) << c->err;
+  ASSERT_THAT(c->err, HasSubstr("capturing on"));
+
+  Fd udp(socketInNetns(client_->name(), podAddress().family, SOCK_DGRAM));
+  ASSERT_GE(udp.get(), 0);
+  socklen_t len = 0;
+  const sockaddr_storage to = sockaddrOf(podAddress(), kPort, &len);
+  std::atomic<int> sent{0};
+  auto sender = std::async(std::launch::async, [&] {
+    for (int i = 0; i < kDatagrams; ++i) {
+      char payload[64];
+      const int n = std::snprintf(payload, sizeof payload, "SIPHONSEQ%08d", i);
+      if (::sendto(udp.get(), payload, static_cast<size_t>(n), 0,
+                   reinterpret_cast<const sockaddr*>(&to), len) != n) {
+        return false;
+      }
+      ++sent;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
+  });
+  while (sent < kDatagrams / 4) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  const bool handed = handOver();
+  const int at_handover = sent;
+  ASSERT_TRUE(sender.get());
+  ASSERT_TRUE(handed);
+  EXPECT_LT(at_handover, kDatagrams) << "the handover ran after the datagrams ended";
+  // The last ring block reaches the agent after its timeout; then stop.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  c->signal(SIGINT);
+  EXPECT_EQ(c->finish(), 0) << c->err;
+  const std::vector<int> seen = handoverSequencesIn(readFile(file));
+  std::vector<int> want(kDatagrams);
+  for (int i = 0; i < kDatagrams; ++i) want[static_cast<size_t>(i)] = i;
+  EXPECT_EQ(seen.size(), want.size()) << c->err;
+  EXPECT_TRUE(seen == want) << "the capture is not every datagram once, in order";
+  EXPECT_THAT(c->err, HasSubstr("handed over to a new agent process"));
+  EXPECT_THAT(c->err, Not(HasSubstr("siphon: capture"))) << c->err;  // no gap line
+  EXPECT_THAT(current().log(), HasSubstr("capture_adopted"));
 }
 
 // A connection to a mirrored port of the pod streams 48 MiB at about
