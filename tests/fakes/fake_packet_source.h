@@ -31,6 +31,10 @@ struct FakePacketSourceState {
   std::atomic<int> reads{0};
   std::string filter;  // what setFilter() installed (under mu)
   int event_fd = -1;
+  // Packets handed out so far by any source of this state (the next one's
+  // serial): a source adopting the state, as a handover's adopts a ring,
+  // goes on with the stamps.
+  uint64_t handed = 0;
 
   FakePacketSourceState() : event_fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {}
   ~FakePacketSourceState() { ::close(event_fd); }
@@ -98,7 +102,7 @@ class FakePacketSource : public agent::capture::PacketSource {
         state_->packets.pop_front();
       }
     }
-    for (const std::string& p : batch) sink.onPacket(packetFor(serial_++, p));
+    for (const std::string& p : batch) sink.onPacket(packetFor(state_->handed++, p));
     return static_cast<int>(batch.size());
   }
 
@@ -121,7 +125,6 @@ class FakePacketSource : public agent::capture::PacketSource {
  private:
   std::shared_ptr<FakePacketSourceState> state_;
   uint32_t snaplen_;
-  uint64_t serial_ = 0;
 };
 
 }  // namespace siphon::fakes

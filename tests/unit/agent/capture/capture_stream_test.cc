@@ -511,5 +511,89 @@ TEST_F(CaptureStreamTest, ResetBeforeStartCarriesTheError) {
   EXPECT_EQ(ended_, 1);
 }
 
+// A handover: the freeze reads what waits (with no count limit: the ring
+// ends on a block boundary), then nothing; the export carries where the
+// stream stands; a stream restored from it on the same ring (the fake's
+// state stands for the kernel's ring) goes on with the next packet, none
+// twice, none missed, its counters and pending gaps kept.
+TEST_F(CaptureStreamTest, AFrozenCaptureMovesToARestoredStreamThatGoesOnWithTheNextPacket) {
+  build();
+  CaptureStream::Options o = quick();
+  o.packets_per_read = 2;  // a freeze must not stop at a turn's budget
+  o.reads_per_turn = 1;
+  auto old_stream = startCapture(o);
+  for (int i = 0; i < 5; ++i) source_->push(payload(i, 100));
+  settle();
+  ASSERT_EQ(client_->data().size(), 6u);
+  for (int i = 5; i < 12; ++i) source_->push(payload(i, 100));
+  old_stream->freeze();  // reads all seven now
+  for (int i = 12; i < 14; ++i) source_->push(payload(i, 100));
+  settle();
+  EXPECT_EQ(client_->data().size(), 13u);  // the header and 12: not the two after the freeze
+
+  v1::PumpExport exported;
+  std::vector<UniqueFd> fds;
+  ASSERT_TRUE(old_stream->exportState(&exported, &fds).ok());
+  EXPECT_EQ(exported.service(), "capture");
+  EXPECT_EQ(exported.stream_id(), id_);
+  ASSERT_EQ(fds.size(), 1u);
+  EXPECT_EQ(exported.capture().socket(), 0);
+  EXPECT_EQ(exported.capture().packets(), 12u);
+  EXPECT_TRUE(exported.capture().header_sent());
+  EXPECT_EQ(exported.capture().link_type(), FakePacketSource::kLinkType);
+
+  auto restored = std::make_shared<CaptureStream>(io_.get_executor(), id_, agent_, quick());
+  restored->restoreFrom(exported.capture());
+  ASSERT_TRUE(restored->adopt(std::make_unique<FakePacketSource>(source_)).ok());
+  agent_->stream = restored;
+  settle();
+  EXPECT_EQ(client_->data().size(), 13u);  // frozen until resume()
+  restored->resume();
+  for (int i = 14; i < 16; ++i) source_->push(payload(i, 100));
+  settle();
+  auto data = client_->data();
+  ASSERT_EQ(data.size(), 17u);  // no second header
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(data[i + 1], recordOf(i, payload(i, 100))) << i;
+  EXPECT_EQ(restored->stats().packets, 16u);
+  EXPECT_TRUE(client_->gaps().empty());
+}
+
+TEST_F(CaptureStreamTest, AThawedCaptureGoesOnWhereItStopped) {
+  build();
+  auto stream = startCapture();
+  source_->push(payload(0, 50));
+  settle();
+  stream->freeze();
+  source_->push(payload(1, 50));
+  settle();
+  EXPECT_EQ(client_->data().size(), 2u);
+  stream->thaw();
+  source_->push(payload(2, 50));
+  settle();
+  auto data = client_->data();
+  ASSERT_EQ(data.size(), 4u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(data[i + 1], recordOf(i, payload(i, 50))) << i;
+}
+
+// Opening (the source not there yet) or finishing (the client half-closed)
+// is transient: the handover waits for it, and the export refuses it.
+TEST_F(CaptureStreamTest, OpeningAndFinishingCapturesHoldTheHandoverBack) {
+  build();
+  auto opening = open();
+  EXPECT_THAT(opening->handoverBlocker(), HasSubstr("opening"));
+  v1::PumpExport exported;
+  std::vector<UniqueFd> fds;
+  EXPECT_FALSE(opening->exportState(&exported, &fds).ok());
+  opening->close();
+  agent_->stream.reset();
+
+  CaptureStream::Options slow = quick();
+  slow.finish_delay = std::chrono::seconds(30);
+  auto finishing = startCapture(slow);
+  EXPECT_EQ(finishing->handoverBlocker(), "");
+  finishing->onHalfClose();
+  EXPECT_THAT(finishing->handoverBlocker(), HasSubstr("finishing"));
+}
+
 }  // namespace
 }  // namespace siphon::agent::capture
