@@ -57,6 +57,7 @@ class PendingConnection final : public LiveConnection,
 
   void drain() override {
     drain_ = true;
+    unparked_.notify();  // a parked one passes through now
     if (detecting_) {
       net::error_code ignored;
       client_.cancel(ignored);

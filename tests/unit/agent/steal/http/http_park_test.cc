@@ -141,6 +141,32 @@ TEST(HttpPark, AConnectionStillDetectingParksWithItsBytesAndIsDetectedAnew) {
   ::close(c);
 }
 
+// SIGTERM during a handover's preparation: parked connections do not
+// wait for an unpark that will not come. An idle HTTP/1 one closes, a
+// detecting one passes through with its bytes.
+TEST(HttpPark, ADrainWhileParkedLetsEveryConnectionEnd) {
+  AppServer app(parkApp());
+  EngineHarness h(app.port());
+  const int idle = h.connect();
+  Peer idle_client(idle);
+  ASSERT_TRUE(idle_client.send("GET /1 HTTP/1.1\r\nHost: t\r\n\r\n"));
+  ASSERT_TRUE(idle_client.readResponse());
+  const int detecting = h.connect();
+  ASSERT_TRUE(sendAll(detecting, "GE"));
+  ASSERT_TRUE(eventually([&] { return h.connections() == 2; }));
+  parkAll(h);
+  h.drain();
+  EXPECT_EQ(readToEof(idle), "");
+  ASSERT_TRUE(sendAll(detecting, "T /x HTTP/1.1\r\nHost: t\r\n\r\n"));
+  Peer detecting_client(detecting);
+  auto res = detecting_client.readResponse();
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->body(), "app /x");
+  ::close(idle);
+  ::close(detecting);
+  EXPECT_TRUE(eventually([&] { return h.connections() == 0; }));
+}
+
 TEST(HttpPark, ExportRefusesWhileAConnectionIsNotParked) {
   AppServer app(parkApp());
   EngineHarness h(app.port());
