@@ -59,6 +59,8 @@ class SessionStolenStream final : public http::StolenStream,
   void release() override;
   void abort() override;
   bool isOpen() const override { return !over_ && !released_; }
+  // Reset, both ways ended, or its session gone: no longer registered.
+  bool over() const { return over_; }
 
   // StreamEndpoint
   void onData(std::string_view payload) override;

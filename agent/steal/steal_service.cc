@@ -348,6 +348,15 @@ class StealServiceImpl final : public StealService,
                                "stream or an upgraded tunnel under way");
       }
     }
+    // A stolen request's stream the engine is done with stays with its
+    // session until the client's half-close (which follows its response at
+    // once); it does not move, so it must end before the freeze cuts the
+    // client off.
+    size_t ending = 0;
+    for (const auto& w : stolen_requests_) {
+      if (auto s = w.lock(); s && !s->over()) ++ending;
+    }
+    if (ending > 0) return absl::StrCat(ending, " stolen HTTP requests ending");
     for (const Subscription* s : table_.all()) {
       if (!s->active) return absl::StrCat("a steal of port ", s->port, " is being set up");
     }
@@ -641,6 +650,11 @@ class StealServiceImpl final : public StealService,
     // The engine reads and writes the stream itself: no socket between.
     auto stream = std::make_shared<SessionStolenStream>(std::move(ex), *id, session);
     session->registerStream(*id, stream);
+    std::erase_if(stolen_requests_, [](const auto& w) {
+      auto s = w.lock();
+      return !s || s->over();
+    });
+    stolen_requests_.push_back(stream);
     // Early data (protocol 1.2): the request goes with the StreamOpen, not
     // a round trip later.
     if (session->session().sendsEarly()) stream->start();
@@ -1207,6 +1221,8 @@ class StealServiceImpl final : public StealService,
   bool frozen_ = false;
   uint64_t accept_generation_ = 0;
   std::vector<std::shared_ptr<UniqueFd>> imported_listeners_;
+  // The stolen requests' streams (a handover waits for them to end).
+  std::vector<std::weak_ptr<SessionStolenStream>> stolen_requests_;
   // The old agent's parked HTTP connections until the new agent serves.
   std::vector<http::ParkedConnection> imported_http_;
   // Created with the first filtered subscription (event loop).

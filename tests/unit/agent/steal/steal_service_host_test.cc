@@ -321,5 +321,100 @@ TEST_F(StealServiceHostTest, APassthroughMovesWithTheBytesItHeld) {
   harness.poll();
 }
 
+// A handover of a filtered steal: the preparation parks its HTTP
+// connection once the stolen request is answered, and waits for the
+// request's stream to end (the client's half-close, which follows its
+// answer); the export carries the filter and the parked connection with
+// what it had read of the next request; a new service routes that request
+// by the same filter, on the same connection, counting on from 1.
+TEST_F(StealServiceHostTest, AFilteredStealsParkedConnectionMovesWithItsFilter) {
+  FakePeer peer(*a_);
+  v1::Request subscribe = stealReq(1, 8080);
+  subscribe.mutable_steal()->mutable_http_filter()->set_path_regex("^/steal");
+  ASSERT_TRUE(call(a_, subscribe).has_subscribed());
+  kernel_->original_port = 8080;
+  UniqueFd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  to.sin_port = htons(kernel_->listener_port);
+  ASSERT_EQ(::connect(client.get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+  const std::string first = "GET /steal1 HTTP/1.1\r\nHost: t\r\n\r\n";
+  ASSERT_EQ(::send(client.get(), first.data(), first.size(), 0),
+            static_cast<ssize_t>(first.size()));
+  ASSERT_TRUE(harness_.runUntil([&] {
+    peer.pipe();
+    return !peer.opens.empty() && peer.half_closed.count(peer.opens[0].stream_id()) > 0;
+  }));
+  const uint64_t stream = peer.opens[0].stream_id();
+  EXPECT_EQ(peer.opens[0].stolen_request().path(), "/steal1");
+  const std::string answer = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+  ASSERT_TRUE(peer.session().sendData(stream, answer).ok());
+  peer.pipe();
+  ::fcntl(client.get(), F_SETFL, O_NONBLOCK);
+  std::string got;
+  ASSERT_TRUE(harness_.runUntil([&] {
+    char buf[256];
+    const ssize_t n = ::recv(client.get(), buf, sizeof buf, 0);
+    if (n > 0) got.append(buf, static_cast<size_t>(n));
+    return got.size() >= 40 && got.ends_with("ok");
+  })) << got;
+
+  service_->prepareHandover();
+  // Parked, but the answered request's stream waits for the client's
+  // half-close.
+  ASSERT_TRUE(harness_.runUntil([&] {
+    return service_->handoverBlocker().find("stolen HTTP requests ending") != std::string::npos;
+  })) << service_->handoverBlocker();
+  ASSERT_TRUE(peer.session().halfClose(stream).ok());
+  peer.pipe();
+  ASSERT_TRUE(harness_.runUntil([&] { return service_->handoverBlocker().empty(); }))
+      << service_->handoverBlocker();
+  // Half of the next request, before the freeze: read now or not, it moves.
+  ASSERT_EQ(::send(client.get(), "GET /steal2 HTTP/1.1\r\n", 22, 0), 22);
+  harness_.poll();
+  service_->freeze();
+  ASSERT_TRUE(harness_.runUntil([&] { return service_->handoverBlocker().empty(); }));
+  v1::AgentState state;
+  std::vector<UniqueFd> fds;
+  absl::Status exported = service_->exportState(&state, &fds);
+  ASSERT_TRUE(exported.ok()) << exported;
+  ASSERT_EQ(state.steal().subscriptions_size(), 1);
+  EXPECT_EQ(state.steal().subscriptions(0).http_filter().path_regex(), "^/steal");
+  ASSERT_EQ(state.steal().http_connections_size(), 1);
+  EXPECT_EQ(state.steal().http_connections(0).requests(), 1u);
+  EXPECT_FALSE(state.steal().http_connections(0).detecting());
+
+  ServiceHarness harness;
+  auto kernel = std::make_shared<Kernel>();
+  kernel->original_port = 8080;
+  auto service = makeStealService(
+      harness.ctx(),
+      [kernel](const Listeners& l) -> absl::StatusOr<std::unique_ptr<Steering>> {
+        kernel->listener_port = l.v4_port;
+        return std::make_unique<RecordingSteering>(kernel);
+      },
+      [](uint16_t) -> absl::StatusOr<int> { return 0; });
+  auto moved = std::make_shared<FakeSessionHost>("session-a", "alice");
+  FakePeer moved_peer(*moved);
+  absl::Status imported = service->importState(state, fds, {{"session-a", moved}});
+  ASSERT_TRUE(imported.ok()) << imported;
+  service_->agentStopping();  // the old agent is gone (it exits)
+  harness_.poll();
+  service->startAfterHandover();
+
+  ASSERT_EQ(::send(client.get(), "Host: t\r\n\r\n", 11, 0), 11);
+  ASSERT_TRUE(harness.runUntil([&] {
+    moved_peer.pipe();
+    return !moved_peer.opens.empty();
+  }));
+  const v1::StolenRequest& second = moved_peer.opens[0].stolen_request();
+  EXPECT_EQ(second.path(), "/steal2");
+  EXPECT_EQ(second.connection_request(), 2u);
+  moved->end();
+  service->agentStopping();
+  harness.poll();
+}
+
 }  // namespace
 }  // namespace siphon::agent::steal
