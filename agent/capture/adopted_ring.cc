@@ -1,6 +1,8 @@
 // ringGeometry() and adoptRing(): the TPACKET_V3 ring of a packet socket
 // libpcap set up in another process, read here the way libpcap 1.10 reads
 // it (pcap-linux.c, pcap_read_linux_mmap_v3 and pcap_handle_packet_mmap).
+// Over 600 lines because the netlink dump, the ring walk and the record
+// building each must match the kernel's and libpcap's own to the byte.
 #include "agent/capture/adopted_ring.h"
 
 #include <arpa/inet.h>
