@@ -174,6 +174,21 @@ class HandoverTest : public StealDrainLoadTest {
     return ::testing::AssertionSuccess();
   }
 
+  // Ends the steal `s` (SIGINT: exit 0; `original_port`, when the pod's
+  // server there answers "original", back to it soon after), then the
+  // agent now serving (SIGTERM: exit 0), and checks that nothing of either
+  // is left in the pod.
+  void endStealAndAgent(Proc* s, std::optional<uint16_t> original_port) {
+    s->signal(SIGINT);
+    EXPECT_EQ(s->finish(), 0) << s->err;
+    if (original_port) {
+      EXPECT_TRUE(originalWithin(std::chrono::seconds(5), *original_port));
+    }
+    ::kill(current().child().pid(), SIGTERM);
+    EXPECT_EQ(current().child().waitUntil(Clock::now() + std::chrono::seconds(10)), 0);
+    EXPECT_EQ(leftovers(), "");
+  }
+
   // sk_lookup links on the pod's netns.
   size_t podLinks() {
     size_t n = 0;
@@ -235,12 +250,7 @@ TEST_P(HandoverTest, KeepAliveLoadThroughAStolenPortLosesNoRequest) {
   // New connections reach the new agent's steal; ending the steal gives the
   // port back, and terminating the new agent leaves nothing.
   EXPECT_EQ(curl(kLoadPort), "stolen\n");
-  s->signal(SIGINT);
-  EXPECT_EQ(s->finish(), 0) << s->err;
-  EXPECT_TRUE(originalWithin(std::chrono::seconds(5), kLoadPort));
-  ::kill(current().child().pid(), SIGTERM);
-  EXPECT_EQ(current().child().waitUntil(Clock::now() + std::chrono::seconds(10)), 0);
-  EXPECT_EQ(leftovers(), "");
+  endStealAndAgent(s, kLoadPort);
 }
 
 // A filtered steal under load from two wrk at once, across a handover:
@@ -287,12 +297,7 @@ TEST_P(HandoverTest, FilteredStealUnderLoadLosesNoRequestAndRoutesEachRight) {
                 .out,
             "stolen\n");
   EXPECT_EQ(curl(kLoadPort), "original\n");
-  s->signal(SIGINT);
-  EXPECT_EQ(s->finish(), 0) << s->err;
-  EXPECT_TRUE(originalWithin(std::chrono::seconds(5), kLoadPort));
-  ::kill(current().child().pid(), SIGTERM);
-  EXPECT_EQ(current().child().waitUntil(Clock::now() + std::chrono::seconds(10)), 0);
-  EXPECT_EQ(leftovers(), "");
+  endStealAndAgent(s, kLoadPort);
 }
 
 // A filtered port's connections the engine does not parse: one that is not
@@ -342,11 +347,7 @@ TEST_P(HandoverTest, RawAndUpgradedConnectionsOfAFilteredPortMoveMidStream) {
   EXPECT_THAT(current().log(), HasSubstr("passthroughs=2"));
   raw.reset();
   up.reset();
-  s->signal(SIGINT);
-  EXPECT_EQ(s->finish(), 0) << s->err;
-  ::kill(current().child().pid(), SIGTERM);
-  EXPECT_EQ(current().child().waitUntil(Clock::now() + std::chrono::seconds(10)), 0);
-  EXPECT_EQ(leftovers(), "");
+  endStealAndAgent(s, std::nullopt);  // the pod's echo server answers no GET
 }
 
 // 1 GiB down a stolen connection and 1 GiB down an outgoing one, each

@@ -87,6 +87,19 @@ v1::Request unsubscribeReq(uint64_t id, uint64_t subscription) {
   return r;
 }
 
+// A steal service on `harness` whose steering records into `kernel` (the
+// new agent's, in a handover test).
+std::shared_ptr<StealService> recordingStealService(ServiceHarness& harness,
+                                                    std::shared_ptr<Kernel> kernel) {
+  return makeStealService(
+      harness.ctx(),
+      [kernel](const Listeners& l) -> absl::StatusOr<std::unique_ptr<Steering>> {
+        kernel->listener_port = l.v4_port;  // read once Subscribed is back
+        return std::make_unique<RecordingSteering>(kernel);
+      },
+      [](uint16_t) -> absl::StatusOr<int> { return 0; });
+}
+
 class StealServiceHostTest : public ::testing::Test {
  protected:
   void TearDown() override {
@@ -108,13 +121,7 @@ class StealServiceHostTest : public ::testing::Test {
 
   ServiceHarness harness_;
   std::shared_ptr<Kernel> kernel_ = std::make_shared<Kernel>();
-  std::shared_ptr<StealService> service_ = makeStealService(
-      harness_.ctx(),
-      [k = kernel_](const Listeners& l) -> absl::StatusOr<std::unique_ptr<Steering>> {
-        k->listener_port = l.v4_port;  // read once Subscribed is back
-        return std::make_unique<RecordingSteering>(k);
-      },
-      [](uint16_t) -> absl::StatusOr<int> { return 0; });
+  std::shared_ptr<StealService> service_ = recordingStealService(harness_, kernel_);
   std::shared_ptr<FakeSessionHost> a_ = std::make_shared<FakeSessionHost>("session-a", "alice");
   std::shared_ptr<FakeSessionHost> b_ = std::make_shared<FakeSessionHost>("session-b", "bob");
 };
@@ -272,13 +279,7 @@ TEST_F(StealServiceHostTest, APassthroughMovesWithTheBytesItHeld) {
 
   ServiceHarness harness;
   auto kernel = std::make_shared<Kernel>();
-  auto service = makeStealService(
-      harness.ctx(),
-      [kernel](const Listeners& l) -> absl::StatusOr<std::unique_ptr<Steering>> {
-        kernel->listener_port = l.v4_port;
-        return std::make_unique<RecordingSteering>(kernel);
-      },
-      [](uint16_t) -> absl::StatusOr<int> { return 0; });
+  auto service = recordingStealService(harness, kernel);
   auto moved = std::make_shared<FakeSessionHost>("session-a", "alice");
   absl::Status imported = service->importState(state, fds, {{"session-a", moved}});
   ASSERT_TRUE(imported.ok()) << imported;
@@ -388,13 +389,7 @@ TEST_F(StealServiceHostTest, AFilteredStealsParkedConnectionMovesWithItsFilter) 
   ServiceHarness harness;
   auto kernel = std::make_shared<Kernel>();
   kernel->original_port = 8080;
-  auto service = makeStealService(
-      harness.ctx(),
-      [kernel](const Listeners& l) -> absl::StatusOr<std::unique_ptr<Steering>> {
-        kernel->listener_port = l.v4_port;
-        return std::make_unique<RecordingSteering>(kernel);
-      },
-      [](uint16_t) -> absl::StatusOr<int> { return 0; });
+  auto service = recordingStealService(harness, kernel);
   auto moved = std::make_shared<FakeSessionHost>("session-a", "alice");
   FakePeer moved_peer(*moved);
   absl::Status imported = service->importState(state, fds, {{"session-a", moved}});
