@@ -119,6 +119,18 @@ class StealServiceHostTest : public ::testing::Test {
     return r ? *r : v1::Response{};
   }
 
+  // A client connection to the steal's listener (as the steering would
+  // bring one); invalid when the connect failed.
+  UniqueFd connectToTheSteal() {
+    UniqueFd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    to.sin_port = htons(kernel_->listener_port);
+    if (::connect(client.get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) return {};
+    return client;
+  }
+
   ServiceHarness harness_;
   std::shared_ptr<Kernel> kernel_ = std::make_shared<Kernel>();
   std::shared_ptr<StealService> service_ = recordingStealService(harness_, kernel_);
@@ -193,12 +205,8 @@ TEST_F(StealServiceHostTest, AStolenConnectionBecomesAStreamOnTheHost) {
   FakePeer peer(*a_);
   ASSERT_TRUE(call(a_, stealReq(1, 8080)).has_subscribed());
   kernel_->original_port = 8080;
-  UniqueFd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  to.sin_port = htons(kernel_->listener_port);
-  ASSERT_EQ(::connect(client.get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+  UniqueFd client = connectToTheSteal();
+  ASSERT_TRUE(client.valid());
 
   ASSERT_TRUE(harness_.runUntil([&] {
     peer.pipe();
@@ -334,12 +342,8 @@ TEST_F(StealServiceHostTest, AFilteredStealsParkedConnectionMovesWithItsFilter) 
   subscribe.mutable_steal()->mutable_http_filter()->set_path_regex("^/steal");
   ASSERT_TRUE(call(a_, subscribe).has_subscribed());
   kernel_->original_port = 8080;
-  UniqueFd client(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  to.sin_port = htons(kernel_->listener_port);
-  ASSERT_EQ(::connect(client.get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0);
+  UniqueFd client = connectToTheSteal();
+  ASSERT_TRUE(client.valid());
   const std::string first = "GET /steal1 HTTP/1.1\r\nHost: t\r\n\r\n";
   ASSERT_EQ(::send(client.get(), first.data(), first.size(), 0),
             static_cast<ssize_t>(first.size()));

@@ -230,6 +230,15 @@ class Http2EngineTest : public ::testing::Test {
 
   // Serves HTTP/2 on a loopback port; `upgrade`: each connection begins
   // with an HTTP/1.1 h2c upgrade request, read here as the HTTP/1 side would.
+  // start(), with sessions that answer (echo) only once `released` is.
+  void startWithSessionsHeld(std::shared_future<void> released) {
+    router_.session = [released](int fd, RequestHead head) {
+      released.wait();
+      echoSession(fd, head);
+    };
+    start();
+  }
+
   void start(HttpOptions options = {}, bool upgrade = false) {
     state_ = std::make_shared<EngineState>(io_.get_executor(), router_, options);
     onLoop([this, upgrade] {
@@ -586,12 +595,7 @@ TEST_F(Http2EngineTest, StalledStreamDoesNotBlockOthers) {
 
 TEST_F(Http2EngineTest, DrainSendsGoawayAndFinishesStreamsUnderWay) {
   std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  router_.session = [released](int fd, RequestHead head) {
-    released.wait();
-    echoSession(fd, head);
-  };
-  start();
+  startWithSessionsHeld(release.get_future().share());
   H2Client client(port_);
   const int32_t id = client.submit(get("/slow", true));
   ASSERT_TRUE(client.runUntil([this] { return !router_.connectionRequests().empty(); }));
@@ -624,12 +628,7 @@ TEST_F(Http2EngineTest, DrainSendsGoawayAndFinishesStreamsUnderWay) {
 // counts as parked, so the handover waits for it to be gone.
 TEST_F(Http2EngineTest, ParkingSendsGoawayFinishesTheStreamAndCloses) {
   std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  router_.session = [released](int fd, RequestHead head) {
-    released.wait();
-    echoSession(fd, head);
-  };
-  start();
+  startWithSessionsHeld(release.get_future().share());
   H2Client client(port_);
   const int32_t id = client.submit(get("/slow", true));
   ASSERT_TRUE(client.runUntil([this] { return !router_.connectionRequests().empty(); }));
