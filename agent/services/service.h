@@ -66,9 +66,26 @@ struct ServiceContext {
   std::vector<std::function<void(pid_t)>> target_restarted;
 };
 
-class RequestService {
+// A service's part on the new agent of a handover (docs/CONTINUITY.md,
+// "Handover"): importState() before the agent serves (`sessions`: the
+// imported sessions by id; take the descriptors named in `in` out of
+// `fds`), startAfterHandover() once the old agent let go.
+class HandoverImport {
  public:
-  virtual ~RequestService() = default;
+  virtual ~HandoverImport() = default;
+  virtual absl::Status importState(
+      const v1::AgentState& in, std::vector<UniqueFd>& fds,
+      const std::map<std::string, std::shared_ptr<SessionHost>>& sessions) {
+    (void)in;
+    (void)fds;
+    (void)sessions;
+    return absl::OkStatus();
+  }
+  virtual void startAfterHandover() {}
+};
+
+class RequestService : public HandoverImport {
+ public:
   // Answers `request` exactly once with session->respond(), now or later
   // (from the event loop). Errors go in Response.error (siphon::toProtoError).
   // A service that answers later holds the session (shared, or weak when the
@@ -118,17 +135,8 @@ class RequestService {
     (void)fds;
     return absl::OkStatus();
   }
-  // `sessions`: the imported sessions by id.
-  virtual absl::Status importState(
-      const v1::AgentState& in, std::vector<UniqueFd>& fds,
-      const std::map<std::string, std::shared_ptr<SessionHost>>& sessions) {
-    (void)in;
-    (void)fds;
-    (void)sessions;
-    return absl::OkStatus();
-  }
   virtual void handedOver() {}
-  virtual void startAfterHandover() {}
+  // importState(), startAfterHandover(): HandoverImport.
   // `siphon sessions`: appends the subscriptions session `session_id` holds
   // with this service (steal, mirror).
   virtual void describeSubscriptions(
@@ -169,9 +177,8 @@ class StreamEndpoint {
   }
 };
 
-class StreamService {
+class StreamService : public HandoverImport {
  public:
-  virtual ~StreamService() = default;
   // Opens the stream: accept it (session->session().acceptStream) and
   // register an endpoint (session->registerStream), or reset it with a
   // typed error. May finish later, from the event loop.
@@ -183,19 +190,10 @@ class StreamService {
   // Handover: why this service's streams cannot move now ("" when they
   // can; RequestService::handoverBlocker).
   virtual std::string handoverBlocker() const { return ""; }
-  // Handover, on the new agent (RequestService's calls of the same names):
-  // the endpoints of streams the old agent's sessions exported with this
-  // service's name (PumpExport::service), registered with their sessions
-  // before the agent serves; started once the old agent let go.
-  virtual absl::Status importState(
-      const v1::AgentState& in, std::vector<UniqueFd>& fds,
-      const std::map<std::string, std::shared_ptr<SessionHost>>& sessions) {
-    (void)in;
-    (void)fds;
-    (void)sessions;
-    return absl::OkStatus();
-  }
-  virtual void startAfterHandover() {}
+  // Handover, on the new agent (HandoverImport): the endpoints of streams
+  // the old agent's sessions exported with this service's name
+  // (PumpExport::service), registered with their sessions before the agent
+  // serves; started once the old agent let go.
 };
 
 class ServiceRegistry {
