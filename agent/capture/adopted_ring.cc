@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/netlink.h"
 #include "siphon/status.h"
 
 namespace siphon::agent::capture {
@@ -85,44 +86,6 @@ void readAttributes(const char* body, size_t size, DiagFound* out) {
       out->rx_ring = ring;
     }
     at += RTA_ALIGN(a.rta_len);
-  }
-}
-
-absl::Status sendDiagRequest(int fd, const DiagRequest& request) {
-  sockaddr_nl kernel{};
-  kernel.nl_family = AF_NETLINK;
-  for (;;) {
-    ssize_t n = sendto(fd, &request, sizeof(request), 0, reinterpret_cast<sockaddr*>(&kernel),
-                       sizeof(kernel));
-    if (n == static_cast<ssize_t>(sizeof(request))) return absl::OkStatus();
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      return protoError(v1::INTERNAL,
-                        absl::StrCat("capture ring: send packet_diag request: ", strerror(errno)));
-    }
-    return protoError(v1::INTERNAL, "capture ring: short packet_diag request");
-  }
-}
-
-// One recv() of the dump. The kernel answers at once; a non-blocking
-// socket is waited for, for a while.
-absl::StatusOr<size_t> receiveDiag(int fd, std::vector<char>& buf) {
-  for (;;) {
-    ssize_t n = recv(fd, buf.data(), buf.size(), 0);
-    if (n > 0) return static_cast<size_t>(n);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{fd, POLLIN, 0};
-      if (poll(&p, 1, 5000) == 0) {
-        return protoError(v1::UNAVAILABLE, "capture ring: no packet_diag answer in 5 s");
-      }
-      continue;
-    }
-    if (n < 0) {
-      return protoError(v1::INTERNAL,
-                        absl::StrCat("capture ring: receive packet_diag dump: ", strerror(errno)));
-    }
-    return protoError(v1::INTERNAL, "capture ring: the packet_diag socket was closed");
   }
 }
 
@@ -495,7 +458,7 @@ absl::StatusOr<RingGeometry> ringGeometry(int diag_fd, int packet_fd) {
   request.header.nlmsg_seq = seq;
   request.body.sdiag_family = AF_PACKET;
   request.body.pdiag_show = PACKET_SHOW_INFO | PACKET_SHOW_RING_CFG;
-  RETURN_IF_ERROR(sendDiagRequest(diag_fd, request));
+  RETURN_IF_ERROR(netlinkSend(diag_fd, &request, sizeof(request), "capture ring: packet_diag"));
 
   // packet_diag only dumps (the inode in the request is not looked at):
   // read every socket of the namespace, to the end, so the netlink socket
@@ -503,7 +466,7 @@ absl::StatusOr<RingGeometry> ringGeometry(int diag_fd, int packet_fd) {
   std::optional<DiagFound> found;
   std::vector<char> buf(64 * 1024);
   for (bool done = false; !done;) {
-    ASSIGN_OR_RETURN(size_t len, receiveDiag(diag_fd, buf));
+    ASSIGN_OR_RETURN(size_t len, netlinkReceive(diag_fd, buf, "capture ring: packet_diag dump"));
     const char* at = buf.data();
     size_t left = len;
     while (messageFits(at, left)) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/common/netlink.h"
 #include "siphon/status.h"
 
 namespace siphon::agent::steal {
@@ -44,27 +45,7 @@ struct Request {
 const char* familyName(int family) { return family == AF_INET ? "IPv4" : "IPv6"; }
 
 absl::Status sendRequest(int fd, const Request& request, std::string_view what) {
-  sockaddr_nl kernel{};
-  kernel.nl_family = AF_NETLINK;
-  for (;;) {
-    ssize_t n = sendto(fd, &request, sizeof(request), 0, reinterpret_cast<sockaddr*>(&kernel),
-                       sizeof(kernel));
-    if (n == static_cast<ssize_t>(sizeof(request))) return absl::OkStatus();
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return lastErrnoStatus(what);
-    return absl::InternalError(absl::StrCat(asv(what), ": short netlink send"));
-  }
-}
-
-// One recv() of netlink messages; 0 bytes (never expected) is an error.
-absl::StatusOr<size_t> receive(int fd, std::vector<char>& buf, std::string_view what) {
-  for (;;) {
-    ssize_t n = recv(fd, buf.data(), buf.size(), 0);
-    if (n > 0) return static_cast<size_t>(n);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return lastErrnoStatus(what);
-    return absl::InternalError(absl::StrCat(asv(what), ": netlink socket closed"));
-  }
+  return netlinkSend(fd, &request, sizeof(request), what);
 }
 
 // The ids of the connections on `port` of one family, from a dump.
@@ -84,7 +65,7 @@ absl::StatusOr<std::vector<inet_diag_msg>> dumpConnections(int fd, int family, u
   std::vector<inet_diag_msg> found;
   std::vector<char> buf(64 * 1024);
   for (;;) {
-    ASSIGN_OR_RETURN(size_t len, receive(fd, buf, what));
+    ASSIGN_OR_RETURN(size_t len, netlinkReceive(fd, buf, what));
     int left = static_cast<int>(len);
     for (auto* h = reinterpret_cast<nlmsghdr*>(buf.data()); messageFits(h, left);
          h = NLMSG_NEXT(h, left)) {
@@ -122,7 +103,7 @@ absl::StatusOr<int> destroyOne(int fd, const inet_diag_msg& msg, uint32_t seq) {
 
   std::vector<char> buf(8 * 1024);
   for (;;) {
-    ASSIGN_OR_RETURN(size_t len, receive(fd, buf, "receive SOCK_DESTROY answer"));
+    ASSIGN_OR_RETURN(size_t len, netlinkReceive(fd, buf, "receive SOCK_DESTROY answer"));
     int left = static_cast<int>(len);
     for (auto* h = reinterpret_cast<nlmsghdr*>(buf.data()); messageFits(h, left);
          h = NLMSG_NEXT(h, left)) {
