@@ -317,18 +317,22 @@ void Server::serveHandover(UniqueFd conn) {
     thaw(reason);
     return;
   }
-  // Committed: the new agent holds everything. Our steering goes (the new
-  // agent's steers the same listeners already), then we let go and exit;
-  // closing our copies of the sockets touches none of them.
+  // Committed: the new agent holds everything. It serves once it reads
+  // `released`; our steering goes meanwhile (the new agent's steers the
+  // same listeners already, as both did during its import), so removing it
+  // (iptables-restore, the guard's last look: seconds on a loaded node) is
+  // no pause for anyone. Then we exit; closing our copies of the sockets
+  // touches none of them, and if we die first our guard removes our chains
+  // (sk_lookup: our link goes with the process).
+  v1::HandoverMessage released;
+  released.mutable_released();
+  (void)handover::send(sock, released);
   auto counts = onLoop([this] {
     services_->handedOver();
     size_t streams = 0;
     for (const auto& [id, s] : sessions_) streams += s->streamCount();
     return std::pair<size_t, size_t>{sessions_.size(), streams};
   });
-  v1::HandoverMessage released;
-  released.mutable_released();
-  (void)handover::send(sock, released);
   log::info("handover_done", {{"to_pid", static_cast<int64_t>(peer->pid)},
                               {"sessions", static_cast<uint64_t>(counts ? counts->first : 0)},
                               {"streams", static_cast<uint64_t>(counts ? counts->second : 0)},
