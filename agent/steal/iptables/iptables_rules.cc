@@ -196,6 +196,24 @@ std::string removePortRules(const ChainNames& c, uint16_t port, uint16_t to_port
   return absl::StrCat("*nat\n-D ", c.pre, " ", spec, "\n-D ", c.out, " ", spec, "\nCOMMIT\n");
 }
 
+namespace {
+
+std::string releaseSpec(uint16_t port) {
+  return absl::StrCat("-p tcp -m tcp --dport ", port, " -j RETURN");
+}
+
+}  // namespace
+
+std::string releasePortRules(const ChainNames& c, uint16_t port) {
+  const std::string spec = releaseSpec(port);
+  return absl::StrCat("*nat\n-I ", c.pre, " 1 ", spec, "\n-I ", c.out, " 1 ", spec, "\nCOMMIT\n");
+}
+
+std::string reclaimPortRules(const ChainNames& c, uint16_t port) {
+  const std::string spec = releaseSpec(port);
+  return absl::StrCat("*nat\n-D ", c.pre, " ", spec, "\n-D ", c.out, " ", spec, "\nCOMMIT\n");
+}
+
 NatState parseNatSave(std::string_view save, const ChainNames& chains) {
   NatState state;
   forEachNatLine(save, [&](std::string_view line) {

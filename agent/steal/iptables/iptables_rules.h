@@ -13,6 +13,8 @@
 //   -A SIPHON_<I>_<O>_OUT -m mark --mark kExemptMark/kExemptMask -j RETURN
 //   -A SIPHON_<I>_<O>_{PRE,OUT} -p tcp -m addrtype --dst-type LOCAL -m tcp
 //      --dport P -j REDIRECT --to-ports L      one per steered port
+//   -I SIPHON_<I>_<O>_{PRE,OUT} 1 -p tcp -m tcp --dport P -j RETURN
+//                                              one per released port (below)
 //
 // Two agents on one target (a failover, a second operator) each have their
 // own chains and jumps, so neither removes the other's.
@@ -102,6 +104,18 @@ std::string installRules(const ChainNames& chains,
 // to `to_port`, in both chains; removePortRules() takes them back out.
 std::string addPortRules(const ChainNames& chains, uint16_t port, uint16_t to_port);
 std::string removePortRules(const ChainNames& chains, uint16_t port, uint16_t to_port);
+
+// Giving a port back without deleting anything: a RETURN for `port` at the
+// top of both chains, ahead of its REDIRECT. With iptables-nft a commit
+// that deletes a rule queues it for the kernel's destroy work, and the
+// restore then waits for that work (an RCU grace period: seconds on a busy
+// node) when it closes its netlink socket, holding the namespace's commit
+// mutex meanwhile; an add-only commit leaves nothing to wait for. So a
+// released port's REDIRECT stays, inert, until the port is steered again
+// (reclaimPortRules() deletes the RETURN: steering is not the urgent
+// direction) or the chains go.
+std::string releasePortRules(const ChainNames& chains, uint16_t port);
+std::string reclaimPortRules(const ChainNames& chains, uint16_t port);
 
 // What a save output holds of ours, in its nat table.
 struct NatState {

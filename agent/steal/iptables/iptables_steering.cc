@@ -24,7 +24,16 @@ namespace {
 constexpr int kSoOriginalDst = 80;
 constexpr int kIp6tSoOriginalDst = 80;
 
-const std::vector<std::string> kRestoreArgs = {"--noflush", "-w", "5"};
+// iptables-legacy serialises every change on the machine-wide
+// /run/xtables.lock (every netns, kube-proxy's and the CNI's changes too)
+// and by default retries a busy lock once a second: one collision cost a
+// drain a whole second. It retries every 10 ms here. iptables-nft takes no
+// lock (it warns about -W).
+const std::vector<std::string>& restoreArgs(IptablesFlavor flavor) {
+  static const std::vector<std::string> nft = {"--noflush", "-w", "5"};
+  static const std::vector<std::string> legacy = {"--noflush", "-w", "5", "-W", "10000"};
+  return flavor == IptablesFlavor::kLegacy ? legacy : nft;
+}
 
 class NetnsRunner final : public IptablesRunner {
  public:
@@ -109,16 +118,13 @@ class IptablesSteering final : public Steering {
     std::lock_guard<std::mutex> lock(mu_);
     RETURN_IF_ERROR(usable());
     if (ports_.count(port) != 0) return absl::OkStatus();
-    RETURN_IF_ERROR(
-        restore(IpFamily::kV4, addPortRules(chains_, port, options_.listeners.v4_port)));
+    RETURN_IF_ERROR(restore(IpFamily::kV4, steerText(IpFamily::kV4, port)));
     if (v6_) {
-      absl::Status s =
-          restore(IpFamily::kV6, addPortRules(chains_, port, options_.listeners.v6_port));
+      absl::Status s = restore(IpFamily::kV6, steerText(IpFamily::kV6, port));
       if (!s.ok()) {
         // All or nothing: a port steered for IPv4 only would split the
         // clients of one service between the agent and the application.
-        absl::Status undo =
-            restore(IpFamily::kV4, removePortRules(chains_, port, options_.listeners.v4_port));
+        absl::Status undo = restore(IpFamily::kV4, unsteerText(IpFamily::kV4, port));
         if (!undo.ok()) {
           log::error("steal_iptables_rollback_failed",
                      {{"port", unsigned{port}}, {"error", sv(undo.message())}});
@@ -127,20 +133,29 @@ class IptablesSteering final : public Steering {
       }
     }
     ports_.insert(port);
+    released(IpFamily::kV4).erase(port);
+    released(IpFamily::kV6).erase(port);
     return absl::OkStatus();
   }
 
+  // Add-only (releasePortRules): milliseconds, where deleting the REDIRECT
+  // made a drain wait seconds for the kernel under load. Each family is
+  // given back even when the other fails.
   absl::Status removePort(uint16_t port) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (ports_.count(port) == 0 || stopped_ || lost_) return absl::OkStatus();
-    RETURN_IF_ERROR(
-        restore(IpFamily::kV4, removePortRules(chains_, port, options_.listeners.v4_port)));
     ports_.erase(port);
-    if (v6_) {
-      RETURN_IF_ERROR(
-          restore(IpFamily::kV6, removePortRules(chains_, port, options_.listeners.v6_port)));
+    absl::Status first;
+    for (IpFamily family : {IpFamily::kV4, IpFamily::kV6}) {
+      if (family == IpFamily::kV6 && !v6_) continue;
+      absl::Status s = restore(family, releasePortRules(chains_, port));
+      if (s.ok()) {
+        released(family).insert(port);
+      } else if (first.ok()) {
+        first = s;
+      }
     }
-    return absl::OkStatus();
+    return first;
   }
 
   absl::Status exempt(int fd) override {
@@ -180,8 +195,16 @@ class IptablesSteering final : public Steering {
       std::lock_guard<std::mutex> lock(mu_);
       if (stopped_) return;
       stopped_ = true;
-      if (!lost_) removeAll("stop");
+      if (!lost_) {
+        // The ports still steered go back first, add-only (milliseconds):
+        // removing the chains deletes rules, and that restore waits for
+        // the kernel to free them (seconds under load) before it returns.
+        releaseAll();
+        removeAll("stop");
+      }
       ports_.clear();
+      released_v4_.clear();
+      released_v6_.clear();
     }
     // Outside the lock: the guard's thread may be waiting for it in
     // onGuardLost().
@@ -198,8 +221,37 @@ class IptablesSteering final : public Steering {
     return absl::OkStatus();
   }
 
+  std::set<uint16_t>& released(IpFamily family) {
+    return family == IpFamily::kV4 ? released_v4_ : released_v6_;
+  }
+  uint16_t listenerPort(IpFamily family) const {
+    return family == IpFamily::kV4 ? options_.listeners.v4_port : options_.listeners.v6_port;
+  }
+  // Steering `port` in one family: its RETURN out if it was released (the
+  // REDIRECT is still there), else a new REDIRECT; and the way back.
+  std::string steerText(IpFamily family, uint16_t port) {
+    return released(family).count(port) != 0 ? reclaimPortRules(chains_, port)
+                                             : addPortRules(chains_, port, listenerPort(family));
+  }
+  std::string unsteerText(IpFamily family, uint16_t port) {
+    return released(family).count(port) != 0 ? releasePortRules(chains_, port)
+                                             : removePortRules(chains_, port, listenerPort(family));
+  }
+
   absl::Status restore(IpFamily family, const std::string& text) {
-    return runner_->run(toolName(family, flavor_, "restore"), kRestoreArgs, text).status();
+    return runner_->run(toolName(family, flavor_, "restore"), restoreArgs(flavor_), text).status();
+  }
+
+  void releaseAll() {
+    if (ports_.empty()) return;
+    for (IpFamily family : {IpFamily::kV4, IpFamily::kV6}) {
+      if (family == IpFamily::kV6 && !v6_) continue;
+      std::string text;
+      for (uint16_t port : ports_) absl::StrAppend(&text, releasePortRules(chains_, port));
+      if (absl::Status s = restore(family, text); !s.ok()) {
+        log::warn("steal_iptables_release_failed", {{"error", sv(s.message())}});
+      }
+    }
   }
 
   void removeAll(std::string_view why) {
@@ -220,6 +272,8 @@ class IptablesSteering final : public Steering {
     if (stopped_ || lost_) return;
     lost_ = true;
     ports_.clear();
+    released_v4_.clear();
+    released_v6_.clear();
     removeAll("guard_lost");
   }
 
@@ -235,6 +289,10 @@ class IptablesSteering final : public Steering {
 
   std::mutex mu_;
   std::set<uint16_t> ports_;
+  // Ports given back by removePort(), per family: their REDIRECT is behind a
+  // RETURN until they are steered again or the chains go.
+  std::set<uint16_t> released_v4_;
+  std::set<uint16_t> released_v6_;
   bool stopped_ = false;
   bool lost_ = false;
 };
@@ -325,7 +383,7 @@ absl::StatusOr<int> removeIptablesChains(IptablesRunner& runner, const ChainName
       if (s.ok()) {
         std::string text = removeAllRules(parseNatSave(*save, chains), chains);
         if (text.empty()) continue;
-        s = runner.run(toolName(family, flavor, "restore"), kRestoreArgs, text).status();
+        s = runner.run(toolName(family, flavor, "restore"), restoreArgs(flavor), text).status();
         if (s.ok()) ++removed;
       }
       if (!s.ok() && first_error.ok()) first_error = s;

@@ -284,9 +284,32 @@ TEST_P(StealIptables, StealsLocalConnectionsOfAddedPortsOnly) {
   EXPECT_EQ(talk(peer, "fd77::1", port), "original");
   EXPECT_EQ(talk(pod, "127.0.0.1", port), "original");
 
-  // Again after a removal (the chains stayed).
+  // Again after a removal (the chains stayed): the removal only put a
+  // RETURN ahead of the REDIRECT (it deletes nothing: a deleting restore
+  // waits for the kernel's RCU grace period), and stealing again takes
+  // that RETURN out; no rule is doubled.
   ASSERT_TRUE(steering.addPort(port).ok());
   EXPECT_EQ(talk(peer, "10.77.0.1", port), "agent 10.77.0.1:" + p);
+  EXPECT_EQ(talk(peer, "fd77::1", port), "agent [fd77::1]:" + p);
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  for (bool v6 : {false, true}) {
+    const std::string save = pods.save(saveTool(v6));
+    EXPECT_EQ(count(save, "--dport " + p + " -j REDIRECT"), 2u) << save;
+    EXPECT_EQ(count(save, "--dport " + p + " -j RETURN"), 0u) << save;
+  }
+  ASSERT_TRUE(steering.removePort(port).ok());
+  EXPECT_EQ(talk(peer, "10.77.0.1", port), "original");
+  EXPECT_EQ(talk(pod, "::1", port), "original");
+  for (bool v6 : {false, true}) {
+    const std::string save = pods.save(saveTool(v6));
+    EXPECT_EQ(count(save, "--dport " + p + " -j RETURN"), 2u) << save;
+  }
+  ASSERT_TRUE(steering.addPort(port).ok());
+  EXPECT_EQ(talk(pod, "10.77.0.1", port), "agent 10.77.0.1:" + p);
 
   steering.stop();
   EXPECT_FALSE(pods.anyChainLeft()) << pods.save(saveTool());

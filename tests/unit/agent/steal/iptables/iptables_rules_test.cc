@@ -110,6 +110,21 @@ TEST(Rules, PortRulesOnlyForLocalDestinationsInBothChains) {
   EXPECT_EQ(addPortRules(kChains, 80, 1).find(":SIPHON"), std::string::npos);
 }
 
+// A port is given back by a RETURN ahead of its REDIRECT, in both chains,
+// and steered again by deleting that RETURN only.
+TEST(Rules, ReleaseAddsAReturnFirstAndReclaimDeletesIt) {
+  EXPECT_EQ(releasePortRules(kChains, 80),
+            "*nat\n"
+            "-I SIPHON_f0000281_a1b2c3_PRE 1 -p tcp -m tcp --dport 80 -j RETURN\n"
+            "-I SIPHON_f0000281_a1b2c3_OUT 1 -p tcp -m tcp --dport 80 -j RETURN\n"
+            "COMMIT\n");
+  EXPECT_EQ(reclaimPortRules(kChains, 80),
+            "*nat\n"
+            "-D SIPHON_f0000281_a1b2c3_PRE -p tcp -m tcp --dport 80 -j RETURN\n"
+            "-D SIPHON_f0000281_a1b2c3_OUT -p tcp -m tcp --dport 80 -j RETURN\n"
+            "COMMIT\n");
+}
+
 // What iptables-nft-save prints with our chains, a stale copy of another
 // target's, and a mesh's rules around them.
 constexpr char kSave[] =

@@ -34,7 +34,13 @@ class FakeRunner final : public IptablesRunner {
     std::string t(tool);
     EXPECT_TRUE(installed(t)) << t;
     if (t.find("-restore") != std::string::npos) {
-      EXPECT_THAT(args, ElementsAre("--noflush", "-w", "5"));
+      // Legacy: the machine-wide xtables lock, retried every 10 ms instead
+      // of every second.
+      if (t.find("legacy") != std::string::npos) {
+        EXPECT_THAT(args, ElementsAre("--noflush", "-w", "5", "-W", "10000"));
+      } else {
+        EXPECT_THAT(args, ElementsAre("--noflush", "-w", "5"));
+      }
       journal_->push_back(t + "|" + std::string(input));
       if (fail_ == t) return absl::InternalError(t + ": exit 1: line 2 failed");
       return std::string();
@@ -155,8 +161,80 @@ TEST(IptablesSteering, PortsAreAddedOnceAndRemovedOnceInBothFamilies) {
   ASSERT_TRUE(s.removePort(80).ok());  // no-op
   EXPECT_THAT(m->journal, ElementsAre("iptables-nft-restore|" + addPortRules(c, 80, 40004),
                                       "ip6tables-nft-restore|" + addPortRules(c, 80, 40006),
-                                      "iptables-nft-restore|" + removePortRules(c, 80, 40004),
-                                      "ip6tables-nft-restore|" + removePortRules(c, 80, 40006)));
+                                      "iptables-nft-restore|" + releasePortRules(c, 80),
+                                      "ip6tables-nft-restore|" + releasePortRules(c, 80)));
+}
+
+// Giving a port back (unsubscribe, drain) must not delete a rule: with
+// iptables-nft a deleting restore waits, when it closes its netlink
+// socket, for the kernel to free the rule after an RCU grace period (2 s
+// seen on two loaded cores, the agent's drain with them), holding the
+// netns's commit mutex, so the other family's restore waited too.
+TEST(IptablesSteering, GivingAPortBackDeletesNothing) {
+  auto m = make(options(/*v6=*/true));
+  ASSERT_TRUE(m->steering.ok()) << m->steering.status();
+  Steering& s = **m->steering;
+  ASSERT_TRUE(s.addPort(8080).ok());
+  m->journal.clear();
+  ASSERT_TRUE(s.removePort(8080).ok());
+  ASSERT_EQ(m->journal.size(), 2u);
+  for (const std::string& e : m->journal) {
+    const std::string input = e.substr(e.find('|') + 1);
+    for (const char* deleting : {"\n-D ", "\n-F ", "\n-X ", "\n-R "}) {
+      EXPECT_EQ(input.find(deleting), std::string::npos) << e;
+    }
+    EXPECT_THAT(input,
+                HasSubstr("-I SIPHON_00000abc_a1b2c3_PRE 1 -p tcp -m tcp --dport 8080 -j RETURN"));
+    EXPECT_THAT(input,
+                HasSubstr("-I SIPHON_00000abc_a1b2c3_OUT 1 -p tcp -m tcp --dport 8080 -j RETURN"));
+  }
+}
+
+// A port steered again after it was given back takes out its RETURN: its
+// REDIRECT is still there (never doubled).
+TEST(IptablesSteering, APortStolenAgainLosesItsReturnOnly) {
+  auto m = make(options(/*v6=*/true));
+  ASSERT_TRUE(m->steering.ok()) << m->steering.status();
+  Steering& s = **m->steering;
+  ChainNames c = chainNamesFor(kInode, kOwner);
+  ASSERT_TRUE(s.addPort(80).ok());
+  ASSERT_TRUE(s.removePort(80).ok());
+  m->journal.clear();
+  ASSERT_TRUE(s.addPort(80).ok());
+  ASSERT_TRUE(s.removePort(80).ok());
+  EXPECT_THAT(m->journal, ElementsAre("iptables-nft-restore|" + reclaimPortRules(c, 80),
+                                      "ip6tables-nft-restore|" + reclaimPortRules(c, 80),
+                                      "iptables-nft-restore|" + releasePortRules(c, 80),
+                                      "ip6tables-nft-restore|" + releasePortRules(c, 80)));
+  // IPv6 failing while stealing it again: IPv4 gets its RETURN back.
+  m->journal.clear();
+  m->runner->fail_ = "ip6tables-nft-restore";
+  EXPECT_FALSE(s.addPort(80).ok());
+  EXPECT_THAT(m->journal, ElementsAre("iptables-nft-restore|" + reclaimPortRules(c, 80),
+                                      "ip6tables-nft-restore|" + reclaimPortRules(c, 80),
+                                      "iptables-nft-restore|" + releasePortRules(c, 80)));
+}
+
+// Each family is given back even when the other's restore fails.
+TEST(IptablesSteering, EachFamilyIsGivenBackWhenTheOtherFails) {
+  auto m = make(options(/*v6=*/true));
+  ASSERT_TRUE(m->steering.ok()) << m->steering.status();
+  Steering& s = **m->steering;
+  ChainNames c = chainNamesFor(kInode, kOwner);
+  ASSERT_TRUE(s.addPort(80).ok());
+  m->journal.clear();
+  m->runner->fail_ = "iptables-nft-restore";
+  absl::Status st = s.removePort(80);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("iptables-nft-restore: exit 1"));
+  EXPECT_THAT(m->journal, ElementsAre("iptables-nft-restore|" + releasePortRules(c, 80),
+                                      "ip6tables-nft-restore|" + releasePortRules(c, 80)));
+}
+
+TEST(IptablesSteering, LegacyRetriesTheXtablesLockEvery10Ms) {
+  auto m = make(options(/*v6=*/true, "legacy"));
+  ASSERT_TRUE(m->steering.ok()) << m->steering.status();
+  ASSERT_TRUE((*m->steering)->addPort(80).ok());  // the fake checks the arguments
+  EXPECT_THAT(restores(m->journal), testing::Contains(HasSubstr("iptables-legacy-restore|")));
 }
 
 TEST(IptablesSteering, NoIp6tablesWithoutAnIpv6Listener) {
@@ -242,6 +320,25 @@ TEST(IptablesSteering, StopRemovesWhatTheSaveShowsThenStopsTheGuard) {
               ElementsAre("iptables-nft-restore|" + removeAllRules(parseNatSave(live, c), c),
                           "guard stop"));
   EXPECT_EQ((*m2->steering)->addPort(80).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// Ports still steered at stop go back add-only before the chains are
+// deleted (that restore waits for the kernel to free the rules).
+TEST(IptablesSteering, StopGivesThePortsBackBeforeDeletingTheChains) {
+  ChainNames c = chainNamesFor(kInode, kOwner);
+  std::string live = "*nat\n:" + c.pre + " - [0:0]\n:" + c.out + " - [0:0]\n-A PREROUTING -j " +
+                     c.pre + "\n-A OUTPUT -j " + c.out + "\nCOMMIT\n";
+  auto m = make(options(false), kAllTools, {{"iptables-nft-save", live}});
+  ASSERT_TRUE(m->steering.ok()) << m->steering.status();
+  ASSERT_TRUE((*m->steering)->addPort(80).ok());
+  ASSERT_TRUE((*m->steering)->addPort(443).ok());
+  m->journal.clear();
+  (*m->steering)->stop();
+  EXPECT_THAT(
+      restores(m->journal),
+      ElementsAre("iptables-nft-restore|" + releasePortRules(c, 80) + releasePortRules(c, 443),
+                  "iptables-nft-restore|" + removeAllRules(parseNatSave(live, c), c),
+                  "guard stop"));
 }
 
 TEST(IptablesSteering, ALostGuardRemovesTheChainsAndRefusesNewPorts) {
