@@ -12,8 +12,12 @@
 // connection of the agent's. Names resolve as the target resolves them: its
 // resolv.conf and hosts are shown at /etc in the program's view, and the
 // lookups themselves are UDP and TCP like any other traffic, sent to the
-// target's nameservers from the target. Its environment is the target's
-// over the local one; its hostname is the target's.
+// target's nameservers from the target (a file the target lacks is what
+// libc makes of it). Its environment is the target's over the local one,
+// but for the variables that would choose the code run here (LD_PRELOAD,
+// BASH_ENV...: exec::kCodeChoosing, unless --env-allow); its hostname is
+// the target's. It holds 0, 1, 2 and --keep-fd's descriptors, nothing else
+// of siphon's (exec/fds.h).
 //
 // siphon exits with the program's exit code (128+N for signal N); SIGINT,
 // SIGTERM and SIGHUP go to its process group. A session lost for good

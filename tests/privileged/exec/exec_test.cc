@@ -454,6 +454,9 @@ TEST_F(ExecTest, TheTargetsLoaderAndShellVariablesAreNotTaken) {
   EXPECT_FALSE(std::filesystem::exists(marker)) << "bash sourced the target's BASH_ENV";
   EXPECT_THAT(r.err, HasSubstr("exec: the target's BASH_ENV, LD_PRELOAD left out")) << r;
   EXPECT_THAT(r.err, Not(HasSubstr("cannot be preloaded"))) << r;
+  r = run({"env", "TMPDIR=" + tmp_, SIPHON_CLI_BIN, "--json", "--agent", endpoint, "--token-file",
+           token_file_, "exec", "--", "true"});
+  EXPECT_THAT(r.err, HasSubstr(R"({"event":"env_left_out","names":"BASH_ENV, LD_PRELOAD"})")) << r;
 
   // Taken when asked for: bash sources it; the loader is given the library.
   r = run(siphon({"--env-allow", "BASH_ENV", "--", "/bin/bash", "-c", program}, endpoint));
