@@ -12,8 +12,12 @@
 // connection of the agent's. Names resolve as the target resolves them: its
 // resolv.conf and hosts are shown at /etc in the program's view, and the
 // lookups themselves are UDP and TCP like any other traffic, sent to the
-// target's nameservers from the target. Its environment is the target's
-// over the local one; its hostname is the target's.
+// target's nameservers from the target (a file the target lacks is what
+// libc makes of it). Its environment is the target's over the local one,
+// but for the variables that would choose the code run here (LD_PRELOAD,
+// BASH_ENV...: exec::kCodeChoosing, unless --env-allow); its hostname is
+// the target's. It holds 0, 1, 2 and --keep-fd's descriptors, nothing else
+// of siphon's (exec/fds.h).
 //
 // siphon exits with the program's exit code (128+N for signal N); SIGINT,
 // SIGTERM and SIGHUP go to its process group. A session lost for good
@@ -138,10 +142,10 @@ struct UdpFlowState {
   exec::UdpFlow flow;  // as the program sent it (answers come from its destination)
   std::string dst;     // where it goes (a stand-in's nameserver, else the flow's)
   Via via = Via::kTarget;
-  client::Connection conn;           // kTarget, once made
+  client::Connection conn;                     // kTarget, once made
   std::optional<asio::ip::udp::socket> local;  // kLocal
-  std::deque<std::string> pending;          // payloads not sent yet
-  std::deque<std::string> pending_packets;  // their packets, before the socket exists (ICMP)
+  std::deque<std::string> pending;             // payloads not sent yet
+  std::deque<std::string> pending_packets;     // their packets, before the socket exists (ICMP)
   bool ready = false;
   bool sending = false;
   bool closed = false;
@@ -509,8 +513,7 @@ net::awaitable<void> receiveFlow(std::shared_ptr<ExecState> state_in,
       if (!chunk.ok() || !chunk->has_value()) {
         // The destination refused (ICMP to the agent's socket): the same
         // to the program's. Anything else ends the flow quietly.
-        if (!chunk.ok() && !f->closed &&
-            absl::StrContains(chunk.status().message(), "refused")) {
+        if (!chunk.ok() && !f->closed && absl::StrContains(chunk.status().message(), "refused")) {
           exec::UdpFlow sent = f->flow;  // the program's datagram, as it went
           std::swap(sent.src, sent.dst);
           std::swap(sent.src_port, sent.dst_port);
@@ -725,11 +728,16 @@ struct ExecFiles {
     }
     pid_t pid = -1;
     const char* argv[] = {"fusermount3", "-u", "-z", "-q", staging.c_str(), nullptr};
-    if (::posix_spawnp(&pid, "fusermount3", nullptr, nullptr, const_cast<char* const*>(argv),
+    // 0, 1 and 2 only: siphon's sockets are not close-on-exec (exec/fds.h).
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+    if (::posix_spawnp(&pid, "fusermount3", &actions, nullptr, const_cast<char* const*>(argv),
                        environ) == 0) {
       while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
       }
     }
+    posix_spawn_file_actions_destroy(&actions);
   }
 };
 
@@ -812,12 +820,31 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
       co_return kExitError;
     }
     for (const char* path : {"/etc/resolv.conf", "/etc/hosts"}) {
+      const bool resolv = absl::EndsWith(path, "resolv.conf");
       auto text = co_await files.readFile(path);
       if (!text.ok()) {
-        if (client::errorCode(text.status()) == ErrorCode::kNotFound) continue;
-        co_return reportFailure(absl::StrCat("exec: the target's ", path), text.status());
+        // What a missing file means to libc (a FROM scratch image run
+        // outside Kubernetes has neither): no hosts entries, the resolver's
+        // defaults. The program runs, told so in one line.
+        const int err = client::errnoValue(text.status());
+        if (!exec::absentToTheResolver(err)) {
+          // A failure of the moment, which libc would report to the program.
+          Failure f = requestFailure(absl::StrCat("exec: the target's ", path), text.status());
+          printError(f.message + " (--local-dns runs the program with this machine's)");
+          co_return f.exit_code;
+        }
+        const char* meaning = resolv ? "the resolver's defaults" : "no entries";
+        if (st->json) {
+          st->event(std::move(JsonLine("target_file")
+                                  .add("path", path)
+                                  .add("error", std::strerror(err))
+                                  .add("shown", meaning)));
+        } else {
+          printError(absl::StrCat("exec: the target's ", path, ": ", std::strerror(err),
+                                  "; the program's has ", meaning, ", as libc reads it"));
+        }
+        text = std::string();
       }
-      const bool resolv = absl::EndsWith(path, "resolv.conf");
       if (resolv) {
         // Lookups go where the target's go, a nameserver on its loopback too.
         exec::ShownResolvConf shown = exec::standInNameservers(*text);
@@ -957,10 +984,23 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
 
   std::vector<std::string> local_env;
   for (char** e = environ; e && *e; ++e) local_env.emplace_back(*e);
-  exec::EnvOverlay overlay{flags.env_include, flags.env_exclude, flags.env_set};
+  exec::EnvOverlay overlay{flags.env_include, flags.env_exclude, flags.env_set, flags.env_allow};
+  exec::OverlaidEnvironment program_env = exec::overlayEnvironment(local_env, target_env, overlay);
+  if (!program_env.left_out.empty()) {
+    // The target chose them; they would choose the code run here.
+    const std::string names = absl::StrJoin(program_env.left_out, ", ");
+    if (st->json) {
+      st->event(std::move(JsonLine("env_left_out").add("names", names)));
+    } else {
+      printError(absl::StrCat("exec: the target's ", names,
+                              " left out: they choose code that runs on this machine "
+                              "(--env-allow NAME takes one)"));
+    }
+  }
   exec::SandboxSpec spec;
   spec.argv = flags.command;
-  spec.env = exec::overlayEnvironment(local_env, target_env, overlay);
+  spec.env = std::move(program_env.env);
+  spec.keep_fds = flags.keep_fds;
   spec.hostname = hostname;
   spec.files = overlays;
   spec.mounts = mounts;
@@ -1086,8 +1126,8 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
   // closed); not longer than kDrainAfterExit.
   const auto drain_until = asio::steady_timer::clock_type::now() + kDrainAfterExit;
   while (st->open() > 0 && asio::steady_timer::clock_type::now() < drain_until) {
-    co_await st->run.wait(std::min(drain_until, asio::steady_timer::clock_type::now() +
-                                                    std::chrono::milliseconds(100)));
+    co_await st->run.wait(std::min(
+        drain_until, asio::steady_timer::clock_type::now() + std::chrono::milliseconds(100)));
   }
   // The program's namespace is gone, and the mount with it.
   if (fs) co_await stopFiles(fs, st, /*program_ran=*/true);
@@ -1105,6 +1145,20 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
   co_return *st->exit_code;
 }
 
+// 0, 1 and 2 open (/dev/null for any that is closed), as glibc makes them
+// for a setuid program: the program's standard streams are never siphon's
+// sockets.
+void ensureStandardStreams() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
+    const int null = ::open("/dev/null", O_RDWR);
+    if (null >= 0 && null != fd) {
+      ::dup2(null, fd);
+      ::close(null);
+    }
+  }
+}
+
 }  // namespace
 
 void addExecCommand(CLI::App& app, std::vector<Command>& out, const ExecTail* tail) {
@@ -1115,6 +1169,9 @@ void addExecCommand(CLI::App& app, std::vector<Command>& out, const ExecTail* ta
       "environment and hostname are the target's (siphon exec [OPTIONS] -- COMMAND [ARGS...])");
   registerExecFlags(*exec, *flags);
   exec->callback([flags, exec, tail] {
+    // First of all: a standard stream siphon was started without would be
+    // the number its first socket gets, and the program's stdin or stdout.
+    ensureStandardStreams();
     absl::Status s = finishExecFlags(*flags, *exec, *tail);
     if (!s.ok()) throw CLI::ValidationError("exec", std::string(s.message()));
   });

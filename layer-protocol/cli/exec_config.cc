@@ -1,5 +1,6 @@
 #include "cli/exec_config.h"
 
+#include <fcntl.h>
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>
 
@@ -13,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "cli/options.h"
+#include "exec/fds.h"
 #include "exec/policy.h"
 
 namespace siphon::cli {
@@ -75,6 +77,39 @@ absl::Status takeList(const std::string& origin, const std::string& key, const V
 
 }  // namespace
 
+absl::Status checkEnvAllow(const std::string& glob) {
+  if (glob.empty() || glob.find('=') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--env-allow '", glob, "': a variable's name or a glob (no '=')"));
+  }
+  // A plain name siphon takes anyway is a mistake (a typo) worth a word.
+  if (glob.find_first_of("*?[") == std::string::npos && !exec::choosesCode(glob)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--env-allow ", glob,
+        ": the target's value of it is taken without this; --env-allow names a variable that "
+        "chooses code run here (LD_PRELOAD, BASH_ENV, ...: docs/EXEC.md)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status checkKeptDescriptors(const std::vector<int>& fds) {
+  if (fds.size() >= exec::kMaxKeptDescriptors) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keep-fd: at most ", exec::kMaxKeptDescriptors - 1, " descriptors"));
+  }
+  for (int fd : fds) {
+    if (fd < 3) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--keep-fd ", fd, ": 0, 1 and 2 are always the program's; N is 3 or more"));
+    }
+    if (::fcntl(fd, F_GETFD) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--keep-fd ", fd, ": siphon was not given descriptor ", fd, " (e.g. `", fd, "<FILE`)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 void registerExecFlags(CLI::App& exec, ExecFlags& flags) {
   exec.add_option("-f,--config", flags.config_file,
                   "A JSON file with these options by name (\"local\": [...], \"env\": {...}, "
@@ -90,8 +125,9 @@ void registerExecFlags(CLI::App& exec, ExecFlags& flags) {
                   "CIDR[:PORT]: connections there are made from the target; repeatable (the "
                   "most specific rule wins, a tie goes to --local)")
       ->allow_extra_args(false);
-  exec.add_option("--env", flags.env_set, "NAME=VALUE in the program's environment, over both; "
-                                          "repeatable")
+  exec.add_option("--env", flags.env_set,
+                  "NAME=VALUE in the program's environment, over both; "
+                  "repeatable")
       ->allow_extra_args(false);
   exec.add_option("--env-include", flags.env_include,
                   "Take only the target's variables whose names match this glob; repeatable")
@@ -100,8 +136,17 @@ void registerExecFlags(CLI::App& exec, ExecFlags& flags) {
                   "Keep the local value of variables matching this glob; repeatable (PATH, "
                   "HOME, TERM, DISPLAY and SSH_AUTH_SOCK always stay local)")
       ->allow_extra_args(false);
-  exec.add_flag("--no-target-env", flags.no_target_env,
-                "Run with the local environment only");
+  exec.add_option("--env-allow", flags.env_allow,
+                  "Take the target's value of a variable that chooses code run here (LD_PRELOAD, "
+                  "BASH_ENV, NODE_OPTIONS, GIT_*...: docs/EXEC.md), left out by default; a name "
+                  "or glob, repeatable")
+      ->allow_extra_args(false);
+  exec.add_option("--keep-fd", flags.keep_fds,
+                  "Give the program descriptor N that siphon was given (e.g. `3<file`), at the "
+                  "same number; repeatable (by default it gets 0, 1 and 2 only)")
+      ->type_name("N")
+      ->allow_extra_args(false);
+  exec.add_flag("--no-target-env", flags.no_target_env, "Run with the local environment only");
   exec.add_option("--hostname", flags.hostname,
                   "The program's hostname (default: the target's /etc/hostname, else its "
                   "HOSTNAME)");
@@ -232,13 +277,14 @@ absl::Status mergeExecConfig(const std::string& json, const std::string& origin,
       s = takeString(origin, key, value, &v);
       if (s.ok() && !skip) (key == "hostname" ? flags.hostname : flags.agent_lost_timeout) = v;
     } else if (key == "local" || key == "remote" || key == "env-include" || key == "env-exclude" ||
-               key == "command") {
+               key == "env-allow" || key == "command") {
       std::vector<std::string> v;
       s = takeList(origin, key, value, &v);
       std::vector<std::string>* out = key == "local"         ? &flags.local
                                       : key == "remote"      ? &flags.remote
                                       : key == "env-include" ? &flags.env_include
                                       : key == "env-exclude" ? &flags.env_exclude
+                                      : key == "env-allow"   ? &flags.env_allow
                                                              : &flags.command;
       if (s.ok() && !skip) *out = std::move(v);
     } else if (key == "env") {
@@ -261,7 +307,8 @@ absl::Status mergeExecConfig(const std::string& json, const std::string& origin,
       return absl::InvalidArgumentError(absl::StrCat(
           origin, ": unknown option \"", key,
           "\" (known: local, remote, remote-loopback, env, env-include, env-exclude, "
-          "no-target-env, hostname, agent-lost-timeout, no-udp, local-dns, steal, mirror, "
+          "env-allow, no-target-env, hostname, agent-lost-timeout, no-udp, local-dns, steal, "
+          "mirror, "
           "incoming, filter-header, filter-path, filter-method, filter-any, fs-remote, fs-root, "
           "fs-ro, command)"));
     }
@@ -281,6 +328,9 @@ absl::Status finishExecFlags(ExecFlags& flags, const CLI::App& exec, const ExecT
     rest = tail.words;
   }
   if (!rest.empty()) flags.command = rest;
+  // Before anything of siphon's is opened (the config file, below): a
+  // number open now is one siphon was given, never one of its own.
+  if (absl::Status s = checkKeptDescriptors(flags.keep_fds); !s.ok()) return s;
   if (!flags.config_file.empty()) {
     std::ifstream in(flags.config_file, std::ios::binary);
     if (!in) {
@@ -315,10 +365,12 @@ absl::Status finishExecFlags(ExecFlags& flags, const CLI::App& exec, const ExecT
   for (const auto& e : flags.env_set) {
     if (absl::Status s = exec::checkEnvAssignment(e); !s.ok()) return s;
   }
+  for (const auto& glob : flags.env_allow) {
+    if (absl::Status s = checkEnvAllow(glob); !s.ok()) return s;
+  }
   auto d = parseDuration(flags.agent_lost_timeout);
   if (!d.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--agent-lost-timeout: ", d.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat("--agent-lost-timeout: ", d.status().message()));
   }
   flags.agent_lost_timeout_ms = *d;
 

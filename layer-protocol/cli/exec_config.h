@@ -6,6 +6,7 @@
 //     "local": ["10.0.0.0/8:5432"], "remote": ["127.0.0.1:6379"],
 //     "remote-loopback": false,
 //     "env": {"LOG_LEVEL": "debug"}, "env-include": ["DB_*"], "env-exclude": ["*SECRET*"],
+//     "env-allow": ["JAVA_TOOL_OPTIONS"],
 //     "hostname": "pod-7", "agent-lost-timeout": "60s",
 //     "no-udp": false, "local-dns": false, "no-target-env": false,
 //     "steal": ["80:8080"], "mirror": ["9090"], "incoming": "off",
@@ -52,11 +53,15 @@ struct ExecFlags {
   std::vector<std::string> local, remote;  // CIDR[:PORT]
   std::vector<std::string> env_set;        // NAME=VALUE
   std::vector<std::string> env_include, env_exclude;
+  std::vector<std::string> env_allow;  // globs: exec::kCodeChoosing names taken anyway
+  // Descriptors siphon was given that the program gets (besides 0, 1, 2);
+  // not in the config file: they belong to one command line.
+  std::vector<int> keep_fds;
   bool no_target_env = false;
   std::string hostname;  // empty: the target's
   std::string agent_lost_timeout = "60s";
-  bool no_udp = false;     // UDP stays in the program's namespace
-  bool local_dns = false;  // keep this machine's resolv.conf and hosts
+  bool no_udp = false;                     // UDP stays in the program's namespace
+  bool local_dns = false;                  // keep this machine's resolv.conf and hosts
   std::vector<std::string> steal, mirror;  // PORT[:LOCAL]
   std::string incoming = "off";            // steal | mirror | off
   FilterFlags filter;                      // the steals' HTTP filter
@@ -88,6 +93,15 @@ std::vector<std::string> splitExecTail(const std::vector<std::string>& args, Exe
 // config file merged under the flags given, and every value checked.
 // InvalidArgument names the flag or key and what is wrong.
 absl::Status finishExecFlags(ExecFlags& flags, const CLI::App& exec, const ExecTail& tail);
+
+// --env-allow GLOB: a name or glob without '='; a plain name must be one
+// siphon leaves out (exec::choosesCode), else it is a typo. INVALID_ARGUMENT.
+absl::Status checkEnvAllow(const std::string& glob);
+
+// --keep-fd N: each 3 or more, open in this process (checked before siphon
+// opens anything of its own, so an open N is one it was given), fewer than
+// exec::kMaxKeptDescriptors. INVALID_ARGUMENT names the flag.
+absl::Status checkKeptDescriptors(const std::vector<int>& fds);
 
 // The config file's text merged under `flags`: only names whose flag was
 // not given (`given(name)` false) are taken. For tests.

@@ -6,9 +6,12 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <map>
+#include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -60,7 +63,8 @@ bool globMatches(const std::vector<std::string>& globs, const std::string& name)
 absl::StatusOr<AddressRule> parseAddressRule(std::string_view text_in, Via via) {
   const std::string text(text_in);
   auto bad = [&](std::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("bad address rule '", text, "': ", std::string(why),
+    return absl::InvalidArgumentError(absl::StrCat("bad address rule '", text,
+                                                   "': ", std::string(why),
                                                    " (want CIDR[:PORT], [IPv6-CIDR]:PORT)"));
   };
   std::string cidr = text;
@@ -125,15 +129,23 @@ Via Routes::route(std::string_view address, uint16_t port) const {
     if (better(r, best)) best = &r;
   }
   if (best != nullptr) return best->via;
-  const bool loopback = v6 ? (std::all_of(addr.begin(), addr.end() - 1,
-                                          [](uint8_t b) { return b == 0; }) &&
-                              addr[15] == 1)
-                           : addr[0] == 127;
+  const bool loopback =
+      v6 ? (std::all_of(addr.begin(), addr.end() - 1, [](uint8_t b) { return b == 0; }) &&
+            addr[15] == 1)
+         : addr[0] == 127;
   if (loopback && !remote_loopback_) return Via::kLocal;
   return Via::kTarget;
 }
 
-std::vector<std::string> overlayEnvironment(
+bool choosesCode(std::string_view name) {
+  const std::string n(name);
+  return std::any_of(std::begin(kCodeChoosing), std::end(kCodeChoosing),
+                     [&](std::string_view glob) {
+                       return ::fnmatch(std::string(glob).c_str(), n.c_str(), 0) == 0;
+                     });
+}
+
+OverlaidEnvironment overlayEnvironment(
     const std::vector<std::string>& local,
     const std::vector<std::pair<std::string, std::string>>& target, const EnvOverlay& overlay) {
   std::map<std::string, std::string> env;
@@ -142,10 +154,24 @@ std::vector<std::string> overlayEnvironment(
     if (eq == std::string::npos || eq == 0) continue;
     env[e.substr(0, eq)] = e.substr(eq + 1);
   }
+  std::set<std::string> set_names;
+  for (const std::string& e : overlay.set) {
+    const size_t eq = e.find('=');
+    if (eq != std::string::npos && eq != 0) set_names.insert(e.substr(0, eq));
+  }
+  std::set<std::string> left_out;
   for (const auto& [name, value] : target) {
     if (std::find(kKeepLocal.begin(), kKeepLocal.end(), name) != kKeepLocal.end()) continue;
     if (globMatches(overlay.exclude, name)) continue;
     if (!overlay.include.empty() && !globMatches(overlay.include, name)) continue;
+    if (choosesCode(name) && !globMatches(overlay.allow, name)) {
+      // Told only when it changes what the program gets.
+      auto here = env.find(name);
+      if (set_names.count(name) == 0 && (here == env.end() || here->second != value)) {
+        left_out.insert(name);
+      }
+      continue;
+    }
     env[name] = value;
   }
   for (const std::string& e : overlay.set) {
@@ -153,9 +179,10 @@ std::vector<std::string> overlayEnvironment(
     if (eq == std::string::npos || eq == 0) continue;
     env[e.substr(0, eq)] = e.substr(eq + 1);
   }
-  std::vector<std::string> out;
-  out.reserve(env.size());
-  for (const auto& [name, value] : env) out.push_back(absl::StrCat(name, "=", value));
+  OverlaidEnvironment out;
+  out.env.reserve(env.size());
+  for (const auto& [name, value] : env) out.env.push_back(absl::StrCat(name, "=", value));
+  out.left_out.assign(left_out.begin(), left_out.end());
   return out;
 }
 
@@ -177,6 +204,7 @@ int exitCodeOf(int wait_status) {
 ShownResolvConf standInNameservers(std::string_view resolv_conf) {
   ShownResolvConf out;
   int next4 = 53, next6 = 0x53;
+  bool any_nameserver = false;
   auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
   while (!resolv_conf.empty()) {
     const size_t eol = resolv_conf.find('\n');
@@ -196,11 +224,12 @@ ShownResolvConf standInNameservers(std::string_view resolv_conf) {
         ++end;
       }
       address.assign(line.substr(0, end));
+      if (!address.empty()) any_nameserver = true;
     }
     unsigned char bytes[16];
     std::string stand_in;
-    if (!address.empty() && ::inet_pton(AF_INET, address.c_str(), bytes) == 1 &&
-        bytes[0] == 127 && next4 < 255) {
+    if (!address.empty() && ::inet_pton(AF_INET, address.c_str(), bytes) == 1 && bytes[0] == 127 &&
+        next4 < 255) {
       stand_in = absl::StrCat("198.18.0.", next4++);
     } else if (!address.empty() && ::inet_pton(AF_INET6, address.c_str(), bytes) == 1 &&
                IN6_IS_ADDR_LOOPBACK(reinterpret_cast<in6_addr*>(bytes)) && next6 < 0xffff) {
@@ -215,7 +244,30 @@ ShownResolvConf standInNameservers(std::string_view resolv_conf) {
     out.stand_ins[stand_in] = address;
     absl::StrAppend(&out.text, "nameserver ", stand_in, "  # the target's ", address, "\n");
   }
+  if (!any_nameserver) {
+    // No nameserver line (or no file): the resolver asks 127.0.0.1, the
+    // target's loopback, not the program's.
+    if (!out.text.empty() && out.text.back() != '\n') out.text.push_back('\n');
+    out.stand_ins["198.18.0.53"] = "127.0.0.1";
+    absl::StrAppend(&out.text,
+                    "nameserver 198.18.0.53  # the target's 127.0.0.1 (no nameserver line: the "
+                    "resolver's default)\n");
+  }
   return out;
+}
+
+bool absentToTheResolver(int err) {
+  switch (err) {
+    case ENOENT:
+    case ENOTDIR:
+    case EACCES:
+    case EPERM:
+    case EISDIR:
+    case ELOOP:
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace siphon::exec

@@ -1,10 +1,11 @@
 #include "exec/sandbox.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
-#include <linux/netfilter_ipv4.h>
 #include <linux/if.h>
 #include <linux/if_tun.h>
+#include <linux/netfilter_ipv4.h>
 #include <linux/netfilter_ipv6/ip6_tables.h>
 #include <netinet/in.h>
 #include <sched.h>
@@ -13,7 +14,6 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <dirent.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "exec/fds.h"
 
 namespace siphon::exec {
 namespace {
@@ -78,16 +79,27 @@ struct Plan {
   std::vector<std::vector<std::string>> commands4, commands6, commands_udp;
   size_t udp_v6_from = 0;
   std::vector<std::string> argv, env;
+  std::vector<int> keep_fds;  // siphon's, the program's at the same numbers
 };
 
 // The steps' names, for the parent's messages (kStepFailed's `step`).
-constexpr const char* kSteps[] = {
-    "setpgid",          "unshare the namespaces", "write setgroups",
-    "write uid_map",    "write gid_map",          "make the mounts private",
-    "sethostname",      "listen on 127.0.0.1",    "listen on ::1",
-    "run a command",    "drop to the caller's ids", "send the listeners",
-    "bind a file over", "make the TUN device " /* kTunName */, "start the connector",
-    "show the target's files at"};
+constexpr const char* kSteps[] = {"setpgid",
+                                  "unshare the namespaces",
+                                  "write setgroups",
+                                  "write uid_map",
+                                  "write gid_map",
+                                  "make the mounts private",
+                                  "sethostname",
+                                  "listen on 127.0.0.1",
+                                  "listen on ::1",
+                                  "run a command",
+                                  "drop to the caller's ids",
+                                  "send the listeners",
+                                  "bind a file over",
+                                  "make the TUN device " /* kTunName */,
+                                  "start the connector",
+                                  "show the target's files at",
+                                  "close siphon's descriptors"};
 enum Step {
   kSetpgid,
   kUnshare,
@@ -105,6 +117,7 @@ enum Step {
   kTun,
   kConnector,
   kMountOver,
+  kDescriptors,
 };
 
 [[noreturn]] void childFail(int sock, Kind kind, int step, int err, const char* text = nullptr,
@@ -186,9 +199,15 @@ void runCommand(int sock, const std::vector<std::string>& cmd, uint16_t port, in
   const pid_t pid = ::fork();
   if (pid < 0) childFail(sock, kStepFailed, kCommand, errno);
   if (pid == 0) {
+    // Its stdin and stdout are nobody's (the user's terminal is the
+    // program's); its stderr comes back for the error message. Nothing else
+    // of siphon's reaches it: child() left none but close-on-exec ones.
     ::dup2(err_pipe[1], 2);
     const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (null >= 0) ::dup2(null, 1);
+    if (null >= 0) {
+      ::dup2(null, 0);
+      ::dup2(null, 1);
+    }
     ::execvp(argv[0], const_cast<char* const*>(argv));
     const char* what = errno == ENOENT ? "not found (is it installed?)" : "cannot be run";
     (void)!::write(2, argv[0], std::strlen(argv[0]));
@@ -401,7 +420,7 @@ int showAt(const MountOverlay& m, const char* scratch) {
 // (SO_MARK needs them), which it uses for nothing but what siphon asks on
 // its socket; when siphon's end closes while it runs (siphon killed), it
 // stops the program (stopProgram). Returns siphon's end of its socket.
-int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
+int startConnector(int sock) {
   const pid_t program = ::getpid();  // this process, which execs the program
   int pair[2];
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, pair) != 0) {
@@ -412,20 +431,15 @@ int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
   if (middle == 0) {
     if (::fork() == 0) {
       ::setpgid(0, 0);
-      ::close(pair[0]);
-      ::close(sock);
-      for (size_t i = 0; i < n_keep_closed; ++i) {
-        if (keep_closed[i] >= 0) ::close(keep_closed[i]);
-      }
       // Nothing of the program's: its stdout held open here would keep a
-      // reader of it waiting after the program ended.
+      // reader of it waiting after the program ended. Nothing of siphon's
+      // or the set-up's either (the listeners, the TUN device, --keep-fd's):
+      // its own socket only.
       const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
       for (int fd = 0; fd <= 2; ++fd) {
         if (null >= 0) ::dup2(null, fd);
       }
-      for (int fd = 3; fd < 1024; ++fd) {
-        if (fd != pair[1]) ::close(fd);
-      }
+      keepOnlyDescriptors(&pair[1], 1, FdAction::kClose);
       connectorLoop(pair[1], program);
     }
     ::_exit(0);
@@ -438,6 +452,20 @@ int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
 
 [[noreturn]] void child(int sock, const Plan& plan, const char* const* argv,
                         const char* const* envp) {
+  // Nothing of siphon's goes further than this process (fds.h): its
+  // connection to the agent, its sockets in this machine's namespace, the
+  // FUSE device are not close-on-exec, and the set-up's commands, the
+  // connector and the program would have them. Only this socket (to siphon,
+  // close-on-exec) and the descriptors the program is given (--keep-fd),
+  // close-on-exec until its own exec, stay.
+  int keep[kMaxKeptDescriptors];
+  size_t n_keep = 0;
+  keep[n_keep++] = sock;
+  for (int fd : plan.keep_fds) keep[n_keep++] = fd;
+  if (const int err = keepOnlyDescriptors(keep, n_keep, FdAction::kClose); err != 0) {
+    childFail(sock, kStepFailed, kDescriptors, err);
+  }
+  for (int fd : plan.keep_fds) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
   if (::setpgid(0, 0) != 0) childFail(sock, kStepFailed, kSetpgid, errno);
   int flags = CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWUTS;
   if (plan.user_namespace) flags |= CLONE_NEWUSER;
@@ -463,8 +491,7 @@ int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
                 plan.files[i].target.size());
     }
   }
-  if (!plan.hostname.empty() &&
-      ::sethostname(plan.hostname.data(), plan.hostname.size()) != 0) {
+  if (!plan.hostname.empty() && ::sethostname(plan.hostname.data(), plan.hostname.size()) != 0) {
     childFail(sock, kStepFailed, kHostname, errno);
   }
   uint16_t port4 = 0, port6 = 0;
@@ -510,8 +537,7 @@ int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
   }
   // Before the drop: the connector keeps the capability over the
   // namespace's network that SO_MARK needs (the program has none).
-  const int inherited[3] = {l4, l6, tun};
-  const int connector = startConnector(sock, inherited, 3);
+  const int connector = startConnector(sock);
   if (plan.user_namespace) {
     // The program runs as the caller, without the capabilities the set-up
     // had: a user namespace inside the first, mapping the ids back.
@@ -552,6 +578,14 @@ int startConnector(int sock, const int* keep_closed, size_t n_keep_closed) {
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  // Right before the exec, whatever the set-up left open: close-on-exec,
+  // but the descriptors the program is given (this socket stays open until
+  // the exec, to carry an exec failure).
+  if (const int err =
+          keepOnlyDescriptors(plan.keep_fds.data(), plan.keep_fds.size(), FdAction::kCloseOnExec);
+      err != 0) {
+    childFail(sock, kStepFailed, kDescriptors, err);
+  }
   ::execvpe(argv[0], const_cast<char* const*>(argv), const_cast<char* const*>(envp));
   childFail(sock, kExecFailed, 0, errno);
 }
@@ -632,10 +666,10 @@ absl::Status stepError(const Plan& plan, const Message& m) {
             : ""));
   }
   if (m.step == kTun) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "setting up the program's namespaces: cannot make the TUN device for its UDP "
-        "(/dev/net/tun: ",
-        why, "; is the tun module loaded?)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("setting up the program's namespaces: cannot make the TUN device for its UDP "
+                     "(/dev/net/tun: ",
+                     why, "; is the tun module loaded?)"));
   }
   if (m.step == kUnshare && plan.user_namespace && (m.err == EPERM || m.err == ENOSPC)) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -724,9 +758,9 @@ absl::StatusOr<int> connectInside(int connector, const std::string& address, uin
     }
   }
   if (reply.err != 0 || fd < 0) {
-    return absl::UnavailableError(absl::StrCat("connect ", v6 ? "[" : "", address, v6 ? "]" : "",
-                                               ":", port, " in the program's namespace: ",
-                                               std::strerror(reply.err != 0 ? reply.err : EBADF)));
+    return absl::UnavailableError(absl::StrCat(
+        "connect ", v6 ? "[" : "", address, v6 ? "]" : "", ":", port,
+        " in the program's namespace: ", std::strerror(reply.err != 0 ? reply.err : EBADF)));
   }
   return fd;
 }
@@ -747,9 +781,8 @@ absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec) {
   plan.scratch = spec.scratch;
   for (const MountOverlay& m : spec.mounts) {
     if (m.target.empty() || m.target[0] != '/' || m.target == "/") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a path to show the target's files at must be absolute and not /: \"",
-                       m.target, "\""));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a path to show the target's files at must be absolute and not /: \"", m.target, "\""));
     }
     if (m.target.size() >= PATH_MAX / 2 || m.source.size() >= PATH_MAX / 2) {
       return absl::InvalidArgumentError(absl::StrCat("path too long: ", m.target));
@@ -763,6 +796,18 @@ absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec) {
       }
     }
   }
+  for (int fd : spec.keep_fds) {
+    if (fd < 3 || ::fcntl(fd, F_GETFD) < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "descriptor ", fd,
+          " to give the program: ", fd < 3 ? "0, 1 and 2 are always its own" : "not open"));
+    }
+  }
+  if (spec.keep_fds.size() >= kMaxKeptDescriptors) {
+    return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxKeptDescriptors - 1,
+                                                   " descriptors can be given to the program"));
+  }
+  plan.keep_fds = spec.keep_fds;
   plan.udp = spec.udp;
   if (plan.udp) plan.commands_udp = udpCommands(&plan.udp_v6_from);
   plan.commands4 = ipv4Commands();
@@ -828,9 +873,9 @@ absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec) {
     if (m.kind == kCommandFailed) {
       std::string text(m.text, strnlen(m.text, sizeof(m.text)));
       while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
-      return absl::FailedPreconditionError(
-          absl::StrCat("setting up the program's namespaces: `", commandText(plan, m.step),
-                       "` failed", text.empty() ? "" : ": ", text));
+      return absl::FailedPreconditionError(absl::StrCat("setting up the program's namespaces: `",
+                                                        commandText(plan, m.step), "` failed",
+                                                        text.empty() ? "" : ": ", text));
     }
     return stepError(plan, m);
   }
@@ -869,8 +914,7 @@ absl::StatusOr<Destination> originalDestination(int fd) {
     sockaddr_in orig{};
     len = sizeof(orig);
     if (::getsockopt(fd, SOL_IP, SO_ORIGINAL_DST, &orig, &len) != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("SO_ORIGINAL_DST: ", std::strerror(errno)));
+      return absl::FailedPreconditionError(absl::StrCat("SO_ORIGINAL_DST: ", std::strerror(errno)));
     }
     ::inet_ntop(AF_INET, &orig.sin_addr, text, sizeof(text));
     d.port = ntohs(orig.sin_port);

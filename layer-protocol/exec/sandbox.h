@@ -17,6 +17,9 @@
 // uid and gid (a second user namespace maps them back once the network is
 // made), in its own process group.
 //
+// The program starts with 0, 1 and 2 and SandboxSpec::keep_fds, whatever
+// else siphon holds (exec/fds.h).
+//
 // Threads: startSandbox() forks; call it before any thread of the process
 // holds a lock the child would need (the child runs only system calls and
 // execs until the program starts).
@@ -73,6 +76,10 @@ struct SandboxSpec {
   // (in the program's namespace; nothing shows here). Needed with mounts.
   std::string scratch;
   bool udp = false;  // make the TUN device (Sandbox::tun())
+  // Descriptors of siphon's the program gets at the same numbers, besides
+  // 0, 1 and 2 (--keep-fd); it gets no other (exec/fds.h), nor do the
+  // set-up's commands and the connector.
+  std::vector<int> keep_fds;
 };
 
 class Sandbox {
@@ -115,7 +122,8 @@ class Sandbox {
 // namespaces cannot be made here (unprivileged user namespaces are off: the
 // message names the setting to check) or a needed command is missing;
 // NOT_FOUND / PERMISSION_DENIED when the program cannot be executed (its
-// errno), after which nothing of it is left.
+// errno), after which nothing of it is left; INVALID_ARGUMENT for a
+// keep_fds entry below 3 or not open, or more than kMaxKeptDescriptors - 1.
 absl::StatusOr<Sandbox> startSandbox(const SandboxSpec& spec);
 
 // Where a connection accepted on a Sandbox listener was going (its

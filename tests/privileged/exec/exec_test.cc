@@ -96,8 +96,8 @@ class ExecTest : public ::testing::Test {
     netns_.emplace();
     ASSERT_TRUE(netns_->created());
     for (const char* addr : {kWeb, kDns, kUdpEcho}) {
-      Result r = run({"ip", "-n", netns_->name(), "addr", "add", std::string(addr) + "/32", "dev",
-                      "lo"});
+      Result r =
+          run({"ip", "-n", netns_->name(), "addr", "add", std::string(addr) + "/32", "dev", "lo"});
       ASSERT_EQ(r.exit_code, 0) << r;
     }
     ASSERT_EQ(run({"ip", "-n", netns_->name(), "link", "set", "lo", "up"}).exit_code, 0);
@@ -148,11 +148,11 @@ class ExecTest : public ::testing::Test {
 
     // The target: a process in the pod's namespace and root, with its own
     // environment.
-    pod_ = spawn({"ip", "netns", "exec", netns_->name(), "/usr/sbin/chroot", root_,
-                  "/bin/busybox", "sleep", "600"},
-                 std::vector<std::string>{"POD_SECRET=from-the-pod", "PATH=/pod/bin",
-                                          "LANG=pod-lang"},
-                 -1, -1);
+    pod_ =
+        spawn({"ip", "netns", "exec", netns_->name(), "/usr/sbin/chroot", root_, "/bin/busybox",
+               "sleep", "600"},
+              std::vector<std::string>{"POD_SECRET=from-the-pod", "PATH=/pod/bin", "LANG=pod-lang"},
+              -1, -1);
     ASSERT_TRUE(eventually([&] { return comm(pod_.pid()) == "busybox"; }));
     agent_ = startAgent(&endpoint_);
     ASSERT_FALSE(endpoint_.empty());
@@ -184,8 +184,8 @@ class ExecTest : public ::testing::Test {
 
   void waitForPodServices() {
     ASSERT_TRUE(eventually([&] {
-      Result r = run({"ip", "netns", "exec", netns_->name(), "dig", "+short", "+time=1",
-                      "+tries=1", std::string("@") + kDns, "web.default.svc.cluster.local"});
+      Result r = run({"ip", "netns", "exec", netns_->name(), "dig", "+short", "+time=1", "+tries=1",
+                      std::string("@") + kDns, "web.default.svc.cluster.local"});
       return r.out.find(kWeb) != std::string::npos;
     })) << "dnsmasq in the pod never answered";
     ASSERT_TRUE(eventually([&] {
@@ -195,13 +195,14 @@ class ExecTest : public ::testing::Test {
     })) << "the pod's HTTP service never answered";
   }
 
+  // An agent for the pod process (or `target`, another process).
   std::unique_ptr<Agent> startAgent(std::string* endpoint,
-                                    const std::vector<std::string>& extra = {}) {
+                                    const std::vector<std::string>& extra = {}, pid_t target = 0) {
     std::vector<std::string> argv = {
         "--listen", "127.0.0.1:0", "--token-file", token_file_, "--first-client-timeout", "0"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    for (const std::string& a :
-         {std::string("targeted"), std::string("--pid"), std::to_string(pod_.pid())}) {
+    for (const std::string& a : {std::string("targeted"), std::string("--pid"),
+                                 std::to_string(target != 0 ? target : pod_.pid())}) {
       argv.push_back(a);
     }
     auto agent =
@@ -212,9 +213,14 @@ class ExecTest : public ::testing::Test {
 
   std::vector<std::string> siphon(const std::vector<std::string>& exec_args,
                                   const std::string& endpoint = "") const {
-    std::vector<std::string> argv = {"env", "TMPDIR=" + tmp_, SIPHON_CLI_BIN, "--agent",
-                                     endpoint.empty() ? endpoint_ : endpoint, "--token-file",
-                                     token_file_, "exec"};
+    std::vector<std::string> argv = {"env",
+                                     "TMPDIR=" + tmp_,
+                                     SIPHON_CLI_BIN,
+                                     "--agent",
+                                     endpoint.empty() ? endpoint_ : endpoint,
+                                     "--token-file",
+                                     token_file_,
+                                     "exec"};
     argv.insert(argv.end(), exec_args.begin(), exec_args.end());
     return argv;
   }
@@ -291,6 +297,70 @@ TEST_F(ExecTest, ANameserverOnThePodsLoopbackIsThePods) {
   EXPECT_THAT(r.out, HasSubstr("nameserver 198.18.0.53  # the target's 127.0.0.1\n"));
 }
 
+// Issue 40: a target without /etc/hosts (a FROM scratch image run outside
+// Kubernetes) is one with no entries, as libc reads a missing file: the
+// program runs, told in one line. Without resolv.conf too, the resolver's
+// defaults: a nameserver on the target's loopback (the pod's dnsmasq
+// listens there), no search domains.
+TEST_F(ExecTest, ATargetWithoutHostsOrResolvConfIsAsLibcReadsIt) {
+  std::filesystem::remove(root_ + "/etc/hosts");
+  Result r = exec({"sh", "-c", "getent hosts web; wc -c < /etc/hosts"});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr(std::string(kWeb) + " ")) << r;
+  EXPECT_THAT(r.out, HasSubstr("\n0\n")) << "an empty hosts, not this machine's: " << r;
+  EXPECT_THAT(r.err, HasSubstr("exec: the target's /etc/hosts: No such file or directory; the "
+                               "program's has no entries"))
+      << r;
+
+  std::filesystem::remove(root_ + "/etc/resolv.conf");
+  r = exec({"sh", "-c", "getent hosts web.default.svc.cluster.local; cat /etc/resolv.conf"});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr(std::string(kWeb) + " ")) << r;
+  EXPECT_THAT(r.out, HasSubstr("nameserver 198.18.0.53  # the target's 127.0.0.1")) << r;
+  EXPECT_THAT(r.err, HasSubstr("exec: the target's /etc/resolv.conf: No such file or directory; "
+                               "the program's has the resolver's defaults"))
+      << r;
+  // The JSON form of the same.
+  r = run({"env", "TMPDIR=" + tmp_, SIPHON_CLI_BIN, "--json", "--agent", endpoint_, "--token-file",
+           token_file_, "exec", "--", "true"});
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.err, HasSubstr(R"({"event":"target_file","path":"/etc/hosts")")) << r;
+}
+
+// Issue 40: nothing of siphon's reaches the program: its connection to the
+// agent and its other sockets are not close-on-exec (Asio's), and used to
+// be the program's (`ls -l /proc/self/fd` showed a socket), a way to this
+// machine's network namespace and to the session's frames. The program
+// holds 0, 1, 2 and what --keep-fd gives it, a descriptor siphon was
+// started without is /dev/null, never one of siphon's.
+TEST_F(ExecTest, TheProgramHoldsOnlyItsStreamsAndWhatItIsGiven) {
+  const std::string list = "ls /proc/$$/fd; ls -l /proc/$$/fd >&2; ";
+  // fd 7 given to siphon but not named: not the program's.
+  std::vector<std::string> with7 = {"sh", "-c", "exec 7< /etc/hostname; exec \"$@\"", "sh"};
+  auto argv = siphon({"sh", "-c", list + ":"});
+  argv.insert(argv.begin(), with7.begin(), with7.end());
+  Result r = run(argv);
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "0\n1\n2\n") << r;
+  // Named: at the same number, readable.
+  argv = siphon({"--keep-fd", "7", "--", "sh", "-c", list + "cat <&7"});
+  argv.insert(argv.begin(), with7.begin(), with7.end());
+  r = run(argv);
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "0\n1\n2\n7\n" + readFile("/etc/hostname")) << r;
+  // One siphon was not given is an error before anything runs.
+  r = exec({"--keep-fd", "7", "--", "true"});
+  EXPECT_EQ(r.exit_code, 2) << r;
+  EXPECT_THAT(r.err, HasSubstr("--keep-fd 7: siphon was not given descriptor 7")) << r;
+  // siphon started without a stdin: the program's is /dev/null, not the
+  // socket that would have taken number 0.
+  argv = siphon({"sh", "-c", "ls -l /proc/$$/fd/0; " + list + ":"});
+  argv.insert(argv.begin(), {"sh", "-c", "exec 0<&-; exec \"$@\"", "sh"});
+  r = run(argv);
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_THAT(r.out, HasSubstr("-> /dev/null\n0\n1\n2\n")) << r;
+}
+
 TEST_F(ExecTest, AScriptsChildrenAreSteeredToo) {
   Result r = exec({"sh", "-c", "sh -c 'busybox wget -qO- http://web/file.txt' | tr a-z A-Z"});
   EXPECT_EQ(r.exit_code, 0) << r;
@@ -303,7 +373,8 @@ import socket
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.settimeout(10)
 for i in range(3):
-    s.sendto(b"datagram %d" % i, (")") + kUdpEcho + R"(", 7))
+    s.sendto(b"datagram %d" % i, (")") +
+                              kUdpEcho + R"(", 7))
     data, peer = s.recvfrom(100)
     print(data.decode(), peer[0], peer[1])
 )";
@@ -325,7 +396,8 @@ s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
 s.settimeout(10)
 for i in range(150):
-    s.sendto(b"burst %d" % i, (")") + kUdpEcho + R"(", 7))
+    s.sendto(b"burst %d" % i, (")") +
+                              kUdpEcho + R"(", 7))
 got = set()
 try:
     while len(got) < 150:
@@ -355,6 +427,45 @@ TEST_F(ExecTest, TheTargetsEnvironmentAndHostname) {
             "echo ${LANG-unset}; hostname"});
   EXPECT_EQ(r.out, std::string(std::getenv("LANG") ? std::getenv("LANG") : "unset") + "\nmine\n")
       << r;
+}
+
+// Issue 40: a pod's environment must not choose the code that runs on the
+// developer's machine. A target whose env has BASH_ENV (a script that
+// would leave a marker here) and LD_PRELOAD: neither reaches the program,
+// one line names them, and --env-allow takes one anyway.
+TEST_F(ExecTest, TheTargetsLoaderAndShellVariablesAreNotTaken) {
+  const std::string marker = dir_->path() + "/bash-env-ran";
+  const std::string script = dir_->file("bash_env.sh", "echo sourced > " + marker + "\n");
+  ::chmod(script.c_str(), 0644);
+  const std::string preload = "/nonexistent/siphon-test-preload.so";
+  Child pod = spawn({"ip", "netns", "exec", netns_->name(), "/usr/sbin/chroot", root_,
+                     "/bin/busybox", "sleep", "600"},
+                    std::vector<std::string>{"POD_SECRET=from-the-pod", "BASH_ENV=" + script,
+                                             "LD_PRELOAD=" + preload, "PATH=/pod/bin"},
+                    -1, -1);
+  ASSERT_TRUE(eventually([&] { return comm(pod.pid()) == "busybox"; }));
+  std::string endpoint;
+  auto agent = startAgent(&endpoint, {}, pod.pid());
+  ASSERT_FALSE(endpoint.empty());
+  const std::string program = "echo ${LD_PRELOAD-unset} $POD_SECRET";
+  Result r = run(siphon({"--", "/bin/bash", "-c", program}, endpoint));
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_EQ(r.out, "unset from-the-pod\n") << r;
+  EXPECT_FALSE(std::filesystem::exists(marker)) << "bash sourced the target's BASH_ENV";
+  EXPECT_THAT(r.err, HasSubstr("exec: the target's BASH_ENV, LD_PRELOAD left out")) << r;
+  EXPECT_THAT(r.err, Not(HasSubstr("cannot be preloaded"))) << r;
+  r = run({"env", "TMPDIR=" + tmp_, SIPHON_CLI_BIN, "--json", "--agent", endpoint, "--token-file",
+           token_file_, "exec", "--", "true"});
+  EXPECT_THAT(r.err, HasSubstr(R"({"event":"env_left_out","names":"BASH_ENV, LD_PRELOAD"})")) << r;
+
+  // Taken when asked for: bash sources it; the loader is given the library.
+  r = run(siphon({"--env-allow", "BASH_ENV", "--", "/bin/bash", "-c", program}, endpoint));
+  EXPECT_EQ(r.exit_code, 0) << r;
+  EXPECT_TRUE(std::filesystem::exists(marker)) << r;
+  EXPECT_THAT(r.err, HasSubstr("exec: the target's LD_PRELOAD left out")) << r;
+  r = run(siphon({"--env-allow", "LD_*", "--", "/bin/bash", "-c", program}, endpoint));
+  EXPECT_EQ(r.out, preload + " from-the-pod\n") << r;
+  EXPECT_THAT(r.err, HasSubstr("cannot be preloaded")) << "ld.so was given it: " << r;
 }
 
 TEST_F(ExecTest, LoopbackStaysLocalUnlessAskedOtherwise) {
@@ -448,13 +559,14 @@ TEST_F(ExecTest, NothingIsLeftAfterTheProgram) {
   // line on its stdin: meanwhile the test holds its namespaces open, so
   // their inode numbers cannot be given to a namespace a test running
   // beside this one makes after the program's ended.
-  Proc p(siphon({"--steal", "80:18080", "--", "sh", "-c",
-                 "echo $$; setsid sleep " + marker + "1 & sleep " + marker +
-                     "2 & read go; echo ok"}),
-         cleanEnv());
+  Proc p(
+      siphon({"--steal", "80:18080", "--", "sh", "-c",
+              "echo $$; setsid sleep " + marker + "1 & sleep " + marker + "2 & read go; echo ok"}),
+      cleanEnv());
   ASSERT_TRUE(p.readUntil([](const std::string& out, const std::string&) {
     return out.find('\n') != std::string::npos;
-  })) << p.out << p.err;
+  })) << p.out
+      << p.err;
   const std::string pid = p.out.substr(0, p.out.find('\n'));
   Fd net_fd(::open(("/proc/" + pid + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
   Fd mnt_fd(::open(("/proc/" + pid + "/ns/mnt").c_str(), O_RDONLY | O_CLOEXEC));
@@ -483,9 +595,9 @@ TEST_F(ExecTest, NothingIsLeftAfterTheProgram) {
 
 TEST_F(ExecTest, ATransportCutInTheMiddleOfADownloadLosesNothing) {
   const std::string out = dir_->path() + "/download.bin";
-  Proc p(siphon({"curl", "-sS", "-m", "60", "--limit-rate", "12M", "-o", out,
-                 "http://web/big.bin"}),
-         cleanEnv());
+  Proc p(
+      siphon({"curl", "-sS", "-m", "60", "--limit-rate", "12M", "-o", out, "http://web/big.bin"}),
+      cleanEnv());
   // Once the download is well under way, cut the CLI's transport (the
   // socket of siphon's own namespace to the agent's port).
   ASSERT_TRUE(eventually([&] {
@@ -504,7 +616,8 @@ TEST_F(ExecTest, ATransportCutInTheMiddleOfADownloadLosesNothing) {
 TEST_F(ExecTest, TheAgentLostStopsTheProgramAndSaysWhy) {
   std::string endpoint2;
   auto agent2 = startAgent(&endpoint2);
-  Proc p(siphon({"sh", "-c", "trap 'echo stopped; exit 1' TERM; echo ready; while :; do sleep 0.1; done"},
+  Proc p(siphon({"sh", "-c",
+                 "trap 'echo stopped; exit 1' TERM; echo ready; while :; do sleep 0.1; done"},
                 endpoint2),
          cleanEnv());
   ASSERT_TRUE(p.readUntil([](const std::string& out, const std::string&) {
@@ -536,7 +649,8 @@ TEST_F(ExecTest, SiphonKilledStopsTheProgram) {
       return ::kill(program, 0) != 0 ||
              readFile("/proc/" + std::to_string(program) + "/stat").find(") Z ") !=
                  std::string::npos;
-    })) << "the program outlived siphon" << (trap[0] ? " (ignoring SIGTERM)" : "");
+    })) << "the program outlived siphon"
+        << (trap[0] ? " (ignoring SIGTERM)" : "");
   }
 }
 
@@ -565,8 +679,8 @@ TEST_F(ExecTest, JsonEventsForTools) {
 }
 
 TEST_F(ExecTest, AConfigFileHoldsTheSetUp) {
-  const std::string config = dir_->file(
-      "siphon.json", R"json({"env": {"FROM_FILE": "yes"}, "hostname": "from-file",
+  const std::string config =
+      dir_->file("siphon.json", R"json({"env": {"FROM_FILE": "yes"}, "hostname": "from-file",
                              "command": ["sh", "-c", "echo $FROM_FILE $(hostname)"]})json");
   Result r = exec({"-f", config});
   EXPECT_EQ(r.exit_code, 0) << r;
@@ -891,8 +1005,9 @@ TEST_F(ExecTest, AsNobody) {
   if (std::string why = nobodyCannotRunTheCli(); !why.empty()) GTEST_SKIP() << why;
   std::vector<std::string> argv = {"setpriv", "--reuid=nobody", "--regid=nogroup",
                                    "--clear-groups"};
-  for (const auto& a : siphon({"sh", "-c", "id -u; curl -sS -m 10 http://web/file.txt; "
-                                           "getent hosts web; echo $POD_SECRET"})) {
+  for (const auto& a : siphon({"sh", "-c",
+                               "id -u; curl -sS -m 10 http://web/file.txt; "
+                               "getent hosts web; echo $POD_SECRET"})) {
     argv.push_back(a);
   }
   Result r = run(argv);

@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 namespace siphon::cli {
 namespace {
@@ -95,8 +96,8 @@ TEST(ExecConfigTest, TheFileFillsWhatTheFlagsLeave) {
 TEST(ExecConfigTest, FlagsEnvComesAfterTheFilesSoItWins) {
   ExecFlags flags;
   flags.env_set = {"A=flag"};
-  ASSERT_TRUE(mergeExecConfig(R"({"env": ["A=file"]})", "f", [](auto&) { return false; }, flags)
-                  .ok());
+  ASSERT_TRUE(
+      mergeExecConfig(R"({"env": ["A=file"]})", "f", [](auto&) { return false; }, flags).ok());
   EXPECT_THAT(flags.env_set, ElementsAre("A=file", "A=flag"));
 }
 
@@ -178,6 +179,45 @@ TEST(ExecConfigTest, TheConfigFileTakesTheIncomingAndFilesNames) {
   s = mergeExecConfig(R"({"fs-ro": "yes"})", "siphon.json",
                       [](const std::string&) { return false; }, flags);
   EXPECT_THAT(s.message(), HasSubstr("\"fs-ro\" is a string, not a boolean"));
+}
+
+// Issue 40: --env-allow takes a variable that chooses code anyway; a typo
+// (a name siphon takes without it) and an assignment are named.
+TEST(ExecConfigTest, EnvAllowTakesNamesAndGlobs) {
+  auto p = parse({"exec", "--env-allow", "BASH_ENV", "--env-allow", "GIT_*", "--", "app"});
+  ASSERT_TRUE(p.status.ok()) << p.status;
+  EXPECT_THAT(p.flags.env_allow, ElementsAre("BASH_ENV", "GIT_*"));
+  EXPECT_THAT(parse({"exec", "--env-allow", "DB_URL", "--", "app"}).status.message(),
+              HasSubstr("--env-allow DB_URL: the target's value of it is taken without this"));
+  EXPECT_THAT(parse({"exec", "--env-allow", "LD_PRELOAD=/x.so", "--", "app"}).status.message(),
+              HasSubstr("--env-allow 'LD_PRELOAD=/x.so': a variable's name or a glob"));
+  ExecFlags flags;
+  ASSERT_TRUE(mergeExecConfig(R"({"env-allow": ["NODE_OPTIONS"]})", "f",
+                              [](const std::string&) { return false; }, flags)
+                  .ok());
+  EXPECT_THAT(flags.env_allow, ElementsAre("NODE_OPTIONS"));
+}
+
+// Issue 40: --keep-fd N gives the program a descriptor siphon was given;
+// one it was not given, or a standard stream, is named.
+TEST(ExecConfigTest, KeepFdNamesAnOpenDescriptor) {
+  const int fd = ::dup(2);
+  ASSERT_GE(fd, 3);
+  auto p = parse({"exec", "--keep-fd", std::to_string(fd), "--", "app"});
+  ASSERT_TRUE(p.status.ok()) << p.status;
+  EXPECT_THAT(p.flags.keep_fds, ElementsAre(fd));
+  ::close(fd);
+  EXPECT_THAT(parse({"exec", "--keep-fd", std::to_string(fd), "--", "app"}).status.message(),
+              HasSubstr("--keep-fd " + std::to_string(fd) + ": siphon was not given descriptor"));
+  EXPECT_THAT(parse({"exec", "--keep-fd", "1", "--", "app"}).status.message(),
+              HasSubstr("--keep-fd 1: 0, 1 and 2 are always the program's"));
+  EXPECT_FALSE(parse({"exec", "--keep-fd", "three", "--", "app"}).status.ok());
+  // Not a config file's: descriptors belong to one command line.
+  ExecFlags flags;
+  EXPECT_THAT(
+      mergeExecConfig(R"({"keep-fd": [3]})", "f", [](const std::string&) { return false; }, flags)
+          .message(),
+      HasSubstr("unknown option \"keep-fd\""));
 }
 
 }  // namespace

@@ -8,6 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
+
 namespace siphon::exec {
 namespace {
 
@@ -70,10 +73,10 @@ TEST(RoutesTest, TheMostSpecificRuleWins) {
                  rule("10.1.0.0/16:443", Via::kLocal), rule("127.0.0.1:6379", Via::kTarget),
                  rule("fd00::/8", Via::kLocal)},
                 false);
-  EXPECT_EQ(routes.route("10.2.3.4", 80), Via::kLocal);    // /8
-  EXPECT_EQ(routes.route("10.1.3.4", 80), Via::kTarget);   // /16 beats /8
-  EXPECT_EQ(routes.route("10.1.3.4", 443), Via::kLocal);   // the port beats no port
-  EXPECT_EQ(routes.route("11.0.0.1", 80), Via::kTarget);   // no rule
+  EXPECT_EQ(routes.route("10.2.3.4", 80), Via::kLocal);      // /8
+  EXPECT_EQ(routes.route("10.1.3.4", 80), Via::kTarget);     // /16 beats /8
+  EXPECT_EQ(routes.route("10.1.3.4", 443), Via::kLocal);     // the port beats no port
+  EXPECT_EQ(routes.route("11.0.0.1", 80), Via::kTarget);     // no rule
   EXPECT_EQ(routes.route("127.0.0.1", 6379), Via::kTarget);  // a rule beats the loopback default
   EXPECT_EQ(routes.route("127.0.0.1", 6380), Via::kLocal);
   EXPECT_EQ(routes.route("fd12::1", 80), Via::kLocal);
@@ -96,12 +99,12 @@ TEST(RoutesTest, ZeroPrefixMatchesEverything) {
 }
 
 TEST(EnvironmentTest, TheTargetWinsExceptForTheDevelopersOwn) {
-  const std::vector<std::string> local = {"PATH=/usr/bin", "HOME=/home/dev", "TERM=xterm",
-                                          "EDITOR=vim", "LANG=C", "KEEP=mine", "junk"};
+  const std::vector<std::string> local = {
+      "PATH=/usr/bin", "HOME=/home/dev", "TERM=xterm", "EDITOR=vim", "LANG=C", "KEEP=mine", "junk"};
   const std::vector<std::pair<std::string, std::string>> target = {
-      {"PATH", "/pod/bin"}, {"HOME", "/root"},      {"LANG", "en_US.UTF-8"},
+      {"PATH", "/pod/bin"},  {"HOME", "/root"},       {"LANG", "en_US.UTF-8"},
       {"DB_URL", "pg://db"}, {"SSH_AUTH_SOCK", "/x"}, {"DISPLAY", ":9"}};
-  auto env = overlayEnvironment(local, target, {});
+  auto env = overlayEnvironment(local, target, {}).env;
   EXPECT_THAT(env, ElementsAre("DB_URL=pg://db", "EDITOR=vim", "HOME=/home/dev", "KEEP=mine",
                                "LANG=en_US.UTF-8", "PATH=/usr/bin", "TERM=xterm"));
 }
@@ -114,9 +117,97 @@ TEST(EnvironmentTest, IncludeExcludeAndSet) {
   o.include = {"DB_*", "KUBE_*"};
   o.exclude = {"*PASSWORD*"};
   o.set = {"KUBE_X=override", "NEW=v=with=equals"};
-  auto env = overlayEnvironment(local, target, o);
+  auto env = overlayEnvironment(local, target, o).env;
   EXPECT_THAT(env, ElementsAre("A_LOCAL=1", "DB_URL=pg://db", "KUBE_X=override", "LANG=C",
                                "NEW=v=with=equals"));
+}
+
+// Issue 40: a pod's LD_PRELOAD, BASH_ENV, NODE_OPTIONS, GIT_* ... would
+// choose the code that runs on the developer's machine. The local value
+// (or none) stays, and the names left out are reported.
+TEST(EnvironmentTest, VariablesThatChooseCodeKeepTheLocalValue) {
+  const std::vector<std::string> local = {"LD_LIBRARY_PATH=/opt/mine/lib", "EDITOR=vim",
+                                          "PYTHONPATH=/same"};
+  const std::vector<std::pair<std::string, std::string>> target = {
+      {"LD_PRELOAD", "/tmp/evil.so"},
+      {"LD_AUDIT", "/tmp/audit.so"},
+      {"LD_LIBRARY_PATH", "/pod/lib"},
+      {"BASH_ENV", "/tmp/run-me.sh"},
+      {"ENV", "/tmp/run-me.sh"},
+      {"BASH_FUNC_ls%%", "() { evil; }"},
+      {"PROMPT_COMMAND", "evil"},
+      {"NODE_OPTIONS", "--require /tmp/evil.js"},
+      {"PYTHONPATH", "/same"},  // the same value here: nothing is lost
+      {"PYTHONSTARTUP", "/tmp/evil.py"},
+      {"PERL5OPT", "-Mevil"},
+      {"PERL5LIB", "/tmp"},
+      {"RUBYOPT", "-revil"},
+      {"JAVA_TOOL_OPTIONS", "-javaagent:/tmp/evil.jar"},
+      {"_JAVA_OPTIONS", "-javaagent:/tmp/evil.jar"},
+      {"GIT_SSH_COMMAND", "evil"},
+      {"GIT_CONFIG_PARAMETERS", "'core.pager=evil'"},
+      {"EDITOR", "evil"},
+      {"DB_URL", "pg://db"},
+      {"LDAP_URI", "ldap://x"}};  // not LD_: taken
+  const OverlaidEnvironment got = overlayEnvironment(local, target, {});
+  EXPECT_THAT(got.env, ElementsAre("DB_URL=pg://db", "EDITOR=vim", "LDAP_URI=ldap://x",
+                                   "LD_LIBRARY_PATH=/opt/mine/lib", "PYTHONPATH=/same"));
+  EXPECT_THAT(got.left_out,
+              ElementsAre("BASH_ENV", "BASH_FUNC_ls%%", "EDITOR", "ENV", "GIT_CONFIG_PARAMETERS",
+                          "GIT_SSH_COMMAND", "JAVA_TOOL_OPTIONS", "LD_AUDIT", "LD_LIBRARY_PATH",
+                          "LD_PRELOAD", "NODE_OPTIONS", "PERL5LIB", "PERL5OPT", "PROMPT_COMMAND",
+                          "PYTHONSTARTUP", "RUBYOPT", "_JAVA_OPTIONS"));
+}
+
+TEST(EnvironmentTest, AllowTakesOneAnywayAndTheUsersOwnChoicesAreNotReported) {
+  const std::vector<std::pair<std::string, std::string>> target = {
+      {"LD_PRELOAD", "/pod/lib.so"}, {"BASH_ENV", "/pod/env.sh"},   {"GIT_DIR", "/pod/.git"},
+      {"GIT_PAGER", "less"},         {"NODE_OPTIONS", "--inspect"}, {"PERL5LIB", "/pod/perl"}};
+  EnvOverlay o;
+  o.allow = {"BASH_ENV", "GIT_*"};
+  o.exclude = {"PERL5LIB"};         // the user's own choice: kept local, not reported
+  o.set = {"NODE_OPTIONS=--mine"};  // the same
+  // --env-include does not lift the rule: only --env-allow does.
+  o.include = {"LD_PRELOAD", "BASH_ENV", "GIT_*", "NODE_OPTIONS", "PERL5LIB"};
+  const OverlaidEnvironment got = overlayEnvironment({}, target, o);
+  EXPECT_THAT(got.env, ElementsAre("BASH_ENV=/pod/env.sh", "GIT_DIR=/pod/.git", "GIT_PAGER=less",
+                                   "NODE_OPTIONS=--mine"));
+  EXPECT_THAT(got.left_out, ElementsAre("LD_PRELOAD"));
+  // Not included at all: not the target's to give, nothing to report.
+  o.include = {"GIT_*"};
+  EXPECT_THAT(overlayEnvironment({}, target, o).left_out, ::testing::IsEmpty());
+}
+
+TEST(EnvironmentTest, TheDocumentedListMatchesWhatItNames) {
+  for (const char* name : {"LD_PRELOAD",
+                           "LD_AUDIT",
+                           "LD_LIBRARY_PATH",
+                           "BASH_ENV",
+                           "ENV",
+                           "PROMPT_COMMAND",
+                           "NODE_OPTIONS",
+                           "PYTHONPATH",
+                           "PYTHONSTARTUP",
+                           "PERL5OPT",
+                           "PERL5LIB",
+                           "RUBYOPT",
+                           "JAVA_TOOL_OPTIONS",
+                           "_JAVA_OPTIONS",
+                           "GIT_SSH_COMMAND",
+                           "GIT_EXEC_PATH",
+                           "BASH_FUNC_cd%%",
+                           "LUA_INIT_5_4",
+                           "OPENSSL_CONF",
+                           "GCONV_PATH",
+                           "PAGER",
+                           "LESSOPEN",
+                           "PS1"}) {
+    EXPECT_TRUE(choosesCode(name)) << name;
+  }
+  for (const char* name : {"LANG", "DB_URL", "LDAP_URI", "HOSTNAME", "KUBERNETES_SERVICE_HOST",
+                           "PSQL_HISTORY", "ENVIRONMENT", "GITHUB_TOKEN", "JAVA_HOME"}) {
+    EXPECT_FALSE(choosesCode(name)) << name;
+  }
 }
 
 TEST(EnvironmentTest, AssignmentsAreChecked) {
@@ -174,6 +265,30 @@ TEST(PolicyTest, NameserversOnTheTargetsLoopbackGetStandIns) {
   const std::string plain = "nameserver 10.96.0.10\nsearch svc.cluster.local\n";
   EXPECT_EQ(standInNameservers(plain).text, plain);
   EXPECT_TRUE(standInNameservers(plain).stand_ins.empty());
+}
+
+// Issue 40: the target has no resolv.conf (or one without a nameserver
+// line): the resolver asks 127.0.0.1, the target's loopback.
+TEST(PolicyTest, NoNameserverIsTheResolversDefaultOnTheTargetsLoopback) {
+  for (const std::string text : {"", "search svc.cluster.local\noptions ndots:5"}) {
+    const ShownResolvConf shown = standInNameservers(text);
+    EXPECT_EQ(shown.text, (text.empty() ? "" : text + "\n") +
+                              "nameserver 198.18.0.53  # the target's 127.0.0.1 (no nameserver "
+                              "line: the resolver's default)\n")
+        << text;
+    EXPECT_THAT(shown.stand_ins,
+                ElementsAre(std::pair<const std::string, std::string>("198.18.0.53", "127.0.0.1")));
+  }
+}
+
+// What libc makes of a file it cannot open: glibc's res_init and nss_files.
+TEST(PolicyTest, AFileLibcCannotOpenForGoodIsAbsentOthersAreErrors) {
+  for (int err : {ENOENT, ENOTDIR, EACCES, EPERM, EISDIR, ELOOP}) {
+    EXPECT_TRUE(absentToTheResolver(err)) << std::strerror(err);
+  }
+  for (int err : {0, EIO, ENOMEM, EMFILE, EAGAIN, EBADF}) {
+    EXPECT_FALSE(absentToTheResolver(err)) << std::strerror(err);
+  }
 }
 
 }  // namespace

@@ -224,6 +224,48 @@ TEST(SandboxTest, FilesAreShownInTheProgramsViewOnly) {
       << failed.status();
 }
 
+// Issue 40: siphon's own descriptors (Asio's sockets are not close-on-exec:
+// its connection to the agent, sockets of this machine's namespace) never
+// reach the program. It holds 0, 1, 2 and what it is given (keep_fds, at
+// the same number), whatever else siphon holds.
+TEST(SandboxTest, TheProgramHoldsOnlyItsStreamsAndWhatItIsGiven) {
+  TestDir tmp;
+  ASSERT_FALSE(tmp.path.empty());
+  const std::string file = tmp.path + "/given";
+  std::ofstream(file) << "given\n";
+  // What siphon would hold: a socket of this namespace, not close-on-exec,
+  // above and below the descriptor given.
+  const int low = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int given = ::open(file.c_str(), O_RDONLY);
+  ASSERT_GE(given, 0);
+  ASSERT_EQ(::dup2(given, 9), 9);  // one digit: sh's <&N
+  ::close(given);
+  const int high = ::dup2(low, 40);
+  SandboxSpec spec;
+  spec.argv = {"/bin/sh", "-c", "ls /proc/$$/fd; cat <&9"};
+  spec.keep_fds = {9};
+  int out = -1;
+  auto box = startWithStdout(spec, &out);
+  ::close(low);
+  ::close(high);
+  ::close(9);
+  if (!box.ok() && absl::StrContains(box.status().message(), "user namespace")) {
+    GTEST_SKIP() << box.status();
+  }
+  ASSERT_TRUE(box.ok()) << box.status();
+  EXPECT_EQ(readAll(out), "0\n1\n2\n9\ngiven\n");
+  ::close(out);
+  EXPECT_EQ(waitExit(box->pid()), 0);
+
+  // Only a descriptor that is open, and not a standard stream.
+  SandboxSpec bad;
+  bad.argv = {"/bin/true"};
+  bad.keep_fds = {9};  // closed now
+  EXPECT_TRUE(absl::IsInvalidArgument(startSandbox(bad).status())) << startSandbox(bad).status();
+  bad.keep_fds = {1};
+  EXPECT_TRUE(absl::IsInvalidArgument(startSandbox(bad).status()));
+}
+
 // Directories shown in the program's view (what --fs-remote does with the
 // FUSE mount): over a directory that exists here, and at paths that do not
 // exist here, which are made in its view only, next to the entries that
