@@ -228,8 +228,8 @@ void Server::admit(net::tcp::socket socket) {
   // Shared with the slot's eviction callback, which resets the connection
   // whatever step of its handshake it is in (TLS or the Hello): the step's
   // read ends with operation_aborted and the handshake sees evicted().
-  auto stream = std::make_shared<net::Stream>(tls_ ? net::Stream(std::move(socket), *tls_)
-                                                   : net::Stream(std::move(socket)));
+  // Plain here; the handshake puts TLS over it.
+  auto stream = std::make_shared<net::Stream>(std::move(socket));
   // Closed with an RST (linger 0), so neither side keeps the connection in
   // FIN_WAIT or TIME_WAIT; before a byte is read or written when refused.
   auto reset = [](net::Stream& s) {
@@ -334,6 +334,10 @@ awaitable<void> Server::handshake(std::shared_ptr<net::Stream> stream, Handshake
   net::error_code ec;
   auto remote = socket.remote_endpoint(ec);
   std::string peer = ec ? "?" : absl::StrCat(remote.address().to_string(), ":", remote.port());
+  // TLS over the socket here, not in admit(): should it throw (SSL_new),
+  // this connection ends, not the accept loop. The eviction callback
+  // reaches the socket under either.
+  if (tls_) socket = net::Stream(std::move(socket.socket()), *tls_);
   // An evicted connection was reset by admit() and its step ended with an
   // error: it ends here, without a log line of its own (noteEviction's).
   auto failed = [&](const absl::Status& status) {
