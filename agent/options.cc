@@ -54,7 +54,7 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
   std::string handover_timeout = "30s";
   std::string handover_wait = "3s";
   std::string target_restart_timeout = "30s";
-  std::string handshake_timeout = "10s";
+  std::string handshake_timeout = "10s", handshake_first_bytes_timeout = "2s";
   std::string keepalive_interval = "5s", keepalive_timeout = "20s";
   app.add_option("--listen", config.listen, "HOST:PORT to serve clients on (port 0 picks one)")
       ->capture_default_str();
@@ -124,14 +124,20 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
                  "time from accept to a checked Hello, TLS handshake included; a connection "
                  "still in its handshake then is closed")
       ->capture_default_str();
+  app.add_option("--handshake-first-bytes-timeout", handshake_first_bytes_timeout,
+                 "time from accept to the client's first bytes (a TLS ClientHello or its "
+                 "Hello); a connection silent that long is closed (at most "
+                 "--handshake-timeout applies)")
+      ->capture_default_str();
   app.add_option("--max-handshakes", config.max_handshakes,
-                 "connections in their handshake at once (not yet past the Hello); one more is "
-                 "closed at once")
+                 "connections in their handshake at once (not yet past the Hello); one more "
+                 "takes the place of the one that has waited longest without a complete Hello")
       ->check(CLI::Range(1u, 65536u))
       ->capture_default_str();
   app.add_option("--max-handshakes-per-source", config.max_handshakes_per_source,
                  "connections in their handshake at once from one source address (at most "
-                 "--max-handshakes); one more is closed at once")
+                 "--max-handshakes); one more takes the place of that address's connection that "
+                 "has waited longest without a complete Hello")
       ->check(CLI::Range(1u, 65536u))
       ->capture_default_str();
   // Limits (docs/SECURITY.md#limits): each one hit is a typed error naming
@@ -316,6 +322,14 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
     return usage(err,
                  absl::StrCat("--handshake-timeout ", handshake_timeout, ": must be positive"));
   }
+  // Parsed here, not with the durations above: its message names the flag.
+  auto first_bytes = parseDuration(handshake_first_bytes_timeout);
+  if (!first_bytes.ok() || first_bytes->count() <= 0) {
+    return usage(
+        err, absl::StrCat("--handshake-first-bytes-timeout ", handshake_first_bytes_timeout, ": ",
+                          first_bytes.ok() ? "must be positive" : first_bytes.status().message()));
+  }
+  config.handshake_first_bytes_timeout = *first_bytes;
   if (config.max_handshakes_per_source > config.max_handshakes) {
     return usage(err,
                  absl::StrCat("--max-handshakes-per-source ", config.max_handshakes_per_source,

@@ -161,6 +161,12 @@ AgentMetrics::AgentMetrics() : start_time_seconds_(unixNow()) {
                      });
   r.declare("siphon_handshakes_rejected_total", Type::kCounter,
             "Connections closed at accept without a handshake, by reason (max_handshakes, "
+            "max_handshakes_per_source, fd_reserve: every slot of it held by a connection past "
+            "its Hello).",
+            {"reason"});
+  r.declare("siphon_handshakes_evicted_total", Type::kCounter,
+            "Connections closed before a complete Hello to make room for a newer one, the "
+            "longest waiting first, by the rule that was full (max_handshakes, "
             "max_handshakes_per_source, fd_reserve).",
             {"reason"});
   r.declareCollected(
@@ -191,6 +197,7 @@ AgentMetrics::AgentMetrics() : start_time_seconds_(unixNow()) {
   for (const char* e : {"opened", "ended", "lost"}) r.series("siphon_session_events_total", {e});
   for (const char* reason : {"max_handshakes", "max_handshakes_per_source", "fd_reserve"}) {
     r.series("siphon_handshakes_rejected_total", {reason});
+    r.series("siphon_handshakes_evicted_total", {reason});
   }
   r.series("siphon_stolen_connections_total");
   r.series("siphon_stolen_requests_total");
@@ -235,6 +242,10 @@ void AgentMetrics::handover(std::string_view result) {
 
 void AgentMetrics::handshakeRejected(std::string_view reason) {
   registry_.series("siphon_handshakes_rejected_total", {std::string(reason)}).add();
+}
+
+void AgentMetrics::handshakeEvicted(std::string_view reason) {
+  registry_.series("siphon_handshakes_evicted_total", {std::string(reason)}).add();
 }
 
 void AgentMetrics::http2LimitHit(std::string_view limit) {

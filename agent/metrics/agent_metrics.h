@@ -72,8 +72,12 @@ class AgentMetrics {
   // exits), "taken" (this agent took over), "refused", "failed".
   void handover(std::string_view result);
   // A connection closed at accept, before its handshake: "max_handshakes",
-  // "max_handshakes_per_source" or "fd_reserve".
+  // "max_handshakes_per_source" or "fd_reserve" (every slot of the rule
+  // was held by a connection past its Hello).
   void handshakeRejected(std::string_view reason);
+  // A connection without a complete Hello closed to make room for a newer
+  // one, by the rule that was full (the same names).
+  void handshakeEvicted(std::string_view reason);
   // An HTTP/2 client of a filtered steal went past a limit
   // (steal/http/http2_limits.h: "header_list", "reset_flood"...).
   void http2LimitHit(std::string_view limit);

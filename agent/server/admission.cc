@@ -1,6 +1,7 @@
 #include "agent/server/admission.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "siphon/status.h"
@@ -21,44 +22,99 @@ std::string_view HandshakeSlots::refusalName(Refusal r) {
   return "unknown";
 }
 
+HandshakeSlots::Slot::Slot(std::unique_ptr<Entry> entry) : entry_(std::move(entry)) {}
+
+HandshakeSlots::Slot::~Slot() { release(); }
+
 HandshakeSlots::Slot& HandshakeSlots::Slot::operator=(Slot&& other) noexcept {
   if (this != &other) {
     release();
-    owner_ = std::exchange(other.owner_, nullptr);
-    source_ = std::move(other.source_);
+    entry_ = std::move(other.entry_);
   }
   return *this;
 }
 
-void HandshakeSlots::Slot::release() {
-  if (HandshakeSlots* owner = std::exchange(owner_, nullptr)) owner->release(source_);
+bool HandshakeSlots::Slot::held() const { return entry_ != nullptr && entry_->owner != nullptr; }
+
+bool HandshakeSlots::Slot::evicted() const { return entry_ != nullptr && entry_->evicted; }
+
+void HandshakeSlots::Slot::helloReceived() {
+  if (held() && entry_->waiting) entry_->owner->unqueue(*entry_);
 }
 
-HandshakeSlots::Slot HandshakeSlots::tryAcquire(const std::string& source, Refusal* why) {
+void HandshakeSlots::Slot::release() {
+  if (held()) entry_->owner->release(*entry_);
+  entry_.reset();
+}
+
+HandshakeSlots::Admission HandshakeSlots::admit(const std::string& source, Clock::time_point now,
+                                                Evict on_evict) {
+  Admission out;
+  if (auto it = per_source_.find(source);
+      it != per_source_.end() && it->second.pending >= max_per_source_) {
+    if (it->second.waiting.empty()) {
+      out.refused = Refusal::kPerSource;
+      return out;
+    }
+    evict(*it->second.waiting.front(), Refusal::kPerSource, now, &out.evicted);
+  }
+  // After a per-source eviction the total is below its cap: one eviction
+  // at most.
   if (total_ >= max_total_) {
-    *why = Refusal::kGlobal;
-    return {};
+    if (waiting_.empty()) {
+      out.refused = Refusal::kGlobal;
+      return out;
+    }
+    evict(*waiting_.front(), Refusal::kGlobal, now, &out.evicted);
   }
-  auto it = per_source_.find(source);
-  if (it != per_source_.end() && it->second >= max_per_source_) {
-    *why = Refusal::kPerSource;
-    return {};
-  }
+  auto e = std::make_unique<Entry>();
+  e->owner = this;
+  // Found again: an eviction may have erased the source's entry.
+  e->source = per_source_.try_emplace(source).first;
+  e->accepted = now;
+  e->on_evict = std::move(on_evict);
+  e->in_all = waiting_.insert(waiting_.end(), e.get());
+  e->in_source = e->source->second.waiting.insert(e->source->second.waiting.end(), e.get());
+  ++e->source->second.pending;
   ++total_;
-  ++per_source_[source];
-  *why = Refusal::kNone;
-  return Slot(this, source);
+  out.slot = Slot(std::move(e));
+  return out;
+}
+
+bool HandshakeSlots::evictOldest(const Slot& keep, Refusal rule, Clock::time_point now,
+                                 Eviction* out) {
+  // The newcomer is the newest: at the front only when it waits alone.
+  if (waiting_.empty() || waiting_.front() == keep.entry_.get()) return false;
+  evict(*waiting_.front(), rule, now, out);
+  return true;
 }
 
 uint32_t HandshakeSlots::pendingFrom(const std::string& source) const {
   auto it = per_source_.find(source);
-  return it == per_source_.end() ? 0 : it->second;
+  return it == per_source_.end() ? 0 : it->second.pending;
 }
 
-void HandshakeSlots::release(const std::string& source) {
+void HandshakeSlots::unqueue(Entry& e) {
+  waiting_.erase(e.in_all);
+  e.source->second.waiting.erase(e.in_source);
+  e.waiting = false;
+}
+
+void HandshakeSlots::release(Entry& e) {
+  if (e.waiting) unqueue(e);
   --total_;
-  auto it = per_source_.find(source);
-  if (--it->second == 0) per_source_.erase(it);
+  if (--e.source->second.pending == 0) per_source_.erase(e.source);
+  e.owner = nullptr;
+  e.on_evict = nullptr;
+}
+
+void HandshakeSlots::evict(Entry& e, Refusal rule, Clock::time_point now, Eviction* out) {
+  *out = Eviction{rule, e.source->first, now - e.accepted};
+  Evict close = std::move(e.on_evict);
+  release(e);
+  e.evicted = true;
+  // Last: the slots are consistent whatever the callback does.
+  if (close) close();
 }
 
 FdBudget fdBudgetFor(uint64_t soft_limit) {

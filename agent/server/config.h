@@ -31,9 +31,14 @@ struct AgentConfig {
   // --handshake-timeout: one deadline from accept() to the checked Hello,
   // across the TLS handshake and the Hello.
   std::chrono::milliseconds handshake_timeout{10000};
+  // --handshake-first-bytes-timeout: from accept to the peer's first bytes
+  // (a TLS ClientHello or the Hello's); a peer silent that long is closed.
+  // The smaller of it and handshake_timeout applies.
+  std::chrono::milliseconds handshake_first_bytes_timeout{2000};
   // --max-handshakes, --max-handshakes-per-source: connections that have
   // not finished the handshake, in all and from one source address; one
-  // more is closed at once (docs/SECURITY.md#handshake-admission).
+  // more takes the place of the one of that cap that has waited longest
+  // without a complete Hello (docs/SECURITY.md#handshake-admission).
   uint32_t max_handshakes = 128;
   uint32_t max_handshakes_per_source = 16;
   std::chrono::milliseconds drain_timeout{25000};

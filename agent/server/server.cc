@@ -76,8 +76,8 @@ absl::Status Server::init() {
   // targetless: the agent's own namespace, no setns needed.
   int netns_fd = target_->mode() == TargetMode::kTargetless ? -1 : target_->netnsFd();
   ASSIGN_OR_RETURN(netns_, NetnsWorker::start(netns_fd));
-  service_ctx_ = std::make_unique<ServiceContext>(
-      ServiceContext{io_, blocking_pool_, *target_, *procfs_, *netns_, config_, {}, {}, &metrics_, {}});
+  service_ctx_ = std::make_unique<ServiceContext>(ServiceContext{
+      io_, blocking_pool_, *target_, *procfs_, *netns_, config_, {}, {}, &metrics_, {}});
   services_ = buildServices(*service_ctx_);
   return absl::OkStatus();
 }
@@ -225,26 +225,47 @@ void Server::admit(net::tcp::socket socket) {
   const auto remote = socket.remote_endpoint(ec);
   if (ec) return;  // reset already: the socket closes here
   const std::string source = remote.address().to_string();
-  HandshakeSlots::Refusal why = HandshakeSlots::Refusal::kNone;
-  HandshakeSlots::Slot slot = handshake_slots_.tryAcquire(source, &why);
-  // The descriptors are counted only for a connection the caps let
-  // through: under a flood the caps turn most away without reading /proc.
-  // The accepted socket is among those counted.
-  if (slot.held() && fd_budget_.limit > 0 && !fd_budget_.admits(metrics::countOpenFds())) {
-    slot.release();
-    why = HandshakeSlots::Refusal::kFdReserve;
+  // Shared with the slot's eviction callback, which resets the connection
+  // whatever step of its handshake it is in (TLS or the Hello): the step's
+  // read ends with operation_aborted and the handshake sees evicted().
+  // Plain here; the handshake puts TLS over it.
+  auto stream = std::make_shared<net::Stream>(std::move(socket));
+  // Closed with an RST (linger 0), so neither side keeps the connection in
+  // FIN_WAIT or TIME_WAIT; before a byte is read or written when refused.
+  auto reset = [](net::Stream& s) {
+    net::error_code ignored;
+    s.socket().set_option(asio::socket_base::linger(true, 0), ignored);
+    s.socket().close(ignored);
+  };
+  const auto now = std::chrono::steady_clock::now();
+  HandshakeSlots::Admission a =
+      handshake_slots_.admit(source, now, [weak = std::weak_ptr<net::Stream>(stream), reset] {
+        if (auto s = weak.lock()) reset(*s);
+      });
+  // The descriptors are counted only when the admission adds a connection:
+  // one that took an evicted connection's place leaves the count as it was
+  // (the evicted socket is closed already), so a flood past the caps costs
+  // no read of /proc per accept. The accepted socket is among those
+  // counted. Past the reserve the newcomer takes the place of the oldest
+  // connection without a Hello, as past a cap: still no more descriptors.
+  if (a.slot.held() && a.evicted.rule == HandshakeSlots::Refusal::kNone && fd_budget_.limit > 0 &&
+      !fd_budget_.admits(metrics::countOpenFds()) &&
+      !handshake_slots_.evictOldest(a.slot, HandshakeSlots::Refusal::kFdReserve, now, &a.evicted)) {
+    a.slot.release();
+    a.refused = HandshakeSlots::Refusal::kFdReserve;
   }
-  if (slot.held()) {
-    // The socket and the slot live in the coroutine's frame: an exception
+  if (a.evicted.rule != HandshakeSlots::Refusal::kNone) noteEviction(a.evicted);
+  if (a.slot.held()) {
+    // The stream and the slot live in the coroutine's frame: an exception
     // escaping it closes that connection and frees its slot, nothing else.
-    net::spawn(io_, handshake(std::move(socket), std::move(slot)), "handshake");
+    net::spawn(io_, handshake(std::move(stream), std::move(a.slot)), "handshake");
     return;
   }
-  // Closed at once, before reading a byte: an RST (linger 0), so neither
-  // side keeps the connection in FIN_WAIT or TIME_WAIT.
-  socket.set_option(asio::socket_base::linger(true, 0), ec);
-  socket.close(ec);
-  const std::string_view reason = HandshakeSlots::refusalName(why);
+  // Refused: every slot of the full rule is held by a connection past its
+  // Hello (which ends within a write), or the reserve is reached with no
+  // other connection waiting.
+  reset(*stream);
+  const std::string_view reason = HandshakeSlots::refusalName(a.refused);
   metrics_.handshakeRejected(reason);
   // A flood must not flood the log: the 1st, 2nd, 4th... refusal of each
   // reason is logged, with the count so far.
@@ -255,6 +276,26 @@ void Server::admit(net::tcp::socket socket) {
                {"count", n},
                {"pending", static_cast<uint64_t>(handshake_slots_.pending())},
                {"pending_from_peer", static_cast<uint64_t>(handshake_slots_.pendingFrom(source))}});
+  }
+}
+
+void Server::noteEviction(const HandshakeSlots::Eviction& evicted) {
+  const std::string_view reason = HandshakeSlots::refusalName(evicted.rule);
+  metrics_.handshakeEvicted(reason);
+  // Throttled like the refusals. waited_ms: how long the evicted peer had
+  // waited; a few ms under a steady flood says it reopens faster than a
+  // client's Hello round trip, which only a client's own address helps.
+  if (uint64_t n = throttle_.hit(absl::StrCat("handshake_evicted:", asv(reason)))) {
+    log::warn("handshake_evicted",
+              {{"reason", reason},
+               {"peer", evicted.source},
+               {"waited_ms",
+                static_cast<int64_t>(
+                    std::chrono::duration_cast<std::chrono::milliseconds>(evicted.waited).count())},
+               {"count", n},
+               {"pending", static_cast<uint64_t>(handshake_slots_.pending())},
+               {"pending_from_peer",
+                static_cast<uint64_t>(handshake_slots_.pendingFrom(evicted.source))}});
   }
 }
 
@@ -275,9 +316,12 @@ std::string Server::newId(size_t bytes) const {
   return absl::BytesToHexString(raw);
 }
 
-awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::Slot slot) {
-  // Held until the handshake ends, whichever way it ends (the frame's end).
-  const HandshakeSlots::Slot held = std::move(slot);
+awaitable<void> Server::handshake(std::shared_ptr<net::Stream> stream, HandshakeSlots::Slot slot) {
+  // Held until the handshake ends, whichever way it ends (the frame's end);
+  // the stream in a frame variable too (GCC 12 and coroutine parameters).
+  HandshakeSlots::Slot held = std::move(slot);
+  const std::shared_ptr<net::Stream> owned = std::move(stream);
+  net::Stream& socket = *owned;
   // One deadline from accept() to the Hello: the TLS handshake and the
   // Hello share it, so a peer that dribbles both holds its slot no longer
   // than --handshake-timeout.
@@ -288,12 +332,37 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
                         deadline - std::chrono::steady_clock::now()));
   };
   net::error_code ec;
-  auto remote = tcp_socket.remote_endpoint(ec);
+  auto remote = socket.remote_endpoint(ec);
   std::string peer = ec ? "?" : absl::StrCat(remote.address().to_string(), ":", remote.port());
-  net::Stream socket =
-      tls_ ? net::Stream(std::move(tcp_socket), *tls_) : net::Stream(std::move(tcp_socket));
+  // TLS over the socket here, not in admit(): should it throw (SSL_new),
+  // this connection ends, not the accept loop. The eviction callback
+  // reaches the socket under either.
+  if (tls_) socket = net::Stream(std::move(socket.socket()), *tls_);
+  // An evicted connection was reset by admit() and its step ended with an
+  // error: it ends here, without a log line of its own (noteEviction's).
+  auto failed = [&](const absl::Status& status) {
+    if (held.evicted()) return;
+    // Per connection, at a peer's will: throttled (1st, 2nd, 4th...).
+    if (uint64_t n =
+            throttle_.hit(absl::StrCat("handshake_failed:", errorCodeName(errorCodeOf(status))))) {
+      log::info("handshake_failed",
+                {{"peer", peer}, {"error", sv(status.message())}, {"count", n}});
+    }
+  };
+  // A short first deadline, for the first bytes (the TLS ClientHello or
+  // the Hello's): a client sends them at once, a flood's idle connection
+  // never. It frees an idle connection's slot and descriptor long before
+  // --handshake-timeout, and without a newcomer to evict it.
+  absl::Status bytes = co_await net::waitFirstBytes(
+      socket.socket(), std::min(config_.handshake_first_bytes_timeout, config_.handshake_timeout));
+  if (!bytes.ok()) {
+    failed(bytes);
+    socket.close();
+    co_return;
+  }
   if (socket.tls()) {
     absl::Status tls = co_await net::tls::accept(socket, left());
+    if (held.evicted()) co_return;
     if (!tls.ok()) {
       // Per connection, at a peer's will: throttled (1st, 2nd, 4th...).
       if (uint64_t n = throttle_.hit("tls_handshake_failed")) {
@@ -305,6 +374,7 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
         // reset the connection before it reads the answer), then tell it
         // why in plain.
         (void)co_await net::readFirstFrame(socket.socket(), left(), kMaxHelloSize);
+        if (held.evicted()) co_return;
         (void)co_await net::writeFrame(
             socket.socket(),
             protocol::makeReject(v1::UNAUTHENTICATED, std::string(net::tls::kPlainClientMessage)));
@@ -329,16 +399,19 @@ awaitable<void> Server::handshake(net::tcp::socket tcp_socket, HandshakeSlots::S
   };
 
   auto first = co_await net::readFirstFrame(socket, left(), kMaxHelloSize);
+  if (held.evicted()) co_return;
   if (!first.ok()) {
     v1::ErrorCode code = errorCodeOf(first.status());
     if (code == v1::PROTOCOL_ERROR || code == v1::FRAME_TOO_LARGE) {
       co_await reject(code, std::string(first.status().message()));
-    } else if (uint64_t n = throttle_.hit(absl::StrCat("handshake_failed:", errorCodeName(code)))) {
-      log::info("handshake_failed",
-                {{"peer", peer}, {"error", sv(first.status().message())}, {"count", n}});
+    } else {
+      failed(first.status());
     }
     co_return;
   }
+  // A whole frame came: what is left (the answer) takes one write, so the
+  // connection is never evicted from here on; it still holds its slot.
+  held.helloReceived();
   // A handover froze the agent: the client reconnects and meets whichever
   // agent serves then (the socket closes here, before any answer).
   if (stopping_ || handover_frozen_) co_return;

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "agent/common/unique_fd.h"
 #include "agent/common/log.h"
+#include "agent/common/unique_fd.h"
 #include "agent/metrics/agent_metrics.h"
 #include "agent/metrics/http_endpoint.h"
 #include "agent/netns/netns_worker.h"
@@ -120,10 +120,14 @@ class Server {
   void setFdBudget();
   // --metrics: binds the operator's HTTP endpoint (listen() calls it).
   absl::Status listenMetrics();
-  // Admits an accepted connection to a handshake slot, or closes it at once
-  // (a cap, the fd reserve; docs/SECURITY.md#handshake-admission).
+  // Admits an accepted connection to a handshake slot, evicting the one of
+  // a full cap that has waited longest without a complete Hello, or closes
+  // it at once when there is none (docs/SECURITY.md#handshake-admission).
   void admit(net::tcp::socket socket);
-  net::awaitable<void> handshake(net::tcp::socket socket, HandshakeSlots::Slot slot);
+  // The eviction's log line and metric.
+  void noteEviction(const HandshakeSlots::Eviction& evicted);
+  // `socket` is shared with the slot's eviction callback (which resets it).
+  net::awaitable<void> handshake(std::shared_ptr<net::Stream> socket, HandshakeSlots::Slot slot);
   net::awaitable<void> watchSignals();
   net::awaitable<void> watchTarget();
   // The target exited: asks reopen_ for the container's next process until

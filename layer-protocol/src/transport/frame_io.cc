@@ -8,8 +8,7 @@
 namespace siphon::net {
 
 template <typename S>
-awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(S& socket,
-                                                     std::chrono::milliseconds timeout,
+awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(S& socket, std::chrono::milliseconds timeout,
                                                      uint32_t max_frame_size) {
   protocol::FrameDecoder decoder(max_frame_size);
   // The watchdog closes the socket at the deadline, which ends the read.
@@ -69,6 +68,34 @@ awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(S& socket,
     }
     decoder.commit(n);
   }
+}
+
+awaitable<absl::Status> waitFirstBytes(tcp::socket& socket, std::chrono::milliseconds timeout) {
+  // As in readFirstFrame: the watchdog cancels the wait at the deadline,
+  // its state shared with a completion that may run after we return.
+  asio::steady_timer watchdog(socket.get_executor());
+  struct Watch {
+    bool fired = false;
+    bool done = false;
+  };
+  auto watch = std::make_shared<Watch>();
+  watchdog.expires_after(timeout);
+  watchdog.async_wait([watch, &socket](error_code ec) {
+    if (!ec && !watch->done) {
+      watch->fired = true;
+      error_code ignored;
+      socket.cancel(ignored);
+    }
+  });
+  error_code ec;
+  co_await socket.async_wait(tcp::socket::wait_read, asio::redirect_error(use_awaitable, ec));
+  watch->done = true;
+  watchdog.cancel();
+  if (watch->fired) {
+    co_return protoError(v1::TIMEOUT, absl::StrCat("no bytes within ", timeout.count(), " ms"));
+  }
+  if (ec) co_return protoError(v1::UNAVAILABLE, absl::StrCat("wait for bytes: ", ec.message()));
+  co_return absl::OkStatus();
 }
 
 template <typename S>

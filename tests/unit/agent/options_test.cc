@@ -85,6 +85,7 @@ TEST(AgentOptions, DefaultsOfATargetlessAgent) {
   EXPECT_EQ(a.config.limits.session_grace, 60s);
   EXPECT_EQ(a.config.drain_timeout, 25s);
   EXPECT_EQ(a.config.handshake_timeout, 10s);
+  EXPECT_EQ(a.config.handshake_first_bytes_timeout, 2s);
   EXPECT_EQ(a.config.limits.keepalive_interval, 5s);
   EXPECT_EQ(a.config.limits.keepalive_timeout, 20s);
   EXPECT_EQ(a.config.http_detect_timeout, 500ms);
@@ -170,6 +171,11 @@ TEST(AgentOptions, FlagsSetTheirFieldsInTheirUnits) {
   Outcome read = parse({"targetless", "--insecure-no-auth", "--max-read-size", "16"});
   ASSERT_TRUE(read.parsed.options) << read;
   EXPECT_EQ(read.parsed.options->config.limits.max_read_size, 16u * 1024);
+
+  Outcome first_bytes =
+      parse({"targetless", "--insecure-no-auth", "--handshake-first-bytes-timeout", "750ms"});
+  ASSERT_TRUE(first_bytes.parsed.options) << first_bytes;
+  EXPECT_EQ(first_bytes.parsed.options->config.handshake_first_bytes_timeout, 750ms);
 }
 
 TEST(AgentOptions, Modes) {
@@ -263,6 +269,10 @@ TEST(AgentOptions, BadInputExitsTwoWithItsMessage) {
       {{"targetless", "--insecure-no-auth", "--idle-timeout", "soon"}, "soon"},
       {{"targetless", "--insecure-no-auth", "--handshake-timeout", "0s"},
        "siphon-agent: --handshake-timeout 0s: must be positive"},
+      {{"targetless", "--insecure-no-auth", "--handshake-first-bytes-timeout", "0s"},
+       "siphon-agent: --handshake-first-bytes-timeout 0s: must be positive"},
+      {{"targetless", "--insecure-no-auth", "--handshake-first-bytes-timeout", "2x"},
+       "siphon-agent: --handshake-first-bytes-timeout 2x: bad duration '2x'"},
       {{"targetless", "--insecure-no-auth", "--max-handshakes", "0"},
        "--max-handshakes: Value 0 not in range"},
       {{"targetless", "--insecure-no-auth", "--max-handshakes", "8", "--max-handshakes-per-source",

@@ -23,9 +23,15 @@ struct FirstFrame {
 // UNAUTHENTICATED when a TLS peer ends the connection with an alert (an
 // agent refusing the client's certificate says so here, in TLS 1.3).
 template <typename S>
-awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(S& socket,
-                                                     std::chrono::milliseconds timeout,
+awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(S& socket, std::chrono::milliseconds timeout,
                                                      uint32_t max_frame_size);
+
+// Waits until the peer has sent its first bytes (or closed the
+// connection), reading nothing: OK then, TIMEOUT ("no bytes within N ms")
+// past `timeout`, UNAVAILABLE when the wait fails (the socket closed under
+// it). The agent's short first deadline of a handshake, before TLS or the
+// Hello's read: a TLS ClientHello counts as bytes.
+awaitable<absl::Status> waitFirstBytes(tcp::socket& socket, std::chrono::milliseconds timeout);
 
 // Writes one frame. UNAVAILABLE on failure.
 template <typename S>
