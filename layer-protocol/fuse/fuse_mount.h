@@ -55,6 +55,14 @@ struct MountOptions {
   bool read_only = false;
   std::chrono::milliseconds attr_timeout{1000};
   bool debug = false;  // libfuse's request log on stderr
+  // serve() ends once the mount is gone from this process's mount
+  // namespace (fusermount3 -u, umount), though a copy of it lives on in
+  // another namespace (one made while it was mounted), whose unmount alone
+  // would end the kernel's connection; a lazy unmount's open files are
+  // served until closed. false: it serves while any copy lives (siphon
+  // exec's staging mount, detached here once the program's namespace
+  // holds it).
+  bool end_on_unmount_here = true;
 };
 
 // A mountpoint a mount can use: an existing, empty directory that is not a
