@@ -7,15 +7,17 @@
 // thread blocks on the network.
 //
 // What the kernel sees:
-//  - node ids from an InodeTable (fuse/inode_table.h): one per looked-up
-//    name, paths rebuilt from (parent, name); st_ino is the target's inode
-//    number, so tools see the target's identities (hard links share it);
+//  - node ids from an InodeTable (fuse/inode_table.h): one per file (a
+//    hard-linked file's names are one node), paths rebuilt from (parent,
+//    name); st_ino is the target's inode number, so tools see the target's
+//    identities;
 //  - the target's uid, gid, mode, sizes and times as the agent's lstat gives
-//    them; symlinks are symlinks. A relative link's text is the target's.
-//    An absolute one is answered as a path inside the mount (its size
-//    too), so that following it never reaches this machine's own files:
-//    under the mounted directory, MOUNTPOINT/rest; outside it,
-//    MOUNTPOINT/.siphon-outside-mount/TEXT, which does not resolve;
+//    them (a symlink's size too: its text's length in the target); symlinks
+//    are symlinks. A relative link's text is the target's. An absolute one
+//    is answered as a path inside the mount, so that following it never
+//    reaches this machine's own files: under the mounted directory,
+//    MOUNTPOINT/rest; outside it, MOUNTPOINT/.siphon-outside-mount/TEXT,
+//    which does not resolve;
 //  - attributes and entries cached for `attr_timeout`; a file's pages kept
 //    between opens while its size and mtime are unchanged;
 //  - reads and writes split into the agent's largest request and sent
