@@ -978,6 +978,11 @@ int fsHelperMain(int argc, char** argv) {
   if (absl::Status s = takeIdentity(c); !s.ok()) {
     return fail(absl::StrCat("taking the target's identity: ", asv(sv(s.message()))));
   }
+  // No umask of our own: a mode asked for is the mode made. The FUSE
+  // mount's kernel applied the calling program's umask already, and the
+  // agent's (022, say) on top made open(O_CREAT, 0620) under umask 0 a
+  // 0600 file.
+  ::umask(0);
   GuardOptions guard;
   guard.all_processes = all_processes;
   keepBulkBuffers();

@@ -119,9 +119,10 @@ class RootFs {
   // followed. Both parents resolve in the root.
   absl::Status link(std::string_view existing, std::string_view newpath) const;
   // mknodat for a regular file (type 0 or S_IFREG), S_IFIFO or S_IFSOCK,
-  // with `mode`'s permission bits (umask applies); rdev is not used. S_IFCHR
-  // and S_IFBLK are refused with EPERM (errnoRefusal: no device node is
-  // ever made through the agent), any other type with EINVAL.
+  // with `mode`'s permission bits (the process's umask applies: the file
+  // helper's is 0); rdev is not used. S_IFCHR and S_IFBLK are refused
+  // with EPERM (errnoRefusal: no device node is ever made through the
+  // agent), any other type with EINVAL.
   absl::Status mknod(std::string_view path, uint32_t mode, uint64_t rdev) const;
 
   // Extended attributes (root_fs_xattr.cc). `follow` false acts on a final

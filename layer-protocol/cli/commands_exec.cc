@@ -971,6 +971,8 @@ net::awaitable<int> runExec(const CommandEnv& env, const ExecFlags& flags) {
     fuse::MountOptions options;
     options.mountpoint = fs->staging;
     options.read_only = flags.fs_ro;
+    // Detached here once the program's namespace holds it (ExecFiles).
+    options.end_on_unmount_here = false;
     auto mount = fuse::FuseMount::mount(env.target, options);
     if (!mount.ok()) {
       printError(absl::StrCat("exec: --fs-remote/--fs-root need a FUSE mount, and ",

@@ -525,7 +525,7 @@ void addFsCommands(CLI::App& app, std::vector<Command>& out) {
     CLI::App* c =
         fs->add_subcommand("write", "Write stdin to a file (created, or truncated first)");
     c->add_option("path", f->path, "File inside the target's root")->required();
-    c->add_option("--mode", f->mode, "Mode of a new file (octal; the agent's umask applies)")
+    c->add_option("--mode", f->mode, "Mode of a new file (octal; made as given)")
         ->capture_default_str();
     out.push_back({c, [f](const CommandEnv& env) -> net::awaitable<int> {
                      uint32_t mode = 0;
@@ -544,7 +544,7 @@ void addFsCommands(CLI::App& app, std::vector<Command>& out) {
     c->add_option("path", f->path, "Directory inside the target's root")->required();
     c->add_flag("-p,--parents", f->parents,
                 "Create missing parents; an existing directory is fine");
-    c->add_option("--mode", f->mode, "Mode (octal; the agent's umask applies)")
+    c->add_option("--mode", f->mode, "Mode of a new directory (octal; made as given)")
         ->capture_default_str();
     out.push_back({c, [f](const CommandEnv& env) -> net::awaitable<int> {
                      uint32_t mode = 0;

@@ -141,6 +141,16 @@ struct FuseMount::Impl {
 
   std::string mountpoint;
   std::string mount_path;  // mountpoint made absolute before the mount (raiseReadahead)
+  // The mount in this process's mount namespace: its device (MAJ:MIN in
+  // /proc/self/mountinfo, "" if it could not be read), and /proc/self/
+  // mountinfo waited on for changes (watchMounts in fuse_mount.cc). An
+  // unmount here does not end the kernel's connection while a copy of the
+  // mount lives in another mount namespace (one made while it was mounted,
+  // `unshare -m`, `ip netns exec`, a container's): /dev/fuse says nothing,
+  // so the mount table is watched, and `detached` once ours is gone.
+  std::string device;
+  net::asio::posix::stream_descriptor mounts;
+  bool detached = false;
   // A second descriptor of the mount's /dev/fuse, numbered above
   // fusermount3's socket (holdDeviceAboveSocket in fuse_mount.cc); -1 if none.
   int device_guard = -1;
@@ -162,6 +172,10 @@ struct FuseMount::Impl {
 
   uint64_t next_handle = 1;
   std::unordered_map<uint64_t, OpenFile> open_files;
+  // The open files' handles by node: a getattr the kernel sends without a
+  // handle (fstat(2) sends none) is answered through one of them
+  // (fuse_ops.cc doGetattr), also once the file has no name left.
+  std::unordered_multimap<uint64_t, uint64_t> handles_of;
   std::unordered_map<uint64_t, OpenDir> open_dirs;
   std::unordered_map<uint64_t, ContentStamp> stamps;
   FailedLookup failed_lookup;
@@ -190,6 +204,12 @@ struct FuseMount::Impl {
 
 // Runs `op` on the loop, counted in Impl::inflight (serve() waits for it).
 void spawnCounted(FuseMount::Impl& m, net::awaitable<void> op, const char* what);
+
+// fuse_mount.cc: once the mount is gone from this mount namespace and no
+// file or directory is open through it any more, serve() ends (a lazy
+// unmount's open files are served until closed). Called where that may
+// have become true.
+void endIfDetached(FuseMount::Impl& m);
 
 // fuse_watch.cc: a directory node the kernel now has is watched (once); a
 // node gone from the table gives its watch back; what the watches saw.
@@ -227,6 +247,9 @@ struct MountEntry {
   std::string fstype;
 };
 std::optional<MountEntry> lastMountAt(const std::string& path);
+// Whether a siphon mount of `device` (MAJ:MIN) is mounted anywhere in this
+// process's mount namespace (true when the table cannot be read).
+bool mountedHere(const std::string& device);
 
 // libfuse's operation table (fuse_ops.cc).
 const struct fuse_lowlevel_ops& operations();

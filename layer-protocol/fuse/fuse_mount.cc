@@ -11,11 +11,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -68,10 +68,15 @@ std::string mountinfoEscape(std::string_view path) {
   return out;
 }
 
-std::optional<MountEntry> lastMountAt(const std::string& path) {
+namespace {
+
+// Calls `each(mountpoint, device, fstype)` for every line of
+// /proc/self/mountinfo, the mount point as the file escapes it; false
+// when the file could not be read.
+template <typename Each>
+bool forEachMount(Each each) {
   std::ifstream in("/proc/self/mountinfo");
-  const std::string want = mountinfoEscape(path);
-  std::optional<MountEntry> last;
+  if (!in) return false;
   std::string line;
   while (std::getline(in, line)) {
     // ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE ...
@@ -81,12 +86,32 @@ std::optional<MountEntry> lastMountAt(const std::string& path) {
       f.push_back(rest.substr(0, sp));
       rest = sp == std::string_view::npos ? std::string_view() : rest.substr(sp + 1);
     }
-    if (f.size() < 5 || f[4] != want) continue;
+    if (f.size() < 5) continue;
     auto dash = std::find(f.begin() + 5, f.end(), "-");
     if (dash == f.end() || dash + 1 == f.end()) continue;
-    last = MountEntry{std::string(f[2]), std::string(*(dash + 1))};
+    each(f[4], f[2], *(dash + 1));
   }
+  return true;
+}
+
+}  // namespace
+
+std::optional<MountEntry> lastMountAt(const std::string& path) {
+  const std::string want = mountinfoEscape(path);
+  std::optional<MountEntry> last;
+  forEachMount([&](std::string_view at, std::string_view device, std::string_view fstype) {
+    if (at == want) last = MountEntry{std::string(device), std::string(fstype)};
+  });
   return last;
+}
+
+bool mountedHere(const std::string& device) {
+  bool found = false;
+  const bool read =
+      forEachMount([&](std::string_view, std::string_view dev, std::string_view fstype) {
+        found = found || (dev == device && fstype == "fuse.siphon");
+      });
+  return found || !read;  // unreadable (no descriptor left, say): not known to be gone
 }
 
 namespace {
@@ -257,7 +282,12 @@ int holdDeviceAboveSocket(int device, const std::set<int>& before) {
 }  // namespace
 
 FuseMount::Impl::Impl(client::Target t, MountOptions o)
-    : target(t), files(t), table(o.remote_dir), fd(t.client()->executor()), idle(fd.get_executor()) {
+    : target(t),
+      files(t),
+      table(o.remote_dir),
+      fd(t.client()->executor()),
+      mounts(fd.get_executor()),
+      idle(fd.get_executor()) {
   attr_timeout = std::chrono::duration<double>(o.attr_timeout).count();
   mountpoint = o.mountpoint;
   while (mountpoint.size() > 1 && mountpoint.back() == '/') mountpoint.pop_back();
@@ -335,6 +365,14 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::mount(client::Target targe
                      ": refused by libfuse or fusermount3 (the line above says why)"));
   }
   impl->mounted = true;
+  // Ours is the last mount at the mount point now.
+  if (std::optional<MountEntry> e =
+          impl->mount_path.empty() ? std::nullopt : lastMountAt(impl->mount_path);
+      e && e->fstype == "fuse.siphon") {
+    impl->device = e->device;
+    const int info = ::open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+    if (info >= 0) impl->mounts.assign(info);
+  }
   const int kfd = fuse_session_fd(impl->se);
   impl->device_guard = holdDeviceAboveSocket(kfd, before);
   const int flags = ::fcntl(kfd, F_GETFL);
@@ -374,10 +412,47 @@ net::awaitable<void> FuseMount::watchRoot() {
   co_await watchNow(&m, InodeTable::kRootId, m.remote_dir, m.watch_generation);
 }
 
+namespace {
+
+void endServing(FuseMount::Impl& m) {
+  fuse_session_exit(m.se);
+  net::error_code ignored;
+  m.fd.cancel(ignored);
+}
+
+// Ends serve() once the mount is gone from this mount namespace (see
+// Impl::device): the table is read now and at each change of it (poll on
+// /proc/self/mountinfo says EPOLLPRI). A mount moved or bound elsewhere
+// here is still ours: it goes with the last place it is mounted.
+net::awaitable<void> watchMounts(FuseMount::Impl* m) {
+  for (;;) {
+    if (m->stopping) co_return;
+    if (!mountedHere(m->device)) {
+      m->detached = true;
+      endIfDetached(*m);
+      co_return;
+    }
+    net::error_code ec;
+    co_await m->mounts.async_wait(asio::posix::descriptor_base::wait_error,
+                                  asio::redirect_error(net::use_awaitable, ec));
+    if (ec) co_return;
+  }
+}
+
+}  // namespace
+
+void endIfDetached(FuseMount::Impl& m) {
+  if (!m.detached || m.stopping || !m.open_files.empty() || !m.open_dirs.empty()) return;
+  endServing(m);
+}
+
 net::awaitable<absl::Status> FuseMount::serve() {
   Impl& m = *impl_;
   absl::Status why;
   watchNode(m, InodeTable::kRootId);
+  if (m.mounts.is_open() && options_.end_on_unmount_here) {
+    spawnCounted(m, watchMounts(&m), "fuse_mounts");
+  }
   while (!fuse_session_exited(m.se)) {
     net::error_code ec;
     co_await m.fd.async_wait(asio::posix::descriptor_base::wait_read,
@@ -388,7 +463,9 @@ net::awaitable<absl::Status> FuseMount::serve() {
       const int n = fuse_session_receive_buf(m.se, &m.buf);
       if (n == -EAGAIN || n == -EINTR) break;
       if (n <= 0) {
-        // 0 or -ENODEV: unmounted (fusermount3 -u, umount).
+        // 0 or -ENODEV: unmounted (fusermount3 -u, umount) and the
+        // connection ended (see Impl::device for an unmount that does
+        // not end it); 0 also once fuse_session_exit() was called.
         if (n < 0 && n != -ENODEV) why = errnoStatus(-n, "reading /dev/fuse");
         fuse_session_exit(m.se);
         break;
@@ -399,12 +476,19 @@ net::awaitable<absl::Status> FuseMount::serve() {
   }
   m.stopping = true;
   if (m.notifier) m.notifier->quiesce([] {});
+  net::error_code ignored;
+  m.mounts.cancel(ignored);
   // The answers still owed: the client's call timeout bounds each.
   while (m.inflight > 0) co_await m.idle.wait();
   m.fd.release();
   m.closeDeviceGuard();
   if (m.mounted) {
-    fuse_session_unmount(m.se);
+    // Not once it is gone from here: libfuse would unmount the mount
+    // point's path, and say "failed to unmount: Invalid argument" or,
+    // worse, take a newer mount there. (Our descriptor's close, at the
+    // session's end, ends the connection: a copy of the mount in another
+    // namespace answers ENOTCONN.)
+    if (m.device.empty() || mountedHere(m.device)) fuse_session_unmount(m.se);
     m.mounted = false;
   }
   co_return why;

@@ -7,15 +7,17 @@
 // thread blocks on the network.
 //
 // What the kernel sees:
-//  - node ids from an InodeTable (fuse/inode_table.h): one per looked-up
-//    name, paths rebuilt from (parent, name); st_ino is the target's inode
-//    number, so tools see the target's identities (hard links share it);
+//  - node ids from an InodeTable (fuse/inode_table.h): one per file (a
+//    hard-linked file's names are one node), paths rebuilt from (parent,
+//    name); st_ino is the target's inode number, so tools see the target's
+//    identities;
 //  - the target's uid, gid, mode, sizes and times as the agent's lstat gives
-//    them; symlinks are symlinks. A relative link's text is the target's.
-//    An absolute one is answered as a path inside the mount (its size
-//    too), so that following it never reaches this machine's own files:
-//    under the mounted directory, MOUNTPOINT/rest; outside it,
-//    MOUNTPOINT/.siphon-outside-mount/TEXT, which does not resolve;
+//    them (a symlink's size too: its text's length in the target); symlinks
+//    are symlinks. A relative link's text is the target's. An absolute one
+//    is answered as a path inside the mount, so that following it never
+//    reaches this machine's own files: under the mounted directory,
+//    MOUNTPOINT/rest; outside it, MOUNTPOINT/.siphon-outside-mount/TEXT,
+//    which does not resolve;
 //  - attributes and entries cached for `attr_timeout`; a file's pages kept
 //    between opens while its size and mtime are unchanged;
 //  - reads and writes split into the agent's largest request and sent
@@ -55,6 +57,14 @@ struct MountOptions {
   bool read_only = false;
   std::chrono::milliseconds attr_timeout{1000};
   bool debug = false;  // libfuse's request log on stderr
+  // serve() ends once the mount is gone from this process's mount
+  // namespace (fusermount3 -u, umount), though a copy of it lives on in
+  // another namespace (one made while it was mounted), whose unmount alone
+  // would end the kernel's connection; a lazy unmount's open files are
+  // served until closed. false: it serves while any copy lives (siphon
+  // exec's staging mount, detached here once the program's namespace
+  // holds it).
+  bool end_on_unmount_here = true;
 };
 
 // A mountpoint a mount can use: an existing, empty directory that is not a

@@ -13,8 +13,8 @@
 #include <sys/uio.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -118,17 +118,20 @@ std::string shownLink(const Impl& m, const std::string& text) {
   return m.mountpoint + "/" + kOutsideMount + text;
 }
 
-// lstat of `path`, a symlink's size being the length of what readlink
-// answers for it.
+// lstat of `path`, as it is: a symlink's size too is the link's own (the
+// length of its text in the target). Reading the text to size what
+// readlink answers for an absolute link would change the link's atime in
+// the target: looking must not modify.
 net::awaitable<absl::StatusOr<struct stat>> attrOf(Impl* m, std::string path) {
   auto st = co_await m->files.lstat(path);
   if (!st.ok()) co_return st.status();
-  struct stat out = toStat(*st);
-  if (S_ISLNK(out.st_mode)) {
-    auto text = co_await m->files.readlink(path);
-    if (text.ok()) out.st_size = static_cast<off_t>(shownLink(*m, *text).size());
-  }
-  co_return out;
+  co_return toStat(*st);
+}
+
+// What the node table keys a file by (inode_table.h).
+FileIdentity identityOf(const struct stat& st) {
+  return FileIdentity{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                      static_cast<uint32_t>(st.st_mode)};
 }
 
 // How long the kernel may keep a name of `parent` (or its absence): the
@@ -147,7 +150,7 @@ double entryTimeout(const Impl& m, uint64_t parent) {
 void replyEntry(Impl& m, fuse_req_t req, uint64_t parent, const std::string& name,
                 const struct stat& st) {
   struct fuse_entry_param e {};
-  e.ino = m.table.lookup(parent, name);
+  e.ino = m.table.lookup(parent, name, identityOf(st));
   if (e.ino == 0) {
     fuse_reply_err(req, ENOENT);
     return;
@@ -191,7 +194,7 @@ constexpr auto kRelookupWindow = std::chrono::seconds(1);
 // lookup that misses in a directory lists it instead (its entries and their
 // lstats, one round trip, fetched beside the lookups in flight), and while
 // that listing is fresh the directory's lookups are answered from it: a
-// name it lacks is ENOENT, a symlink still asks (its size is readlink's).
+// name it lacks is ENOENT.
 // Fresh: for the attribute timeout; while the directory is watched, until
 // the watch reports a change in it (fuse_watch.cc) or kWatchedEntryTimeout.
 // Any change the mount makes drops every listing (startChanging), and a
@@ -242,11 +245,11 @@ bool lookupFromListing(Impl& m, fuse_req_t req, uint64_t parent, const std::stri
       fuse_reply_entry(req, &e);
       return true;
     }
-    if (it->second && !it->second->isSymlink()) {
+    if (it->second) {
       replyEntry(m, req, parent, name, toStat(*it->second));
       return true;
     }
-    return false;  // a symlink, or an entry that vanished while listed
+    return false;  // an entry that vanished while listed
   }
   if (l.ready) l = Listing{};  // stale
   if (!l.loading && ++l.misses >= 2 && m.attr_timeout > 0) {
@@ -316,18 +319,38 @@ void opForgetMulti(fuse_req_t req, size_t count, struct fuse_forget_data* forget
 
 // ------------------------------------------------------------ attributes
 
+// An open file of `ino`: the one `fh` names, else any the node has whose
+// session is alive (an open file's handle is the file itself, whatever
+// its names became: unlinked, renamed over).
+std::optional<client::File> openFileOf(const Impl& m, uint64_t ino, uint64_t fh) {
+  if (auto it = m.open_files.find(fh); fh != 0 && it != m.open_files.end()) {
+    return it->second.file;
+  }
+  auto [first, last] = m.handles_of.equal_range(ino);
+  for (auto h = first; h != last; ++h) {
+    auto it = m.open_files.find(h->second);
+    if (it != m.open_files.end() && it->second.file.alive().ok()) return it->second.file;
+  }
+  return std::nullopt;
+}
+
 net::awaitable<void> doGetattr(Impl* m, fuse_req_t req, uint64_t ino, uint64_t fh) {
-  if (auto it = m->open_files.find(fh); fh != 0 && it != m->open_files.end()) {
-    // An open file answers through its handle, also once unlinked.
-    client::File file = it->second.file;
-    auto st = co_await file.stat();
-    if (!st.ok()) {
-      fuse_reply_err(req, handleErr(file, st.status()));
+  // An open file answers through its handle (fstat on the agent), also
+  // once it has no name left (nlink 0): the kernel sends fstat(2) of a
+  // file open through the mount as a getattr of its node, with no handle.
+  if (std::optional<client::File> file = openFileOf(*m, ino, fh)) {
+    auto st = co_await file->stat();
+    if (st.ok()) {
+      struct stat out = toStat(*st);
+      fuse_reply_attr(req, &out, m->attr_timeout);
       co_return;
     }
-    struct stat out = toStat(*st);
-    fuse_reply_attr(req, &out, m->attr_timeout);
-    co_return;
+    // A handle of a session that is gone: its file answers EIO, the node
+    // is asked by its path (on the agent the session moved to).
+    if (fh != 0 || file->alive().ok() || !m->table.path(ino)) {
+      fuse_reply_err(req, handleErr(*file, st.status()));
+      co_return;
+    }
   }
   if (const struct stat* kept = dirAttr(*m, ino)) {
     fuse_reply_attr(req, kept, m->attr_timeout);
@@ -581,25 +604,15 @@ net::awaitable<void> doLink(Impl* m, fuse_req_t req, uint64_t ino, uint64_t new_
     fuse_reply_err(req, errOf(s));
     co_return;
   }
-  // The reply names the linked node itself, so the kernel keeps one inode
-  // and takes its new link count now (a new node would leave the old
-  // one's count cached). A later lookup of the new name gets a node of its
-  // own, with the same st_ino.
+  // The reply names the linked node itself (the new name becomes one of
+  // its names: the table keys a file by its inode), so the kernel keeps
+  // one inode and takes its new link count now.
   auto st = co_await attrOf(m, *to);
   if (!st.ok()) {
     fuse_reply_err(req, errOf(st.status()));
     co_return;
   }
-  if (!m->table.ref(ino)) {
-    replyEntry(*m, req, new_parent, new_name, *st);
-    co_return;
-  }
-  struct fuse_entry_param e {};
-  e.ino = ino;
-  e.attr = *st;
-  e.attr_timeout = m->attr_timeout;
-  e.entry_timeout = entryTimeout(*m, new_parent);
-  if (fuse_reply_entry(req, &e) != 0) m->table.forget(ino, 1);
+  replyEntry(*m, req, new_parent, new_name, *st);
 }
 
 void opLink(fuse_req_t req, fuse_ino_t ino, fuse_ino_t new_parent, const char* new_name) {
@@ -712,7 +725,24 @@ void opRemovexattr(fuse_req_t req, fuse_ino_t ino, const char* name) {
 uint64_t addFile(Impl& m, client::File file, uint64_t node) {
   const uint64_t fh = m.next_handle++;
   m.open_files.emplace(fh, OpenFile{std::move(file), node});
+  m.handles_of.emplace(node, fh);
   return fh;
+}
+
+// The open file of `fh` taken out of the mount's tables.
+std::optional<client::File> takeFile(Impl& m, uint64_t fh) {
+  auto it = m.open_files.find(fh);
+  if (it == m.open_files.end()) return std::nullopt;
+  auto [first, last] = m.handles_of.equal_range(it->second.node);
+  for (auto h = first; h != last; ++h) {
+    if (h->second == fh) {
+      m.handles_of.erase(h);
+      break;
+    }
+  }
+  client::File file = std::move(it->second.file);
+  m.open_files.erase(it);
+  return file;
 }
 
 // keep_cache while the content looks as at the last open: the kernel then
@@ -751,9 +781,7 @@ net::awaitable<void> doOpen(Impl* m, fuse_req_t req, uint64_t ino, struct fuse_f
   if ((flags & O_TRUNC) != 0) m->stamps.erase(ino);
   if (fuse_reply_open(req, &fi) != 0) {
     // The kernel gave up on the open (interrupted): nobody will release it.
-    client::File f = m->open_files[fi.fh].file;
-    m->open_files.erase(fi.fh);
-    (void)co_await f.close();
+    if (std::optional<client::File> f = takeFile(*m, fi.fh)) (void)co_await f->close();
   }
 }
 
@@ -786,8 +814,8 @@ net::awaitable<void> doCreate(Impl* m, fuse_req_t req, uint64_t parent, std::str
     co_return;
   }
   struct fuse_entry_param e {};
-  e.ino = m->table.lookup(parent, name);
   e.attr = toStat(*st);
+  e.ino = m->table.lookup(parent, name, identityOf(e.attr));
   e.attr_timeout = m->attr_timeout;
   e.entry_timeout = entryTimeout(*m, parent);
   fi.fh = addFile(*m, f, e.ino);
@@ -795,7 +823,7 @@ net::awaitable<void> doCreate(Impl* m, fuse_req_t req, uint64_t parent, std::str
   m->stamps[e.ino] = ContentStamp{st->size, st->mtime_ns};
   if (fuse_reply_create(req, &e, &fi) != 0) {
     m->table.forget(e.ino, 1);
-    m->open_files.erase(fi.fh);
+    (void)takeFile(*m, fi.fh);
     (void)co_await f.close();
   }
 }
@@ -957,17 +985,12 @@ void opFsync(fuse_req_t req, fuse_ino_t, int datasync, struct fuse_file_info* fi
 }
 
 net::awaitable<void> doRelease(Impl* m, fuse_req_t req, uint64_t fh) {
-  auto it = m->open_files.find(fh);
-  if (it == m->open_files.end()) {
-    fuse_reply_err(req, 0);
-    co_return;
-  }
-  client::File file = std::move(it->second.file);
-  m->open_files.erase(it);
+  std::optional<client::File> file = takeFile(*m, fh);
   // Closed before the answer, so that what follows the close(2) in the
   // program sees the agent's handle gone.
-  (void)co_await file.close();
+  if (file) (void)co_await file->close();
   fuse_reply_err(req, 0);
+  endIfDetached(*m);
 }
 
 void opRelease(fuse_req_t req, fuse_ino_t, struct fuse_file_info* fi) {
@@ -1039,8 +1062,8 @@ void opReaddir(fuse_req_t req, fuse_ino_t, size_t size, off_t off, struct fuse_f
 // The listing with each entry's attributes (the agent's lstat, in the same
 // answer as the names): the kernel caches them, so `ls -l`, `find` and
 // `git status` need no lookup per entry. Each entry handed out with a node
-// counts as a lookup; "." and "..", symlinks (whose size readlink decides)
-// and entries without attributes go without one (the kernel looks them up).
+// counts as a lookup; "." and ".." and entries without attributes go
+// without one (the kernel looks them up).
 void opReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                    struct fuse_file_info* fi) {
   Impl& m = implOf(req);
@@ -1050,7 +1073,7 @@ void opReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                  e.attr.st_ino = d.ino;
                  e.attr.st_mode = DTTOIF(d.type);
                  const bool dots = d.name == "." || d.name == "..";
-                 const bool with_node = !dots && d.stat && !S_ISLNK(d.stat->mode);
+                 const bool with_node = !dots && d.stat;
                  if (with_node) {
                    e.attr = toStat(*d.stat);
                    e.attr_timeout = m.attr_timeout;
@@ -1061,7 +1084,7 @@ void opReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
                  const size_t need = fuse_add_direntry_plus(req, nullptr, 0, d.name.c_str(), &e, 0);
                  if (need > room) return need;
                  if (with_node) {
-                   e.ino = m.table.lookup(ino, d.name);
+                   e.ino = m.table.lookup(ino, d.name, identityOf(e.attr));
                    if (e.ino != 0 && S_ISDIR(d.stat->mode)) {
                      watchNode(m, e.ino);
                      keepDirAttr(m, e.ino, e.attr);
@@ -1072,8 +1095,10 @@ void opReaddirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off,
 }
 
 void opReleasedir(fuse_req_t req, fuse_ino_t, struct fuse_file_info* fi) {
-  implOf(req).open_dirs.erase(fi->fh);
+  Impl& m = implOf(req);  // (the answer frees `req`)
+  m.open_dirs.erase(fi->fh);
   fuse_reply_err(req, 0);
+  endIfDetached(m);
 }
 
 // ------------------------------------------------------------ session

@@ -12,6 +12,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -84,6 +85,11 @@ class MountFixture : public ::testing::Test {
   }
 
   void TearDown() override {
+    if (HasFailure() && mount_) {
+      mount_->signal(SIGTERM);
+      (void)mount_->finish();
+      std::cerr << "--- mount stderr\n" << mount_->err << "---\n";
+    }
     mount_.reset();
     if (!mnt_.empty() && isMounted(mnt_)) {
       (void)run({"fusermount3", "-uz", mnt_});

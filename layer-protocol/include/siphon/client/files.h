@@ -171,7 +171,8 @@ class Files {
  public:
   explicit Files(const Target& target);
 
-  // open(2) flags and mode (O_RDONLY is 0).
+  // open(2) flags and mode (O_RDONLY is 0). A mode (O_CREAT, O_TMPFILE),
+  // like mkdir's and mknod's, is made as given: the agent applies no umask.
   net::awaitable<absl::StatusOr<File>> open(std::string path, int flags = 0, uint32_t mode = 0);
   net::awaitable<absl::StatusOr<Directory>> openDirectory(std::string path);
   // The largest read (read, pread) one request may carry on the current
@@ -229,8 +230,9 @@ class Files {
   // directory.
   net::awaitable<absl::Status> link(std::string existing, std::string newpath);
   // A regular file (type 0 or S_IFREG), FIFO (S_IFIFO) or socket (S_IFSOCK)
-  // with `mode`'s permission bits (the agent's umask applies); `rdev` is not
-  // used. S_IFCHR/S_IFBLK: EPERM, the agent makes no device nodes.
+  // with `mode`'s permission bits (as given: the agent applies no umask);
+  // `rdev` is not used. S_IFCHR/S_IFBLK: EPERM, the agent makes no device
+  // nodes.
   net::awaitable<absl::Status> mknod(std::string path, uint32_t mode, uint64_t rdev);
 
   // Extended attributes. Names at most 255 bytes (ERANGE), values at most
