@@ -26,7 +26,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -721,24 +720,7 @@ struct ExecFiles {
 
   // The staging mount out of this machine's tree (MNT_DETACH; a user
   // through fusermount3 -u -z, which may unmount a user's own mounts).
-  void detachHere() const {
-    if (::geteuid() == 0) {
-      (void)::umount2(staging.c_str(), MNT_DETACH);
-      return;
-    }
-    pid_t pid = -1;
-    const char* argv[] = {"fusermount3", "-u", "-z", "-q", staging.c_str(), nullptr};
-    // 0, 1 and 2 only: siphon's sockets are not close-on-exec (exec/fds.h).
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addclosefrom_np(&actions, 3);
-    if (::posix_spawnp(&pid, "fusermount3", &actions, nullptr, const_cast<char* const*>(argv),
-                       environ) == 0) {
-      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
-      }
-    }
-    posix_spawn_file_actions_destroy(&actions);
-  }
+  void detachHere() const { (void)fuse::detachMount(staging); }
 };
 
 net::awaitable<void> serveFiles(std::shared_ptr<ExecFiles> files_in,

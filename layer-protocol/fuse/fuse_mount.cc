@@ -131,20 +131,23 @@ std::string mountPathOf(const std::string& path) {
   return out + p.filename().string();
 }
 
-// Unmounts the dead mount at `abs` lazily: root directly, a user through
-// fusermount3 (which lets a user unmount only the user's own mounts).
-absl::Status unmountDead(const std::string& abs) {
+}  // namespace
+
+absl::Status detachMount(const std::string& abs) {
   if (geteuid() == 0) {
     if (::umount2(abs.c_str(), MNT_DETACH) != 0) return errnoStatus(errno, "umount " + abs);
     return absl::OkStatus();
   }
   const char* argv[] = {"fusermount3", "-u", "-z", "-q", abs.c_str(), nullptr};
+  // 0, 1 and 2 only: siphon's sockets are not close-on-exec (exec/fds.h).
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
   pid_t pid = -1;
-  if (const int err = ::posix_spawnp(&pid, "fusermount3", nullptr, nullptr,
-                                     const_cast<char* const*>(argv), environ);
-      err != 0) {
-    return errnoStatus(err, "running fusermount3 -u -z");
-  }
+  const int err = ::posix_spawnp(&pid, "fusermount3", &actions, nullptr,
+                                 const_cast<char* const*>(argv), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (err != 0) return errnoStatus(err, "running fusermount3 -u -z");
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
@@ -153,8 +156,6 @@ absl::Status unmountDead(const std::string& abs) {
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::Status checkMountpoint(const std::string& path, std::string* reclaimed) {
   if (path.empty()) return absl::InvalidArgumentError("no mountpoint given");
@@ -167,15 +168,15 @@ absl::Status checkMountpoint(const std::string& path, std::string* reclaimed) {
     const std::string abs = mountPathOf(path);
     const std::optional<MountEntry> entry = abs.empty() ? std::nullopt : lastMountAt(abs);
     const bool ours = entry && entry->fstype == "fuse.siphon";
-    absl::Status gone = ours && reclaimed ? unmountDead(abs) : absl::OkStatus();
+    absl::Status gone = ours && reclaimed ? detachMount(abs) : absl::OkStatus();
     if (!ours || !reclaimed || !gone.ok() ||
         ::statx(AT_FDCWD, path.c_str(), 0, STATX_TYPE, &stx) != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           path, " is a FUSE mount whose server is gone: unmount it first (fusermount3 -u ", path,
           ")", gone.ok() ? "" : absl::StrCat(" (", gone.message(), ")")));
     }
-    *reclaimed = absl::StrCat("unmounted the siphon mount left at ", path,
-                              " by a siphon that is gone");
+    *reclaimed =
+        absl::StrCat("unmounted the siphon mount left at ", path, " by a siphon that is gone");
   }
   if (!S_ISDIR(stx.stx_mode)) {
     return absl::InvalidArgumentError(absl::StrCat(path, " is not a directory"));
@@ -335,8 +336,8 @@ absl::StatusOr<std::unique_ptr<FuseMount>> FuseMount::mount(client::Target targe
   // -o options: the kernel's large requests, the mount's mode, and
   // auto_unmount (fusermount3 unmounts when this process dies, even of
   // SIGKILL: the mount answers ENOTCONN, then goes, and never hangs).
-  std::string opts = absl::StrCat("fsname=siphon,subtype=siphon,max_read=", impl->max_io,
-                                  ",auto_unmount");
+  std::string opts =
+      absl::StrCat("fsname=siphon,subtype=siphon,max_read=", impl->max_io, ",auto_unmount");
   if (options.read_only) opts += ",ro";
   std::vector<std::string> argv = {"siphon", "-o", opts};
   if (options.debug) argv.push_back("-d");

@@ -76,6 +76,11 @@ struct MountOptions {
 // error that says how to unmount it.
 absl::Status checkMountpoint(const std::string& path, std::string* reclaimed = nullptr);
 
+// Unmounts the mount at the absolute path `abs` lazily (MNT_DETACH): root
+// directly, a user through `fusermount3 -u -z`, which lets a user unmount
+// only the user's own mounts (started with 0, 1 and 2 only).
+absl::Status detachMount(const std::string& abs);
+
 class FuseMount {
  public:
   // Mounts `options.mountpoint` (checked with checkMountpoint first) for
