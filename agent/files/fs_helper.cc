@@ -29,6 +29,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -600,11 +601,11 @@ class Helper : public std::enable_shared_from_this<Helper> {
   // The target restarted (Target::adopt): the helper running holds the old
   // root and the old process's identity, so it is stopped; the next request
   // starts one with the new root (the same fd number, now naming it) and
-  // `target_pid`'s credentials. Files it had open answer EBADF, as after a
-  // helper's crash: they were the old container's.
+  // the identity of `target_pid`, the process adopted (options_.target
+  // reads it through that process's pidfd). Files it had open answer
+  // EBADF, as after a helper's crash: they were the old container's.
   void retarget(pid_t target_pid) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (options_.target_pid != 0) options_.target_pid = target_pid;
     if (running_) {
       log::info("fs_helper_retargeted", {{"pid", static_cast<int64_t>(pid_)},
                                          {"generation", generation_},
@@ -637,17 +638,16 @@ class Helper : public std::enable_shared_from_this<Helper> {
                                           "next request"));
   }
 
+  // Whose identity the helper starts with. The target's is read while its
+  // pidfd pins it (Target::identity), never by a pid number alone: a pid
+  // reused while the target is down would lend another process's.
   absl::StatusOr<Credentials> identity() {
-    if (options_.target_pid != 0) {
+    std::optional<TargetIdentity> target;
+    if (options_.target) {
+      ASSIGN_OR_RETURN(target, options_.target());
       // Another user namespace would need its uid_map and a setns into it;
       // root of ours would be more than the target's root.
-      struct stat ours {
-      }, theirs{};
-      const std::string ns = absl::StrCat("/proc/", options_.target_pid, "/ns/user");
-      if (::stat("/proc/self/ns/user", &ours) != 0 || ::stat(ns.c_str(), &theirs) != 0) {
-        return lastErrnoStatus("file helper: stat " + ns);
-      }
-      if (ours.st_ino != theirs.st_ino || ours.st_dev != theirs.st_dev) {
+      if (!target->in_agent_user_namespace) {
         return protoError(v1::UNIMPLEMENTED,
                           "file access to a target in another user namespace is not supported "
                           "yet (the file helper cannot take its identity)");
@@ -658,8 +658,8 @@ class Helper : public std::enable_shared_from_this<Helper> {
       c.cap_effective = c.cap_permitted = kFileCaps;
       return c;
     }
-    if (options_.target_pid == 0) return ownIdsWithoutCapabilities();
-    return readCredentials(options_.target_pid);
+    if (!target) return ownIdsWithoutCapabilities();
+    return target->credentials;
   }
 
   absl::Status startLocked() {
@@ -930,7 +930,9 @@ std::shared_ptr<FileSystem> makeFileSystem(ServiceContext& ctx) {
   o.exe = ctx.config.fs_helper_exe;
   o.root_fd = ctx.target.rootFd();
   o.identity = ctx.config.fs_identity;
-  o.target_pid = targetless ? 0 : ctx.target.pid();
+  if (!targetless) {
+    o.target = [&target = ctx.target, &procfs = ctx.procfs] { return target.identity(procfs); };
+  }
   o.all_processes = guard.all_processes;
   return makeHelperFileSystem(std::move(o));
 }

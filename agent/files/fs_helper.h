@@ -12,7 +12,9 @@
 //   4...   one end of kConnections socketpairs.
 // Before it reads a request the helper takes the identity (takeIdentity):
 // setgroups, setresgid, setresuid to the target's ids (--fs-identity
-// target), or uid/gid 0 (root); capset to the target's capabilities among
+// target: read by the agent while the target's pidfd pins it, just before
+// the start, Target::identity; no helper starts while the target is down),
+// or uid/gid 0 (root); capset to the target's capabilities among
 // the file ones (CHOWN, DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER, FSETID; all
 // of those with root), which also drops CAP_SETUID/SETGID for good;
 // PR_SET_NO_NEW_PRIVS; PR_SET_DUMPABLE 0 (the target's processes, same uid,
@@ -38,12 +40,14 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "agent/files/file_system.h"
 #include "agent/server/config.h"
-#include "agent/target/credentials.h"
+#include "agent/target/target.h"
 
 namespace siphon::agent {
 struct ServiceContext;
@@ -58,9 +62,12 @@ struct HelperOptions {
   std::string exe;   // a binary whose main() runs fsHelperMain for kFsHelperCommand
   int root_fd = -1;  // not owned
   FsIdentity identity = FsIdentity::kTarget;
-  // kTarget: whose credentials the helper takes, read at each start; 0:
-  // targetless, the agent's own uid and gids with no capabilities.
-  pid_t target_pid = 0;
+  // The target's identity (Target::identity: read while its pidfd pins
+  // it), asked at each start: its credentials for kTarget, its user
+  // namespace for both. An error (the target is down between a restart
+  // and its adoption: EAGAIN) is the call's answer, and no helper starts.
+  // Null: targetless, the agent's own uid and gids with no capabilities.
+  std::function<absl::StatusOr<TargetIdentity>()> target;
   bool all_processes = false;  // GuardOptions::all_processes
 };
 
