@@ -68,6 +68,13 @@ enum Kind : uint8_t {
   // stays.
   kExport = 7,
   kAdopt = 8,  // a descriptor came with the request; aux 1: a directory -> handle
+  // File watches (file_watches.h): a new inotify instance, made here so
+  // that the kernel charges it and its watches to the helper's user, comes
+  // with the answer; a watch request brings the session's instance (the
+  // agent keeps it and reads its events) and its path is resolved and
+  // watched here, aux the mask: the answer's `watched` is the descriptor.
+  kWatchInstance = 9,
+  kWatch = 10,
 };
 
 constexpr size_t kRequestHeader = 1 + 4 + 8;
@@ -400,6 +407,24 @@ class HelperServer {
         pass->fd = pass->owned.get();
         return doneResponse();
       }
+      case kWatchInstance: {
+        absl::StatusOr<UniqueFd> fd = fs_.newWatchInstance();
+        if (!fd.ok()) return fd.status();
+        pass->owned = *std::move(fd);
+        pass->fd = pass->owned.get();
+        return doneResponse();
+      }
+      case kWatch: {
+        if (!received.valid()) {
+          return protoError(v1::INVALID_ARGUMENT,
+                            "file helper: a watch came without its inotify instance");
+        }
+        absl::StatusOr<int> wd = fs_.addWatch(received.get(), req.watch().path(), aux);
+        if (!wd.ok()) return wd.status();
+        v1::FileResponse r;
+        r.mutable_watched()->set_watch(static_cast<uint64_t>(*wd));
+        return r;
+      }
       case kClose:
       case kRelease: {
         Handle h;
@@ -582,7 +607,7 @@ class Helper : public std::enable_shared_from_this<Helper> {
       cv_.notify_one();
     }
     if (!error.ok()) return error;
-    if (kind == kExport) {
+    if (kind == kExport || kind == kWatchInstance) {
       if (!passed.valid()) return errnoRefusal(EMFILE, "file helper: its descriptor did not come");
       reply.passed = std::move(passed);
     } else if ((kind == kOpen || kind == kAdopt) && passed.valid() && pidfd_.valid()) {
@@ -897,6 +922,24 @@ class HelperFileSystem : public FileSystem {
   }
 
   void targetRestarted(pid_t pid) override { helper_->retarget(pid); }
+
+  absl::StatusOr<UniqueFd> newWatchInstance() override {
+    auto r = helper_->call(0, kWatchInstance, 0, 0, R());
+    if (!r.ok()) return r.status();
+    return std::move(r->passed);
+  }
+
+  absl::StatusOr<int> addWatch(int instance, const std::string& path, uint32_t mask) override {
+    R req;
+    req.mutable_watch()->set_path(path);
+    auto r = helper_->call(0, kWatch, mask, 0, req, instance);
+    if (!r.ok()) return r.status();
+    if (!r->response.has_watched() || r->response.watched().watch() == 0 ||
+        r->response.watched().watch() > static_cast<uint64_t>(INT32_MAX)) {
+      return protoError(v1::INTERNAL, "file helper: not a watch descriptor");
+    }
+    return static_cast<int>(r->response.watched().watch());
+  }
 
  private:
   // The object behind the handle an open or an adopt made in the helper.

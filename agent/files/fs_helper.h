@@ -31,7 +31,11 @@
 // A descriptor may ride on a frame's first bytes (SCM_RIGHTS): an open's
 // answer carries the file's when the agent may read it itself; for a
 // handover (docs/CONTINUITY.md) an export's answer carries the handle's
-// and an adopt's request a descriptor the new helper takes as a handle.
+// and an adopt's request a descriptor the new helper takes as a handle;
+// for file watches (file_watches.h) a new inotify instance's answer
+// carries the instance (made here: charged to the helper's user) and a
+// watch's request the session's instance, to which the helper adds the
+// watch on the object it resolved itself.
 //
 // A helper that dies or answers garbage is killed; the call that saw it and
 // every handle it held answer EIO/EBADF with a message saying so, and the

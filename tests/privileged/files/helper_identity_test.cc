@@ -1,10 +1,11 @@
-// Whose identity a new file helper takes (issue 40, item 9), against the
+// Whose identity a new file helper takes (issue 40, items 9 and 5), against the
 // real kernel and the real helper (siphon-agent fs-helper): a target whose
 // pid, once it exited, is reused by another process of another user
 // (clone3 with set_tid gives the newcomer exactly that pid) must not lend
 // that user's identity to a helper started afterwards; no helper starts
 // while the target is down, and an adopted restart is served with the new
-// process's identity.
+// process's identity; and the inotify instances of file watches count
+// against the target's user, not the agent's uid 0.
 //
 // The file system is what the file service builds for the agent
 // (makeFileSystem) over a real Target opened through the real /proc. The
@@ -19,6 +20,7 @@
 #include <linux/sched.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/inotify.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -31,13 +33,16 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "agent/files/file_service.h"
 #include "agent/files/fs_helper.h"
 #include "agent/netns/netns_worker.h"
 #include "agent/services/service.h"
 #include "agent/target/proc_fs.h"
 #include "agent/target/target.h"
 #include "siphon/status.h"
+#include "tests/fakes/agent/fake_session_host.h"
 #include "tests/fakes/eventually.h"
 #include "tests/privileged/harness/privileged_test.h"
 
@@ -218,6 +223,69 @@ TEST_F(HelperIdentityTest, AnAdoptedRestartIsServedWithTheNewProcesssIdentity) {
   fs->targetRestarted(target_->pid());
   EXPECT_TRUE(open(*fs, "theirs").ok()) << open(*fs, "theirs");
   EXPECT_EQ(errnoOf(open(*fs, "mine")), EACCES);
+}
+
+// How many more inotify instances `uid` may make on this node (it makes
+// them until EMFILE, in a child of its own, and lets them go).
+int instancesLeftFor(uid_t uid) {
+  int out[2];
+  if (::pipe(out) != 0) return -1;
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setresgid(uid, uid, uid) != 0 ||
+        ::setresuid(uid, uid, uid) != 0) {
+      ::_exit(3);
+    }
+    int n = 0;
+    while (n < 1 << 20 && ::inotify_init1(IN_CLOEXEC) >= 0) ++n;
+    const bool limit = errno == EMFILE;
+    if (!limit) n = -1;
+    ssize_t ignored = ::write(out[1], &n, sizeof n);
+    (void)ignored;
+    ::_exit(0);
+  }
+  ::close(out[1]);
+  int n = -1;
+  if (pid < 0 || ::read(out[0], &n, sizeof n) != sizeof n) n = -1;
+  ::close(out[0]);
+  int status;
+  if (pid > 0) ::waitpid(pid, &status, 0);
+  return n;
+}
+
+TEST_F(HelperIdentityTest, WatchInstancesCountAgainstTheTargetsUser) {
+  const int before_target = instancesLeftFor(kTargetUid);
+  ASSERT_GT(before_target, 3) << "uid " << kTargetUid << " has no inotify instance to spare";
+
+  // Three sessions watch the scratch directory through the file service:
+  // three instances.
+  std::shared_ptr<RequestService> service = makeFileService(*ctx_);
+  std::vector<std::shared_ptr<fakes::FakeSessionHost>> hosts;
+  for (int i = 0; i < 3; ++i) {
+    hosts.push_back(std::make_shared<fakes::FakeSessionHost>("watcher-" + std::to_string(i)));
+    v1::Request r;
+    r.set_request_id(1);
+    r.mutable_file()->mutable_watch()->set_path(base_);
+    service->handle(hosts.back(), std::move(r));
+    ASSERT_TRUE(fakes::eventually(
+        [&] {
+          io_.restart();
+          io_.poll();
+          return hosts.back()->response(1).has_value();
+        },
+        kDeadline));
+    ASSERT_TRUE(hosts.back()->response(1)->file().has_watched())
+        << hosts.back()->response(1)->DebugString();
+  }
+  EXPECT_EQ(instancesLeftFor(kTargetUid), before_target - 3)
+      << "the target's user was not charged for the instances made for it";
+
+  for (auto& h : hosts) {
+    h->end();
+    service->sessionEnded(h->id());
+  }
+  EXPECT_EQ(instancesLeftFor(kTargetUid), before_target) << "a session's end gives them back";
+  service->agentStopping();
 }
 
 }  // namespace
