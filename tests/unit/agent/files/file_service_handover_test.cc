@@ -251,12 +251,22 @@ TEST_P(FileServiceHandoverTest, OpenFilesDirectoriesAndWatchesGoOnWhereTheyWere)
   const uint64_t fresh = new_->call(Req::open("/big", O_RDONLY)).file().opened().fd();
   EXPECT_GT(fresh, closed) << "a handle number is never given twice in a session";
 
-  EXPECT_TRUE(new_->eventFor(watch, "while-frozen")) << "queued while frozen, read by the new agent";
+  EXPECT_TRUE(new_->eventFor(watch, "while-frozen"))
+      << "queued while frozen, read by the new agent";
   tree_.file("d/after", "3");
   EXPECT_TRUE(new_->eventFor(watch, "after")) << "the watch goes on";
   for (const auto& batch : new_->peer->file_events) {
     for (const auto& e : batch.events()) EXPECT_NE(e.name(), "seen-before") << "sent twice";
   }
+  // The new agent's file system places watches in the instance that moved:
+  // the same object answers the same id, a new one its own.
+  EXPECT_EQ(new_->call(Req::watch("/d")).file().watched().watch(), watch);
+  tree_.dir("e");
+  const uint64_t other = new_->call(Req::watch("/e")).file().watched().watch();
+  EXPECT_NE(other, 0u);
+  EXPECT_NE(other, watch);
+  tree_.file("e/later", "4");
+  EXPECT_TRUE(new_->eventFor(other, "later"));
 }
 
 // The new agent failed: the old one thaws and everything goes on there.
@@ -296,8 +306,7 @@ TEST_P(FileServiceHandoverTest, AStateThatDoesNotHoldIsRefused) {
   absl::Status other = new_->service->importState(
       state, fds, {{"another-session", std::shared_ptr<SessionHost>(new_->host)}});
   EXPECT_FALSE(other.ok());
-  EXPECT_NE(other.message().find("moving-session, which did not come"), std::string::npos)
-      << other;
+  EXPECT_NE(other.message().find("moving-session, which did not come"), std::string::npos) << other;
   std::vector<UniqueFd> none;
   absl::Status missing = new_->service->importState(
       state, none, {{"moving-session", std::shared_ptr<SessionHost>(new_->host)}});
