@@ -38,7 +38,8 @@ absl::StatusOr<std::string> readToken(const std::string& path) {
 }  // namespace
 
 ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_token,
-                           std::ostream& out, std::ostream& err) {
+                           std::ostream& out, std::ostream& err,
+                           const files::NodeInotifyLimits& inotify) {
   CLI::App app{"siphon-agent: lets a remote session act as if it ran inside a target pod",
                "siphon-agent"};
   app.set_version_flag("--version", SIPHON_VERSION);
@@ -180,6 +181,22 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
                  "answered EMFILE naming this limit, a close frees a slot")
       ->check(CLI::Range(1u, 1u << 20))
       ->capture_default_str();
+  // Agent-wide: the node's inotify limits are per user, shared with its
+  // other processes of that user (agent/files/watch_limits.h).
+  uint64_t max_file_watches = 0, max_file_watch_instances = 0;
+  auto* max_file_watches_opt = app.add_option(
+      "--max-file-watches", max_file_watches,
+      absl::StrCat("file watches of all sessions together (default: a quarter of this node's "
+                   "fs.inotify.max_user_watches, ",
+                   inotify.max_user_watches,
+                   "; at most all of it); one more is answered ENOSPC naming this limit"));
+  auto* max_file_watch_instances_opt = app.add_option(
+      "--max-file-watch-instances", max_file_watch_instances,
+      absl::StrCat("sessions that watch files at once, each holding one inotify instance "
+                   "(default: a quarter of this node's fs.inotify.max_user_instances, ",
+                   inotify.max_user_instances,
+                   "; at most all of it); one more session's first watch is answered EMFILE "
+                   "naming this limit"));
   std::string fs_mode = "ro";
   app.add_option("--fs-mode", fs_mode,
                  "file access inside the target: ro (writes answer EROFS), rw, or off")
@@ -373,6 +390,15 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
   config.fs_mode = fs_mode == "rw"    ? FsMode::kReadWrite
                    : fs_mode == "off" ? FsMode::kOff
                                       : FsMode::kReadOnly;
+
+  auto watch_budget = files::watchBudget(
+      max_file_watches_opt->count() > 0 ? std::optional<uint64_t>(max_file_watches) : std::nullopt,
+      max_file_watch_instances_opt->count() > 0 ? std::optional<uint64_t>(max_file_watch_instances)
+                                                : std::nullopt,
+      inotify);
+  if (!watch_budget.ok()) return usage(err, sv(watch_budget.status().message()));
+  config.max_file_watches = watch_budget->watches;
+  config.max_file_watch_instances = watch_budget->instances;
 
   config.fs_identity = fs_identity == "root" ? FsIdentity::kRoot : FsIdentity::kTarget;
   // File work runs in the file helper, this binary re-executed

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "agent/common/log.h"
+#include "agent/files/watch_limits.h"
 #include "agent/runtime/resolver.h"
 #include "agent/server/config.h"
 #include "agent/target/target.h"
@@ -46,8 +47,10 @@ struct ParsedOptions {
 // Parses siphon-agent's argv. `env_token` is SIPHON_TOKEN (nullptr when
 // unset), the token when there is no --token-file. A usage error is one line
 // on `err`: "siphon-agent: MESSAGE" (or CLI11's own text for a flag it
-// refuses).
-ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_token,
-                           std::ostream& out, std::ostream& err);
+// refuses). `inotify`: the node's inotify limits, which the file watch
+// flags are derived from and checked against (files::watchBudget).
+ParsedOptions parseOptions(
+    int argc, const char* const* argv, const char* env_token, std::ostream& out, std::ostream& err,
+    const files::NodeInotifyLimits& inotify = files::readNodeInotifyLimits());
 
 }  // namespace siphon::agent

@@ -74,7 +74,9 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
         fs_(options.fs ? options.fs : makeFileSystem(ctx)),
         table_(options.max_handles_per_session != 0 ? options.max_handles_per_session
                                                     : ctx.config.max_open_files),
-        watches_(ctx.io) {
+        watches_(ctx.io, ctx.blocking, fs_,
+                 WatchLimits{kMaxWatchesPerSession, ctx.config.max_file_watches,
+                             ctx.config.max_file_watch_instances}) {
     ctx.target_restarted.push_back([fs = fs_](pid_t pid) { fs->targetRestarted(pid); });
   }
 
@@ -433,40 +435,23 @@ class FileService : public RequestService, public std::enable_shared_from_this<F
     });
   }
 
-  // A watch (file_watches.h): on the pool, the object must be readable
-  // with the file helper's identity (access R_OK, as a readdir of it would
-  // need) and is resolved in the root as O_PATH; on the event loop it is
-  // watched.
+  // A watch (file_watches.h): the file system resolves the path and
+  // places the watch on what it resolved, with its identity (the file
+  // helper's: the target's), on the pool; the answer comes back here.
   void startWatch(std::shared_ptr<SessionHost> session, uint64_t id, R req) {
-    net::asio::post(ctx_.blocking, [self = shared_from_this(), session = std::move(session), id,
-                                    path = std::move(*req.mutable_watch()->mutable_path())]() mutable {
-      absl::StatusOr<UniqueFd> object = self->resolveWatched(path);
-      net::asio::post(self->ctx_.io, [self, session = std::move(session), id,
-                                      object = std::move(object)]() mutable {
-        if (session->ended()) return;
-        if (!object.ok()) {
-          reply(*session, id, object.status());
-          return;
-        }
-        auto watch = self->watches_.add(session, object->get());
-        if (!watch.ok()) {
-          reply(*session, id, watch.status());
-          return;
-        }
-        v1::FileResponse r;
-        r.mutable_watched()->set_watch(*watch);
-        reply(*session, id, std::move(r));
-      });
-    });
-  }
-
-  // Blocking pool.
-  absl::StatusOr<UniqueFd> resolveWatched(const std::string& path) {
-    R access;
-    access.mutable_access()->set_path(path);
-    access.mutable_access()->set_mode(R_OK);
-    if (auto ok = fs_->path(access, false); !ok.ok()) return ok.status();
-    return RootFs(ctx_.target.rootFd()).resolve(path, O_PATH);
+    std::weak_ptr<SessionHost> weak = session;
+    watches_.add(session, std::move(*req.mutable_watch()->mutable_path()),
+                 [weak, id](absl::StatusOr<uint64_t> watch) {
+                   auto session = weak.lock();
+                   if (!session || session->ended()) return;
+                   if (!watch.ok()) {
+                     reply(*session, id, watch.status());
+                     return;
+                   }
+                   v1::FileResponse r;
+                   r.mutable_watched()->set_watch(*watch);
+                   reply(*session, id, std::move(r));
+                 });
   }
 
   // On the event loop, once open() returned.

@@ -1,11 +1,13 @@
 #include "agent/files/file_system.h"
 
 #include <fcntl.h>
+#include <sys/inotify.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "siphon/status.h"
 
 namespace siphon::agent::files {
@@ -58,6 +60,40 @@ absl::StatusOr<Handle> LocalFileSystem::adopt(UniqueFd fd, bool dir) {
   auto d = OpenDir::create(std::move(fd), root_fd_);
   if (!d.ok()) return d.status();
   return Handle(std::shared_ptr<DirObject>(*std::move(d)));
+}
+
+absl::StatusOr<UniqueFd> LocalFileSystem::newWatchInstance() {
+  UniqueFd fd(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+  if (!fd) {
+    const int err = errno;
+    if (err == EMFILE) {
+      return errnoRefusal(EMFILE, absl::StrCat("uid ", ::geteuid(),
+                                               " has no inotify instance left on this node "
+                                               "(sysctl fs.inotify.max_user_instances)"));
+    }
+    return errnoStatus(err, "inotify_init1");
+  }
+  return fd;
+}
+
+absl::StatusOr<int> LocalFileSystem::addWatch(int instance, const std::string& path,
+                                              uint32_t mask) {
+  // Resolved once, here, with this process's identity; the watch goes on
+  // what this descriptor holds, whatever the path names by then.
+  auto object = root_.resolve(path, O_PATH);
+  if (!object.ok()) return object.status();
+  const std::string proc = absl::StrCat("/proc/self/fd/", object->get());
+  const int wd = ::inotify_add_watch(instance, proc.c_str(), mask);
+  if (wd < 0) {
+    const int err = errno;
+    if (err == ENOSPC) {
+      return errnoRefusal(ENOSPC, absl::StrCat("uid ", ::geteuid(),
+                                               " has no inotify watch left on this node "
+                                               "(sysctl fs.inotify.max_user_watches)"));
+    }
+    return errnoStatus(err, "watch " + path);
+  }
+  return wd;
 }
 
 Result LocalFileSystem::path(const R& req, bool writes_refused) {

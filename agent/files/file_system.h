@@ -15,6 +15,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "agent/files/fs_guard.h"
@@ -50,6 +51,24 @@ class FileSystem {
   // agent exported (FileObject/DirObject::exportFd) and this one takes on:
   // a directory (`dir`) reads on from the descriptor's position.
   virtual absl::StatusOr<Handle> adopt(UniqueFd fd, bool dir) = 0;
+
+  // File watches (file_watches.h). A new inotify instance (non-blocking,
+  // close-on-exec) made with this file system's identity: the kernel
+  // charges an instance, and every watch later added to it by anyone, to
+  // the user that made it (inotify_init1 takes the caller's user for the
+  // group; fs.inotify.max_user_instances and max_user_watches are per
+  // user), so the file helper's are the target's user's, not uid 0's.
+  // EMFILE (a refusal naming the sysctl) when that user has none left.
+  virtual absl::StatusOr<UniqueFd> newWatchInstance() = 0;
+  // Watches `path`, resolved in the root with this file system's identity,
+  // in `instance` (not owned) with `mask`: the watch goes on the very object
+  // that resolution reached (inotify_add_watch follows /proc/self/fd/N to
+  // the resolved descriptor; nothing looks the path up again), and the
+  // kernel checks this identity's read permission on it (EACCES). The
+  // watch descriptor (the same for an object the instance watches
+  // already). ENOSPC (a refusal naming the sysctl) when the instance's
+  // user has no watch left.
+  virtual absl::StatusOr<int> addWatch(int instance, const std::string& path, uint32_t mask) = 0;
 };
 
 // The calls in this process, on paths under `root_fd` (not owned; it must
@@ -61,6 +80,8 @@ class LocalFileSystem : public FileSystem {
   absl::StatusOr<Handle> open(const v1::FileRequest& req) override;
   absl::StatusOr<v1::FileResponse> path(const v1::FileRequest& req, bool writes_refused) override;
   absl::StatusOr<Handle> adopt(UniqueFd fd, bool dir) override;
+  absl::StatusOr<UniqueFd> newWatchInstance() override;
+  absl::StatusOr<int> addWatch(int instance, const std::string& path, uint32_t mask) override;
 
  private:
   // RootFs::open with the guard's checks before and after.

@@ -6,12 +6,14 @@
 
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "agent/common/log.h"
+#include "agent/files/file_system.h"
 #include "siphon/status.h"
 #include "siphon/v1/files.pb.h"
 
@@ -38,20 +40,22 @@ struct Change {
 }  // namespace
 
 struct FileWatches::SessionWatches {
-  SessionWatches(asio::io_context& io, int fd, std::weak_ptr<SessionHost> h)
-      : desc(io, fd), timer(io), host(std::move(h)) {}
+  SessionWatches(asio::io_context& io, std::weak_ptr<SessionHost> h)
+      : desc(io), timer(io), host(std::move(h)) {}
 
   int fd() { return desc.native_handle(); }
+  bool hasInstance() const { return desc.is_open(); }
   // Closes the instance now (its watches go with it); handlers still
   // queued see `closed`.
   void close() {
     closed = true;
+    queue.clear();
     net::error_code ignored;
     timer.cancel(ignored);
     desc.close(ignored);
   }
 
-  asio::posix::stream_descriptor desc;  // the inotify instance, owned
+  asio::posix::stream_descriptor desc;  // the inotify instance, owned (once made)
   asio::steady_timer timer;
   std::weak_ptr<SessionHost> host;
   std::string session_id;
@@ -65,49 +69,165 @@ struct FileWatches::SessionWatches {
   bool closed = false;
   // Bumped by a freeze and a thaw: a wait started before is stale.
   uint64_t reading = 0;
+  // Watches waiting for the session's instance, which one of them is
+  // making (`creating`); once it exists, watches go to the pool at once.
+  struct ToPlace {
+    std::string path;
+    Done done;
+  };
+  std::deque<ToPlace> queue;
+  bool creating = false;
+  size_t in_flight = 0;  // watches on the pool
 };
+
+struct FileWatches::Core : std::enable_shared_from_this<Core> {
+  Core(asio::io_context& i, asio::thread_pool& b, std::shared_ptr<FileSystem> f, WatchLimits l)
+      : io(i), blocking(b), fs(std::move(f)), limits(l) {}
+
+  // What came back from the pool for one watch.
+  struct Placed {
+    UniqueFd created;  // the session's new instance, when it had none
+    absl::StatusOr<int> wd = absl::UnknownError("not placed");
+  };
+
+  size_t total() const {
+    size_t n = 0;
+    for (const auto& [id, s] : sessions) n += s->counts.size();
+    return n;
+  }
+  size_t instances() const {
+    size_t n = 0;
+    for (const auto& [id, s] : sessions) n += s->hasInstance() || s->creating ? 1 : 0;
+    return n;
+  }
+  // Watches on the pool now: each may add one.
+  size_t inFlight() const {
+    size_t n = 0;
+    for (const auto& [id, s] : sessions) n += s->in_flight;
+    return n;
+  }
+
+  // The agent's limits for one more watch of `s`.
+  absl::Status admit(const SessionWatches& s) const {
+    if (s.counts.size() + s.in_flight >= limits.per_session) {
+      return errnoRefusal(ENOSPC, absl::StrCat("this session watches ", limits.per_session,
+                                               " objects already (the agent's limit per "
+                                               "session)"));
+    }
+    if (total() + inFlight() >= limits.watches) {
+      return errnoRefusal(ENOSPC, absl::StrCat("file watch limit of ", limits.watches,
+                                               " reached, all sessions together (siphon-agent "
+                                               "--max-file-watches raises it)"));
+    }
+    if (!s.hasInstance() && instances() >= limits.instances) {
+      return errnoRefusal(EMFILE, absl::StrCat("file watch instance limit of ", limits.instances,
+                                               " reached: that many sessions watch files already "
+                                               "(siphon-agent --max-file-watch-instances raises "
+                                               "it)"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Sends the watches of `s` waiting to the pool: all of them once its
+  // instance exists, else the first, which makes it.
+  void next(const std::shared_ptr<SessionWatches>& s) {
+    while (!s->creating && !s->closed && !s->queue.empty()) {
+      SessionWatches::ToPlace p = std::move(s->queue.front());
+      s->queue.pop_front();
+      if (absl::Status refused = admit(*s); !refused.ok()) {
+        if (auto host = s->host.lock()) host->logLimitHit(refused);
+        p.done(refused);
+        continue;
+      }
+      // The session's instance, as a copy the pool's job owns (the session
+      // may end meanwhile and close its own).
+      UniqueFd instance;
+      if (s->hasInstance()) {
+        instance.reset(::fcntl(s->fd(), F_DUPFD_CLOEXEC, 0));
+        if (!instance) {
+          p.done(lastErrnoStatus("file watch: dup the session's inotify instance"));
+          continue;
+        }
+      } else {
+        s->creating = true;
+      }
+      ++s->in_flight;
+      asio::post(blocking, [weak = weak_from_this(), io = &io, fs = fs, s,
+                            instance = std::move(instance), p = std::move(p)]() mutable {
+        Placed placed;
+        if (!instance) {
+          absl::StatusOr<UniqueFd> made = fs->newWatchInstance();
+          if (made.ok()) {
+            placed.created = *std::move(made);
+          } else {
+            placed.wd = made.status();
+          }
+        }
+        const int into = instance ? instance.get() : placed.created.get();
+        if (into >= 0) placed.wd = fs->addWatch(into, p.path, kMask);
+        instance.reset();
+        asio::post(*io, [weak, s = std::move(s), placed = std::move(placed),
+                         done = std::move(p.done)]() mutable {
+          if (auto core = weak.lock()) core->placed(s, std::move(placed), std::move(done));
+        });
+      });
+    }
+  }
+
+  // Event loop: a watch of `s` came back from the pool.
+  void placed(const std::shared_ptr<SessionWatches>& s, Placed placed, Done done) {
+    --s->in_flight;
+    s->creating = false;  // while it is set, only the watch making the instance is out
+    // An ended session's instance closed; a new one closes with `placed`.
+    if (s->closed) return;
+    if (placed.created) {
+      net::error_code ec;
+      s->desc.assign(placed.created.get(), ec);
+      if (ec) {
+        done(errnoStatus(ec.value(), "file watch: take the inotify instance"));
+        next(s);
+        return;
+      }
+      (void)placed.created.release();
+      if (!frozen) startReading(s);
+    }
+    if (placed.wd.ok()) {
+      ++s->counts[*placed.wd];
+      done(static_cast<uint64_t>(*placed.wd));
+    } else {
+      done(placed.wd.status());
+    }
+    next(s);
+  }
+
+  asio::io_context& io;
+  asio::thread_pool& blocking;
+  std::shared_ptr<FileSystem> fs;
+  WatchLimits limits;
+  std::map<std::string, std::shared_ptr<SessionWatches>> sessions;
+  bool frozen = false;
+};
+
+FileWatches::FileWatches(asio::io_context& io, asio::thread_pool& blocking,
+                         std::shared_ptr<FileSystem> fs, WatchLimits limits)
+    : core_(std::make_shared<Core>(io, blocking, std::move(fs), limits)) {}
 
 FileWatches::~FileWatches() { stop(); }
 
-absl::StatusOr<uint64_t> FileWatches::add(const std::shared_ptr<SessionHost>& session,
-                                          int object_fd) {
-  auto& slot = sessions_[session->id()];
+void FileWatches::add(const std::shared_ptr<SessionHost>& session, std::string path, Done done) {
+  auto& slot = core_->sessions[session->id()];
   if (!slot) {
-    const int fd = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-    if (fd < 0) {
-      const int err = errno;
-      sessions_.erase(session->id());
-      if (err == EMFILE) {
-        return errnoRefusal(EMFILE, "no inotify instance left (sysctl fs.inotify.max_user_instances)");
-      }
-      return errnoStatus(err, "inotify_init1");
-    }
-    slot = std::make_shared<SessionWatches>(io_, fd, session);
+    slot = std::make_shared<SessionWatches>(core_->io, session);
     slot->session_id = session->id();
-    if (!frozen_) startReading(slot);
   }
-  SessionWatches& s = *slot;
-  if (s.counts.size() >= kMaxWatchesPerSession) {
-    return errnoRefusal(ENOSPC, absl::StrCat("this session watches ", kMaxWatchesPerSession,
-                                             " objects already (the agent's limit)"));
-  }
-  const std::string proc = absl::StrCat("/proc/self/fd/", object_fd);
-  const int wd = ::inotify_add_watch(s.fd(), proc.c_str(), kMask);
-  if (wd < 0) {
-    const int err = errno;
-    if (err == ENOSPC) {
-      return errnoRefusal(ENOSPC, "no inotify watch left (sysctl fs.inotify.max_user_watches)");
-    }
-    return errnoStatus(err, "inotify_add_watch");
-  }
-  ++s.counts[wd];
-  return static_cast<uint64_t>(wd);
+  slot->queue.push_back({std::move(path), std::move(done)});
+  core_->next(slot);
 }
 
 absl::Status FileWatches::remove(const std::string& session_id, uint64_t watch) {
-  auto it = sessions_.find(session_id);
+  auto it = core_->sessions.find(session_id);
   const int wd = static_cast<int>(watch);
-  if (it == sessions_.end() || watch == 0 || watch > static_cast<uint64_t>(INT32_MAX) ||
+  if (it == core_->sessions.end() || watch == 0 || watch > static_cast<uint64_t>(INT32_MAX) ||
       !it->second->counts.contains(wd)) {
     return errnoRefusal(EINVAL, absl::StrCat("watch ", watch, " is not this session's"));
   }
@@ -120,34 +240,32 @@ absl::Status FileWatches::remove(const std::string& session_id, uint64_t watch) 
   return absl::OkStatus();
 }
 
-size_t FileWatches::total() const {
-  size_t n = 0;
-  for (const auto& [id, s] : sessions_) n += s->counts.size();
-  return n;
-}
+size_t FileWatches::total() const { return core_->total(); }
+
+size_t FileWatches::instances() const { return core_->instances(); }
 
 size_t FileWatches::watches(const std::string& session_id) const {
-  auto it = sessions_.find(session_id);
-  return it == sessions_.end() ? 0 : it->second->counts.size();
+  auto it = core_->sessions.find(session_id);
+  return it == core_->sessions.end() ? 0 : it->second->counts.size();
 }
 
 void FileWatches::sessionEnded(const std::string& session_id) {
-  auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) return;
+  auto it = core_->sessions.find(session_id);
+  if (it == core_->sessions.end()) return;
   log::debug("file_watches_closed",
              {{"session", session_id}, {"watches", it->second->counts.size()}});
   it->second->close();
-  sessions_.erase(it);
+  core_->sessions.erase(it);
 }
 
 void FileWatches::stop() {
-  for (auto& [id, s] : sessions_) s->close();
-  sessions_.clear();
+  for (auto& [id, s] : core_->sessions) s->close();
+  core_->sessions.clear();
 }
 
 void FileWatches::freeze() {
-  frozen_ = true;
-  for (auto& [id, s] : sessions_) {
+  core_->frozen = true;
+  for (auto& [id, s] : core_->sessions) {
     ++s->reading;
     net::error_code ignored;
     s->desc.cancel(ignored);
@@ -158,13 +276,14 @@ void FileWatches::freeze() {
 }
 
 void FileWatches::thaw() {
-  if (!frozen_) return;
-  frozen_ = false;
+  if (!core_->frozen) return;
+  core_->frozen = false;
   start();
 }
 
 void FileWatches::start() {
-  for (auto& [id, s] : sessions_) {
+  for (auto& [id, s] : core_->sessions) {
+    if (!s->hasInstance()) continue;
     ++s->reading;
     startReading(s);
   }
@@ -172,8 +291,8 @@ void FileWatches::start() {
 
 absl::StatusOr<std::vector<FileWatches::Exported>> FileWatches::exportState() const {
   std::vector<Exported> out;
-  for (const auto& [id, s] : sessions_) {
-    if (s->closed) continue;
+  for (const auto& [id, s] : core_->sessions) {
+    if (s->closed || !s->hasInstance()) continue;
     Exported e;
     e.session_id = id;
     const int fd = ::fcntl(s->desc.native_handle(), F_DUPFD_CLOEXEC, 0);
@@ -186,20 +305,22 @@ absl::StatusOr<std::vector<FileWatches::Exported>> FileWatches::exportState() co
 }
 
 void FileWatches::restore(const std::shared_ptr<SessionHost>& session, Exported e) {
-  auto s = std::make_shared<SessionWatches>(io_, e.instance.release(), session);
+  auto s = std::make_shared<SessionWatches>(core_->io, session);
+  s->desc.assign(e.instance.release());
   s->session_id = session->id();
   s->counts.insert(e.counts.begin(), e.counts.end());
-  sessions_[s->session_id] = std::move(s);
+  core_->sessions[s->session_id] = std::move(s);
 }
 
 void FileWatches::startReading(std::shared_ptr<SessionWatches> s) {
   SessionWatches* raw = s.get();
-  raw->desc.async_wait(asio::posix::descriptor_base::wait_read,
-                       [s = std::move(s), reading = raw->reading](const net::error_code& ec) mutable {
-                         if (ec || s->closed || s->reading != reading) return;
-                         readEvents(s);
-                         if (!s->closed) startReading(std::move(s));
-                       });
+  raw->desc.async_wait(
+      asio::posix::descriptor_base::wait_read,
+      [s = std::move(s), reading = raw->reading](const net::error_code& ec) mutable {
+        if (ec || s->closed || s->reading != reading) return;
+        readEvents(s);
+        if (!s->closed) startReading(std::move(s));
+      });
 }
 
 void FileWatches::readEvents(const std::shared_ptr<SessionWatches>& self) {
@@ -219,8 +340,8 @@ void FileWatches::readEvents(const std::shared_ptr<SessionWatches>& self) {
         continue;
       }
       if (!s.counts.contains(ev->wd)) continue;  // removed by an unwatch
-      std::string name = ev->len > 0 ? std::string(ev->name, strnlen(ev->name, ev->len))
-                                     : std::string();
+      std::string name =
+          ev->len > 0 ? std::string(ev->name, strnlen(ev->name, ev->len)) : std::string();
       if ((ev->mask & IN_MOVE_SELF) != 0) {
         // Still watched by inotify, but no longer at the path the client
         // watched: end it here.

@@ -29,6 +29,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -67,6 +68,13 @@ enum Kind : uint8_t {
   // stays.
   kExport = 7,
   kAdopt = 8,  // a descriptor came with the request; aux 1: a directory -> handle
+  // File watches (file_watches.h): a new inotify instance, made here so
+  // that the kernel charges it and its watches to the helper's user, comes
+  // with the answer; a watch request brings the session's instance (the
+  // agent keeps it and reads its events) and its path is resolved and
+  // watched here, aux the mask: the answer's `watched` is the descriptor.
+  kWatchInstance = 9,
+  kWatch = 10,
 };
 
 constexpr size_t kRequestHeader = 1 + 4 + 8;
@@ -399,6 +407,24 @@ class HelperServer {
         pass->fd = pass->owned.get();
         return doneResponse();
       }
+      case kWatchInstance: {
+        absl::StatusOr<UniqueFd> fd = fs_.newWatchInstance();
+        if (!fd.ok()) return fd.status();
+        pass->owned = *std::move(fd);
+        pass->fd = pass->owned.get();
+        return doneResponse();
+      }
+      case kWatch: {
+        if (!received.valid()) {
+          return protoError(v1::INVALID_ARGUMENT,
+                            "file helper: a watch came without its inotify instance");
+        }
+        absl::StatusOr<int> wd = fs_.addWatch(received.get(), req.watch().path(), aux);
+        if (!wd.ok()) return wd.status();
+        v1::FileResponse r;
+        r.mutable_watched()->set_watch(static_cast<uint64_t>(*wd));
+        return r;
+      }
       case kClose:
       case kRelease: {
         Handle h;
@@ -581,7 +607,7 @@ class Helper : public std::enable_shared_from_this<Helper> {
       cv_.notify_one();
     }
     if (!error.ok()) return error;
-    if (kind == kExport) {
+    if (kind == kExport || kind == kWatchInstance) {
       if (!passed.valid()) return errnoRefusal(EMFILE, "file helper: its descriptor did not come");
       reply.passed = std::move(passed);
     } else if ((kind == kOpen || kind == kAdopt) && passed.valid() && pidfd_.valid()) {
@@ -600,11 +626,11 @@ class Helper : public std::enable_shared_from_this<Helper> {
   // The target restarted (Target::adopt): the helper running holds the old
   // root and the old process's identity, so it is stopped; the next request
   // starts one with the new root (the same fd number, now naming it) and
-  // `target_pid`'s credentials. Files it had open answer EBADF, as after a
-  // helper's crash: they were the old container's.
+  // the identity of `target_pid`, the process adopted (options_.target
+  // reads it through that process's pidfd). Files it had open answer
+  // EBADF, as after a helper's crash: they were the old container's.
   void retarget(pid_t target_pid) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (options_.target_pid != 0) options_.target_pid = target_pid;
     if (running_) {
       log::info("fs_helper_retargeted", {{"pid", static_cast<int64_t>(pid_)},
                                          {"generation", generation_},
@@ -637,17 +663,16 @@ class Helper : public std::enable_shared_from_this<Helper> {
                                           "next request"));
   }
 
+  // Whose identity the helper starts with. The target's is read while its
+  // pidfd pins it (Target::identity), never by a pid number alone: a pid
+  // reused while the target is down would lend another process's.
   absl::StatusOr<Credentials> identity() {
-    if (options_.target_pid != 0) {
+    std::optional<TargetIdentity> target;
+    if (options_.target) {
+      ASSIGN_OR_RETURN(target, options_.target());
       // Another user namespace would need its uid_map and a setns into it;
       // root of ours would be more than the target's root.
-      struct stat ours {
-      }, theirs{};
-      const std::string ns = absl::StrCat("/proc/", options_.target_pid, "/ns/user");
-      if (::stat("/proc/self/ns/user", &ours) != 0 || ::stat(ns.c_str(), &theirs) != 0) {
-        return lastErrnoStatus("file helper: stat " + ns);
-      }
-      if (ours.st_ino != theirs.st_ino || ours.st_dev != theirs.st_dev) {
+      if (!target->in_agent_user_namespace) {
         return protoError(v1::UNIMPLEMENTED,
                           "file access to a target in another user namespace is not supported "
                           "yet (the file helper cannot take its identity)");
@@ -658,8 +683,8 @@ class Helper : public std::enable_shared_from_this<Helper> {
       c.cap_effective = c.cap_permitted = kFileCaps;
       return c;
     }
-    if (options_.target_pid == 0) return ownIdsWithoutCapabilities();
-    return readCredentials(options_.target_pid);
+    if (!target) return ownIdsWithoutCapabilities();
+    return target->credentials;
   }
 
   absl::Status startLocked() {
@@ -898,6 +923,24 @@ class HelperFileSystem : public FileSystem {
 
   void targetRestarted(pid_t pid) override { helper_->retarget(pid); }
 
+  absl::StatusOr<UniqueFd> newWatchInstance() override {
+    auto r = helper_->call(0, kWatchInstance, 0, 0, R());
+    if (!r.ok()) return r.status();
+    return std::move(r->passed);
+  }
+
+  absl::StatusOr<int> addWatch(int instance, const std::string& path, uint32_t mask) override {
+    R req;
+    req.mutable_watch()->set_path(path);
+    auto r = helper_->call(0, kWatch, mask, 0, req, instance);
+    if (!r.ok()) return r.status();
+    if (!r->response.has_watched() || r->response.watched().watch() == 0 ||
+        r->response.watched().watch() > static_cast<uint64_t>(INT32_MAX)) {
+      return protoError(v1::INTERNAL, "file helper: not a watch descriptor");
+    }
+    return static_cast<int>(r->response.watched().watch());
+  }
+
  private:
   // The object behind the handle an open or an adopt made in the helper.
   absl::StatusOr<Handle> handleOf(absl::StatusOr<Helper::Reply> r, bool dir) {
@@ -930,7 +973,9 @@ std::shared_ptr<FileSystem> makeFileSystem(ServiceContext& ctx) {
   o.exe = ctx.config.fs_helper_exe;
   o.root_fd = ctx.target.rootFd();
   o.identity = ctx.config.fs_identity;
-  o.target_pid = targetless ? 0 : ctx.target.pid();
+  if (!targetless) {
+    o.target = [&target = ctx.target, &procfs = ctx.procfs] { return target.identity(procfs); };
+  }
   o.all_processes = guard.all_processes;
   return makeHelperFileSystem(std::move(o));
 }

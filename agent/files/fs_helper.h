@@ -12,7 +12,9 @@
 //   4...   one end of kConnections socketpairs.
 // Before it reads a request the helper takes the identity (takeIdentity):
 // setgroups, setresgid, setresuid to the target's ids (--fs-identity
-// target), or uid/gid 0 (root); capset to the target's capabilities among
+// target: read by the agent while the target's pidfd pins it, just before
+// the start, Target::identity; no helper starts while the target is down),
+// or uid/gid 0 (root); capset to the target's capabilities among
 // the file ones (CHOWN, DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER, FSETID; all
 // of those with root), which also drops CAP_SETUID/SETGID for good;
 // PR_SET_NO_NEW_PRIVS; PR_SET_DUMPABLE 0 (the target's processes, same uid,
@@ -29,7 +31,11 @@
 // A descriptor may ride on a frame's first bytes (SCM_RIGHTS): an open's
 // answer carries the file's when the agent may read it itself; for a
 // handover (docs/CONTINUITY.md) an export's answer carries the handle's
-// and an adopt's request a descriptor the new helper takes as a handle.
+// and an adopt's request a descriptor the new helper takes as a handle;
+// for file watches (file_watches.h) a new inotify instance's answer
+// carries the instance (made here: charged to the helper's user) and a
+// watch's request the session's instance, to which the helper adds the
+// watch on the object it resolved itself.
 //
 // A helper that dies or answers garbage is killed; the call that saw it and
 // every handle it held answer EIO/EBADF with a message saying so, and the
@@ -38,12 +44,14 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "agent/files/file_system.h"
 #include "agent/server/config.h"
-#include "agent/target/credentials.h"
+#include "agent/target/target.h"
 
 namespace siphon::agent {
 struct ServiceContext;
@@ -58,9 +66,12 @@ struct HelperOptions {
   std::string exe;   // a binary whose main() runs fsHelperMain for kFsHelperCommand
   int root_fd = -1;  // not owned
   FsIdentity identity = FsIdentity::kTarget;
-  // kTarget: whose credentials the helper takes, read at each start; 0:
-  // targetless, the agent's own uid and gids with no capabilities.
-  pid_t target_pid = 0;
+  // The target's identity (Target::identity: read while its pidfd pins
+  // it), asked at each start: its credentials for kTarget, its user
+  // namespace for both. An error (the target is down between a restart
+  // and its adoption: EAGAIN) is the call's answer, and no helper starts.
+  // Null: targetless, the agent's own uid and gids with no capabilities.
+  std::function<absl::StatusOr<TargetIdentity>()> target;
   bool all_processes = false;  // GuardOptions::all_processes
 };
 

@@ -64,6 +64,12 @@ struct AgentConfig {
   std::string metrics_listen;
   // --max-open-files: file and directory handles one session may hold.
   uint32_t max_open_files = 1024;
+  // --max-file-watches, --max-file-watch-instances: inotify watches and
+  // instances of all sessions together (agent/files/watch_limits.h). The
+  // command line sets a quarter of the node's limits when not given; these
+  // are a quarter of the kernel's defaults.
+  uint32_t max_file_watches = 2048;
+  uint32_t max_file_watch_instances = 32;
   FsMode fs_mode = FsMode::kReadOnly;
   FsIdentity fs_identity = FsIdentity::kTarget;
   // The binary the file helper is exec'd from (siphon-agent sets

@@ -4,8 +4,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -59,15 +57,6 @@ absl::StatusOr<Credentials> parseProcStatus(std::string_view status) {
         "/proc status: a Uid, Gid, Groups, CapInh, CapPrm or CapEff line is missing");
   }
   return c;
-}
-
-absl::StatusOr<Credentials> readCredentials(pid_t pid) {
-  const std::string path = absl::StrCat("/proc/", pid, "/status");
-  std::ifstream in(path);
-  if (!in) return lastErrnoStatus(absl::StrCat("read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parseProcStatus(ss.str());
 }
 
 Credentials ownIdsWithoutCapabilities() {

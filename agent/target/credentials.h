@@ -1,6 +1,9 @@
 // A process's credentials as the file helper takes them (agent/files/
 // fs_helper.h): uids, gids, supplementary groups and capability sets, from
-// the Uid/Gid/Groups/Cap* lines of /proc/PID/status.
+// the Uid/Gid/Groups/Cap* lines of /proc/PID/status. Read them for the
+// target through Target::identity(), which reads while the target's pidfd
+// pins it: a /proc/PID read alone may be another process's once the pid
+// was reused.
 #pragma once
 
 #include <sys/types.h>
@@ -25,9 +28,6 @@ struct Credentials {
 // Parses the text of /proc/PID/status. InvalidArgument naming the line when
 // one of Uid, Gid, Groups, CapInh, CapPrm, CapEff is missing or malformed.
 absl::StatusOr<Credentials> parseProcStatus(std::string_view status);
-
-// parseProcStatus of /proc/PID/status (the errno of the read otherwise).
-absl::StatusOr<Credentials> readCredentials(pid_t pid);
 
 // The calling process's own ids and supplementary groups, no capabilities.
 Credentials ownIdsWithoutCapabilities();

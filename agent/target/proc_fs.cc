@@ -161,4 +161,15 @@ absl::StatusOr<std::string> RealProcFs::readComm(pid_t pid) {
   return comm;
 }
 
+absl::StatusOr<std::string> RealProcFs::readStatus(pid_t pid) {
+  return readCapped(path(pid, "status"), size_t{64} << 10, "status file");
+}
+
+absl::StatusOr<NamespaceId> RealProcFs::userNamespace(pid_t pid) {
+  const std::string p = path(pid, "ns/user");
+  struct stat st {};
+  if (::stat(p.c_str(), &st) != 0) return lastErrnoStatus(absl::StrCat("stat ", p));
+  return NamespaceId{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
 }  // namespace siphon::agent

@@ -24,6 +24,14 @@ namespace siphon::agent {
 // possible in theory; it gets a clear error, never a truncated answer.
 inline constexpr size_t kDefaultMaxEnvironBytes = size_t{1} << 20;
 
+// A namespace as the kernel tells one from another: the device and inode
+// of its /proc/PID/ns/* file.
+struct NamespaceId {
+  uint64_t dev = 0;
+  uint64_t ino = 0;
+  bool operator==(const NamespaceId&) const = default;
+};
+
 // Error codes common to every method (messages name the path or call, e.g.
 // "open /proc/4242/ns/net: Permission denied"; the errno is kept, see
 // siphon/status.h):
@@ -81,6 +89,14 @@ class ProcFs {
   // (at most 15 bytes). A runtime's setup process names itself here before
   // it becomes the container's program ("runc:[2:INIT]").
   virtual absl::StatusOr<std::string> readComm(pid_t pid) = 0;
+
+  // /proc/PID/status as text (its Uid, Gid, Groups and Cap* lines are the
+  // process's credentials: agent/target/credentials.h). ResourceExhausted
+  // above 64 KiB (a real one is under 2 KiB).
+  virtual absl::StatusOr<std::string> readStatus(pid_t pid) = 0;
+
+  // The user namespace of `pid` (stat of /proc/PID/ns/user).
+  virtual absl::StatusOr<NamespaceId> userNamespace(pid_t pid) = 0;
 };
 
 // ProcFs over a real procfs mount.
@@ -100,6 +116,8 @@ class RealProcFs : public ProcFs {
   absl::StatusOr<std::vector<pid_t>> listPids() override;
   absl::StatusOr<std::string> readCgroup(pid_t pid) override;
   absl::StatusOr<std::string> readComm(pid_t pid) override;
+  absl::StatusOr<std::string> readStatus(pid_t pid) override;
+  absl::StatusOr<NamespaceId> userNamespace(pid_t pid) override;
 
  private:
   // A whole /proc file of at most `cap` bytes; above it, ResourceExhausted

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -137,14 +138,46 @@ absl::Status Target::adopt(std::unique_ptr<Target> next) {
   if (::dup3(next->root_.get(), root_.get(), O_CLOEXEC) < 0) {
     return lastErrnoStatus("adopting the target's new root: dup3");
   }
-  pidfd_ = std::move(next->pidfd_);
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // The pid and the pidfd change together for identity().
+    pidfd_ = std::move(next->pidfd_);
     runtime_env_ = std::move(next->spec_.runtime_env);
+    pid_.store(next->pid(), std::memory_order_release);
   }
-  pid_.store(next->pid(), std::memory_order_release);
   restarts_.fetch_add(1, std::memory_order_acq_rel);
   return absl::OkStatus();
+}
+
+absl::StatusOr<TargetIdentity> Target::identity(ProcFs& procfs) const {
+  if (mode_ == TargetMode::kTargetless) {
+    return absl::FailedPreconditionError("targetless: there is no target process");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const pid_t pid = pid_.load(std::memory_order_acquire);
+  auto down = [pid] {
+    return errnoRefusal(EAGAIN, absl::StrCat("the target process ", pid,
+                                             " has exited: file access waits for its "
+                                             "container's next process"));
+  };
+  // Asked first too, only for the clearer error: a pid freed already may
+  // be another process's, whose /proc then reads fine.
+  ASSIGN_OR_RETURN(bool exited, procfs.hasExited(pidfd_.get()));
+  if (exited) return down();
+  TargetIdentity id;
+  id.pid = pid;
+  auto status = procfs.readStatus(pid);
+  auto ns = procfs.userNamespace(pid);
+  auto ours = procfs.userNamespace(procfs.selfPid());
+  // The pin: alive now, so alive through the reads above.
+  ASSIGN_OR_RETURN(exited, procfs.hasExited(pidfd_.get()));
+  if (exited) return down();
+  if (!status.ok()) return status.status();
+  if (!ns.ok()) return ns.status();
+  if (!ours.ok()) return ours.status();
+  ASSIGN_OR_RETURN(id.credentials, parseProcStatus(*status));
+  id.in_agent_user_namespace = *ns == *ours;
+  return id;
 }
 
 std::string Target::netnsLabel() const { return absl::StrCat("net:[", netns_inode_, "]"); }

@@ -9,9 +9,10 @@
 // A restarted container (same pod, so the same network namespace; a new
 // process and a new root) is adopted in place (adopt()): rootFd() keeps its
 // number, which then names the new root, so whoever holds the number reads
-// the new container's files from then on without being told; pid() and
-// runtimeEnv() answer for the new process. What holds more than the number
-// (the file helper, a copy of the root) is told by the server.
+// the new container's files from then on without being told; pid(),
+// runtimeEnv() and identity() answer for the new process. What holds more
+// than the number (the file helper, a copy of the root) is told by the
+// server.
 #pragma once
 
 #include <sys/types.h>
@@ -26,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/common/unique_fd.h"
+#include "agent/target/credentials.h"
 #include "agent/target/proc_fs.h"
 #include "siphon/v1/handshake.pb.h"
 #include "siphon/v1/services.pb.h"
@@ -54,6 +56,17 @@ struct TargetSpec {
   // name); the env service merges it under /proc/PID/environ. Empty when the
   // target did not come from a runtime, or the runtime does not tell (CRI-O).
   std::vector<v1::EnvVar> runtime_env;
+};
+
+// Whose identity the file helper takes (agent/files/fs_helper.h): the
+// target process's credentials and whether it shares the agent's user
+// namespace, read while the target's pidfd pinned it (Target::identity).
+struct TargetIdentity {
+  pid_t pid = 0;
+  Credentials credentials;
+  // The helper takes ids as numbers of the agent's user namespace; a
+  // target in another one would need its uid_map (not supported).
+  bool in_agent_user_namespace = true;
 };
 
 class Target {
@@ -86,6 +99,22 @@ class Target {
   // The container's env from its runtime (TargetSpec::runtime_env) of the
   // process now adopted. Any thread.
   std::vector<v1::EnvVar> runtimeEnv() const;
+  // The identity of the process that is the target now: its /proc/PID
+  // status and user namespace, read while the pidfd pins it. The reads go
+  // by pid number, so the pidfd is asked afterwards whether the process
+  // still lives: if it does, the pid was never free in between and the
+  // numbers are its own, never those of a process that reused the pid.
+  // Read at each call (a target may change its ids after its start, as an
+  // entrypoint that drops root does), on the pidfd of the process adopted
+  // last.
+  //   Unavailable (errno EAGAIN)  the target process has exited: between a
+  //                     container's restart and the adoption of its next
+  //                     process (or for good). Nobody's identity is lent.
+  //   FailedPrecondition targetless: there is no other process.
+  //   the reads' errors otherwise (NotFound, InvalidArgument for a status
+  //   that does not parse).
+  // `procfs`: the /proc the target was opened through. Any thread.
+  absl::StatusOr<TargetIdentity> identity(ProcFs& procfs) const;
   // How many restarts were adopted.
   uint32_t restarts() const { return restarts_.load(std::memory_order_acquire); }
 
@@ -113,7 +142,7 @@ class Target {
   std::vector<v1::EnvVar> runtime_env_;  // under mu_: adopt() replaces it
   TargetMode mode_;
   std::atomic<pid_t> pid_;
-  UniqueFd pidfd_;
+  UniqueFd pidfd_;  // replaced by adopt() under mu_ (identity() reads it there)
   UniqueFd netns_;
   UniqueFd root_;
   uint64_t netns_inode_;

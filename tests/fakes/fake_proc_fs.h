@@ -3,6 +3,9 @@
 //
 // Fds it hands out are real (each a fresh open of /dev/null), so UniqueFd
 // closes them as usual; inodeOf() and hasExited() answer from the script.
+// A pidfd pins the process it was opened for: once that process is
+// replaced at the same pid (reusePid), the pidfd says exited, as the
+// kernel's does, while /proc/PID reads answer for the newcomer.
 #pragma once
 
 #include <fcntl.h>
@@ -10,6 +13,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -35,14 +39,28 @@ struct FakeProcess {
   std::string cgroup;   // raw text readCgroup returns
   int cgroup_errno = 0;
   std::string comm = "app";  // what readComm returns
+  // What readStatus returns: uid and gid 0, every capability.
+  std::string status =
+      "Name:\tapp\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nGroups:\t\n"
+      "CapInh:\t0000000000000000\nCapPrm:\t000001ffffffffff\nCapEff:\t000001ffffffffff\n";
+  int status_errno = 0;
+  uint64_t user_ns = kInitUserNs;  // userNamespace()'s inode (device 1)
+  static constexpr uint64_t kInitUserNs = 4026531837;
+  // Called by readStatus() just after it read (a test's pid reuse between
+  // two lookups). Runs once, then is cleared.
+  std::function<void()> after_status_read;
 };
 
 class FakeProcFs : public agent::ProcFs {
  public:
   // Adds (or replaces) process `pid` and returns it for further scripting.
   FakeProcess& addProcess(pid_t pid, FakeProcess process = {}) {
+    generations_[pid] = ++next_generation_;
     return processes_[pid] = std::move(process);
   }
+  // Process `pid` exits and `next` takes its pid: pidfds opened before say
+  // exited; /proc/PID answers for `next`.
+  FakeProcess& reusePid(pid_t pid, FakeProcess next) { return addProcess(pid, std::move(next)); }
   void removeProcess(pid_t pid) { processes_.erase(pid); }
   FakeProcess& process(pid_t pid) { return processes_.at(pid); }
   void setSelfPid(pid_t pid) { self_pid_ = pid; }
@@ -88,7 +106,8 @@ class FakeProcFs : public agent::ProcFs {
       return errnoStatus(EBADF, absl::StrCat("poll pidfd ", pidfd));
     }
     auto p = processes_.find(it->second.pid);
-    return p == processes_.end() || p->second.exited;
+    return p == processes_.end() || p->second.exited ||
+           generations_[it->second.pid] != it->second.generation;
   }
 
   bool processExists(pid_t pid) override { return processes_.count(pid) != 0; }
@@ -117,11 +136,30 @@ class FakeProcFs : public agent::ProcFs {
     return it->second.comm;
   }
 
+  absl::StatusOr<std::string> readStatus(pid_t pid) override {
+    const std::string what = absl::StrCat("open /proc/", pid, "/status");
+    auto it = processes_.find(pid);
+    if (it == processes_.end()) return errnoStatus(ENOENT, what);
+    if (it->second.status_errno != 0) return errnoStatus(it->second.status_errno, what);
+    std::string status = it->second.status;
+    if (auto hook = std::exchange(it->second.after_status_read, nullptr)) hook();
+    return status;
+  }
+
+  absl::StatusOr<agent::NamespaceId> userNamespace(pid_t pid) override {
+    auto it = processes_.find(pid);
+    if (it == processes_.end()) {
+      return errnoStatus(ENOENT, absl::StrCat("stat /proc/", pid, "/ns/user"));
+    }
+    return agent::NamespaceId{1, it->second.user_ns};
+  }
+
  private:
   enum class Kind { kNetns, kRoot, kPidfd };
   struct Handed {
     pid_t pid;
     Kind kind;
+    uint64_t generation;  // of the process at `pid` when handed out
   };
 
   absl::StatusOr<agent::UniqueFd> openFor(pid_t pid, Kind kind, const char* leaf) {
@@ -137,12 +175,14 @@ class FakeProcFs : public agent::ProcFs {
     agent::UniqueFd fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     if (!fd) return lastErrnoStatus("open /dev/null");
     // A number closed earlier may come back: the newest owner wins.
-    fds_[fd.get()] = Handed{pid, kind};
+    fds_[fd.get()] = Handed{pid, kind, generations_[pid]};
     return fd;
   }
 
   std::map<pid_t, FakeProcess> processes_;
   std::map<int, Handed> fds_;
+  std::map<pid_t, uint64_t> generations_;  // of the process at each pid
+  uint64_t next_generation_ = 0;
   pid_t self_pid_ = 1000;
   int list_errno_ = 0;
 };

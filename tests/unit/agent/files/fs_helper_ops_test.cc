@@ -34,7 +34,6 @@ class FsHelperOpsTest : public ::testing::Test {
     HelperOptions o;
     o.exe = SIPHON_AGENT_BIN;
     o.root_fd = tree_.rootFd();
-    o.target_pid = 0;
     fs_ = makeHelperFileSystem(o);
     R probe;
     probe.mutable_stat()->set_path("/");
@@ -131,7 +130,6 @@ absl::StatusOr<Handle> openIn(FileSystem& fs, const std::string& path, int flags
   open.mutable_open()->set_flags(flags);
   return fs.open(open);
 }
-
 
 // The file helpers this process runs (its children running fs-helper).
 std::vector<pid_t> helpers() {
@@ -240,7 +238,6 @@ TEST(FsHelperBudgetTest, PastItsShareOfDescriptorsTheAgentReadsThroughTheHelper)
   HelperOptions o;
   o.exe = SIPHON_AGENT_BIN;
   o.root_fd = tree.rootFd();
-  o.target_pid = 0;
   auto fs = makeHelperFileSystem(o);
   ::setrlimit(RLIMIT_NOFILE, &was);  // the budget was taken at creation
   std::vector<std::shared_ptr<FileObject>> files;

@@ -4,8 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "siphon/status.h"
 #include "tests/fakes/fake_proc_fs.h"
 
@@ -175,6 +179,124 @@ TEST(TargetTest, ExitWhileEnteringIsNotFound) {
   EXPECT_EQ(target.status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(target.status().message(),
             "target process 4242 has exited while the agent was entering it");
+}
+
+// The identity the file helper takes (Target::identity): read by pid, but
+// only ever answered for the process the pidfd pins (issue 40, item 9).
+std::string statusOf(uint32_t uid, uint32_t gid, const char* cap_eff = "0000000000000000") {
+  return absl::StrCat("Name:\tapp\nUid:\t", uid, "\t", uid, "\t", uid, "\t", uid, "\nGid:\t", gid,
+                      "\t", gid, "\t", gid, "\t", gid, "\nGroups:\t", gid,
+                      " \nCapInh:\t0000000000000000\nCapPrm:\t", cap_eff, "\nCapEff:\t", cap_eff,
+                      "\n");
+}
+
+class TargetIdentityTest : public ::testing::Test {
+ protected:
+  static constexpr pid_t kSelf = 1000;
+  void SetUp() override {
+    procfs_.setSelfPid(kSelf);
+    procfs_.addProcess(kSelf);
+  }
+  std::unique_ptr<Target> open(pid_t pid, uint32_t uid) {
+    fakes::FakeProcess p;
+    p.netns_inode = 77;
+    p.status = statusOf(uid, uid);
+    procfs_.addProcess(pid, std::move(p));
+    auto target = Target::open(procfs_, targeted(pid));
+    EXPECT_TRUE(target.ok()) << target.status();
+    return target.ok() ? std::move(*target) : nullptr;
+  }
+  // A process that is not the target, as a pid reuse brings it: root, with
+  // every capability.
+  static fakes::FakeProcess intruder() {
+    fakes::FakeProcess p;
+    p.netns_inode = 77;
+    p.status = statusOf(0, 0, "000001ffffffffff");
+    return p;
+  }
+  fakes::FakeProcFs procfs_;
+};
+
+TEST_F(TargetIdentityTest, IsTheTargetsOwnWhileItRuns) {
+  std::unique_ptr<Target> target = open(kPid, 1234);
+  ASSERT_NE(target, nullptr);
+  auto id = target->identity(procfs_);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(id->pid, kPid);
+  EXPECT_EQ(id->credentials.uid, (std::array<uint32_t, 4>{1234, 1234, 1234, 1234}));
+  EXPECT_EQ(id->credentials.groups, (std::vector<uint32_t>{1234}));
+  EXPECT_EQ(id->credentials.cap_effective, 0u);
+  EXPECT_TRUE(id->in_agent_user_namespace);
+  // Read again at each call: a target that changes its ids (an entrypoint
+  // dropping root) is taken as it is now.
+  procfs_.process(kPid).status = statusOf(4321, 4321);
+  id = target->identity(procfs_);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(id->credentials.uid[1], 4321u);
+}
+
+TEST_F(TargetIdentityTest, APidReusedAfterTheTargetExitedLendsNoIdentity) {
+  std::unique_ptr<Target> target = open(kPid, 1234);
+  ASSERT_NE(target, nullptr);
+  // The target exits (its container restarts) and another process gets its
+  // pid before the next one is adopted: /proc/4242 is the intruder's now.
+  procfs_.reusePid(kPid, intruder());
+  auto id = target->identity(procfs_);
+  ASSERT_FALSE(id.ok()) << "lent uid " << id->credentials.uid[1] << " of the pid's new owner";
+  EXPECT_EQ(errnoOf(id.status()), EAGAIN) << id.status();
+  EXPECT_EQ(errnoReason(id.status()),
+            "the target process 4242 has exited: file access waits for its container's next "
+            "process");
+}
+
+TEST_F(TargetIdentityTest, APidReusedBetweenTheLookupsLendsNoIdentity) {
+  std::unique_ptr<Target> target = open(kPid, 1234);
+  ASSERT_NE(target, nullptr);
+  // The status is the target's, read just before it exits; what follows
+  // (its user namespace) would be the intruder's, in another namespace.
+  procfs_.process(kPid).after_status_read = [this] {
+    fakes::FakeProcess p = intruder();
+    p.user_ns = 4026532999;
+    procfs_.reusePid(kPid, std::move(p));
+  };
+  auto id = target->identity(procfs_);
+  ASSERT_FALSE(id.ok()) << "an identity of two processes: uid " << id->credentials.uid[1]
+                        << ", the agent's user namespace " << id->in_agent_user_namespace;
+  EXPECT_EQ(errnoOf(id.status()), EAGAIN) << id.status();
+}
+
+TEST_F(TargetIdentityTest, AnAdoptedRestartLendsTheNewProcesssIdentity) {
+  std::unique_ptr<Target> target = open(kPid, 1234);
+  ASSERT_NE(target, nullptr);
+  procfs_.process(kPid).exited = true;
+  EXPECT_EQ(errnoOf(target->identity(procfs_).status()), EAGAIN) << "down: nobody's identity";
+  std::unique_ptr<Target> next = open(kPid + 1, 5678);
+  ASSERT_NE(next, nullptr);
+  ASSERT_TRUE(target->adopt(std::move(next)).ok());
+  auto id = target->identity(procfs_);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_EQ(id->pid, kPid + 1);
+  EXPECT_EQ(id->credentials.uid[1], 5678u);
+  // And that process's pid, once it exits and is reused, lends nothing.
+  procfs_.reusePid(kPid + 1, intruder());
+  EXPECT_EQ(errnoOf(target->identity(procfs_).status()), EAGAIN);
+}
+
+TEST_F(TargetIdentityTest, SaysWhenTheTargetIsInAnotherUserNamespace) {
+  fakes::FakeProcess p;
+  p.user_ns = 4026532999;
+  procfs_.addProcess(kPid, std::move(p));
+  auto target = Target::open(procfs_, targeted(kPid));
+  ASSERT_TRUE(target.ok()) << target.status();
+  auto id = (*target)->identity(procfs_);
+  ASSERT_TRUE(id.ok()) << id.status();
+  EXPECT_FALSE(id->in_agent_user_namespace);
+}
+
+TEST_F(TargetIdentityTest, TargetlessHasNone) {
+  auto target = Target::open(procfs_, TargetSpec{TargetMode::kTargetless, 0, "", "", {}});
+  ASSERT_TRUE(target.ok()) << target.status();
+  EXPECT_EQ((*target)->identity(procfs_).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // A restarted container (Target::adopt): the same netns, a new process and
