@@ -1,10 +1,14 @@
 // siphon-agent's handover flags (agent/options.h): the secret both agents
 // prove they hold (the token, or --handover-key-file), refused at start-up
-// when there is none; --handover-max-state and its bounds.
+// when there is none; --handover-max-state and its bounds; and the agent
+// binary refusing a --handover-socket other containers share, exit 2.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -17,6 +21,7 @@ namespace siphon::agent {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Outcome {
   ParsedOptions parsed;
@@ -97,6 +102,30 @@ TEST_F(HandoverOptionsTest, TheStateCapIsInMiBWithinItsBounds) {
     Outcome b = parse({"--handover-max-state", bad}, "t");
     EXPECT_EQ(b.parsed.exit_code, kExitUsage) << bad;
     EXPECT_THAT(b.err, HasSubstr("--handover-max-state")) << bad;
+  }
+}
+
+// The binary: a --handover-socket on the pod's /dev/shm, or in a directory
+// others may write, stops it before anything starts, exit 2 naming the flag.
+TEST_F(HandoverOptionsTest, TheAgentRefusesASharedPlaceAtStartUp) {
+  const std::string token = file("token", "t0ken\n");
+  const std::string open_dir = dir_ + "/shared";
+  ASSERT_EQ(::mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(open_dir.c_str(), 0777), 0);
+  for (const std::string& socket :
+       {std::string("/dev/shm/siphon-handover.sock"), open_dir + "/siphon-handover.sock"}) {
+    const std::string cmd = std::string(SIPHON_AGENT_BIN) + " --listen 127.0.0.1:0 --token-file " +
+                            token + " --handover-socket " + socket + " targetless 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string out;
+    char buf[512];
+    while (size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    const int status = ::pclose(p);
+    ASSERT_TRUE(WIFEXITED(status)) << out;
+    EXPECT_EQ(WEXITSTATUS(status), kExitUsage) << out;
+    EXPECT_THAT(out, HasSubstr("siphon-agent: --handover-socket " + socket + ": ")) << out;
+    EXPECT_THAT(out, Not(HasSubstr("ready"))) << out;
   }
 }
 
