@@ -450,6 +450,7 @@ absl::Status Server::takeOver() {
     UniqueFd conn;
     ucred peer{};
     absl::Status status;
+    bool asked = false;  // the hello went out
     handover::Transcript transcript;
   };
   std::vector<Candidate> candidates;
@@ -459,7 +460,9 @@ absl::Status Server::takeOver() {
     c.status = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(c.conn, handover::connect(p));
       ASSIGN_OR_RETURN(c.peer, handover::checkPeer(c.conn.get()));
-      return handover::send(c.conn.get(), hello);
+      RETURN_IF_ERROR(handover::send(c.conn.get(), hello));
+      c.asked = true;
+      return absl::OkStatus();
     }();
     candidates.push_back(std::move(c));
   }
@@ -491,6 +494,8 @@ absl::Status Server::takeOver() {
                : absl::StrCat("the agent at ", c.path, " is not taken over: ", c.status.message());
   };
   if (proven.empty()) {
+    // Not reached (no socket there, another uid): as the channel says it.
+    if (candidates.size() == 1 && !candidates[0].asked) return candidates[0].status;
     if (candidates.size() == 1) {
       return absl::Status(candidates[0].status.code() == absl::StatusCode::kPermissionDenied
                               ? absl::StatusCode::kPermissionDenied
