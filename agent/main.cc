@@ -18,6 +18,7 @@
 #include "agent/runtime/runtime_target.h"
 #include "agent/server/admission.h"
 #include "agent/server/config.h"
+#include "agent/server/handover_channel.h"
 #include "agent/server/server.h"
 #include "agent/steal/iptables/guard.h"
 #include "agent/target/proc_fs.h"
@@ -87,6 +88,13 @@ int realMain(int argc, char** argv) {
   if (auto s = log::init(options.log_format, options.log_level); !s.ok())
     return fail(kExitUsage, sv(s.message()));
   net::setSpawnFailureReporter(&log::coroutineFailed);
+  // The handover socket only where no other container reaches it
+  // (docs/SECURITY.md, "The handover socket"): told before anything starts.
+  if (!config.handover_socket.empty()) {
+    if (auto s = handover::checkSocketPlace(config.handover_socket); !s.ok()) {
+      return fail(kExitUsage, sv(s.message()));
+    }
+  }
 
   // Room for sessions' files and sockets beside a flood of connections
   // (docs/SECURITY.md#handshake-admission): the soft RLIMIT_NOFILE goes up
@@ -187,14 +195,18 @@ int realMain(int argc, char** argv) {
 }  // namespace siphon::agent
 
 int main(int argc, char** argv) {
+  // Not dumpable: the agent's /proc/PID/* (memory, environment, fds, and
+  // root: its own file system, where its handover socket is) then need
+  // CAP_SYS_PTRACE of whoever opens them, which the file helper, a target
+  // of the same uid and the pod's other root processes do not have
+  // (docs/SECURITY.md, "File identity", "The handover socket"). Its
+  // helpers (the iptables guard) too: each one's /proc/PID/root is the
+  // agent's.
+  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   if (argc > 1 && std::string_view(argv[1]) == siphon::agent::steal::kIptablesGuardCommand)
     return siphon::agent::steal::iptablesGuardMain(argc, argv);
   if (argc > 1 && std::string_view(argv[1]) == siphon::agent::files::kFsHelperCommand)
     return siphon::agent::files::fsHelperMain(argc, argv);
-  // Not dumpable: the agent's /proc/PID/* (memory, environment, fds) then
-  // need CAP_SYS_PTRACE of whoever opens them, which the file helper, and a
-  // target of the same uid, never have (docs/SECURITY.md, "File identity").
-  ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
   // A write to a socket its peer has reset must fail with EPIPE, not kill
   // the agent: Asio's descriptor writes (the passthrough splice, tunnels)
   // use write(), which raises SIGPIPE where send(MSG_NOSIGNAL) would not.

@@ -22,15 +22,15 @@ ParsedOptions usage(std::ostream& err, std::string_view message) {
   return {std::nullopt, kExitUsage};
 }
 
-absl::StatusOr<std::string> readToken(const std::string& path) {
+absl::StatusOr<std::string> readToken(const std::string& path, const char* flag = "--token-file") {
   std::ifstream in(path);
-  if (!in) return lastErrnoStatus(absl::StrCat("read --token-file ", path));
+  if (!in) return lastErrnoStatus(absl::StrCat("read ", flag, " ", path));
   std::stringstream ss;
   ss << in.rdbuf();
   std::string token = ss.str();
   while (!token.empty() && isspace(static_cast<unsigned char>(token.back()))) token.pop_back();
   if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("--token-file ", path, " is empty"));
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " is empty"));
   }
   return token;
 }
@@ -54,6 +54,8 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
   std::string drain_timeout = "25s";
   std::string handover_timeout = "30s";
   std::string handover_wait = "3s";
+  std::string handover_key_file;
+  uint64_t handover_max_state_mib = config.handover_max_state_bytes >> 20;
   std::string target_restart_timeout = "30s";
   std::string handshake_timeout = "10s", handshake_first_bytes_timeout = "2s";
   std::string keepalive_interval = "5s", keepalive_timeout = "20s";
@@ -87,7 +89,9 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
                  "a unix socket (mode 0600) on which a new agent process started with "
                  "--take-over PATH takes this one over: sessions, stolen and outgoing "
                  "connections and the steal move to it, and this agent exits 0 "
-                 "(docs/CONTINUITY.md, Handover)");
+                 "(docs/CONTINUITY.md, Handover). An absolute path in a directory only root "
+                 "writes, never a place other containers share (/dev/shm, an emptyDir): in a "
+                 "container its own /dev, e.g. /dev/siphon-handover.sock");
   app.add_option("--take-over", config.take_over,
                  "start by taking over the agent whose --handover-socket is PATH (same target) "
                  "instead of binding --listen: its listener, sessions, connections and steal; "
@@ -95,6 +99,15 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
                  "other siphon-agent process here with a socket at this agent's "
                  "--handover-socket path in its root (/proc/PID/root/PATH: another container "
                  "of the pod)");
+  app.add_option("--handover-key-file", handover_key_file,
+                 "file holding the secret both agents of a handover prove they hold (default: "
+                 "the client token); needed for --handover-socket or --take-over with "
+                 "--insecure-no-auth");
+  app.add_option("--handover-max-state", handover_max_state_mib,
+                 "MiB of the largest state this agent takes over; a larger one is refused and the "
+                 "old agent goes on")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{2047}))
+      ->capture_default_str();
   app.add_option("--handover-timeout", handover_timeout,
                  "how long each agent of a handover waits for the other's next step")
       ->capture_default_str();
@@ -416,6 +429,20 @@ ParsedOptions parseOptions(int argc, const char* const* argv, const char* env_to
     return usage(err,
                  "refusing to start without client authentication: give --token-file PATH or "
                  "SIPHON_TOKEN, or --insecure-no-auth to accept anyone who can reach the port");
+  }
+  // A handover hands over everything: both agents prove that they hold one
+  // secret (docs/SECURITY.md), the token unless a key file is given.
+  config.handover_max_state_bytes = handover_max_state_mib << 20;
+  if (!handover_key_file.empty()) {
+    auto key = readToken(handover_key_file, "--handover-key-file");
+    if (!key.ok()) return usage(err, sv(key.status().message()));
+    config.handover_secret = *key;
+  }
+  if (config.token.empty() && config.handover_secret.empty() &&
+      (!config.handover_socket.empty() || !config.take_over.empty())) {
+    return usage(err, absl::StrCat(config.take_over.empty() ? "--handover-socket" : "--take-over",
+                                   " needs a secret both agents hold, to prove it to each other: "
+                                   "give --token-file or SIPHON_TOKEN, or --handover-key-file"));
   }
   // Bad TLS files are a usage error, told before anything is opened.
   if (!config.tls_cert.empty() || !config.tls_key.empty() || !config.tls_client_ca.empty()) {

@@ -59,6 +59,12 @@ struct AgentConfig {
   std::string take_over;
   std::chrono::milliseconds handover_timeout{30000};
   std::chrono::milliseconds handover_freeze_wait{3000};
+  // What the handover's proofs are keyed from (agent/server/handover_auth.h):
+  // --handover-key-file's content; empty: the client token. Both agents of
+  // a handover must hold the same.
+  std::string handover_secret;
+  // --handover-max-state: the largest state a new agent imports.
+  uint64_t handover_max_state_bytes = 1ull << 30;
   // --metrics HOST:PORT: /metrics, /healthz, /readyz (docs/OPERATIONS.md);
   // empty: off.
   std::string metrics_listen;

@@ -5,30 +5,36 @@
 // the loop keeps serving timers and answers while the new agent works. The
 // new agent takes over in takeOver(), before its event loop runs.
 //
+// Nothing happens before both sides proved that they hold the handover key
+// (handover_auth.h): the old agent prepares, freezes, exports and sends a
+// descriptor only to a new agent that proved it, and the new agent trusts
+// an offer and imports only from an old agent that proved it first.
+//
 // The old agent's commit point is reading HandoverConfirm: before it, any
 // failure (the new agent refuses, dies, or is too slow) thaws it and it
 // goes on as if nothing happened; the frozen agent read no socket and wrote
 // none meanwhile, so the state it exported is still exactly its own. After
 // it, the old agent removes its steering, says HandoverReleased and exits.
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include <csignal>
 #include <algorithm>
 #include <cctype>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <future>
-#include <poll.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agent/common/log.h"
 #include "agent/outgoing/address.h"
+#include "agent/server/handover_auth.h"
 #include "agent/server/handover_channel.h"
 #include "agent/server/server.h"
 #include "siphon/status.h"
@@ -49,13 +55,15 @@ int64_t msSince(Clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t).count();
 }
 
-// --take-over auto: the one other siphon-agent process of this PID
-// namespace with a socket at `socket` (this agent's own --handover-socket
-// path) in its root: /proc/PID/root/SOCKET. Two agents in containers of
-// one pod (ephemeral containers of the same target) each see the other's
-// files that way, and the target's processes do not (it takes ptrace
-// access to the agent).
-absl::StatusOr<std::string> findAgentToTakeOver(const std::string& socket) {
+// --take-over auto: the other siphon-agent processes of this PID namespace
+// with a socket at `socket` (this agent's own --handover-socket path) in
+// their root: /proc/PID/root/SOCKET. Two agents in containers of one pod
+// (ephemeral containers of the same target) each see the other's files
+// that way; the pod's other processes do not (a non-dumpable agent's root
+// takes CAP_SYS_PTRACE). Which of them is the agent to take over is for
+// the proofs to say (takeOver): a process that names itself siphon-agent
+// and serves a socket there proves nothing.
+absl::StatusOr<std::vector<std::string>> findAgentsToTakeOver(const std::string& socket) {
   if (socket.empty() || socket[0] != '/') {
     return absl::InvalidArgumentError(
         "--take-over auto looks for the old agent's socket at this agent's --handover-socket "
@@ -85,16 +93,18 @@ absl::StatusOr<std::string> findAgentToTakeOver(const std::string& socket) {
     found.push_back(candidate);
   }
   if (found.empty()) {
-    return absl::NotFoundError(absl::StrCat("--take-over auto: no other siphon-agent process here "
-                                            "has a handover socket at ",
-                                            socket));
+    return absl::NotFoundError(
+        absl::StrCat("--take-over auto: no other siphon-agent process here "
+                     "has a handover socket at ",
+                     socket));
   }
-  if (found.size() > 1) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--take-over auto: several agents have a handover socket at ", socket, " (",
-                     absl::StrJoin(found, ", "), "): give --take-over the path"));
-  }
-  return found[0];
+  return found;
+}
+
+// The key of this agent's proofs: from --handover-key-file, else the token.
+std::string handoverKey(const AgentConfig& config) {
+  return handover::deriveKey(config.handover_secret.empty() ? config.token
+                                                            : config.handover_secret);
 }
 
 // Whether process `pid` is gone within `wait` (pidfd: no pid reuse race).
@@ -165,9 +175,10 @@ void Server::serveHandover(UniqueFd conn) {
   };
   const int sock = conn.get();
   std::vector<UniqueFd> none;
+  int64_t peer_pid = -1;
   auto refuse = [&](const std::string& reason) {
     (void)handover::send(sock, handover::refusal(reason));
-    log::warn("handover_refused", {{"reason", reason}});
+    log::warn("handover_refused", {{"peer_pid", peer_pid}, {"reason", reason}});
     countOnLoop("refused");
   };
   auto peer = handover::checkPeer(sock);
@@ -175,15 +186,24 @@ void Server::serveHandover(UniqueFd conn) {
     refuse(std::string(peer.status().message()));
     return;
   }
+  peer_pid = peer->pid;
   auto hello = handover::receive(sock, std::chrono::seconds(5), &none);
   if (!hello.ok() || !hello->has_hello()) {
-    log::warn("handover_refused",
-              {{"peer_pid", static_cast<int64_t>(peer->pid)},
-               {"reason", hello.ok() ? "the first message is not a hello"
-                                     : std::string(hello.status().message())}});
+    log::warn("handover_refused", {{"peer_pid", peer_pid},
+                                   {"reason", hello.ok() ? "the first message is not a hello"
+                                                         : std::string(hello.status().message())}});
     return;
   }
   const v1::HandoverHello& h = hello->hello();
+  // Before anything is prepared, frozen or said beyond the hello's public
+  // values: the peer proves that it holds the key (a root process of the
+  // pod that reached the socket does not).
+  if (absl::Status proved =
+          handover::answerHello(sock, handoverKey(config_), h, peer->pid, std::chrono::seconds(10));
+      !proved.ok()) {
+    refuse(std::string(proved.message()));
+    return;
+  }
   if (h.min_format() > handover::kFormat || h.format() < handover::kFormat) {
     refuse(absl::StrCat("the new agent (version ", h.agent_version(), ") reads state formats ",
                         h.min_format(), " to ", h.format(), "; this agent (version ",
@@ -197,8 +217,7 @@ void Server::serveHandover(UniqueFd conn) {
                         target_->netnsLabel(), ")"));
     return;
   }
-  log::info("handover_started", {{"peer_pid", static_cast<int64_t>(peer->pid)},
-                                 {"peer_version", h.agent_version()}});
+  log::info("handover_started", {{"peer_pid", peer_pid}, {"peer_version", h.agent_version()}});
   // What this agent holds that cannot move refuses the handover before
   // anything is disturbed; what is under way (answers owed, connects,
   // handshakes) may end first, before the freeze and again after it.
@@ -311,8 +330,8 @@ void Server::serveHandover(UniqueFd conn) {
     } else {
       reason = "the new agent answered out of turn";
     }
-    log::warn("handover_failed", {{"peer_pid", static_cast<int64_t>(peer->pid)},
-                                  {"reason", reason}});
+    log::warn("handover_failed",
+              {{"peer_pid", static_cast<int64_t>(peer->pid)}, {"reason", reason}});
     countOnLoop("failed");
     thaw(reason);
     return;
@@ -400,19 +419,17 @@ absl::StatusOr<std::string> Server::exportHandover(std::vector<UniqueFd>* fds) {
 
 absl::Status Server::takeOver() {
   const auto began = Clock::now();
-  std::string path = config_.take_over;
-  if (path == "auto") {
-    ASSIGN_OR_RETURN(path, findAgentToTakeOver(config_.handover_socket));
-    log::info("handover_found", {{"socket", path}});
+  const std::string key = handoverKey(config_);
+  if (key.empty()) {
+    return absl::FailedPreconditionError(
+        "--take-over: no handover key (give --token-file, SIPHON_TOKEN or --handover-key-file)");
+  }
+  const bool automatic = config_.take_over == "auto";
+  std::vector<std::string> paths = {config_.take_over};
+  if (automatic) {
+    ASSIGN_OR_RETURN(paths, findAgentsToTakeOver(config_.handover_socket));
   }
   RETURN_IF_ERROR(setUpTls());
-  ASSIGN_OR_RETURN(UniqueFd conn, handover::connect(path));
-  const int sock = conn.get();
-  auto refused = [&](const std::string& reason) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the agent at ", path, " refused the handover: ", reason));
-  };
-  ASSIGN_OR_RETURN(ucred old, handover::checkPeer(sock));
   v1::HandoverMessage hello;
   v1::HandoverHello& h = *hello.mutable_hello();
   h.set_format(handover::kFormat);
@@ -421,7 +438,98 @@ absl::Status Server::takeOver() {
   h.set_pid(::getpid());
   h.set_target_pid(target_->pid());
   h.set_target_netns_inode(target_->netnsInode());
-  RETURN_IF_ERROR(handover::send(sock, hello));
+  h.set_handshake(handover::kHandshake);
+  ASSIGN_OR_RETURN(*h.mutable_nonce(), handover::makeNonce());
+
+  // The hello to each candidate first, then each one's challenge: one that
+  // answers late or never (a socket another process serves) holds up no
+  // other. Only an agent that proves it holds the key is taken over; the
+  // others learn the hello's public values and nothing else.
+  struct Candidate {
+    std::string path;
+    UniqueFd conn;
+    ucred peer{};
+    absl::Status status;
+    bool asked = false;  // the hello went out
+    handover::Transcript transcript;
+  };
+  std::vector<Candidate> candidates;
+  for (const std::string& p : paths) {
+    Candidate c;
+    c.path = p;
+    c.status = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(c.conn, handover::connect(p));
+      ASSIGN_OR_RETURN(c.peer, handover::checkPeer(c.conn.get()));
+      RETURN_IF_ERROR(handover::send(c.conn.get(), hello));
+      c.asked = true;
+      return absl::OkStatus();
+    }();
+    candidates.push_back(std::move(c));
+  }
+  const auto challenge_deadline =
+      Clock::now() + (automatic ? std::chrono::seconds(3) : std::chrono::seconds(10));
+  std::vector<Candidate*> proven;
+  for (Candidate& c : candidates) {
+    if (!c.status.ok()) continue;
+    auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(challenge_deadline - Clock::now());
+    auto t = handover::checkChallenge(c.conn.get(), key, h, c.peer.pid,
+                                      std::max(left, std::chrono::milliseconds(0)));
+    if (t.ok()) {
+      c.transcript = *std::move(t);
+      proven.push_back(&c);
+      continue;
+    }
+    c.status = t.status();
+    // An old agent from before the proofs froze for its offer: it thaws
+    // at once on this.
+    (void)handover::send(c.conn.get(), handover::refusal(absl::StrCat("the new agent refused: ",
+                                                                      t.status().message())));
+    c.conn.reset();
+  }
+  auto why = [](const Candidate& c) {
+    return c.status.code() == absl::StatusCode::kFailedPrecondition
+               ? absl::StrCat("the agent at ", c.path,
+                              " refused the handover: ", c.status.message())
+               : absl::StrCat("the agent at ", c.path, " is not taken over: ", c.status.message());
+  };
+  if (proven.empty()) {
+    // Not reached (no socket there, another uid): as the channel says it.
+    if (candidates.size() == 1 && !candidates[0].asked) return candidates[0].status;
+    if (candidates.size() == 1) {
+      return absl::Status(candidates[0].status.code() == absl::StatusCode::kPermissionDenied
+                              ? absl::StatusCode::kPermissionDenied
+                              : absl::StatusCode::kFailedPrecondition,
+                          why(candidates[0]));
+    }
+    std::vector<std::string> all;
+    for (const Candidate& c : candidates) all.push_back(why(c));
+    return absl::NotFoundError(absl::StrCat(
+        "--take-over auto: no siphon-agent here proves that it holds this agent's handover key: ",
+        absl::StrJoin(all, "; ")));
+  }
+  if (proven.size() > 1) {
+    std::vector<std::string> all;
+    for (const Candidate* c : proven) all.push_back(c->path);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--take-over auto: several agents with this agent's handover key have a "
+        "handover socket at ",
+        config_.handover_socket, " (", absl::StrJoin(all, ", "), "): give --take-over the path"));
+  }
+  Candidate& chosen = *proven[0];
+  for (Candidate& c : candidates) {
+    if (&c != &chosen) c.conn.reset();
+  }
+  const std::string path = chosen.path;
+  if (automatic) log::info("handover_found", {{"socket", path}});
+  UniqueFd conn = std::move(chosen.conn);
+  const int sock = conn.get();
+  const ucred old = chosen.peer;
+  auto refused = [&](const std::string& reason) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the agent at ", path, " refused the handover: ", reason));
+  };
+  RETURN_IF_ERROR(handover::sendProof(sock, key, chosen.transcript));
   std::vector<UniqueFd> fds;
   ASSIGN_OR_RETURN(v1::HandoverMessage offer,
                    handover::receive(sock, std::chrono::seconds(10), &fds));
@@ -435,29 +543,44 @@ absl::Status Server::takeOver() {
     (void)handover::send(sock, handover::refusal(reason));
     return absl::FailedPreconditionError(absl::StrCat("handover refused: ", reason));
   }
-  ASSIGN_OR_RETURN(
-      v1::HandoverMessage head,
-      handover::receive(sock, config_.handover_freeze_wait + std::chrono::seconds(10), &fds));
-  if (head.has_refused()) return refused(head.refused().reason());
-  if (!head.has_state() || fds.size() != 1) return refused("no state came");
-  UniqueFd memfd = std::move(fds[0]);
-  fds.clear();
-  while (fds.size() < head.state().fd_count()) {
-    ASSIGN_OR_RETURN(v1::HandoverMessage more,
-                     handover::receive(sock, std::chrono::seconds(10), &fds));
-    if (!more.has_fds()) return refused("descriptors missing");
-  }
   auto fail = [&](const absl::Status& s) {
     const std::string reason = absl::StrCat("the new agent could not take over: ", s.message());
     (void)handover::send(sock, handover::refusal(reason));
     metrics_.handover("failed");
     return absl::FailedPreconditionError(absl::StrCat("handover failed: ", s.message()));
   };
+  // No descriptor rides on the offer.
+  if (!fds.empty()) return fail(absl::DataLossError("descriptors came with the offer"));
+  ASSIGN_OR_RETURN(
+      v1::HandoverMessage head,
+      handover::receive(sock, config_.handover_freeze_wait + std::chrono::seconds(10), &fds));
+  if (head.has_refused()) return refused(head.refused().reason());
+  if (!head.has_state() || fds.size() != 1) return fail(absl::DataLossError("no state came"));
+  UniqueFd memfd = std::move(fds[0]);
+  fds.clear();
+  // What the state may cost this agent, before any of it is received.
+  if (head.state().state_bytes() > config_.handover_max_state_bytes) {
+    return fail(absl::ResourceExhaustedError(absl::StrCat(
+        "the state holds ", head.state().state_bytes(), " bytes, above --handover-max-state (",
+        config_.handover_max_state_bytes >> 20, " MiB)")));
+  }
+  if (const size_t room = handover::descriptorRoom(); head.state().fd_count() > room) {
+    return fail(absl::ResourceExhaustedError(
+        absl::StrCat("the state names ", head.state().fd_count(),
+                     " descriptors; this agent has room for ", room, " (RLIMIT_NOFILE)")));
+  }
+  while (fds.size() < head.state().fd_count()) {
+    ASSIGN_OR_RETURN(v1::HandoverMessage more,
+                     handover::receive(sock, std::chrono::seconds(10), &fds));
+    if (!more.has_fds()) return refused("descriptors missing");
+  }
   if (fds.size() != head.state().fd_count()) return fail(absl::DataLossError("descriptor count"));
-  auto bytes = handover::fromMemfd(memfd.get(), head.state().state_bytes());
+  auto bytes = handover::fromMemfd(memfd.get(), head.state().state_bytes(),
+                                   config_.handover_max_state_bytes);
   if (!bytes.ok()) return fail(bytes.status());
   v1::AgentState state;
   if (!state.ParseFromString(*bytes)) return fail(absl::DataLossError("the state does not parse"));
+  handover::clampImportedLimits(&state);
   const auto imported_at = Clock::now();
   if (absl::Status s = importHandover(state, fds); !s.ok()) return fail(s);
   // Test hook (tests/privileged/steal/handover_test.cc): stop here, with
@@ -486,8 +609,8 @@ absl::Status Server::takeOver() {
   RETURN_IF_ERROR(listenHandover(/*replace=*/true));
   (void)processGone(old.pid, std::chrono::seconds(5));
   if (absl::Status m = listenMetrics(); !m.ok()) {
-    log::warn("metrics_listen_failed", {{"address", config_.metrics_listen},
-                                        {"error", sv(m.message())}});
+    log::warn("metrics_listen_failed",
+              {{"address", config_.metrics_listen}, {"error", sv(m.message())}});
     http_.reset();
   }
   for (auto& [id, s] : sessions_) s->startAfterHandover();

@@ -1,16 +1,25 @@
 #include "agent/server/handover_channel.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
+#include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "siphon/protocol/limits.h"
+#include "siphon/protocol/session.h"
 #include "siphon/status.h"
 
 namespace siphon::agent::handover {
@@ -21,9 +30,8 @@ absl::StatusOr<sockaddr_un> unixAddress(const std::string& path) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("handover socket '", path, "': a path of 1 to ", sizeof(addr.sun_path) - 1,
-                     " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("handover socket '", path, "': a path of 1 to ",
+                                                   sizeof(addr.sun_path) - 1, " bytes"));
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
   return addr;
@@ -46,7 +54,67 @@ absl::Status waitReadable(int fd, std::chrono::milliseconds timeout) {
   }
 }
 
+constexpr char kOwnPlace[] =
+    "put the socket in the agent's own file system: in a container its /dev, a tmpfs of its "
+    "own (e.g. /dev/siphon-handover.sock)";
+
 }  // namespace
+
+absl::Status checkSocketPlace(const std::string& path) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("--handover-socket ", path, ": ", why));
+  };
+  if (path.empty() || path[0] != '/') {
+    return bad(
+        absl::StrCat("must be an absolute path (a relative one, or an abstract name, is "
+                     "no place of the agent's own); ",
+                     kOwnPlace));
+  }
+  RETURN_IF_ERROR(unixAddress(path).status());
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == 0 ? "/" : path.substr(0, slash);
+  char real[PATH_MAX];
+  if (::realpath(dir.c_str(), real) == nullptr) {
+    return bad(absl::StrCat("its directory ", dir, ": ", std::strerror(errno)));
+  }
+  const std::string top(real);
+  const std::string shared = absl::StrCat(
+      "the pod's /dev/shm, which containerd and CRI-O share between every container of the "
+      "pod; ",
+      kOwnPlace);
+  if (top == "/dev/shm" || top.rfind("/dev/shm/", 0) == 0) {
+    return bad(absl::StrCat(top, " is ", shared));
+  }
+  struct stat shm {
+  }, dev{}, here{};
+  // /dev/shm bound elsewhere too (/run/shm): the same file system. Only
+  // when /dev/shm is a mount of its own (else it is /dev's).
+  if (::stat("/dev/shm", &shm) == 0 && ::stat("/dev", &dev) == 0 && shm.st_dev != dev.st_dev &&
+      ::stat(top.c_str(), &here) == 0 && here.st_dev == shm.st_dev) {
+    return bad(absl::StrCat(top, " is on the file system of ", shared));
+  }
+  for (std::string cur = top;;) {
+    struct stat st {};
+    if (::lstat(cur.c_str(), &st) != 0) return bad(absl::StrCat(cur, ": ", std::strerror(errno)));
+    if (st.st_uid != 0 && st.st_uid != ::geteuid()) {
+      return bad(absl::StrCat(cur, " belongs to uid ", st.st_uid,
+                              ", who could put a socket or a file there first; ", kOwnPlace));
+    }
+    const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+    if (others_write && (cur == top || (st.st_mode & S_ISVTX) == 0)) {
+      char mode[8];
+      std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+      return bad(absl::StrCat(cur, " is writable by others (mode ", mode,
+                              "; a volume shared with other containers, such as an emptyDir, "
+                              "is), who could put a socket or a file there first; ",
+                              kOwnPlace));
+    }
+    if (cur == "/") break;
+    const size_t up = cur.rfind('/');
+    cur = up == 0 ? "/" : cur.substr(0, up);
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<UniqueFd> listen(const std::string& path) {
   ASSIGN_OR_RETURN(sockaddr_un addr, unixAddress(path));
@@ -81,12 +149,26 @@ absl::StatusOr<UniqueFd> listen(const std::string& path) {
   return fd;
 }
 
-absl::StatusOr<UniqueFd> connect(const std::string& path) {
+absl::StatusOr<UniqueFd> connect(const std::string& path, std::chrono::milliseconds timeout) {
   ASSIGN_OR_RETURN(sockaddr_un addr, unixAddress(path));
-  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  // Non-blocking: a unix listener whose queue is full answers EAGAIN
+  // instead of holding connect() until it accepts. send() and receive()
+  // wait for the socket themselves.
+  UniqueFd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd) return lastErrnoStatus("handover socket");
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int rc;
+  while ((rc = ::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr))) != 0 &&
+         (errno == EAGAIN || errno == EINTR) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (rc != 0) {
     const int err = errno;
+    if (err == EAGAIN) {
+      return absl::DeadlineExceededError(absl::StrCat("--take-over ", path,
+                                                      ": the listener took no connection within ",
+                                                      timeout.count(), " ms"));
+    }
     std::string hint;
     if (err == ENOENT || err == ECONNREFUSED) {
       hint = " (is an agent running with --handover-socket there?)";
@@ -103,9 +185,9 @@ absl::StatusOr<ucred> checkPeer(int sock) {
     return lastErrnoStatus("SO_PEERCRED");
   }
   if (cred.uid != 0 && cred.uid != ::geteuid()) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("the peer (pid ", cred.pid, ", uid ", cred.uid,
-                     ") is neither root nor this agent's uid ", ::geteuid()));
+    return absl::PermissionDeniedError(absl::StrCat("the peer (pid ", cred.pid, ", uid ", cred.uid,
+                                                    ") is neither root nor this agent's uid ",
+                                                    ::geteuid()));
   }
   return cred;
 }
@@ -191,13 +273,34 @@ absl::StatusOr<UniqueFd> toMemfd(const std::string& bytes) {
     if (n < 0) return lastErrnoStatus("write the handover state");
     done += static_cast<size_t>(n);
   }
-  (void)::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL);
+  // The new agent reads only a sealed state (fromMemfd).
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) !=
+      0) {
+    return lastErrnoStatus("seal the handover state");
+  }
   return fd;
 }
 
-absl::StatusOr<std::string> fromMemfd(int fd, uint64_t size) {
+absl::StatusOr<std::string> fromMemfd(int fd, uint64_t size, uint64_t max_bytes) {
+  if (size > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat("the handover state holds ", size,
+                                                     " bytes, above --handover-max-state (",
+                                                     max_bytes >> 20, " MiB)"));
+  }
+  // Sealed first, then its size: once sealed it cannot change.
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the handover state is not a memfd (F_GET_SEALS: ", std::strerror(errno), ")"));
+  }
+  constexpr int kNeeded = F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK;
+  if ((seals & kNeeded) != kNeeded) {
+    return absl::PermissionDeniedError(
+        "the handover state's memfd is not sealed against writing, growing and shrinking");
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0) return lastErrnoStatus("fstat the handover state");
+  if (!S_ISREG(st.st_mode)) return absl::PermissionDeniedError("the handover state is not a memfd");
   if (static_cast<uint64_t>(st.st_size) != size) {
     return absl::DataLossError(
         absl::StrCat("the handover state holds ", st.st_size, " bytes, not ", size));
@@ -212,6 +315,45 @@ absl::StatusOr<std::string> fromMemfd(int fd, uint64_t size) {
     done += static_cast<size_t>(n);
   }
   return out;
+}
+
+void clampImportedLimits(v1::AgentState* state) {
+  for (v1::SessionExport& e : *state->mutable_sessions()) {
+    v1::SessionState& p = *e.mutable_protocol();
+    protocol::SessionLimits l = protocol::clampLimits(protocol::Session::limitsOf(p));
+    l.max_stream_window =
+        std::clamp(l.max_stream_window, l.initial_stream_window, protocol::kMaxStreamWindowCeiling);
+    l.window_growth_budget =
+        std::min(l.window_growth_budget, protocol::SessionLimits{}.window_growth_budget);
+    p.set_max_frame_size(l.max_frame_size);
+    p.set_initial_stream_window(l.initial_stream_window);
+    p.set_max_streams(l.max_streams);
+    p.set_max_pending_requests(l.max_pending_requests);
+    p.set_replay_buffer_bytes(l.replay_buffer_bytes);
+    p.set_keepalive_interval_ms(static_cast<uint64_t>(l.keepalive_interval.count()));
+    p.set_keepalive_timeout_ms(static_cast<uint64_t>(l.keepalive_timeout.count()));
+    p.set_session_grace_ms(static_cast<uint64_t>(l.session_grace.count()));
+    p.set_max_read_size(l.max_read_size);
+    p.set_max_stream_window(l.max_stream_window);
+    p.set_window_growth_budget(l.window_growth_budget);
+  }
+}
+
+size_t descriptorRoom() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return SIZE_MAX;
+  size_t open = 0;
+  if (DIR* d = ::opendir("/proc/self/fd"); d != nullptr) {
+    while (const dirent* e = ::readdir(d)) {
+      if (e->d_name[0] != '.') ++open;
+    }
+    ::closedir(d);
+  }
+  // Room to go on serving: the sockets a resume, a metrics scrape and the
+  // helpers' pipes take.
+  constexpr size_t kReserve = 64;
+  const size_t limit = static_cast<size_t>(rl.rlim_cur);
+  return limit > open + kReserve ? limit - open - kReserve : 0;
 }
 
 v1::HandoverMessage refusal(std::string reason) {

@@ -17,7 +17,10 @@ Each YAML document of each file is one of:
 The agent's arguments are checked against the agent's own command line: the
 options `siphon-agent --help` and `siphon-agent MODE --help` list (name,
 whether it takes a value, its choices, what it excludes or needs). Without
---agent only the mode words are checked.
+--agent only the mode words are checked. A --handover-socket must be where
+only another agent reaches it: never the pod's /dev/shm nor an emptyDir
+(the agent refuses both), and under a read-only root the container's own
+/dev.
 
 Placeholders are ${UPPER_CASE}; the checker substitutes a sample value for
 each before checking arguments.
@@ -28,6 +31,7 @@ Exit 0 when every document passes; 1 with one line per problem
 
 import argparse
 import os
+import posixpath
 import re
 import subprocess
 import sys
@@ -216,6 +220,41 @@ class Checker:
             self.fail(f"{ctx}: --insecure-no-auth: a deployed agent must require a token")
         return args
 
+    # --handover-socket where only another agent reaches it (docs/SECURITY.md,
+    # "The handover socket"): the agent refuses /dev/shm and any directory
+    # others may write (an emptyDir is 0777) at start-up; under a read-only
+    # root, /dev (the container's own tmpfs) is where it can bind.
+    def check_handover(self, args, ctx, mounts, read_only):
+        def value(flag):
+            i = args.index(flag)
+            return args[i + 1] if i + 1 < len(args) else ""
+        if "--take-over" in args and value("--take-over") == "auto":
+            self.require("--handover-socket" in args,
+                         f"{ctx}: --take-over auto finds the old agent's socket at this agent's "
+                         "--handover-socket path: give it")
+        if "--handover-socket" not in args:
+            return
+        path = value("--handover-socket")
+        if not self.require(path.startswith("/"),
+                            f"{ctx}: --handover-socket {path!r}: must be an absolute path"):
+            return
+        d = posixpath.dirname(posixpath.normpath(path))
+        if d == "/dev/shm" or d.startswith("/dev/shm/"):
+            self.fail(f"{ctx}: --handover-socket {path}: /dev/shm is shared by every container "
+                      "of the pod (containerd, CRI-O): the agent refuses it; use the "
+                      "container's own /dev (/dev/siphon-handover.sock)")
+            return
+        under = [(mp, v) for mp, v in mounts
+                 if d == mp or d.startswith(mp.rstrip("/") + "/")]
+        mount = max(under, key=lambda mv: len(mv[0]), default=None)
+        if mount is not None and "emptyDir" in mount[1]:
+            self.fail(f"{ctx}: --handover-socket {path}: {mount[0]} is an emptyDir (mode 0777, "
+                      "and any container of the pod may mount it): the agent refuses it; use "
+                      "the container's own /dev (/dev/siphon-handover.sock)")
+        elif mount is None and read_only and d != "/dev":
+            self.fail(f"{ctx}: --handover-socket {path}: {d} is on the read-only root file "
+                      "system; use the container's own /dev (/dev/siphon-handover.sock)")
+
     def check_security_context(self, sc, ctx):
         if not self.require(isinstance(sc, dict), f"{ctx}: no securityContext"):
             return
@@ -348,6 +387,8 @@ class Checker:
         args = self.check_args(c.get("args"), "targeted", ctx)
         if args is None:
             return
+        self.check_handover(args, ctx, [(mp, mv[1]) for mp, mv in by_path.items() if mp],
+                            (c.get("securityContext") or {}).get("readOnlyRootFilesystem") is True)
         self.require("--container-id" in args or "--pid" in args,
                      f"{ctx}: the Job targets a container: --container-id")
         if "--runtime-endpoint" in args:
@@ -396,6 +437,10 @@ class Checker:
             self.require(f not in c, f"{ctx}: {f} is not allowed in an ephemeral container")
         self.check_security_context(c.get("securityContext"), ctx)
         args = self.check_args(c.get("args"), "ephemeral", ctx)
+        if args is not None:
+            # No volumes in an ephemeral container.
+            self.check_handover(args, ctx, [], (c.get("securityContext") or {}).get(
+                "readOnlyRootFilesystem") is True)
         if args is not None and "--token-file" not in args:
             self.require(self.check_token_env(c, ctx),
                          f"{ctx}: the agent needs a token: SIPHON_TOKEN from a Secret")

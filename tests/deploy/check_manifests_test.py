@@ -276,6 +276,38 @@ class CheckManifestsTest(unittest.TestCase):
         self.assertRejected(self.broken_text(PATCH, "- SETPCAP", "- CAP_SETPCAP"),
                             "without CAP_")
 
+    # The handover socket where other containers reach it (issue: /dev/shm
+    # is the pod's, shared by every container).
+    UPGRADE = "ephemeral-upgrade-patch.yaml"
+
+    def test_patch_handover_socket_in_dev_shm(self):
+        for name in (PATCH, self.UPGRADE):
+            self.assertRejected(
+                self.broken_text(name, "- /dev/siphon-handover.sock",
+                                 "- /dev/shm/siphon-handover.sock"),
+                "/dev/shm is shared by every container of the pod")
+
+    def test_patch_handover_socket_on_the_read_only_root(self):
+        self.assertRejected(
+            self.broken_text(PATCH, "- /dev/siphon-handover.sock", "- /run/siphon-handover.sock"),
+            "/run is on the read-only root file system")
+
+    def test_patch_handover_socket_relative(self):
+        self.assertRejected(
+            self.broken_text(PATCH, "- /dev/siphon-handover.sock", "- siphon-handover.sock"),
+            "must be an absolute path")
+
+    def test_upgrade_take_over_auto_without_a_socket(self):
+        self.assertRejected(
+            self.broken_text(self.UPGRADE,
+                             "- --handover-socket\n        - /dev/siphon-handover.sock\n", ""),
+            "--take-over auto finds the old agent's socket")
+
+    def test_job_handover_socket_in_an_empty_dir(self):
+        def edit(docs):
+            self.agent(docs)["args"] += ["--handover-socket", "/tmp/siphon-handover.sock"]
+        self.assertRejected(self.broken_yaml(JOB, edit), "/tmp is an emptyDir")
+
     def test_profile_with_image(self):
         def edit(docs):
             docs[0]["image"] = "busybox"

@@ -375,12 +375,15 @@ inline std::optional<ReadyLine> parseReadyLine(const std::string& line) {
 // logs) goes to a file shown when a test fails.
 class Agent {
  public:
+  // `wrapper`: a command line the agent is started under, one that execs
+  // it in place (so the agent keeps the child's pid), such as `unshare`.
   Agent(const std::vector<std::string>& args, const std::vector<std::string>& env,
-        const std::string& log_path)
+        const std::string& log_path, const std::vector<std::string>& wrapper = {})
       : log_path_(log_path) {
     auto [out_r, out_w] = makePipe();
     Fd log(open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    std::vector<std::string> argv = {SIPHON_AGENT_BIN};
+    std::vector<std::string> argv = wrapper;
+    argv.push_back(SIPHON_AGENT_BIN);
     argv.insert(argv.end(), args.begin(), args.end());
     child_ = spawn(argv, env, out_w.get(), log.get());
     out_w.reset();

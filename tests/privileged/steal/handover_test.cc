@@ -26,9 +26,22 @@
 //    the application (raw splices) move mid-stream and echo after it;
 //  - refusals: a new agent for another target, and an agent holding what
 //    cannot move in time (a filtered request answered after the wait):
-//    one line on each side, the old agent serves, the request is answered.
+//    one line on each side, the old agent serves, the request is answered;
+//  - root in the pod without the agent's capabilities or its key, while a
+//    stolen download runs: it cannot reach the socket (the agent's own
+//    mount namespace, /proc/PID/root of a process that is not dumpable),
+//    and root that reaches it without the key gets a refusal and nothing
+//    else; the agent never froze, the client never resumed; the agent's
+//    own successor (--take-over auto) still takes it over.
 //
 // Both backends (sk_lookup, iptables). Without root every test skips.
+#include <linux/capability.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+#include "siphon/v1/handover.pb.h"
 #include "tests/privileged/steal/steal_fixture.h"
 
 namespace siphon {
@@ -97,6 +110,171 @@ uint64_t receivePaused(int fd, uint64_t seed, uint64_t pause_at, std::promise<vo
   }
   if (!waited) paused->set_value();
   return good;
+}
+
+// What a process that reaches a handover socket gets: it connects (or
+// not: the errno), says say[0], then the next of `say` after each message
+// it hears, and reads until the other side closes or stays silent for 2 s;
+// the messages, and the descriptors that rode on them (closed at once).
+struct Intrusion {
+  int connect_errno = 0;
+  std::vector<v1::HandoverMessage> heard;
+  size_t descriptors = 0;
+  std::string said() const {
+    std::string out;
+    for (const auto& m : heard) out += m.ShortDebugString() + "; ";
+    return out + std::to_string(descriptors) + " descriptors";
+  }
+};
+
+sockaddr_un unixAddress(const std::string& path) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof a.sun_path - 1);
+  return a;
+}
+
+Intrusion intrude(const std::string& path, const std::vector<v1::HandoverMessage>& say) {
+  Intrusion r;
+  Fd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  const sockaddr_un a = unixAddress(path);
+  if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&a), sizeof a) != 0) {
+    r.connect_errno = errno;
+    return r;
+  }
+  size_t said = 0;
+  auto next = [&] {
+    if (said == say.size()) return;
+    const std::string bytes = say[said++].SerializeAsString();
+    (void)::send(s.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  };
+  next();
+  while (true) {
+    pollfd p{s.get(), POLLIN, 0};
+    if (::poll(&p, 1, 2000) <= 0) break;
+    std::string buf(64 << 10, '\0');
+    std::vector<char> control(CMSG_SPACE(sizeof(int) * 253));
+    iovec iov{buf.data(), buf.size()};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control.data();
+    m.msg_controllen = control.size();
+    const ssize_t n = ::recvmsg(s.get(), &m, MSG_CMSG_CLOEXEC);
+    for (cmsghdr* c = CMSG_FIRSTHDR(&m); c != nullptr; c = CMSG_NXTHDR(&m, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int fd;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+        ::close(fd);
+        ++r.descriptors;
+      }
+    }
+    if (n <= 0) break;
+    v1::HandoverMessage msg;
+    msg.ParseFromArray(buf.data(), static_cast<int>(n));
+    r.heard.push_back(msg);
+    next();
+  }
+  return r;
+}
+
+// A hello as any process can write one: the public values of the target
+// (its pid and netns inode, in /proc), and nothing else.
+v1::HandoverMessage publicHello(pid_t target, uint64_t netns_inode) {
+  v1::HandoverMessage m;
+  v1::HandoverHello& h = *m.mutable_hello();
+  h.set_format(3);
+  h.set_min_format(1);
+  h.set_agent_version("0.1.0");
+  h.set_pid(::getpid());
+  h.set_target_pid(target);
+  h.set_target_netns_inode(netns_inode);
+  return m;
+}
+
+// The capabilities a container gets by default (containerd, CRI-O,
+// Docker): root without CAP_SYS_PTRACE, CAP_SYS_ADMIN, CAP_NET_ADMIN or
+// CAP_DAC_READ_SEARCH.
+constexpr uint64_t kContainerDefaultCaps =
+    (1ull << CAP_CHOWN) | (1ull << CAP_DAC_OVERRIDE) | (1ull << CAP_FSETID) | (1ull << CAP_FOWNER) |
+    (1ull << CAP_MKNOD) | (1ull << CAP_NET_RAW) | (1ull << CAP_SETGID) | (1ull << CAP_SETUID) |
+    (1ull << CAP_SETFCAP) | (1ull << CAP_SETPCAP) | (1ull << CAP_NET_BIND_SERVICE) |
+    (1ull << CAP_SYS_CHROOT) | (1ull << CAP_KILL) | (1ull << CAP_AUDIT_WRITE);
+
+// In a child process, as uid 0 with only `caps`, in the network namespace
+// `netns`: a connect to each of `paths`. Its errno for each (0: connected;
+// -1: the child could not drop to `caps`).
+std::vector<int> connectAsContainerRoot(const std::string& netns,
+                                        const std::vector<std::string>& paths, uint64_t caps) {
+  std::vector<sockaddr_un> addrs;
+  for (const auto& p : paths) addrs.push_back(unixAddress(p));
+  Fd ns(::open(("/var/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC));
+  int out[2];
+  if (ns.get() < 0 || ::pipe2(out, O_CLOEXEC) != 0) return {};
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // Only system calls from here: the parent has threads.
+    ::close(out[0]);
+    bool dropped = ::setns(ns.get(), CLONE_NEWNET) == 0;
+    for (int cap = 0; cap <= CAP_LAST_CAP; ++cap) {
+      if ((caps & (1ull << cap)) == 0) ::prctl(PR_CAPBSET_DROP, cap, 0, 0, 0);
+    }
+    __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+    __user_cap_data_struct data[2] = {};
+    data[0].effective = data[0].permitted = static_cast<uint32_t>(caps);
+    data[1].effective = data[1].permitted = static_cast<uint32_t>(caps >> 32);
+    dropped = dropped && ::syscall(SYS_capset, &header, data) == 0;
+    ::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    // Check what the kernel says it holds now.
+    __user_cap_data_struct now[2] = {};
+    dropped = dropped && ::syscall(SYS_capget, &header, now) == 0 &&
+              (now[0].effective & (1u << CAP_SYS_PTRACE)) == 0 && ::getuid() == 0;
+    for (const sockaddr_un& a : addrs) {
+      int e = -1;
+      if (dropped) {
+        const int s = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+        e = ::connect(s, reinterpret_cast<const sockaddr*>(&a), sizeof a) == 0 ? 0 : errno;
+        ::close(s);
+      }
+      (void)!::write(out[1], &e, sizeof e);
+    }
+    ::_exit(0);
+  }
+  ::close(out[1]);
+  std::vector<int> errnos;
+  int e;
+  while (::read(out[0], &e, sizeof e) == static_cast<ssize_t>(sizeof e)) errnos.push_back(e);
+  ::close(out[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return errnos;
+}
+
+// `pid` and every process below it.
+std::vector<pid_t> processTree(pid_t pid) {
+  std::vector<pid_t> tree = {pid};
+  for (size_t i = 0; i < tree.size(); ++i) {
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator("/proc", ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+      const std::string name = it->path().filename();
+      if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+      const std::string stat = readFile(it->path().string() + "/stat");
+      const size_t close = stat.rfind(')');
+      if (close == std::string::npos) continue;
+      std::istringstream rest(stat.substr(close + 2));
+      char state;
+      pid_t ppid = 0;
+      rest >> state >> ppid;
+      const pid_t child = std::stoi(name);
+      if (ppid == tree[i] && std::find(tree.begin(), tree.end(), child) == tree.end()) {
+        tree.push_back(child);
+      }
+    }
+  }
+  return tree;
 }
 
 class HandoverTest : public StealDrainLoadTest {
@@ -770,6 +948,135 @@ TEST_P(HandoverTest, RefusalsAreOneLineAndTheOldAgentServesOn) {
   EXPECT_THAT(agent_->log(), Not(HasSubstr("reason=handover")));
   EXPECT_EQ(echoOnce(held.get(), "still"), "still");
   EXPECT_EQ(curl(81), "original-81\n");
+}
+
+// Root in the pod, as its other containers are, while a stolen download
+// runs through the agent. The agent runs as in a container: its handover
+// socket in a tmpfs of its own mount namespace (the container's /dev of the
+// manifests). Root with a container's default capabilities, in the pod's
+// network namespace, cannot reach it: not at its path (another mount
+// namespace), not through /proc/PID/root of the agent or of any process of
+// it (none is dumpable: that takes CAP_SYS_PTRACE). Root that can reach it
+// (every capability, here the test itself) but does not hold the key gets a
+// refusal and nothing else: no offer, no state, no descriptor. Throughout,
+// the agent never prepared or froze and the client never resumed; the
+// download is byte-exact. The agent's successor (the key, CAP_SYS_PTRACE,
+// --take-over auto) then takes it over as before.
+TEST_P(HandoverTest, RootInThePodWithoutTheAgentsCapabilitiesOrKeyGetsNothing) {
+  constexpr uint64_t kTotal = 64ull << 20;
+  constexpr uint64_t kPauseAt = 16ull << 20;
+  const std::string own = dir_->path() + "/own";
+  ASSERT_EQ(::mkdir(own.c_str(), 0755), 0);
+  socket_ = own + "/handover.sock";
+  ::kill(agent_->child().pid(), SIGTERM);
+  ASSERT_EQ(agent_->child().waitUntil(Clock::now() + std::chrono::seconds(5)), 0);
+  const std::vector<std::string> args = {"--listen",
+                                         "127.0.0.1:0",
+                                         "--token-file",
+                                         token_file_,
+                                         "--first-client-timeout",
+                                         "120s",
+                                         "--session-grace",
+                                         "3s",
+                                         "--log-level",
+                                         "debug",
+                                         "--steal-backend",
+                                         GetParam().backend,
+                                         "--handover-socket",
+                                         socket_,
+                                         "--metrics",
+                                         metrics_,
+                                         "targeted",
+                                         "--pid",
+                                         std::to_string(httpd80_.pid())};
+  agent_.emplace(
+      args, cleanEnv(), dir_->path() + "/agent-own.log",
+      std::vector<std::string>{
+          "unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+          "mount -t tmpfs -o mode=0755,size=1m siphon-own '" + own + "' && exec \"$0\" \"$@\""});
+  ASSERT_TRUE(agent_->ready(&endpoint_));
+  const pid_t agent = agent_->child().pid();
+
+  LocalServer source([](int fd) { sendPattern(fd, 44, kTotal); });
+  Proc* s = steal({"--port", "80", "--to", source.to()});
+  ASSERT_THAT(s->err, HasSubstr("stealing port 80"));
+  Fd down(connectFrom(client_->name(), podAddress(), 80));
+  ASSERT_GE(down.get(), 0);
+  setTimeouts(down.get(), 60);
+  std::promise<void> go, paused;
+  std::shared_future<void> go_f = go.get_future().share();
+  auto paused_f = paused.get_future();
+  bool eof = false;
+  auto reader = std::async(std::launch::async, [&] {
+    return receivePaused(down.get(), 44, kPauseAt, &paused, go_f, &eof);
+  });
+  paused_f.wait();
+
+  // Root with a container's capabilities, and with a mesh sidecar's
+  // (NET_ADMIN too, as istio-init has): the path, and /proc/PID/root of
+  // each process of the agent. The iptables guard holds only NET_ADMIN and
+  // NET_RAW: were it dumpable, the sidecar (whose capabilities cover its)
+  // would reach the agent's file system through it.
+  std::vector<std::string> paths = {socket_};
+  for (pid_t p : processTree(agent)) {
+    paths.push_back("/proc/" + std::to_string(p) + "/root" + socket_);
+  }
+  for (uint64_t caps : std::vector<uint64_t>{kContainerDefaultCaps,
+                                             kContainerDefaultCaps | (1ull << CAP_NET_ADMIN)}) {
+    const std::vector<int> errnos = connectAsContainerRoot(pod_->name(), paths, caps);
+    ASSERT_EQ(errnos.size(), paths.size());
+    for (size_t i = 0; i < paths.size(); ++i) {
+      ASSERT_NE(errnos[i], -1) << "the child could not become root without CAP_SYS_PTRACE";
+      EXPECT_NE(errnos[i], 0) << "root without CAP_SYS_PTRACE (capabilities " << std::hex << caps
+                              << std::dec << ") reached " << paths[i];
+    }
+    EXPECT_EQ(errnos[0], ENOENT) << "the socket is not in the agent's own mount namespace";
+  }
+
+  // Root that reaches it without the key: a hello of public values, once
+  // as an agent before the proofs would send it, once with a handshake, a
+  // nonce and then a made-up proof (written by field number: a hello's
+  // handshake 7 and nonce 8, a message's proof 9).
+  const std::string reachable = "/proc/" + std::to_string(agent) + "/root" + socket_;
+  const v1::HandoverMessage plain = publicHello(httpd80_.pid(), pod_->inode());
+  v1::HandoverMessage with_nonce = plain;
+  auto* hello_fields =
+      with_nonce.mutable_hello()->GetReflection()->MutableUnknownFields(with_nonce.mutable_hello());
+  hello_fields->AddVarint(7, 2);
+  hello_fields->AddLengthDelimited(8, std::string(32, 'n'));
+  v1::HandoverMessage made_up_proof;
+  made_up_proof.GetReflection()
+      ->MutableUnknownFields(&made_up_proof)
+      ->AddLengthDelimited(9, std::string("\x0a\x20", 2) + std::string(32, 'p'));
+  for (const std::vector<v1::HandoverMessage>& say :
+       {std::vector<v1::HandoverMessage>{plain},
+        std::vector<v1::HandoverMessage>{with_nonce, made_up_proof}}) {
+    Intrusion r = intrude(reachable, say);
+    ASSERT_EQ(r.connect_errno, 0) << std::strerror(r.connect_errno);
+    EXPECT_EQ(r.descriptors, 0u) << r.said();
+    bool offered = false, refused = false;
+    for (const auto& m : r.heard) {
+      offered = offered || m.has_offer() || m.has_state() || m.has_fds();
+      refused = refused || m.has_refused();
+    }
+    EXPECT_FALSE(offered) << r.said();
+    EXPECT_TRUE(refused) << r.said();
+  }
+
+  go.set_value();
+  EXPECT_EQ(reader.get(), kTotal);
+  EXPECT_TRUE(eof);
+  const std::string log = agent_->log();
+  EXPECT_THAT(log, HasSubstr("handover_refused"));
+  for (const char* never :
+       {"handover_started", "handover_thawed", "reason=handover", "session_detached"}) {
+    EXPECT_THAT(log, Not(HasSubstr(never))) << "the agent was disturbed";
+  }
+  EXPECT_THAT(s->err, Not(HasSubstr("resumed"))) << s->err;
+  EXPECT_THAT(s->err, Not(HasSubstr("cut"))) << s->err;
+
+  // Its successor, with the key and CAP_SYS_PTRACE, finds it and takes over.
+  EXPECT_TRUE(handOver("auto"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, HandoverTest,
