@@ -255,7 +255,7 @@ start_apiserver() {
   daemon "$pidfile" "$state/logs/apiserver.log" env PYTHONPATH="$pkg" "$py" -m lcluster \
     apiserver --port "$port" --port-file "$state/apiserver.port.new" \
     --tokens "$state/pki/tokens.csv" --cert "$state/pki/apiserver.crt" \
-    --key "$state/pki/apiserver.key"
+    --key "$state/pki/apiserver.key" --data "$state/objects.json"
   local i
   for ((i = 0; i < 100; i++)); do
     [ -f "$state/apiserver.port.new" ] && break
@@ -266,7 +266,7 @@ start_apiserver() {
         daemon "$pidfile" "$state/logs/apiserver.log" env PYTHONPATH="$pkg" "$py" -m lcluster \
           apiserver --port 0 --port-file "$state/apiserver.port.new" \
           --tokens "$state/pki/tokens.csv" --cert "$state/pki/apiserver.crt" \
-          --key "$state/pki/apiserver.key"
+          --key "$state/pki/apiserver.key" --data "$state/objects.json"
         continue
       fi
       die "the API server exited at start-up: $(tail -5 "$state/logs/apiserver.log")"

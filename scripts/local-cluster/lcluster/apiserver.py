@@ -130,6 +130,11 @@ class ApiServer:
         verb = self._verb(req.method, name, watching, sub)
         authz_ns = name if res.kind == "Namespace" and name else ns
         self._authorize(req, auth.Attributes(verb, group, plural, sub, authz_ns, name))
+        if verb == "get" and sub in ("portforward", "exec", "attach"):
+            # A WebSocket upgrade is a GET, but what it does is a create:
+            # like the API (AuthorizePodWebsocketUpgradeCreatePermission),
+            # both must be allowed.
+            self._authorize(req, auth.Attributes("create", group, plural, sub, authz_ns, name))
         return await self._dispatch(req, res, ns, name, sub, verb)
 
     @staticmethod

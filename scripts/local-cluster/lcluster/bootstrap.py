@@ -32,4 +32,5 @@ OBJECTS = [
 
 def load(registry):
     for res, obj in OBJECTS:
-        registry.create(res, "", dict(obj))
+        if registry.store.get(res, "", obj["metadata"]["name"], copy_=False) is None:
+            registry.create(res, "", dict(obj))

@@ -64,7 +64,7 @@ def _active(pod):
 
 
 def template_hash(template):
-    h = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).digest()
+    h = hashlib.sha256(json.dumps(_pruned(template), sort_keys=True).encode()).digest()
     alphabet = "bcdfghjklmnpqrstvwxz2456789"
     n = int.from_bytes(h[:8], "big")
     out = ""
@@ -487,8 +487,7 @@ class ControllerManager:
         tmpl = spec["template"]
         h = template_hash(tmpl)
         rss = [r for r in self.store.list(R.REPLICASETS, ns) if _owned_by(r, d)]
-        new = next((r for r in rss if (r["metadata"].get("labels") or {}).get(
-            "pod-template-hash") == h), None)
+        new = _new_rs(rss, tmpl)
         old = [r for r in rss if r is not new]
         revisions = [int((r["metadata"].get("annotations") or {}).get(
             "deployment.kubernetes.io/revision", "0")) for r in rss]
@@ -524,6 +523,12 @@ class ControllerManager:
         else:
             rev = (new["metadata"].get("annotations") or {}).get(
                 "deployment.kubernetes.io/revision")
+            others = [int((r["metadata"].get("annotations") or {}).get(
+                "deployment.kubernetes.io/revision", "0")) for r in old]
+            if others and int(rev or 0) < max(others):
+                # A rollback: the old ReplicaSet becomes the newest revision.
+                rev = str(max(others) + 1)
+                self._set_annotation(new, "deployment.kubernetes.io/revision", rev)
             if rev and (d["metadata"].get("annotations") or {}).get(
                     "deployment.kubernetes.io/revision") != rev:
                 self._set_annotation(d, "deployment.kubernetes.io/revision", rev)
@@ -643,11 +648,9 @@ class ControllerManager:
         if d is None:
             return
         spec = d["spec"]
-        h = template_hash(spec["template"])
         rss = [r for r in self.store.list(R.REPLICASETS, d["metadata"]["namespace"])
                if _owned_by(r, d)]
-        new = next((r for r in rss if (r["metadata"].get("labels") or {}).get(
-            "pod-template-hash") == h), None)
+        new = _new_rs(rss, spec["template"])
 
         def s(r, k):
             return (r.get("status") or {}).get(k, 0)
@@ -677,25 +680,32 @@ class ControllerManager:
         name = new["metadata"]["name"] if new else d["metadata"]["name"]
         done = new is not None and updated == replicas and total == replicas and \
             avail == replicas and s(new, "availableReplicas") == replicas
-        prog = next((c for c in st.get("conditions") or [] if c["type"] == "Progressing"), None)
+        before = d.get("status") or {}
+        moved = any(before.get(k, 0) != st.get(k, 0) for k in (
+            "replicas", "updatedReplicas", "readyReplicas", "availableReplicas"))
+        now = errors.rfc3339()
         if done:
-            changed = set_condition(st, "Progressing", "True", "NewReplicaSetAvailable",
-                                    'ReplicaSet "%s" has successfully progressed.' % name)
-        elif prog is not None and prog.get("reason") == "ProgressDeadlineExceeded":
-            changed = False
+            if set_condition(st, "Progressing", "True", "NewReplicaSetAvailable",
+                             'ReplicaSet "%s" has successfully progressed.' % name):
+                _cond(st, "Progressing")["lastUpdateTime"] = now
         else:
-            changed = set_condition(st, "Progressing", "True", "ReplicaSetUpdated",
-                                    'ReplicaSet "%s" is progressing.' % name)
-            deadline = spec.get("progressDeadlineSeconds", 600)
-            p = next(c for c in st["conditions"] if c["type"] == "Progressing")
-            last = errors.parse_time(p.get("lastUpdateTime") or p.get("lastTransitionTime"))
-            if last is not None and (errors.now() - last).total_seconds() > deadline:
-                set_condition(st, "Progressing", "False", "ProgressDeadlineExceeded",
-                              'ReplicaSet "%s" has timed out progressing.' % name)
+            prog = _cond(st, "Progressing")
+            stuck = prog is not None and prog.get("reason") == "ProgressDeadlineExceeded"
+            if not stuck or moved:
+                changed = set_condition(st, "Progressing", "True", "ReplicaSetUpdated",
+                                        'ReplicaSet "%s" is progressing.' % name)
+                p = _cond(st, "Progressing")
+                if changed or moved or "lastUpdateTime" not in p:
+                    p["lastUpdateTime"] = now
+                else:
+                    last = errors.parse_time(p["lastUpdateTime"])
+                    if (errors.now() - last).total_seconds() > spec.get(
+                            "progressDeadlineSeconds", 600):
+                        set_condition(st, "Progressing", "False", "ProgressDeadlineExceeded",
+                                      'ReplicaSet "%s" has timed out progressing.' % name)
+                        p["lastUpdateTime"] = now
         for c in st["conditions"]:
             c.setdefault("lastUpdateTime", c["lastTransitionTime"])
-            if c["type"] == "Progressing" and changed:
-                c["lastUpdateTime"] = errors.rfc3339()
         self._set_status(R.DEPLOYMENTS, d, st)
 
     # -- StatefulSet -----------------------------------------------------------------------------
@@ -1094,6 +1104,31 @@ class ControllerManager:
             else:
                 total += sum(1 for q in pods if (controller_of(q) or {}).get("uid") == c["uid"])
         return total
+
+
+def _pruned(o):
+    """A copy without null values (semantic equality: null is unset)."""
+    if isinstance(o, dict):
+        return {k: _pruned(v) for k, v in o.items() if v is not None}
+    if isinstance(o, list):
+        return [_pruned(x) for x in o]
+    return o
+
+
+def _new_rs(rss, template):
+    """The ReplicaSet whose pod template is the Deployment's, its
+    pod-template-hash label aside (so that a rollback finds the old one)."""
+    def strip(t):
+        t = _pruned(t)
+        (t.get("metadata") or {}).get("labels", {}).pop("pod-template-hash", None)
+        return t
+    want = strip(template)
+    found = [r for r in rss if strip(r["spec"]["template"]) == want]
+    return min(found, key=lambda r: r["metadata"]["creationTimestamp"]) if found else None
+
+
+def _cond(status, ctype):
+    return next((c for c in status.get("conditions") or [] if c["type"] == ctype), None)
 
 
 def _component(owner):

@@ -95,8 +95,13 @@ class Request:
         return vals[-1] if vals else default
 
     def json(self):
+        """The body as JSON (protobuf bodies are converted, protobuf.py)."""
         if not self.body:
             return None
+        ct = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        if ct == "application/vnd.kubernetes.protobuf":
+            from . import protobuf
+            return protobuf.decode(self.body)
         return json.loads(self.body)
 
     # -- chunked streams (watch, logs -f) ---------------------------------

@@ -16,7 +16,10 @@ def _logging(verbose):
 
 async def run_apiserver(args):
     from . import apiserver, auth, bootstrap, controllers, httpserver, store
+    from . import resources
     st = store.Store()
+    if args.data and os.path.exists(args.data):
+        st.load(args.data, resources.BY_KEY)
     tokens = auth.load_tokens(args.tokens)
     api = apiserver.ApiServer(st, tokens, "")
     bootstrap.load(api.registry)
@@ -35,8 +38,20 @@ async def run_apiserver(args):
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if args.data:
+        async def saver():
+            # The objects survive a restart of the API server (not of the
+            # cluster: `down` removes the file).
+            while True:
+                await asyncio.sleep(1)
+                if st.rv != getattr(st, "saved_rv", None):
+                    st.save(args.data)
+        saving = asyncio.ensure_future(saver())
     await stop.wait()
     task.cancel()
+    if args.data:
+        saving.cancel()
+        st.save(args.data)
 
 
 async def run_nodes(args):
@@ -68,6 +83,7 @@ def main(argv=None):
     a.add_argument("--tokens", required=True)
     a.add_argument("--cert", required=True)
     a.add_argument("--key", required=True)
+    a.add_argument("--data", help="file the objects are kept in across restarts")
     a.add_argument("-v", "--verbose", action="store_true")
     n = sub.add_parser("node")
     n.add_argument("--name", required=True)

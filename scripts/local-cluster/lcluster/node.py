@@ -630,6 +630,9 @@ class PodWorker:
             cfg = config.get("rootfs", {}).get("diff_ids") or []
             await node.rt.prepare_rootfs(cid, node.rt.chain_id(cfg), r.rootfs)
             self._resolve_user(spec, r, s)
+            if r.seccomp:
+                spec["linux"]["seccomp"] = await node.rt.seccomp_for(
+                    spec["process"]["capabilities"]["bounding"], node.default_caps)
             spec_path = os.path.join(cdir, "config.json")
             with open(spec_path, "w") as f:
                 json.dump(spec, f)
@@ -724,6 +727,7 @@ class PodWorker:
         spec["root"] = {"path": r.rootfs, "readonly": bool(csc.get("readOnlyRootFilesystem"))}
         spec["hostname"] = hostname
         mounts = [m for m in spec["mounts"] if m["destination"] not in ("/run",)]
+        extra = []
         mounts.append({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup",
                        "options": ["nosuid", "noexec", "nodev", "relatime",
                                    "rw" if privileged else "ro"]})
@@ -732,10 +736,10 @@ class PodWorker:
                 if m["destination"] == "/sys":
                     m["options"] = [o for o in m["options"] if o != "ro"] + ["rw"]
         for f, dst in (("hosts", "/etc/hosts"), ("hostname", "/etc/hostname")):
-            mounts.append({"destination": dst, "type": "bind",
+            extra.append({"destination": dst, "type": "bind",
                            "source": os.path.join(self.dir, f), "options": ["rbind", "rw"]})
         if c.get("terminationMessagePath"):
-            mounts.append({"destination": c["terminationMessagePath"], "type": "bind",
+            extra.append({"destination": c["terminationMessagePath"], "type": "bind",
                            "source": os.path.join(r.dir, "termination-log"),
                            "options": ["rbind", "rw"]})
         for vm in c.get("volumeMounts") or []:
@@ -747,9 +751,13 @@ class PodWorker:
                 if not os.path.exists(src):
                     os.makedirs(src, exist_ok=True)
             opts = ["rbind", "rprivate", "ro" if vm.get("readOnly") else "rw"]
-            mounts.append({"destination": vm["mountPath"], "type": "bind", "source": src,
-                           "options": opts})
-        spec["mounts"] = mounts
+            extra.append({"destination": vm["mountPath"], "type": "bind", "source": src,
+                          "options": opts})
+        # Parents before children, as containerd's CRI orders them: /run
+        # before /var/run/siphon (which the image's /var/run -> ../run link
+        # puts under it) and before /run/containerd/containerd.sock.
+        extra.sort(key=lambda m: os.path.normpath(m["destination"]).count("/"))
+        spec["mounts"] = mounts + extra
         lx = spec["linux"]
         ns = [{"type": "mount"}]
         if not pspec.get("hostNetwork"):
@@ -784,10 +792,8 @@ class PodWorker:
             res["cpu"] = {"quota": int(cpu * 100000), "period": 100000}
         lx["resources"] = res
         sc = (csc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
-        if sc == "RuntimeDefault" and not privileged:
-            lx["seccomp"] = node.seccomp
-        else:
-            lx.pop("seccomp", None)
+        lx.pop("seccomp", None)
+        r.seccomp = sc == "RuntimeDefault" and not privileged
         return spec
 
     def _resolve_user(self, spec, r, s):
@@ -1261,8 +1267,8 @@ class Node:
         os.makedirs(self.host_root, exist_ok=True)
         await self.cleanup_leftovers()
         base = await self.rt.base_spec()
-        self.seccomp = base["linux"].get("seccomp")
         base["linux"].pop("seccomp", None)
+        self.default_caps = list(base["process"]["capabilities"]["bounding"])
         self.base_spec = base
         await network.ensure_bridge(self.bridge, self.node_ip, self.pod_prefix)
         if os.path.exists(self.socket_path):

@@ -158,14 +158,21 @@ def _merge_key(path, field):
     return MERGE_KEYS.get(field)
 
 
-def strategic_merge_patch(original, patch):
+# Maps replaced whole rather than merged (patchStrategy "replace").
+REPLACE_MAPS = {("PodDisruptionBudget", ("spec", "selector"))}
+
+
+def strategic_merge_patch(original, patch, kind=""):
     if not isinstance(patch, dict):
         raise bad_request("strategic merge patch must be a JSON object")
-    return _smp_map(copy.deepcopy(original) if isinstance(original, dict) else {}, patch, [])
+    return _smp_map(copy.deepcopy(original) if isinstance(original, dict) else {}, patch, [],
+                    kind)
 
 
-def _smp_map(orig, patch, path):
+def _smp_map(orig, patch, path, kind=""):
     directive = patch.get("$patch")
+    if (kind, tuple(path)) in REPLACE_MAPS:
+        directive = "replace"
     if directive == "replace":
         return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
     if directive == "delete":
@@ -188,7 +195,7 @@ def _smp_map(orig, patch, path):
             continue
         cur = orig.get(k)
         if isinstance(v, dict):
-            merged = _smp_map(cur if isinstance(cur, dict) else {}, v, path + [k])
+            merged = _smp_map(cur if isinstance(cur, dict) else {}, v, path + [k], kind)
             if merged is None:
                 orig.pop(k, None)
             else:

@@ -198,7 +198,7 @@ class Registry:
         elif ct == "application/merge-patch+json":
             new = patchlib.merge_patch(base, doc)
         elif ct == "application/strategic-merge-patch+json":
-            new = patchlib.strategic_merge_patch(base, doc)
+            new = patchlib.strategic_merge_patch(base, doc, res.kind)
         else:
             raise errors.ApiError(415, "UnsupportedMediaType",
                                   "the body of the request was in an unknown format - accepted "

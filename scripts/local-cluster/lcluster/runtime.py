@@ -89,6 +89,7 @@ class Containerd:
         self.root = root  # the node's directory: rootfs mounts, fifos, runc state
         self.runc_root = os.path.join(root, "runc")
         self._configs = {}
+        self._seccomp = {}
 
     def ctr(self, *args):
         return ("ctr", "-a", self.socket, "-n", NAMESPACE) + args
@@ -108,6 +109,33 @@ class Containerd:
         finally:
             await self.call("containers", "delete", cid, check=False)
         return json.loads(out)["Spec"]
+
+    async def seccomp_for(self, caps, default_caps):
+        """containerd's default seccomp profile for a container with these
+        capabilities: it allows more syscalls (setns, mount, bpf...) to a
+        container holding CAP_SYS_ADMIN and so on, as the CRI's
+        RuntimeDefault does."""
+        key = tuple(sorted(caps))
+        if key in self._seccomp:
+            return self._seccomp[key]
+        cid = "seccomp-template-" + hashlib.sha1(
+            (self.socket + ",".join(key)).encode()).hexdigest()[:12]
+        args = ["containers", "create", "--seccomp"]
+        for c in key:
+            if c not in default_caps:
+                args += ["--cap-add", c]
+        for c in default_caps:
+            if c not in key:
+                args += ["--cap-drop", c]
+        await self.call("containers", "delete", cid, check=False)
+        await self.call(*args, "--rootfs", "/nonexistent", cid)
+        try:
+            _, out, _ = await self.call("containers", "info", cid)
+        finally:
+            await self.call("containers", "delete", cid, check=False)
+        prof = json.loads(out)["Spec"]["linux"].get("seccomp")
+        self._seccomp[key] = prof
+        return prof
 
     async def images(self):
         """{name: manifest or index digest}"""

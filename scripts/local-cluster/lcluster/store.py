@@ -126,6 +126,31 @@ class Store:
         for fn in self.listeners:
             fn(res, etype, obj, old)
 
+    # -- persistence -----------------------------------------------------------
+    def save(self, path):
+        """Writes every object (and the counter) to path, atomically."""
+        import json
+        import os
+        data = {"rv": self.rv, "objects": {k: list(v.values()) for k, v in self.objects.items()}}
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(data, f, separators=(",", ":"))
+        os.replace(tmp, path)
+        self.saved_rv = self.rv
+
+    def load(self, path, resources):
+        import json
+        with open(path) as f:
+            data = json.load(f)
+        self.rv = data["rv"]
+        for key, objs in data["objects"].items():
+            if key not in resources:
+                continue
+            bucket = self.objects.setdefault(key, {})
+            for o in objs:
+                bucket[(o["metadata"].get("namespace") or "", o["metadata"]["name"])] = o
+        self.saved_rv = self.rv
+
     # -- watches ----------------------------------------------------------------
     def watch(self, res, namespace, match, since_rv):
         """A Watcher fed with every change after since_rv (None: from now).
