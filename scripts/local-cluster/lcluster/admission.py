@@ -233,10 +233,21 @@ def _notfound(field, value):
 
 
 def _fmt(v):
+    """A value as the API's messages show it (Go's %#v)."""
     if isinstance(v, str):
         return '"%s"' % v
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, dict):
+        if all(isinstance(x, str) for x in v.values()):
+            return "map[string]string{%s}" % ", ".join(
+                '"%s":"%s"' % kv for kv in sorted(v.items()))
+        return "map[string]interface {}{%s}" % ", ".join(
+            '"%s":%s' % (k, _fmt(x)) for k, x in sorted(v.items()))
+    if isinstance(v, list):
+        return "[]string{%s}" % ", ".join(_fmt(x) for x in v)
+    if v is None:
+        return "null"
     return str(v)
 
 

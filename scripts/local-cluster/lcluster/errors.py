@@ -48,13 +48,17 @@ def conflict(res, name, why):
 def invalid(res, kind, name, causes):
     """causes: [(field, type, detail, message)] where type is one of the
     API's cause types (FieldValueRequired, FieldValueInvalid,
-    FieldValueForbidden, FieldValueNotSupported, FieldValueDuplicate)."""
+    FieldValueForbidden, FieldValueNotSupported, FieldValueDuplicate) and
+    message starts with "field: "."""
     msgs = [c[3] for c in causes]
-    msg = '%s "%s" is invalid: %s' % (kind, name, msgs[0] if len(msgs) == 1 else
+    qual = kind if not res.group else "%s.%s" % (kind, res.group)
+    msg = '%s "%s" is invalid: %s' % (qual, name, msgs[0] if len(msgs) == 1 else
                                       "[" + ", ".join(msgs) + "]")
     return ApiError(422, "Invalid", msg, {
         "name": name, "group": res.group, "kind": kind,
-        "causes": [{"reason": c[1], "message": c[3], "field": c[0]} for c in causes]})
+        "causes": [{"reason": c[1], "field": c[0],
+                    "message": c[3][len(c[0]) + 2:] if c[3].startswith(c[0] + ": ") else c[3]}
+                   for c in causes]})
 
 
 def bad_request(message):
