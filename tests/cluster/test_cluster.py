@@ -541,6 +541,43 @@ spec:
         self.assertEqual(kjson("-n", ns, "get", "pods", "-l", "checked=yes")["items"][0][
             "metadata"]["name"], "db-0")
 
+    def test_11_node_agent_restart_keeps_the_pods(self):
+        # A kubelet restart: the containers keep running, the new node agent
+        # adopts them (same container IDs), and what happened meanwhile (a
+        # deletion) is done once it is back.
+        ns = self.ns("restart")
+        pods = self.web(ns, replicas=2)
+        node = pods[0]["spec"]["nodeName"]
+        mine = [p for p in pods if p["spec"]["nodeName"] == node]
+        ids = {p["metadata"]["name"]: p["status"]["containerStatuses"][0]["containerID"]
+               for p in mine}
+        pidfile = os.path.join(STATE, "nodes", node, "node.pid")
+        with open(pidfile) as f:
+            os.kill(int(f.read()), signal.SIGTERM)
+        eventually(lambda: subprocess.run([SCRIPT, "status"], capture_output=True, text=True)
+                   .stdout.count("agent not running") == 1, "the node agent to stop")
+        victim = mine[0]["metadata"]["name"]
+        kubectl("-n", ns, "delete", "pod", victim, "--wait=false")
+        up = subprocess.run([SCRIPT, "up"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(up.returncode, 0, up.stderr)
+        kubectl("-n", ns, "wait", "--for=delete", "pod/" + victim, "--timeout=60s")
+        kubectl("-n", ns, "rollout", "status", "deployment/web", "--timeout=60s")
+        now = {p["metadata"]["name"]: p for p in kjson("-n", ns, "get", "pods")["items"]}
+        for name, cid in ids.items():
+            if name == victim:
+                continue
+            self.assertEqual(now[name]["status"]["containerStatuses"][0]["containerID"], cid)
+            self.assertEqual(now[name]["status"]["containerStatuses"][0]["restartCount"], 0)
+        survivor = [n for n in ids if n != victim]
+        target = "pod/" + (survivor[0] if survivor else next(iter(now)))
+        port = free_port()
+        pf = PortForward(ns, target, ["%d:8080" % port])
+        try:
+            body = urllib.request.urlopen("http://127.0.0.1:%d/" % port, timeout=10).read()
+            self.assertEqual(body.decode().strip(), target.split("/")[1])
+        finally:
+            pf.close()
+
     # -- last: down -------------------------------------------------------------------------
     def test_99_down_leaves_nothing(self):
         if REUSED[0]:

@@ -178,6 +178,74 @@ class PodWorker:
         self.events_sent[key] = now
         self.node.spawn(self.node.post_event(self.pod, etype, reason, message))
 
+    # -- state across node agent restarts ---------------------------------------------
+    _RUN_FIELDS = ("cid", "restart", "log_path", "rootfs", "dir", "pid", "started_at",
+                   "finished_at", "exit_code", "oom", "ready", "started", "removed")
+    _SLOT_FIELDS = ("restarts", "last", "final", "waiting", "backoff", "image", "image_id",
+                    "done")
+
+    def save(self):
+        if not os.path.isdir(self.dir):
+            return
+        state = {"ip": self.ip, "sandbox": self.sandbox, "mounts": self.mounts,
+                 "volumes": self.volumes, "start_time": self.start_time,
+                 "phase_override": self.phase_override, "slots": {}}
+        for name, s in self.slots.items():
+            d = {k: getattr(s, k) for k in self._SLOT_FIELDS}
+            d["runs"] = [{k: getattr(r, k) for k in self._RUN_FIELDS} for r in s.runs]
+            d["current"] = s.runs.index(s.current) if s.current in s.runs else None
+            state["slots"][name] = d
+        text = json.dumps(state)
+        if text == getattr(self, "_saved", None):
+            return
+        tmp = os.path.join(self.dir, "state.json.tmp")
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, os.path.join(self.dir, "state.json"))
+        self._saved = text
+
+    def restore(self, state, tasks):
+        """Back to what save() wrote; a container that stopped meanwhile is
+        reaped by the next step (its exit status was lost with the events)."""
+        self.ip = state.get("ip")
+        self.sandbox = state.get("sandbox", False)
+        self.mounts = state.get("mounts") or []
+        self.volumes = state.get("volumes") or {}
+        self.start_time = state.get("start_time") or self.start_time
+        po = state.get("phase_override")
+        self.phase_override = tuple(po) if po else None
+        if self.ip and not self.pod["spec"].get("hostNetwork"):
+            self.node.ipam.used.add(self.ip)
+        if self.sandbox and not self.pod["spec"].get("hostNetwork") and \
+                not os.path.exists(network.netns_path(self.netns)):
+            raise RuntimeError("its network namespace is gone")
+        for name, d in (state.get("slots") or {}).items():
+            s = self.slots.get(name)
+            if s is None:
+                continue
+            for k in self._SLOT_FIELDS:
+                v = d.get(k)
+                setattr(s, k, tuple(v) if k == "waiting" and v else v)
+            for rd in d.get("runs") or []:
+                r = Run(rd["cid"], rd["restart"], rd["log_path"], rd["rootfs"], rd["dir"])
+                for k in self._RUN_FIELDS:
+                    setattr(r, k, rd.get(k))
+                s.runs.append(r)
+            cur = d.get("current")
+            if cur is not None and cur < len(s.runs):
+                r = s.runs[cur]
+                s.current = r
+                if r.exit_code is None:
+                    self.node.by_cid[r.cid] = (self, s, r)
+                    if tasks.get(r.cid, (0, "STOPPED"))[1] != "RUNNING":
+                        r.exit_code = 255
+                        r.finished_at = errors.rfc3339()
+                    else:
+                        self._start_probes(s, r, adopted=True)
+
+    def cids(self):
+        return {r.cid for s in self.slots.values() for r in s.runs if not r.removed}
+
     # -- main loop --------------------------------------------------------------------
     async def run(self):
         try:
@@ -199,6 +267,7 @@ class PodWorker:
                 except Exception:
                     log.exception("pod %s/%s", self.ns, self.name)
                 await self.push_status()
+                self.save()
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -822,9 +891,11 @@ class PodWorker:
             spec["process"]["user"]["additionalGids"] = [int(x) for x in groups]
 
     # -- probes -----------------------------------------------------------------------------------
-    def _start_probes(self, s, r):
+    def _start_probes(self, s, r, adopted=False):
         c = s.spec
         sp, rp, lp = c.get("startupProbe"), c.get("readinessProbe"), c.get("livenessProbe")
+        if adopted and r.started:
+            sp = None
         if not sp:
             r.started = True
         if not rp and s.kind != "ephemeral":
@@ -1265,16 +1336,16 @@ class Node:
     async def run(self):
         os.makedirs(self.pods_dir, exist_ok=True)
         os.makedirs(self.host_root, exist_ok=True)
-        await self.cleanup_leftovers()
         base = await self.rt.base_spec()
         base["linux"].pop("seccomp", None)
         self.default_caps = list(base["process"]["capabilities"]["bounding"])
         self.base_spec = base
         await network.ensure_bridge(self.bridge, self.node_ip, self.pod_prefix)
+        await self.register()
+        await self.adopt()
         if os.path.exists(self.socket_path):
             os.unlink(self.socket_path)
         server = await asyncio.start_unix_server(self.serve, self.socket_path, limit=1 << 20)
-        await self.register()
         self.spawn(self.event_loop())
         self.spawn(self.heartbeat())
         log.info("node %s ready (ip %s, pods %s)", self.name, self.node_ip, self.pod_cidr)
@@ -1285,44 +1356,94 @@ class Node:
             loop.add_signal_handler(sig, stop.set)
         watch = self.spawn(self.watch_pods())
         await stop.wait()
+        # Leaving like a kubelet that stops: the pods' containers keep
+        # running and the next start adopts them (scripts/local-cluster.sh
+        # down removes them).
         watch.cancel()
         server.close()
-        # Leaving: every pod's containers go, and their sandboxes.
         for w in list(self.workers.values()):
             if w.task:
                 w.task.cancel()
-        for w in list(self.workers.values()):
-            await w.stop_all(0)
-            await w.teardown()
-        await self.cleanup_leftovers()
+            w.save()
 
-    async def cleanup_leftovers(self):
-        """What an earlier run of this node left: containers, mounts,
-        network namespaces and veths, pod directories."""
-        for cid in await self.rt.containers():
+    async def adopt(self):
+        """Takes back the pods an earlier run of this node agent left
+        running (their state in pods/UID/state.json, their containers in
+        containerd), and removes everything else it left: containers,
+        mounts, network namespaces, pod directories."""
+        try:
+            lst = await self.api.get("/api/v1/pods?fieldSelector=spec.nodeName%3D" + self.name)
+            pods = {p["metadata"]["uid"]: p for p in lst["items"]}
+        except (ApiFailure, OSError) as e:
+            log.warning("listing this node's pods: %s", e)
+            pods = {}
+        tasks = await self.rt.tasks()
+        keep_cids = set()
+        for uid in os.listdir(self.pods_dir):
+            path = os.path.join(self.pods_dir, uid, "state.json")
+            pod = pods.get(uid)
+            try:
+                with open(path) as f:
+                    state = json.load(f)
+            except (OSError, ValueError):
+                state = None
+            if pod is None or state is None:
+                continue
+            w = PodWorker(self, pod)
+            try:
+                w.restore(state, tasks)
+            except Exception:
+                log.exception("adopting pod %s", uid)
+                continue
+            self.workers[uid] = w
+            keep_cids |= w.cids()
+        await self.cleanup_leftovers(keep_cids)
+        for w in self.workers.values():
+            log.info("adopted pod %s/%s", w.ns, w.name)
+            w.task = self.spawn(w.run())
+            w.kick.set()
+
+    async def cleanup_leftovers(self, keep_cids=frozenset()):
+        """What an earlier run of this node left and no adopted pod owns:
+        containers, mounts, network namespaces and veths, pod directories."""
+        orphans = [c for c in await self.rt.containers() if c not in keep_cids]
+        for cid in orphans:
             await self.rt.kill(cid, "SIGKILL")
         for _ in range(20):
             tasks = await self.rt.tasks()
-            if all(st != "RUNNING" for _, st in tasks.values()):
+            if all(st != "RUNNING" for c, (_, st) in tasks.items() if c in orphans):
                 break
             await asyncio.sleep(0.1)
-        for cid in await self.rt.containers():
+        kept_dirs = [os.path.join(self.pods_dir, uid) for uid in self.workers]
+        for cid in orphans:
             await self.rt.remove(cid, None)
-        await _umount_under(self.pods_dir)
+        mps = []
+        try:
+            with open("/proc/self/mountinfo") as f:
+                for line in f:
+                    mps.append(line.split()[4].replace("\\040", " "))
+        except OSError:
+            pass
+        for mp in sorted(mps, key=len, reverse=True):
+            if mp.startswith(self.pods_dir + "/") and not any(
+                    mp == d or mp.startswith(d + "/") for d in kept_dirs):
+                await run("umount", "-l", mp, check=False)
         _, out, _ = await run("ctr", "-a", self.rt.socket, "-n", "k8s.io", "snapshots", "ls",
                               check=False)
         for line in out.splitlines()[1:]:
             f = line.split()
-            if f and len(f) >= 3 and f[2] == "Active":
+            if f and len(f) >= 3 and f[2] == "Active" and f[0] not in keep_cids:
                 await run("ctr", "-a", self.rt.socket, "-n", "k8s.io", "snapshots", "rm", f[0],
                           check=False)
         prefix = "slc-%s-" % self.index
+        kept_ns = {w.netns for w in self.workers.values()}
         if os.path.isdir("/run/netns"):
             for n in os.listdir("/run/netns"):
-                if n.startswith(prefix):
+                if n.startswith(prefix) and n not in kept_ns:
                     await run("ip", "netns", "del", n, check=False)
-        shutil.rmtree(self.pods_dir, ignore_errors=True)
-        os.makedirs(self.pods_dir, exist_ok=True)
+        for uid in os.listdir(self.pods_dir):
+            if uid not in self.workers:
+                shutil.rmtree(os.path.join(self.pods_dir, uid), ignore_errors=True)
 
     # -- the Node object ----------------------------------------------------------------------
     def _node_status(self):

@@ -242,7 +242,8 @@ class Containerd:
         """Yields (topic, payload) from `ctr events` until it ends."""
         proc = await asyncio.create_subprocess_exec(
             *self.ctr("events"), stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL)
+            stderr=asyncio.subprocess.DEVNULL, stdin=asyncio.subprocess.DEVNULL,
+            preexec_fn=_die_with_parent)
         try:
             while True:
                 line = await proc.stdout.readline()
@@ -260,6 +261,14 @@ class Containerd:
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+def _die_with_parent():
+    """In the child: SIGKILL when the node agent exits (PR_SET_PDEATHSIG),
+    so no `ctr events` outlives it."""
+    import ctypes
+    import signal
+    ctypes.CDLL(None).prctl(1, int(signal.SIGKILL))
 
 
 def _arch():
