@@ -27,6 +27,10 @@
 #   SIPHON_LOCAL_CLUSTER_CIDR  the pods' addresses, a /16 (default
 #                              10.244.0.0/16; node N gets 10.244.N.0/24)
 #   SIPHON_AGENT_BIN           the siphon-agent binary for the agent image
+#   SIPHON_LOCAL_CLUSTER_STREAM_IDLE_TIMEOUT
+#                              seconds a port-forward may stay idle before
+#                              the API server closes it (default 14400, the
+#                              kubelet's); read when the API server starts
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -63,12 +67,20 @@ alive() {
   echo "$pid"
 }
 
-# Starts a daemon in its own session, output to LOG, pid in PIDFILE.
+# Starts a daemon in its own session, output to LOG, pid in PIDFILE; waits
+# until the pid runs the daemon's own command line (not yet the forked
+# shell), so that alive() can tell it from a pid reused by another program.
 daemon() {
-  local pidfile="$1" logfile="$2"
+  local pidfile="$1" logfile="$2" pid i
   shift 2
   setsid "$@" </dev/null >>"$logfile" 2>&1 &
-  echo $! >"$pidfile"
+  pid=$!
+  echo "$pid" >"$pidfile"
+  for ((i = 0; i < 50; i++)); do
+    [ -r "/proc/$pid/cmdline" ] || return 0
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "${*: -2}" && return 0
+    sleep 0.02
+  done
 }
 
 # Sends SIGTERM, waits up to SECONDS, then SIGKILL.
@@ -246,35 +258,43 @@ EOF
 }
 
 start_apiserver() {
-  local pidfile="$state/apiserver.pid" port=0
+  local pidfile="$state/apiserver.pid" old=0 port=0 attempt i pid
   if alive "$pidfile" "lcluster apiserver" >/dev/null; then
     return 0
   fi
-  [ -f "$state/apiserver.port" ] && port="$(cat "$state/apiserver.port")"
-  rm -f "$state/apiserver.port.new"
-  daemon "$pidfile" "$state/logs/apiserver.log" env PYTHONPATH="$pkg" "$py" -m lcluster \
-    apiserver --port "$port" --port-file "$state/apiserver.port.new" \
-    --tokens "$state/pki/tokens.csv" --cert "$state/pki/apiserver.crt" \
-    --key "$state/pki/apiserver.key" --data "$state/objects.json"
-  local i
-  for ((i = 0; i < 100; i++)); do
+  [ -f "$state/apiserver.port" ] && old="$(cat "$state/apiserver.port")"
+  port="$old"
+  for attempt in 1 2; do
+    rm -f "$state/apiserver.port.new"
+    daemon "$pidfile" "$state/logs/apiserver.log" env PYTHONPATH="$pkg" "$py" -m lcluster \
+      apiserver --port "$port" --port-file "$state/apiserver.port.new" \
+      --tokens "$state/pki/tokens.csv" --cert "$state/pki/apiserver.crt" \
+      --key "$state/pki/apiserver.key" --data "$state/objects.json" \
+      --stream-idle-timeout "${SIPHON_LOCAL_CLUSTER_STREAM_IDLE_TIMEOUT:-14400}"
+    pid="$(cat "$pidfile")"
+    for ((i = 0; i < 100; i++)); do
+      [ -f "$state/apiserver.port.new" ] && break
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.1
+    done
     [ -f "$state/apiserver.port.new" ] && break
-    alive "$pidfile" "lcluster apiserver" >/dev/null || {
-      # The old port may be taken now: try any.
-      if [ "$port" != 0 ]; then
-        port=0
-        daemon "$pidfile" "$state/logs/apiserver.log" env PYTHONPATH="$pkg" "$py" -m lcluster \
-          apiserver --port 0 --port-file "$state/apiserver.port.new" \
-          --tokens "$state/pki/tokens.csv" --cert "$state/pki/apiserver.crt" \
-          --key "$state/pki/apiserver.key" --data "$state/objects.json"
-        continue
-      fi
-      die "the API server exited at start-up: $(tail -5 "$state/logs/apiserver.log")"
-    }
-    sleep 0.1
+    if ! kill -0 "$pid" 2>/dev/null && [ "$port" != 0 ] &&
+      tail -5 "$state/logs/apiserver.log" | grep -q "address already in use"; then
+      # Its old port is taken now: any port, and the nodes restart to
+      # learn it (they keep their pods).
+      port=0
+      continue
+    fi
+    kill -0 "$pid" 2>/dev/null && die "the API server did not start (see $state/logs/apiserver.log)"
+    die "the API server exited at start-up: $(tail -5 "$state/logs/apiserver.log")"
   done
-  [ -f "$state/apiserver.port.new" ] || die "the API server did not start (see $state/logs/apiserver.log)"
   mv "$state/apiserver.port.new" "$state/apiserver.port"
+  if [ "$old" != 0 ] && [ "$(cat "$state/apiserver.port")" != "$old" ]; then
+    local n
+    for n in "${nodes[@]}"; do
+      pid="$(alive "$(node_dir "$n")/node.pid" "lcluster node --name $n ")" && stop_pid "$pid" 10
+    done
+  fi
 }
 
 start_containerd() {
@@ -335,7 +355,7 @@ wait_nodes_ready() {
     done
     [ "$ok" = 1 ] && return 0
     for n in "${nodes[@]}"; do
-      alive "$(node_dir "$n")/node.pid" "lcluster node --name $n " >/dev/null ||
+      kill -0 "$(cat "$(node_dir "$n")/node.pid")" 2>/dev/null ||
         die "node $n exited: $(tail -5 "$state/logs/$n.log")"
     done
     sleep 0.1

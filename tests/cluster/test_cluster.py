@@ -288,9 +288,11 @@ spec:
                 self.assertEqual(answer.decode().split()[0], want_up, proto)
             finally:
                 pf.close()
-            after = apiserver_log().count("%s /api/v1/namespaces/%s/pods/blob/portforward" % (
-                method, ns))
-            self.assertGreater(after, before, "%s went through %s" % (proto, method))
+            # The API server logs an upgraded request once it ends.
+            eventually(lambda: apiserver_log().count(
+                "%s /api/v1/namespaces/%s/pods/blob/portforward" % (method, ns)) > before,
+                "the %s port-forward to be a %s in the API server's log" % (proto, method),
+                timeout=20)
         # A port nothing listens on: kubectl reports the pod's refusal.
         p1 = free_port()
         pf = PortForward(ns, "pod/blob", ["%d:7999" % p1])
@@ -577,6 +579,43 @@ spec:
             self.assertEqual(body.decode().strip(), target.split("/")[1])
         finally:
             pf.close()
+
+    def test_12_api_server_restart_keeps_objects_and_idle_port_forwards_drop(self):
+        # An API server restarted with a short stream idle timeout (the
+        # kubelet's streamingConnectionIdleTimeout): the objects survive the
+        # restart, and an idle port-forward ends with kubectl's "lost
+        # connection to pod", the failure a supervised port-forward must
+        # survive.
+        ns = self.ns("idle")
+        pods = self.web(ns, replicas=1)
+
+        def restart_apiserver(idle):
+            with open(os.path.join(STATE, "apiserver.pid")) as f:
+                os.kill(int(f.read()), signal.SIGTERM)
+            eventually(lambda: "apiserver: not running" in subprocess.run(
+                [SCRIPT, "status"], capture_output=True, text=True).stdout,
+                "the API server to stop")
+            env = dict(os.environ)
+            if idle:
+                env["SIPHON_LOCAL_CLUSTER_STREAM_IDLE_TIMEOUT"] = str(idle)
+            up = subprocess.run([SCRIPT, "up"], capture_output=True, text=True, env=env,
+                                timeout=120)
+            self.assertEqual(up.returncode, 0, up.stderr)
+        restart_apiserver(2)
+        self.addCleanup(restart_apiserver, None)
+        self.assertEqual(kjson("-n", ns, "get", "pod", pods[0]["metadata"]["name"])[
+            "metadata"]["uid"], pods[0]["metadata"]["uid"])
+        for env in ({}, {"KUBECTL_PORT_FORWARD_WEBSOCKETS": "false"}):
+            port = free_port()
+            pf = PortForward(ns, "deployment/web", ["%d:8080" % port], env)
+            try:
+                body = urllib.request.urlopen("http://127.0.0.1:%d/" % port, timeout=10).read()
+                self.assertEqual(body.decode().strip(), pods[0]["metadata"]["name"])
+                pf.proc.wait(30)
+                eventually(lambda: "lost connection to pod" in "".join(pf.out),
+                           "kubectl's message", timeout=5)
+            finally:
+                pf.close()
 
     # -- last: down -------------------------------------------------------------------------
     def test_99_down_leaves_nothing(self):

@@ -50,6 +50,7 @@ class ApiServer:
         self.authorizer = auth.Authorizer(store)
         self.tokens = tokens
         self.address = address  # "127.0.0.1:PORT", for /api's serverAddressByClientCIDRs
+        self.stream_idle_timeout = 4 * 3600.0  # the kubelet's default
 
     # -- entry -----------------------------------------------------------------------
     async def handle(self, req):
@@ -572,7 +573,7 @@ class ApiServer:
                 ("Sec-WebSocket-Accept", ws_accept(key)),
                 ("Sec-WebSocket-Protocol", PF_WS_PROTOCOL)])
             ws = WebSocketStream(reader, writer)
-            await serve_portforward(ws, ws, dial, describe)
+            await serve_portforward(ws, ws, dial, describe, self.stream_idle_timeout)
             return None
         if upgrade.startswith("spdy/3.1"):
             protos = [p.strip() for v in req.headers.get_all("X-Stream-Protocol-Version")
@@ -584,7 +585,7 @@ class ApiServer:
             reader, writer = await req.upgrade([
                 ("Connection", "Upgrade"), ("Upgrade", "SPDY/3.1"),
                 ("X-Stream-Protocol-Version", "portforward.k8s.io")])
-            await serve_portforward(reader, writer, dial, describe)
+            await serve_portforward(reader, writer, dial, describe, self.stream_idle_timeout)
             return None
         raise errors.bad_request("Upgrade request required")
 

@@ -22,6 +22,7 @@ async def run_apiserver(args):
         st.load(args.data, resources.BY_KEY)
     tokens = auth.load_tokens(args.tokens)
     api = apiserver.ApiServer(st, tokens, "")
+    api.stream_idle_timeout = args.stream_idle_timeout
     bootstrap.load(api.registry)
     srv = httpserver.Server(api.handle, httpserver.server_ssl_context(args.cert, args.key))
     port = await srv.start(args.host, args.port)
@@ -84,6 +85,8 @@ def main(argv=None):
     a.add_argument("--cert", required=True)
     a.add_argument("--key", required=True)
     a.add_argument("--data", help="file the objects are kept in across restarts")
+    a.add_argument("--stream-idle-timeout", type=float, default=4 * 3600.0,
+                   help="seconds a port-forward session may stay idle (the kubelet's 4 h)")
     a.add_argument("-v", "--verbose", action="store_true")
     n = sub.add_parser("node")
     n.add_argument("--name", required=True)

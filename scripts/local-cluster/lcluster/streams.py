@@ -15,7 +15,9 @@ import asyncio
 import base64
 import hashlib
 import logging
+import ssl
 import struct
+import time
 import zlib
 
 log = logging.getLogger("streams")
@@ -104,10 +106,14 @@ class SpdySession:
     on_stream(stream) is called (as a task) for each stream the peer opens,
     after the SYN_REPLY is sent."""
 
-    def __init__(self, reader, writer, on_stream):
+    def __init__(self, reader, writer, on_stream, idle_timeout=None):
         self.reader = reader
         self.writer = writer
         self.on_stream = on_stream
+        # Like the kubelet's streamingConnectionIdleTimeout: a session
+        # with no data either way for this long is closed.
+        self.idle_timeout = idle_timeout
+        self.last_activity = time.monotonic()
         self.streams = {}
         self._inflate = zlib.decompressobj(zdict=SPDY_DICT)
         self._deflate = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, 15, 8,
@@ -128,6 +134,7 @@ class SpdySession:
         await self._send(head + payload)
 
     async def send_data(self, sid, data, flags):
+        self.last_activity = time.monotonic()
         head = struct.pack(">II", sid & 0x7FFFFFFF, (flags << 24) | len(data))
         await self._send(head + data)
 
@@ -157,11 +164,30 @@ class SpdySession:
             out[name.lower()] = value.split("\x00")[0]
         return out
 
+    async def _watchdog(self):
+        while not self.closed:
+            left = self.last_activity + self.idle_timeout - time.monotonic()
+            if left <= 0:
+                log.info("spdy session idle for %ss: closing it", self.idle_timeout)
+                await self.goaway()
+                self.closed = True
+                try:
+                    self.writer.close()
+                except Exception:
+                    pass
+                return
+            await asyncio.sleep(min(left, 1.0))
+
     async def run(self):
+        watchdog = asyncio.ensure_future(self._watchdog()) if self.idle_timeout else None
         try:
             while True:
                 head = await self.reader.readexactly(8)
                 w1, w2 = struct.unpack(">II", head)
+                # Data and new streams are activity; pings are not (kubectl
+                # pings an idle port-forward to keep it open).
+                if not w1 & 0x80000000 or (w1 & 0xFFFF) == SYN_STREAM:
+                    self.last_activity = time.monotonic()
                 flags, length = w2 >> 24, w2 & 0xFFFFFF
                 payload = await self.reader.readexactly(length) if length else b""
                 if w1 & 0x80000000:
@@ -171,10 +197,13 @@ class SpdySession:
                     st = self.streams.get(w1 & 0x7FFFFFFF)
                     if st is not None:
                         st._feed(payload, bool(flags & FLAG_FIN))
-        except (asyncio.IncompleteReadError, ConnectionError, ProtocolError, zlib.error) as e:
-            if not isinstance(e, asyncio.IncompleteReadError):
+        except (asyncio.IncompleteReadError, ConnectionError, ProtocolError, zlib.error,
+                ssl.SSLError, OSError) as e:
+            if not isinstance(e, asyncio.IncompleteReadError) and not self.closed:
                 log.info("spdy session ends: %s", e)
         finally:
+            if watchdog:
+                watchdog.cancel()
             self.closed = True
             for st in list(self.streams.values()):
                 st._reset()
@@ -317,7 +346,7 @@ class PortForwardError(Exception):
     pass
 
 
-async def serve_portforward(reader, writer, dial, describe):
+async def serve_portforward(reader, writer, dial, describe, idle_timeout=None):
     """Runs port-forward over an upgraded connection. dial(port) returns
     (reader, writer) of a connection to the port inside the pod, or raises
     PortForwardError; describe is "pod NAME, uid UID" for error messages."""
@@ -343,7 +372,7 @@ async def serve_portforward(reader, writer, dial, describe):
         finally:
             pairs.pop(rid, None)
 
-    session = SpdySession(reader, writer, on_stream)
+    session = SpdySession(reader, writer, on_stream, idle_timeout)
     await session.run()
 
 
