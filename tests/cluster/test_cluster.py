@@ -236,6 +236,14 @@ spec:
             self.assertIn("serving on 8080",
                           kubectl("-n", ns, "logs", p["metadata"]["name"]).stdout)
         self.assertIn("serving on 8080", kubectl("-n", ns, "logs", "deploy/web").stdout)
+        # kubectl exec over both protocols: output, stdin, the exit code.
+        for env in ({}, {"KUBECTL_REMOTE_COMMAND_WEBSOCKETS": "false"}):
+            p = kubectl("-n", ns, "exec", "-i", "deploy/web", "--", "/bin/busybox", "sh", "-c",
+                        "/bin/busybox hostname; /bin/busybox sha256sum; exit 3",
+                        input="from stdin\n", env=env, check=False)
+            self.assertEqual(p.returncode, 3, p.stderr)
+            self.assertIn(hashlib.sha256(b"from stdin\n").hexdigest(), p.stdout)
+            self.assertIn(p.stdout.split()[0], [x["metadata"]["name"] for x in pods])
         # The Table kubectl prints.
         out = kubectl("-n", ns, "get", "pods", "-o", "wide").stdout
         self.assertRegex(out, r"web-\S+\s+1/1\s+Running\s+0\s+\S+\s+10\.")

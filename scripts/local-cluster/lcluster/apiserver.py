@@ -13,6 +13,7 @@ import time
 
 from . import auth
 from . import errors
+from . import execstream
 from . import openapi
 from . import resources as R
 from . import tables
@@ -257,8 +258,10 @@ class ApiServer:
             return await self._logs(req, ns, name)
         if sub == "portforward":
             return await self._portforward(req, ns, name)
-        if sub in ("exec", "attach"):
-            raise errors.bad_request("%s is not supported by the local cluster" % sub)
+        if sub == "exec":
+            return await self._exec(req, ns, name)
+        if sub == "attach":
+            raise errors.bad_request("attach is not supported by the local cluster")
         if sub == "eviction":
             body = req.json() or {}
             obj, _ = reg.evict(ns, name, body)
@@ -544,6 +547,67 @@ class ApiServer:
         finally:
             w.close()
         return None
+
+    async def _exec(self, req, ns, name):
+        pod = self.registry.get(R.PODS, ns, name)
+        container = self._pick_container(pod, req.arg("container"))
+        command = req.query.get("command") or []
+        if not command:
+            raise errors.bad_request("you must specify at least 1 command")
+        node = pod["spec"].get("nodeName")
+        running = False
+        for lst in ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses"):
+            for c in (pod.get("status") or {}).get(lst) or []:
+                if c.get("name") == container and "running" in (c.get("state") or {}):
+                    running = True
+        if not node or not running:
+            raise errors.bad_request('container %s is not running (pod "%s")' % (
+                container, name))
+        flag = lambda k: req.arg(k) in ("true", "1")  # noqa: E731
+        tty = flag("tty")
+        upgrade = (req.headers.get("Upgrade") or "").lower()
+        request = {"op": "exec", "uid": pod["metadata"]["uid"], "pod": name,
+                   "container": container, "command": command, "stdin": flag("stdin"),
+                   "tty": tty}
+        if upgrade == "websocket":
+            protos = [p.strip() for p in (req.headers.get("Sec-WebSocket-Protocol") or "")
+                      .split(",")]
+            proto = next((p for p in ("v5.channel.k8s.io", "v4.channel.k8s.io")
+                          if p in protos), None)
+            if proto is None:
+                raise errors.bad_request("unsupported exec WebSocket subprotocols %s" % protos)
+            nr, nw = await self._node_open(node, request)
+            key = req.headers.get("Sec-WebSocket-Key") or ""
+            reader, writer = await req.upgrade([
+                ("Upgrade", "websocket"), ("Connection", "Upgrade"),
+                ("Sec-WebSocket-Accept", ws_accept(key)), ("Sec-WebSocket-Protocol", proto)])
+            try:
+                await execstream.serve_ws(reader, writer, nr, nw, command,
+                                          proto == "v5.channel.k8s.io")
+            finally:
+                nw.close()
+            return None
+        if upgrade.startswith("spdy/3.1"):
+            protos = [p.strip() for v in req.headers.get_all("X-Stream-Protocol-Version")
+                      for p in v.split(",")]
+            if "v4.channel.k8s.io" not in protos:
+                raise errors.ApiError(403, "Forbidden", "unable to upgrade: unable to negotiate "
+                                      "protocol: client supports %s, server supports "
+                                      "[v4.channel.k8s.io]" % protos)
+            nr, nw = await self._node_open(node, request)
+            reader, writer = await req.upgrade([
+                ("Connection", "Upgrade"), ("Upgrade", "SPDY/3.1"),
+                ("X-Stream-Protocol-Version", "v4.channel.k8s.io")])
+            want = ["error"] + [k for k in ("stdin", "stdout", "stderr") if flag(k)] + (
+                ["resize"] if tty else [])
+            if tty and "stderr" in want:
+                want.remove("stderr")  # a terminal has no separate stderr
+            try:
+                await execstream.serve_spdy(reader, writer, nr, nw, command, want)
+            finally:
+                nw.close()
+            return None
+        raise errors.bad_request("Upgrade request required")
 
     async def _portforward(self, req, ns, name):
         pod = self.registry.get(R.PODS, ns, name)

@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import shutil
+import struct
 import time
 
 from . import errors
@@ -1656,6 +1657,8 @@ class Node:
                 return
             if op == "portforward":
                 await self._portforward(w, req, reader, writer)
+            elif op == "exec":
+                await self._exec(w, req, reader, writer)
             elif op == "logs":
                 await self._logs(w, req, writer)
             else:
@@ -1708,6 +1711,105 @@ class Node:
         await b
         a.cancel()
         pw.close()
+
+    async def _exec(self, w, req, reader, writer):
+        """Runs the command in the container (`ctr task exec`, on a pty for
+        tty) and relays it in execstream's frames."""
+        from . import execstream as ex
+        s = w.slots.get(req.get("container"))
+        r = s.current if s else None
+        if r is None or r.exit_code is not None:
+            await self._answer(writer, {"error": 'container "%s" in pod "%s" is not running' % (
+                req.get("container"), w.name), "code": 400})
+            return
+        fifo = os.path.join(self.dir, "fifo")
+        os.makedirs(fifo, exist_ok=True)
+        argv = list(self.rt.ctr("task", "exec", "--fifo-dir", fifo, "--exec-id",
+                                "exec-" + os.urandom(6).hex()))
+        tty = bool(req.get("tty"))
+        if tty:
+            argv.append("-t")
+        argv += [r.cid] + list(req.get("command") or [])
+        master = None
+        if tty:
+            import fcntl
+            import pty
+            import termios
+            master, slave = pty.openpty()
+
+            def ctty():
+                os.setsid()
+                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            # ctr's own log lines (a resize after the end) stay out of the
+            # terminal: the command's output comes through the console.
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=slave, stdout=slave, stderr=asyncio.subprocess.DEVNULL,
+                preexec_fn=ctty)
+            os.close(slave)
+        else:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE if req.get("stdin") else
+                asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+        await self._answer(writer, {"ok": True})
+        loop = asyncio.get_running_loop()
+
+        async def pump(stream, chan):
+            while True:
+                data = await stream.read(65536)
+                if not data:
+                    return
+                await ex.write_frame(writer, chan, data)
+
+        async def pump_pty():
+            while True:
+                try:
+                    data = await loop.run_in_executor(None, os.read, master, 65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                await ex.write_frame(writer, ex.STDOUT, data)
+
+        async def from_api():
+            try:
+                while True:
+                    chan, data = await ex.read_frame(reader)
+                    if chan == ex.STDIN:
+                        if tty:
+                            os.write(master, data)
+                        elif proc.stdin:
+                            proc.stdin.write(data)
+                            await proc.stdin.drain()
+                    elif chan == ex.CLOSE and proc.stdin and not tty:
+                        proc.stdin.close()
+                    elif chan == ex.RESIZE and tty:
+                        import fcntl
+                        import termios
+                        size = json.loads(data)
+                        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack(
+                            "HHHH", size.get("Height", 24), size.get("Width", 80), 0, 0))
+            except (asyncio.IncompleteReadError, ConnectionError, OSError, ValueError):
+                # The client is gone: so is the command.
+                if proc.returncode is None:
+                    proc.kill()
+        up = asyncio.ensure_future(from_api())
+        try:
+            if tty:
+                out = asyncio.ensure_future(pump_pty())
+                code = await proc.wait()
+                await asyncio.wait([out], timeout=1)
+                out.cancel()
+            else:
+                await asyncio.gather(pump(proc.stdout, ex.STDOUT), pump(proc.stderr, ex.STDERR))
+                code = await proc.wait()
+            await ex.write_frame(writer, ex.ERROR, json.dumps({"exitCode": code}).encode())
+        finally:
+            up.cancel()
+            if master is not None:
+                os.close(master)
+            if proc.returncode is None:
+                proc.kill()
 
     async def _logs(self, w, req, writer):
         s = w.slots.get(req.get("container"))
