@@ -181,7 +181,8 @@ class ControllerManager:
             self.dirty.clear()
             for step in (self.namespaces, self.garbage_collector, self.node_taints,
                          self.deployments, self.replicasets, self.statefulsets, self.daemonsets,
-                         self.jobs, self.scheduler, self.pdbs, self.service_accounts):
+                         self.jobs, self.scheduler, self.pdbs, self.service_accounts,
+                         self.expire_events):
                 try:
                     step()
                 except errors.ApiError as e:
@@ -303,6 +304,19 @@ class ControllerManager:
                     self.reg.create(R.SERVICEACCOUNTS, name, {"metadata": {"name": "default"}})
                 except errors.ApiError:
                     pass
+
+    def expire_events(self):
+        """Events live an hour after their last occurrence (the API
+        server's --event-ttl)."""
+        now = time.monotonic()
+        if now < getattr(self, "_events_checked", 0) + 60:
+            return
+        self._events_checked = now
+        for e in list(self.store.list(R.EVENTS)):
+            t = errors.parse_time(e.get("lastTimestamp") or e["metadata"].get(
+                "creationTimestamp"))
+            if t is not None and (errors.now() - t).total_seconds() > 3600:
+                self._delete(R.EVENTS, e)
 
     # -- garbage collector ------------------------------------------------------------------
     def _owner_exists(self, dep, ref):

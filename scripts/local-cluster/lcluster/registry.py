@@ -172,7 +172,9 @@ class Registry:
             warnings = self._pod_security(res, new, ns)
         if dry_run:
             return new, warnings
+        # (A namespace goes when the namespace controller has emptied it.)
         if md.get("deletionTimestamp") and not md.get("finalizers") and \
+                res.kind != "Namespace" and \
                 (res.kind != "Pod" or md.get("deletionGracePeriodSeconds") == 0):
             # The last finalizer is gone: the object goes.
             self.store.update(res, new, expect_rv)
