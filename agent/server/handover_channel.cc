@@ -325,17 +325,7 @@ void clampImportedLimits(v1::AgentState* state) {
         std::clamp(l.max_stream_window, l.initial_stream_window, protocol::kMaxStreamWindowCeiling);
     l.window_growth_budget =
         std::min(l.window_growth_budget, protocol::SessionLimits{}.window_growth_budget);
-    p.set_max_frame_size(l.max_frame_size);
-    p.set_initial_stream_window(l.initial_stream_window);
-    p.set_max_streams(l.max_streams);
-    p.set_max_pending_requests(l.max_pending_requests);
-    p.set_replay_buffer_bytes(l.replay_buffer_bytes);
-    p.set_keepalive_interval_ms(static_cast<uint64_t>(l.keepalive_interval.count()));
-    p.set_keepalive_timeout_ms(static_cast<uint64_t>(l.keepalive_timeout.count()));
-    p.set_session_grace_ms(static_cast<uint64_t>(l.session_grace.count()));
-    p.set_max_read_size(l.max_read_size);
-    p.set_max_stream_window(l.max_stream_window);
-    p.set_window_growth_budget(l.window_growth_budget);
+    protocol::Session::setLimitsOf(l, &p);
   }
 }
 

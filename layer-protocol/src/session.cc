@@ -257,7 +257,7 @@ absl::Status Session::dispatch(DecodedFrame& decoded, SessionHandler& handler, T
       Stream& s = it->second;
       s.accepted = true;
       const uint64_t window = f.accept().initial_window() != 0 ? f.accept().initial_window()
-                                                                : limits_.initial_stream_window;
+                                                               : limits_.initial_stream_window;
       if (s.early) {
         // The early credit was part of this window (and what the peer
         // returned of it came as window updates): add the rest. A peer
@@ -871,8 +871,7 @@ void Session::consumed(uint64_t stream_id, size_t n) {
     uint64_t increment = s.unreported;
     // A reader that keeps up gets a larger window: the sender waits for
     // credit less, and credit goes back in larger (so fewer) steps.
-    const auto grow_period =
-        std::max<std::chrono::microseconds>(kWindowGrowPeriod, 2 * path_rtt_);
+    const auto grow_period = std::max<std::chrono::microseconds>(kWindowGrowPeriod, 2 * path_rtt_);
     if (now_ - s.last_update < grow_period && s.recv_window < limits_.max_stream_window &&
         window_growth_ < limits_.window_growth_budget) {
       const uint64_t grow =
@@ -964,17 +963,7 @@ absl::Status Session::exportState(v1::SessionState* out) {
     return absl::FailedPreconditionError("room is reserved for an answer being prepared");
   }
   out->Clear();
-  out->set_max_frame_size(limits_.max_frame_size);
-  out->set_initial_stream_window(limits_.initial_stream_window);
-  out->set_max_streams(limits_.max_streams);
-  out->set_max_pending_requests(limits_.max_pending_requests);
-  out->set_replay_buffer_bytes(limits_.replay_buffer_bytes);
-  out->set_keepalive_interval_ms(static_cast<uint64_t>(limits_.keepalive_interval.count()));
-  out->set_keepalive_timeout_ms(static_cast<uint64_t>(limits_.keepalive_timeout.count()));
-  out->set_session_grace_ms(static_cast<uint64_t>(limits_.session_grace.count()));
-  out->set_max_read_size(limits_.max_read_size);
-  out->set_max_stream_window(limits_.max_stream_window);
-  out->set_window_growth_budget(limits_.window_growth_budget);
+  setLimitsOf(limits_, out);
   for (const auto& f : replay_) {
     v1::ReplayFrame& r = *out->add_replay();
     r.set_head(f->head);
@@ -1044,6 +1033,20 @@ SessionLimits Session::limitsOf(const v1::SessionState& state) {
   return l;
 }
 
+void Session::setLimitsOf(const SessionLimits& l, v1::SessionState* state) {
+  state->set_max_frame_size(l.max_frame_size);
+  state->set_initial_stream_window(l.initial_stream_window);
+  state->set_max_streams(l.max_streams);
+  state->set_max_pending_requests(l.max_pending_requests);
+  state->set_replay_buffer_bytes(l.replay_buffer_bytes);
+  state->set_keepalive_interval_ms(static_cast<uint64_t>(l.keepalive_interval.count()));
+  state->set_keepalive_timeout_ms(static_cast<uint64_t>(l.keepalive_timeout.count()));
+  state->set_session_grace_ms(static_cast<uint64_t>(l.session_grace.count()));
+  state->set_max_read_size(l.max_read_size);
+  state->set_max_stream_window(l.max_stream_window);
+  state->set_window_growth_budget(l.window_growth_budget);
+}
+
 absl::Status Session::restoreState(const v1::SessionState& state, TimePoint now) {
   auto bad = [](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("handover state: ", what));
@@ -1102,8 +1105,8 @@ absl::Status Session::restoreState(const v1::SessionState& state, TimePoint now)
   streams_.clear();
   any_wants_write_ = false;
   for (const v1::StreamState& o : state.streams()) {
-    if (o.id() == 0 || (isLocalStream(o.id()) ? o.id() >= next_stream_id_
-                                              : o.id() > highest_peer_stream_)) {
+    if (o.id() == 0 ||
+        (isLocalStream(o.id()) ? o.id() >= next_stream_id_ : o.id() > highest_peer_stream_)) {
       return bad(absl::StrCat("stream ", o.id(), " was never opened"));
     }
     Stream s;

@@ -1,23 +1,26 @@
 #include "siphon/transport/frame_io.h"
 
+#include <memory>
+
 #include "absl/strings/str_cat.h"
 #include "siphon/protocol/codec.h"
 #include "siphon/status.h"
 #include "siphon/transport/tls.h"
 
 namespace siphon::net {
+namespace {
 
+struct Watch {
+  bool fired = false;  // the deadline passed and cancelled the socket's operations
+  bool done = false;   // the operation ended first
+};
+
+// Cancels `socket`'s operations when `timeout` passes, unless the caller
+// marks the watch done first. Shared, since a completion already queued may
+// run after the caller returns.
 template <typename S>
-awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(S& socket, std::chrono::milliseconds timeout,
-                                                     uint32_t max_frame_size) {
-  protocol::FrameDecoder decoder(max_frame_size);
-  // The watchdog closes the socket at the deadline, which ends the read.
-  asio::steady_timer watchdog(socket.get_executor());
-  // Shared, since a completion already queued may run after we return.
-  struct Watch {
-    bool fired = false;
-    bool done = false;
-  };
+std::shared_ptr<Watch> armWatchdog(asio::steady_timer& watchdog, S& socket,
+                                   std::chrono::milliseconds timeout) {
   auto watch = std::make_shared<Watch>();
   watchdog.expires_after(timeout);
   watchdog.async_wait([watch, &socket](error_code ec) {
@@ -27,6 +30,18 @@ awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(S& socket, std::chrono::mil
       socket.cancel(ignored);
     }
   });
+  return watch;
+}
+
+}  // namespace
+
+template <typename S>
+awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(S& socket, std::chrono::milliseconds timeout,
+                                                     uint32_t max_frame_size) {
+  protocol::FrameDecoder decoder(max_frame_size);
+  // The watchdog closes the socket at the deadline, which ends the read.
+  asio::steady_timer watchdog(socket.get_executor());
+  auto watch = armWatchdog(watchdog, socket, timeout);
   auto disarm = [&] {
     watch->done = true;
     watchdog.cancel();
@@ -71,22 +86,9 @@ awaitable<absl::StatusOr<FirstFrame>> readFirstFrame(S& socket, std::chrono::mil
 }
 
 awaitable<absl::Status> waitFirstBytes(tcp::socket& socket, std::chrono::milliseconds timeout) {
-  // As in readFirstFrame: the watchdog cancels the wait at the deadline,
-  // its state shared with a completion that may run after we return.
+  // As in readFirstFrame: the watchdog cancels the wait at the deadline.
   asio::steady_timer watchdog(socket.get_executor());
-  struct Watch {
-    bool fired = false;
-    bool done = false;
-  };
-  auto watch = std::make_shared<Watch>();
-  watchdog.expires_after(timeout);
-  watchdog.async_wait([watch, &socket](error_code ec) {
-    if (!ec && !watch->done) {
-      watch->fired = true;
-      error_code ignored;
-      socket.cancel(ignored);
-    }
-  });
+  auto watch = armWatchdog(watchdog, socket, timeout);
   error_code ec;
   co_await socket.async_wait(tcp::socket::wait_read, asio::redirect_error(use_awaitable, ec));
   watch->done = true;

@@ -359,6 +359,9 @@ class Session {
   // The limits an exported session was made with: construct the session
   // with them, then restoreState().
   static SessionLimits limitsOf(const v1::SessionState& state);
+  // The other way: `limits` into an exported state (a new agent's import
+  // clamps them as a Hello's).
+  static void setLimitsOf(const SessionLimits& limits, v1::SessionState* state);
   // Takes the state exportState() gave (on a session just constructed with
   // limitsOf() and the same role). The session is detached: resume() it on
   // the client's next transport. INVALID_ARGUMENT for a state that does not
