@@ -20,6 +20,7 @@ Faults for the transport tests (environment):
 Every call is appended to $FAKE_KUBE_STATE/calls.log.
 """
 
+import base64
 import fcntl
 import json
 import os
@@ -251,7 +252,7 @@ def make_agent_pod(c, ns, name, labels, annotations, spec, owner=None):
             "state": {"waiting": {"reason": "ErrImagePull",
                                   "message": f'failed to pull and unpack image "{image}": not found'}}}]
     else:
-        start_agent(c, ns, name, secret["stringData"]["token"], image)
+        start_agent(c, ns, name, base64.b64decode(secret["data"]["token"]).decode(), image)
         exited = image in c.get("exiting_images", [])
         pod["status"]["phase"] = "Failed" if exited else "Running"
         pod["status"]["containerStatuses"] = [running_status(container["name"], image, exited)]
@@ -274,6 +275,10 @@ def cmd_create(c, o):
     if kind == "Pod" and level != "privileged":
         err(f'Error from server (Forbidden): error when creating "STDIN": pods "{obj["metadata"]["name"]}" '
             f'is forbidden: violates PodSecurity "{level}:latest": unrestricted capabilities')
+    if kind == "Secret":
+        # As the API server: stringData is written into data (base64).
+        for k, v in obj.pop("stringData", {}).items():
+            obj.setdefault("data", {})[k] = base64.b64encode(v.encode()).decode()
     obj["metadata"]["uid"] = str(uuid.uuid4())
     obj["metadata"]["creationTimestamp"] = now()
     obj["metadata"]["namespace"] = ns
@@ -303,7 +308,7 @@ def cmd_patch(c, words, o):
         for e in patch["spec"]["ephemeralContainers"]:
             obj["spec"].setdefault("ephemeralContainers", []).append(e)
             token_ref = e["env"][0]["valueFrom"]["secretKeyRef"]["name"]
-            token = c["secrets"][f"{ns}/{token_ref}"]["stringData"]["token"]
+            token = base64.b64decode(c["secrets"][f"{ns}/{token_ref}"]["data"]["token"]).decode()
             start_agent(c, ns, obj["metadata"]["name"] + "-" + e["name"], token, e["image"])
             obj["status"].setdefault("ephemeralContainerStatuses", []).append(
                 running_status(e["name"], e["image"]))
