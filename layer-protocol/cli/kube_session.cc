@@ -313,7 +313,7 @@ net::awaitable<void> askSessions(std::vector<AgentStatus>* rows, kube::Kubectl* 
   auto ex = co_await asio::this_coro::executor;
   for (auto& a : *rows) {
     if (a.row.phase != "Running" || a.row.pod.empty()) continue;
-    auto token = keeper->tokenOf(a.row);
+    auto token = keeper->tokenOf(a.row, &a.row.port);
     if (!token.ok()) {
       a.error = std::string(token.status().message());
       continue;

@@ -65,17 +65,22 @@ json nodeOwner(const AgentSpec& s) {
 
 json capabilities() { return {{"drop", json::array({"ALL"})}, {"add", agentCapabilities()}}; }
 
-// The container securityContext every form shares (agent-job.yaml's).
-json containerSecurity(bool read_only_root = true) {
-  return {{"privileged", false},
-          // Kubernetes refuses allowPrivilegeEscalation: false with SYS_ADMIN.
-          {"allowPrivilegeEscalation", true},
-          {"readOnlyRootFilesystem", read_only_root},
-          {"runAsUser", 0},
-          {"runAsNonRoot", false},
-          {"capabilities", capabilities()},
-          {"seccompProfile", {{"type", "RuntimeDefault"}}},
-          {"appArmorProfile", {{"type", "Unconfined"}}}};
+// The container securityContext every form shares (agent-job.yaml's). An
+// ephemeral container carries the user itself (ephemeral-patch.yaml): the
+// pod's securityContext is the application's.
+json containerSecurity(bool with_user) {
+  json sc = {{"privileged", false},
+             // Kubernetes refuses allowPrivilegeEscalation: false with SYS_ADMIN.
+             {"allowPrivilegeEscalation", true},
+             {"readOnlyRootFilesystem", true},
+             {"capabilities", capabilities()},
+             {"seccompProfile", {{"type", "RuntimeDefault"}}},
+             {"appArmorProfile", {{"type", "Unconfined"}}}};
+  if (with_user) {
+    sc["runAsUser"] = 0;
+    sc["runAsNonRoot"] = false;
+  }
+  return sc;
 }
 
 json tokenEnv(const AgentSpec& s) {
@@ -99,7 +104,7 @@ json podSpec(const AgentSpec& s, bool targeted) {
       {"ports",
        json::array({{{"name", "siphon"}, {"containerPort", s.port}, {"protocol", "TCP"}}})},
       {"resources", resources()},
-      {"securityContext", containerSecurity()},
+      {"securityContext", containerSecurity(false)},
   };
   json mounts = json::array();
   json volumes = json::array();
@@ -191,6 +196,12 @@ std::vector<std::string> agentArgs(const AgentSpec& s) {
   // Exits by itself once no session used it for this long (after a
   // killed client's session grace), so nothing is left running.
   a.insert(a.end(), {"--log-format", "json", "--idle-timeout", s.idle_timeout});
+  if (s.mode == AgentMode::kEphemeral) {
+    // Where a newer agent takes this one over in place (ephemeral-upgrade-
+    // patch.yaml, docs/CONTINUITY.md "Handover"); /dev/shm is writable under
+    // a read-only root and private to this container.
+    a.insert(a.end(), {"--handover-socket", "/dev/shm/siphon-handover.sock"});
+  }
   if (s.mode == AgentMode::kJob) {
     // The kubelet's probes come from the node: never stolen (docs/STEAL.md).
     a.insert(a.end(), {"--probe-source", "$(NODE_IP)"});
@@ -272,7 +283,7 @@ std::string ephemeralPatch(const AgentSpec& s) {
       {"args", agentArgs(s)},
       // The pod's Secrets only, and no new volumes: the token in the env.
       {"env", tokenEnv(s)},
-      {"securityContext", containerSecurity()},
+      {"securityContext", containerSecurity(true)},
   };
   json patch = {{"spec", {{"ephemeralContainers", json::array({container})}}}};
   return patch.dump();

@@ -448,59 +448,64 @@ absl::Status AgentKeeper::remove(const Agent& a) {
 
 absl::StatusOr<std::vector<AgentRow>> AgentKeeper::list(const std::string& ns,
                                                         bool all_namespaces) {
-  std::vector<std::string> scope = all_namespaces ? std::vector<std::string>{"-A"}
-                                   : ns.empty()   ? std::vector<std::string>{}
-                                                  : std::vector<std::string>{"-n", ns};
-  const std::string selector =
-      labelSelector({{kLabelName, kLabelNameValue}, {kLabelManagedBy, "siphon"}});
-  std::vector<std::string> get_secrets = {"get", "secrets", "-l", selector, "-o", "json"};
-  get_secrets.insert(get_secrets.end(), scope.begin(), scope.end());
-  std::vector<std::string> get_pods = {"get", "pods", "-l", selector, "-o", "json"};
-  get_pods.insert(get_pods.end(), scope.begin(), scope.end());
-  auto results = kubectl_.runAll({get_secrets, get_pods});
-  for (auto& r : results) {
-    if (!r.ok()) return r.status();
-    if (!r->ok()) return kubeCallError(*r, "siphon's agents", "list secrets and pods", ns);
+  // Every pod in scope: agents of their own (labelled) and the target pods
+  // that hold ephemeral agents. Secrets are never listed (that would read
+  // every Secret): each agent names its own.
+  std::vector<std::string> get = {"get", "pods", "-o", "json"};
+  if (all_namespaces) {
+    get.push_back("-A");
+  } else if (!ns.empty()) {
+    get.insert(get.end(), {"-n", ns});
   }
-  ASSIGN_OR_RETURN(auto pods, parsePodList(results[1]->out));
+  ASSIGN_OR_RETURN(auto r, kubectl_.run(get));
+  if (!r.ok()) return kubeCallError(r, "the agents", "list pods", ns);
+  ASSIGN_OR_RETURN(auto pods, parsePodList(r.out));
   std::vector<AgentRow> rows;
-  try {
-    json secrets = json_read::parse(results[0]->out, "secret list");
-    for (const auto& s : json_read::array(secrets, {"items"})) {
+  for (const auto& p : pods) {
+    auto name = p.labels.find(kLabelName);
+    auto managed = p.labels.find(kLabelManagedBy);
+    if (name != p.labels.end() && name->second == kLabelNameValue && managed != p.labels.end() &&
+        managed->second == "siphon") {
       AgentRow row;
-      row.ns = json_read::str(s, {"metadata", "namespace"});
-      row.secret = json_read::str(s, {"metadata", "name"});
-      row.created = json_read::str(s, {"metadata", "creationTimestamp"});
-      auto ann = json_read::strings(s, {"metadata", "annotations"});
-      auto labels = json_read::strings(s, {"metadata", "labels"});
-      const std::string session = labels.count(kLabelSession) ? labels[kLabelSession] : "";
-      row.name = "siphon-agent-" + session;
-      row.mode = ann.count(kLabelMode) ? ann[kLabelMode] : "job";
-      row.target = ann.count(kAnnotationTarget) ? ann[kAnnotationTarget] : "";
-      if (ann.count(kAnnotationPort)) (void)absl::SimpleAtoi(ann[kAnnotationPort], &row.port);
-      for (const auto& p : pods) {
-        auto it = p.labels.find(kLabelSession);
-        if (p.ns != row.ns || it == p.labels.end() || it->second != session) continue;
-        row.pod = p.name;
-        row.node = p.node;
-        row.phase = p.terminating ? "Terminating" : p.phase;
-        if (auto v = p.labels.find(kLabelVersion); v != p.labels.end()) row.version = v->second;
+      row.ns = p.ns;
+      row.pod = p.name;
+      row.name = p.labels.count("job-name") ? p.labels.at("job-name") : p.name;
+      row.node = p.node;
+      row.phase = p.terminating ? "Terminating" : p.phase;
+      row.created = p.creation;
+      row.mode = p.labels.count(kLabelMode) ? p.labels.at(kLabelMode) : "job";
+      if (auto v = p.labels.find(kLabelVersion); v != p.labels.end()) row.version = v->second;
+      if (auto t = p.annotations.find(kAnnotationTarget); t != p.annotations.end()) {
+        row.target = t->second;
       }
-      if (row.mode == "ephemeral" && !row.target.empty()) {
-        // The agent is a container of the target pod: NS/pod/NAME/CONTAINER.
-        std::vector<std::string> parts = absl::StrSplit(row.target, '/');
-        if (parts.size() >= 3) row.pod = parts[2];
+      if (auto s = p.annotations.find(kAnnotationSecret); s != p.annotations.end()) {
+        row.secret = s->second;
+      }
+      if (auto port = p.annotations.find(kAnnotationPort); port != p.annotations.end()) {
+        (void)absl::SimpleAtoi(port->second, &row.port);
       }
       rows.push_back(std::move(row));
+      continue;
     }
-  } catch (const std::exception& e) {
-    return json_read::toStatus(e);
+    for (const auto& st : p.ephemeral_statuses) {
+      if (!absl::StartsWith(st.name, "siphon-agent-")) continue;
+      AgentRow row;
+      row.ns = p.ns;
+      row.pod = p.name;
+      row.name = st.name;
+      row.node = p.node;
+      row.mode = "ephemeral";
+      row.phase = st.running ? "Running" : st.terminated ? "Exited" : "Waiting";
+      row.target = absl::StrCat(p.ns, "/pod/", p.name);
+      row.secret = "siphon-token-" + st.name.substr(std::string_view("siphon-agent-").size());
+      rows.push_back(std::move(row));
+    }
   }
   return rows;
 }
 
-absl::StatusOr<std::string> AgentKeeper::tokenOf(const AgentRow& row) {
-  return readToken(row.ns, row.secret, nullptr);
+absl::StatusOr<std::string> AgentKeeper::tokenOf(const AgentRow& row, int* port) {
+  return readToken(row.ns, row.secret, port);
 }
 
 absl::Status AgentKeeper::removeRow(const AgentRow& row) {

@@ -96,8 +96,8 @@ class AgentKeeper {
 
   // Agents in `ns` (empty: the context's), or every namespace.
   absl::StatusOr<std::vector<AgentRow>> list(const std::string& ns, bool all_namespaces);
-  // The token of a listed agent (from its Secret).
-  absl::StatusOr<std::string> tokenOf(const AgentRow& row);
+  // The token of a listed agent (from its Secret), and its port.
+  absl::StatusOr<std::string> tokenOf(const AgentRow& row, int* port);
   // Removes a listed agent (Job or pod, and Secret).
   absl::Status removeRow(const AgentRow& row);
 

@@ -207,14 +207,15 @@ def cmd_get(c, words, o):
     out({"kind": "List", "apiVersion": "v1", "items": items}, o["o"] or "json")
 
 
-def start_agent(c, ns, pod_name, token, image):
+def start_agent(c, ns, pod_name, token, image, idle="60s"):
     """Runs the agent of a pod: siphon-agent targetless on 127.0.0.1."""
     log = os.path.join(STATE, f"log-{ns}-{pod_name}")
     tokfile = os.path.join(STATE, f"token-{ns}-{pod_name}")
     with open(tokfile, "w") as f:
         f.write(token)
     args = [os.environ["FAKE_KUBE_AGENT"], "targetless", "--listen", "127.0.0.1:0",
-            "--token-file", tokfile, "--idle-timeout", "60s", "--session-grace", "20s",
+            "--token-file", tokfile, "--idle-timeout", idle,
+            "--session-grace", os.environ.get("FAKE_AGENT_SESSION_GRACE", "20s"),
             "--fs-mode", "ro"]
     if image in c.get("exiting_images", []):
         args = [os.environ["FAKE_KUBE_AGENT"], "no-such-mode"]
@@ -252,7 +253,9 @@ def make_agent_pod(c, ns, name, labels, annotations, spec, owner=None):
             "state": {"waiting": {"reason": "ErrImagePull",
                                   "message": f'failed to pull and unpack image "{image}": not found'}}}]
     else:
-        start_agent(c, ns, name, base64.b64decode(secret["data"]["token"]).decode(), image)
+        args = container.get("args", [])
+        idle = args[args.index("--idle-timeout") + 1] if "--idle-timeout" in args else "60s"
+        start_agent(c, ns, name, base64.b64decode(secret["data"]["token"]).decode(), image, idle)
         exited = image in c.get("exiting_images", [])
         pod["status"]["phase"] = "Failed" if exited else "Running"
         pod["status"]["containerStatuses"] = [running_status(container["name"], image, exited)]
@@ -260,6 +263,31 @@ def make_agent_pod(c, ns, name, labels, annotations, spec, owner=None):
             pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
     c["pods"][f"{ns}/{name}"] = pod
     return pod
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return ") Z" not in f.read()
+    except OSError:
+        return False
+
+
+def refresh(c):
+    """An agent pod whose process ended has Succeeded, as the kubelet says."""
+    for key_, p in c["pods"].items():
+        ns, name = key_.split("/", 1)
+        path = os.path.join(STATE, f"pid-{ns}-{name}")
+        if not os.path.exists(path) or p["status"].get("phase") != "Running":
+            continue
+        with open(path) as f:
+            pid = int(f.read() or 0)
+        if pid and not alive(pid):
+            p["status"]["phase"] = "Succeeded"
+            p["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+            for st in p["status"].get("containerStatuses", []):
+                st["ready"] = False
+                st["state"] = {"terminated": {"reason": "Completed", "exitCode": 0}}
 
 
 def cmd_create(c, o):
@@ -457,6 +485,7 @@ def main():
     with Lock():
         c = load()
         if verb == "get":
+            refresh(c)
             cmd_get(c, words[1:], o)
         elif verb == "create":
             cmd_create(c, o)

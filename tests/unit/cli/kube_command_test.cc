@@ -62,6 +62,7 @@ class KubeCommandTest : public ::testing::Test {
     ::setenv("FAKE_KUBE_STATE", (dir_ / "state").c_str(), 1);
     ::setenv("FAKE_KUBE_AGENT", SIPHON_AGENT_PATH, 1);
     ::unsetenv("FAKE_PF_CUT_AFTER_BYTES");
+    ::unsetenv("FAKE_AGENT_SESSION_GRACE");
     json c = {
         {"pods", json::object()},
         {"deployments", json::object()},
@@ -312,6 +313,40 @@ TEST_F(KubeCommandTest, KubectlSiphonIsTheSameProgram) {
       siphon({"--target", "deploy/web", "--agent-namespace", "siphon", "info"}, plugin.c_str()));
   EXPECT_EQ(p.finish(), 0) << p.err;
   EXPECT_NE(p.out.find("agent_version"), std::string::npos);
+}
+
+TEST_F(KubeCommandTest, AKilledClisAgentExitsOnItsOwnAndAgentsCleanRemovesTheRest) {
+  ::setenv("FAKE_AGENT_SESSION_GRACE", "1s", 1);
+  fakes::CliProcess first(siphon({"--target", "deploy/web", "--agent-namespace", "siphon",
+                                  "--agent-idle-timeout", "2s", "forward", "-L", "0:127.0.0.1:9"}));
+  ASSERT_TRUE(first.readUntil([&] { return first.err.find("forwarding") != std::string::npos; }))
+      << first.err;
+  {
+    fakes::CliProcess list(siphon({"agents", "-n", "siphon"}));
+    EXPECT_EQ(list.finish(), 0) << list.err;
+    // One agent, its target, mode and the one session of `first`.
+    EXPECT_NE(list.out.find("NAMESPACE\tAGENT\tTARGET"), std::string::npos) << list.out;
+    EXPECT_NE(list.out.find("default/pod/web-a/app\tnode-1\tjob\tRunning\t"), std::string::npos)
+        << list.out;
+    EXPECT_NE(list.out.find("\t1\t0.1.0\n"), std::string::npos) << list.out;
+  }
+  {
+    // In use: clean leaves it.
+    fakes::CliProcess clean(siphon({"agents", "-n", "siphon", "clean"}));
+    EXPECT_EQ(clean.finish(), 0) << clean.err;
+    EXPECT_EQ(clean.out, "") << clean.out;
+    EXPECT_EQ(load()["jobs"].size(), 1u);
+  }
+  first.signal(SIGKILL);
+  first.finish();
+  // Its session's grace (1 s), then the agent's idle timeout (2 s): it ends
+  // by itself.
+  EXPECT_TRUE(fakes::eventually([&] { return !agentsRunning(); }, std::chrono::seconds(30)));
+  EXPECT_EQ(load()["jobs"].size(), 1u);  // the Job's TTL, or `agents clean`
+  fakes::CliProcess clean(siphon({"agents", "-n", "siphon", "clean"}));
+  EXPECT_EQ(clean.finish(), 0) << clean.err;
+  EXPECT_NE(clean.out.find("removed siphon/siphon-agent-"), std::string::npos) << clean.out;
+  EXPECT_EQ(leftovers(), 0u) << load().dump(1);
 }
 
 }  // namespace
