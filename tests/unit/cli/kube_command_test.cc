@@ -349,5 +349,25 @@ TEST_F(KubeCommandTest, AKilledClisAgentExitsOnItsOwnAndAgentsCleanRemovesTheRes
   EXPECT_EQ(leftovers(), 0u) << load().dump(1);
 }
 
+TEST_F(KubeCommandTest, ExecKeepsItsPortForwardWhenTheProgramEnds) {
+  // exec kills what the program leaves behind when it ends; siphon's own
+  // kubectl port-forward is not the program's (it lives outside the
+  // program's namespaces): the session ends over it, not over a new one.
+  fakes::CliProcess p(
+      siphon({"--target", "deploy/web", "--agent-namespace", "siphon", "exec", "--local-dns",
+              "--no-target-env", "--", "/bin/sh", "-c", "echo from-the-program"}));
+  EXPECT_EQ(p.finish(), 0) << p.err;
+  EXPECT_NE(p.out.find("from-the-program"), std::string::npos) << p.out << p.err;
+  std::ifstream calls(dir_ / "state" / "calls.log");
+  std::stringstream ss;
+  ss << calls.rdbuf();
+  size_t forwards = 0;
+  for (size_t at = 0; (at = ss.str().find("port-forward", at)) != std::string::npos; ++at) {
+    ++forwards;
+  }
+  EXPECT_EQ(forwards, 1u) << ss.str() << p.err;
+  EXPECT_EQ(leftovers(), 0u);
+}
+
 }  // namespace
 }  // namespace siphon::cli
