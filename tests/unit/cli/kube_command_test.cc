@@ -369,5 +369,42 @@ TEST_F(KubeCommandTest, ExecKeepsItsPortForwardWhenTheProgramEnds) {
   EXPECT_EQ(leftovers(), 0u);
 }
 
+TEST_F(KubeCommandTest, EphemeralAndTargetlessAgents) {
+  {
+    // shop enforces baseline: an ephemeral agent (it lives in the target's
+    // namespace) is refused before anything is made, saying what works.
+    fakes::CliProcess p(
+        siphon({"--target", "pod/shop-0", "-n", "shop", "--agent-mode", "ephemeral", "info"}));
+    EXPECT_EQ(p.finish(), 1);
+    EXPECT_NE(p.err.find("use --agent-mode job with --agent-namespace NS"), std::string::npos)
+        << p.err;
+  }
+  {
+    fakes::CliProcess p(siphon({"--target", "pod/web-b", "--agent-mode", "ephemeral", "info"}));
+    EXPECT_EQ(p.finish(), 0) << p.err;
+    EXPECT_NE(p.err.find("(ephemeral) in namespace default"), std::string::npos) << p.err;
+    EXPECT_NE(p.err.find("siphon: removed the token of agent siphon-agent-"), std::string::npos)
+        << p.err;
+    json c = load();
+    ASSERT_EQ(c["pods"]["default/web-b"]["spec"]["ephemeralContainers"].size(), 1u);
+    EXPECT_EQ(c["pods"]["default/web-b"]["spec"]["ephemeralContainers"][0]["targetContainerName"],
+              "app");
+    EXPECT_EQ(c["secrets"].size(), 0u);
+  }
+  {
+    fakes::CliProcess p(
+        siphon({"--agent-mode", "targetless", "--agent-namespace", "siphon", "info"}));
+    EXPECT_EQ(p.finish(), 0) << p.err;
+    EXPECT_NE(p.out.find("target            targetless"), std::string::npos) << p.out;
+    EXPECT_NE(p.err.find("(targetless) in namespace siphon"), std::string::npos) << p.err;
+    EXPECT_EQ(leftovers(), 0u) << load().dump(1);
+  }
+  {
+    fakes::CliProcess p(siphon({"--agent-mode", "targetless", "--target", "deploy/web", "info"}));
+    EXPECT_EQ(p.finish(), 2);
+    EXPECT_NE(p.err.find("--agent-mode targetless takes no --target"), std::string::npos) << p.err;
+  }
+}
+
 }  // namespace
 }  // namespace siphon::cli
