@@ -57,11 +57,13 @@ std::string defaultAgentImage() {
 
 void addKubeOptions(CLI::App& app, KubeFlags& f) {
   const char* group = "Kubernetes (docs/KUBERNETES.md)";
-  app.add_option("--target", f.target,
-                 "KIND/NAME of a workload (pod, deployment, statefulset, replicaset, daemonset, "
-                 "job, or deploy, sts, rs, ds, po): its agent is found or started through "
-                 "kubectl and reached through a port-forward (instead of --agent)")
-      ->group(group);
+  f.target_option =
+      app.add_option(
+             "--target", f.target,
+             "KIND/NAME of a workload (pod, deployment, statefulset, replicaset, daemonset, "
+             "job, or deploy, sts, rs, ds, po): its agent is found or started through "
+             "kubectl and reached through a port-forward (instead of --agent)")
+          ->group(group);
   app.add_option("-n,--namespace", f.ns, "Namespace of --target (default: the context's)")
       ->group(group);
   app.add_option("--container", f.container,

@@ -41,6 +41,7 @@ struct KubeFlags {
   std::string config;  // --config F; empty: .siphon.json found upwards
   bool no_config = false;
   CLI::Option* mode_option = nullptr;
+  CLI::Option* target_option = nullptr;
 };
 
 // Registers the options on `app` (global: they may follow the command).

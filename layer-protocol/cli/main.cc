@@ -157,7 +157,9 @@ int realMain(int argc, char** argv) {
     printError(absl::StrCat(e.what(), " (see siphon --help)"));
     return kExitUsage;
   }
-  // The project's config file: what the command line did not give.
+  // The project's config file: what the command line did not give. An
+  // --agent on the command line wins over the file's target.
+  const bool target_given = kube.target_option->count() > 0;
   if (!kube.no_config) {
     std::optional<std::string> path =
         kube.config.empty() ? findProjectConfig(".") : std::optional<std::string>(kube.config);
@@ -170,6 +172,7 @@ int realMain(int argc, char** argv) {
       }
     }
   }
+  if (!flags.agents.empty() && !target_given) kube.target.clear();
   const bool agents_listed = agents_command.agents->parsed();
   const bool kube_session = kubeWanted(kube) || agents_listed;
   if (kube_session && !flags.agents.empty()) {

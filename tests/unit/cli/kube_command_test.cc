@@ -290,6 +290,12 @@ TEST_F(KubeCommandTest, TheConfigFileDrivesASessionAndFlagsWin) {
     EXPECT_EQ(p.finish(), 0) << p.err;
     EXPECT_NE(p.err.find("siphon: target pod/web-b"), std::string::npos) << p.err;
   }
+  {
+    // --agent on the command line wins over the file's target.
+    fakes::CliProcess p({SIPHON_CLI_BIN, "--agent", fakes::closedAddress(), "info"});
+    EXPECT_EQ(p.finish(), 3) << p.err;
+    EXPECT_NE(p.err.find("cannot reach the agent"), std::string::npos) << p.err;
+  }
   std::ofstream(dir_ / "project" / ".siphon.json")
       << "{\n  \"target\": \"deploy/web\",\n  \"steal\": {\n    \"prot\": [8080]\n  }\n}\n";
   {
