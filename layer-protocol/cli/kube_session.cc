@@ -23,7 +23,17 @@ namespace {
 
 volatile sig_atomic_t g_interrupted = 0;
 
-void onSignal(int) { g_interrupted = 1; }
+// The first SIGINT/SIGTERM asks for an orderly stop (what was created is
+// removed); a second one is the user insisting: the default action (the
+// agent then ends on its own timeouts, its Job's TTL removes the rest).
+void onSignal(int sig) {
+  if (g_interrupted != 0) {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  g_interrupted = 1;
+}
 
 std::string protocolVersion() {
   const v1::Version v = protocol::currentVersion();
