@@ -90,7 +90,6 @@ class PortForward : public std::enable_shared_from_this<PortForward> {
   bool alive_ = false;
   bool handed_out_ = false;  // the current address went to a dial
   bool stopped_ = false;
-  bool launching_ = false;
   int started_ = 0;
   int local_port_ = 0;
   std::string last_error_;  // kubectl's last error line of this generation
