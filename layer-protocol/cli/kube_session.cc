@@ -357,6 +357,12 @@ net::awaitable<void> askSessions(std::vector<AgentStatus>* rows, kube::Kubectl* 
         a.error = std::string(info.status().message());
       }
       c->close();
+      // The Goaway through before the port-forward goes (afterClose()):
+      // else the agent counts this session, detached, for its grace.
+      asio::steady_timer pause(ex);
+      pause.expires_after(std::chrono::milliseconds(200));
+      net::error_code ec;
+      co_await pause.async_wait(asio::redirect_error(net::use_awaitable, ec));
     } else {
       a.error = std::string(s.message());
     }
