@@ -8,6 +8,9 @@ PKGS=(
   libboost-dev libboost-system-dev
   libprotobuf-dev protobuf-compiler
   libabsl-dev libfmt-dev libspdlog-dev libcli11-dev
+  # Kubernetes sessions (layer-protocol/kube/): the API's JSON, read and
+  # written without protobuf.
+  nlohmann-json3-dev
   libbpf-dev bpftool clang llvm libclang-rt-14-dev lld
   libelf-dev zlib1g-dev
   libnl-3-dev libnl-route-3-dev

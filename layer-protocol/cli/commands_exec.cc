@@ -326,13 +326,23 @@ struct ExecState : std::enable_shared_from_this<ExecState> {
 // started in sessions of their own: orphans come to siphon, the
 // subreaper): killed and reaped.
 void killDescendants() {
+  // The program and all it starts live in the sandbox's network namespace;
+  // siphon's own helpers (the kubectl port-forward of --target) in ours.
+  std::error_code own_ec;
+  const auto own_netns = std::filesystem::read_symlink("/proc/self/ns/net", own_ec);
   for (int round = 0; round < 50; ++round) {
     std::vector<pid_t> children;
     std::error_code ec;
     for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
       std::ifstream in(task.path() / "children");
       pid_t child;
-      while (in >> child) children.push_back(child);
+      while (in >> child) {
+        std::error_code child_ec;
+        const auto netns = std::filesystem::read_symlink(
+            std::filesystem::path("/proc") / std::to_string(child) / "ns/net", child_ec);
+        if (!own_ec && !child_ec && netns == own_netns) continue;
+        children.push_back(child);
+      }
     }
     if (children.empty()) return;
     for (pid_t child : children) ::kill(child, SIGKILL);

@@ -20,8 +20,10 @@
 #include "cli/command.h"
 #include "cli/exec_config.h"
 #include "cli/exit_codes.h"
+#include "cli/kube_session.h"
 #include "cli/options.h"
 #include "cli/output.h"
+#include "cli/project_config.h"
 #include "siphon/client/client.h"
 #include "siphon/heap.h"
 #include "siphon/status.h"
@@ -43,7 +45,7 @@ struct Flags {
 };
 
 net::awaitable<int> run(client::ClientOptions options, CommandRun command, bool json,
-                        std::chrono::milliseconds timeout) {
+                        std::chrono::milliseconds timeout, KubeSession* kube) {
   auto ex = co_await net::asio::this_coro::executor;
   auto client = client::Client::create(ex, std::move(options));
   absl::Status connected = co_await client->connect();
@@ -60,9 +62,11 @@ net::awaitable<int> run(client::ClientOptions options, CommandRun command, bool 
   } catch (const std::exception& e) {
     printError(e.what());
   }
+  if (kube != nullptr) co_await kube->beforeClose(client);
   // A Goaway tells the agent to drop the session now rather than keep it
   // for its resume grace period.
   client->close();
+  if (kube != nullptr) co_await kube->afterClose();
   co_return rc;
 }
 
@@ -81,7 +85,11 @@ namespace {
 int realMain(int argc, char** argv) {
   keepBulkBuffers();  // fs cat and fs mount: a MiB per read answer
   Flags flags;
-  CLI::App app{"siphon: talk to a siphon-agent (info, env of the target)", "siphon"};
+  // Installed as kubectl-siphon too: `kubectl siphon exec --target deploy/web -- ./app`.
+  const std::string self = argc > 0 ? std::string(argv[0]) : "siphon";
+  const bool plugin = self.substr(self.rfind('/') + 1) == "kubectl-siphon";
+  CLI::App app{"siphon: talk to a siphon-agent (info, env of the target)",
+               plugin ? "kubectl siphon" : "siphon"};
   app.fallthrough();  // global flags may also follow the command
   app.require_subcommand(1);
   app.add_option("-a,--agent", flags.agents,
@@ -116,6 +124,11 @@ int realMain(int argc, char** argv) {
                  "and resume on a new one (default: the agent's, 20s; the agent may hold "
                  "a lower one)");
 
+  KubeFlags kube;
+  addKubeOptions(app, kube);
+  AgentsCommand agents_command;
+  addAgentsCommand(app, agents_command);
+
   std::vector<Command> commands;
   addBasicCommands(app, commands);
   addFsCommands(app, commands);
@@ -144,10 +157,35 @@ int realMain(int argc, char** argv) {
     printError(absl::StrCat(e.what(), " (see siphon --help)"));
     return kExitUsage;
   }
+  // The project's config file: what the command line did not give. An
+  // --agent on the command line wins over the file's target.
+  const bool target_given = kube.target_option->count() > 0;
+  if (!kube.no_config) {
+    std::optional<std::string> path =
+        kube.config.empty() ? findProjectConfig(".") : std::optional<std::string>(kube.config);
+    if (path) {
+      auto config = loadProjectConfig(*path);
+      absl::Status applied = config.ok() ? applyProjectConfig(*config, app) : config.status();
+      if (!applied.ok()) {
+        printError(sv(applied.message()));
+        return kExitUsage;
+      }
+    }
+  }
+  if (!flags.agents.empty() && !target_given) kube.target.clear();
+  const bool agents_listed = agents_command.agents->parsed();
+  const bool kube_session = kubeWanted(kube) || agents_listed;
+  if (kube_session && !flags.agents.empty()) {
+    printError("--agent and --target (or --agent-mode targetless) exclude each other");
+    return kExitUsage;
+  }
 
   const char* env_agents = std::getenv("SIPHON_AGENT");
-  auto agents = parseAgentList(
-      flags.agents, env_agents ? std::optional<std::string_view>(env_agents) : std::nullopt);
+  auto agents = kube_session
+                    ? absl::StatusOr<std::vector<std::string>>(std::vector<std::string>())
+                    : parseAgentList(flags.agents, env_agents
+                                                       ? std::optional<std::string_view>(env_agents)
+                                                       : std::nullopt);
   if (!agents.ok()) {
     printError(sv(agents.status().message()));
     return kExitUsage;
@@ -207,6 +245,8 @@ int realMain(int argc, char** argv) {
   options.connect_timeout = *timeout;
   options.handshake_timeout = *timeout;
 
+  if (agents_listed) return runAgentsCommand(agents_command, kube, flags.json, options);
+
   CommandRun command;
   for (const auto& c : commands) {
     if (!c.app->parsed()) continue;
@@ -218,9 +258,24 @@ int realMain(int argc, char** argv) {
     return kExitUsage;
   }
 
+  // --target: the agent found or started before the session, removed after.
+  std::unique_ptr<KubeSession> kube_agent;
+  if (kube_session) {
+    armKubeSignals();
+    auto opened = KubeSession::open(kube, flags.json);
+    if (!opened.ok()) {
+      printError(sv(opened.status().message()));
+      return kubeExitCode(opened.status());
+    }
+    kube_agent = *std::move(opened);
+  }
+
   net::asio::io_context io;
   int rc = kExitError;
-  net::asio::co_spawn(io, run(std::move(options), std::move(command), flags.json, *timeout),
+  if (kube_agent) kube_agent->configure(options, io.get_executor());
+  net::asio::co_spawn(io,
+                      run(std::move(options), std::move(command), flags.json, *timeout,
+                          kube_agent.get()),
                       [&rc](std::exception_ptr e, int result) {
                         if (e) {
                           try {
@@ -236,6 +291,10 @@ int realMain(int argc, char** argv) {
                         rc = result;
                       });
   io.run();
+  if (kube_agent) {
+    armKubeSignals();  // a Ctrl-C now must not stop the clean-up
+    kube_agent->finish();
+  }
   return rc;
 }
 

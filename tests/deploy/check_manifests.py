@@ -4,7 +4,7 @@
 A dry run without a cluster: the structure and the fields the deployment
 depends on, as images/README.md describes them.
 
-  check_manifests.py [--agent BIN] [--capabilities FILE] MANIFEST...
+  check_manifests.py [--agent BIN] [--capabilities FILE] [--permissions FILE] MANIFEST...
 
 Each YAML document of each file is one of:
   * a Secret holding the client token,
@@ -13,7 +13,13 @@ Each YAML document of each file is one of:
     set, resources, ttlSecondsAfterFinished, tolerations for every taint...),
   * a strategic patch of a pod's ephemeralcontainers subresource,
   * a `kubectl debug --custom` partial container spec (its arguments are
-    those after `--arguments-only --` in the file's comments).
+    those after `--arguments-only --` in the file's comments),
+  * the user's RBAC (rbac.yaml): a Role, a ClusterRole and their bindings,
+    rbac.authorization.k8s.io/v1, no wildcard, no list or watch of Secrets,
+    cluster-scoped rules only for nodes and namespaces, every binding's
+    roleRef defined in the files checked; with --permissions (a JSON list
+    of {"verb", "resource", "ns"} that `siphon --target` asks `kubectl auth
+    can-i`), every one of them granted (ns "": by the ClusterRole).
 The agent's arguments are checked against the agent's own command line: the
 options `siphon-agent --help` and `siphon-agent MODE --help` list (name,
 whether it takes a value, its choices, what it excludes or needs). Without
@@ -30,6 +36,7 @@ Exit 0 when every document passes; 1 with one line per problem
 """
 
 import argparse
+import json
 import os
 import posixpath
 import re
@@ -195,6 +202,9 @@ class Checker:
         self.cli = cli
         self.problems = []
         self.where = ""
+        self.roles = set()     # (kind, name) of the Roles and ClusterRoles seen
+        self.grants = set()    # (role kind, apiGroup, resource, verb)
+        self.bindings = []     # (where, kind, roleRef kind, roleRef name)
 
     def fail(self, msg):
         self.problems.append(f"{self.where}: {msg}")
@@ -461,6 +471,65 @@ class Checker:
             for line in cmd:
                 self.check_args(line.split(), "ephemeral", f"{ctx} command")
 
+    # ---- RBAC (rbac.yaml)
+    def check_rbac(self, doc):
+        kind = doc.get("kind")
+        self.require(doc.get("apiVersion") == "rbac.authorization.k8s.io/v1",
+                     f"{kind}: apiVersion must be rbac.authorization.k8s.io/v1")
+        name = (doc.get("metadata") or {}).get("name")
+        self.require(bool(name), f"{kind}: no metadata.name")
+        if kind in ("Role", "ClusterRole"):
+            self.roles.add((kind, name))
+            rules = doc.get("rules")
+            if not self.require(isinstance(rules, list) and rules, f"{kind} {name}: no rules"):
+                return
+            for r in rules:
+                groups, resources, verbs = (r.get("apiGroups"), r.get("resources"),
+                                            r.get("verbs"))
+                ok = all(isinstance(x, list) and x for x in (groups, resources, verbs))
+                if not self.require(ok, f"{kind} {name}: each rule needs apiGroups, resources "
+                                    "and verbs (lists)"):
+                    continue
+                self.require("*" not in groups + resources + verbs,
+                             f"{kind} {name}: no wildcard (least privilege)")
+                if "secrets" in resources:
+                    self.require(not {"list", "watch"} & set(verbs),
+                                 f"{kind} {name}: list or watch of secrets reads every Secret")
+                if kind == "ClusterRole":
+                    self.require(set(resources) <= {"nodes", "namespaces"},
+                                 f"ClusterRole {name}: cluster-wide rules only for nodes and "
+                                 "namespaces")
+                for g in groups:
+                    for res in resources:
+                        for v in verbs:
+                            self.grants.add((kind, g, res, v))
+        else:
+            ref = doc.get("roleRef") or {}
+            self.require(bool(doc.get("subjects")), f"{kind} {name}: no subjects")
+            self.bindings.append((self.where, kind, ref.get("kind"), ref.get("name")))
+
+    def check_rbac_links(self, permissions):
+        for where, kind, ref_kind, ref_name in self.bindings:
+            if (ref_kind, ref_name) not in self.roles:
+                self.problems.append(f"{where}: {kind}'s roleRef {ref_kind} {ref_name} is not "
+                                     "defined in the files checked")
+        seen = set()
+        for p in permissions or []:
+            if (p["verb"], p["resource"], p["ns"]) in seen:
+                continue
+            seen.add((p["verb"], p["resource"], p["ns"]))
+            res = p["resource"]
+            group = ""
+            base = res.split("/", 1)
+            if "." in base[0]:
+                name, group = base[0].split(".", 1)
+                res = name + ("/" + base[1] if len(base) > 1 else "")
+            kind = "ClusterRole" if not p["ns"] else "Role"
+            if (kind, group, res, p["verb"]) not in self.grants:
+                self.problems.append(
+                    f"rbac: siphon asks `auth can-i {p['verb']} {p['resource']}"
+                    f"{' -n ' + p['ns'] if p['ns'] else ''}`, which no {kind} grants")
+
     def check_file(self, path):
         try:
             with open(path, encoding="utf-8") as f:
@@ -494,9 +563,11 @@ class Checker:
                 self.check_ephemeral_patch(doc)
             elif kind is None and "securityContext" in doc and "spec" not in doc:
                 self.check_debug_profile(doc, text)
+            elif kind in ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding"):
+                self.check_rbac(doc)
             else:
                 self.fail(f"unknown document (kind {kind!r}): expected a Job, a Secret, an "
-                          "ephemeralcontainers patch or a kubectl debug profile")
+                          "ephemeralcontainers patch, a kubectl debug profile or RBAC")
 
 
 def main(argv):
@@ -505,6 +576,8 @@ def main(argv):
     p.add_argument("--agent", help="siphon-agent binary whose --help the arguments must fit")
     p.add_argument("--capabilities",
                    default=os.path.join(here, "..", "..", "images", "capabilities.txt"))
+    p.add_argument("--permissions",
+                   help="JSON list of {verb, resource, ns} the RBAC documents must grant")
     p.add_argument("manifests", nargs="+")
     a = p.parse_args(argv)
     try:
@@ -522,6 +595,11 @@ def main(argv):
     checker = Checker(caps, cli)
     for m in a.manifests:
         checker.check_file(m)
+    permissions = None
+    if a.permissions:
+        with open(a.permissions, encoding="utf-8") as f:
+            permissions = json.load(f)
+    checker.check_rbac_links(permissions)
     for problem in checker.problems:
         print(problem)
     if checker.problems:

@@ -20,11 +20,23 @@ namespace asio = net::asio;
 
 net::awaitable<absl::StatusOr<net::Stream>> Client::dial(const std::string& endpoint,
                                                               bool* refused,
-                                                              std::chrono::milliseconds limit) {
+                                                              std::chrono::milliseconds limit,
+                                                              bool after_cut) {
   const auto connect_timeout = limit.count() > 0 ? std::min(limit, options_.connect_timeout)
                                                  : options_.connect_timeout;
+  std::string address = endpoint;
+  if (options_.resolve_endpoint) {
+    auto resolved = co_await options_.resolve_endpoint(endpoint, after_cut);
+    if (!resolved.ok()) {
+      co_return protoError(v1::UNAVAILABLE,
+                           absl::StrCat(endpoint, ": ", resolved.status().message()));
+    }
+    address = *std::move(resolved);
+    // A refusal is the local forwarder's (it is gone), not the agent's.
+    refused = nullptr;
+  }
   std::string host, port;
-  CO_RETURN_IF_ERROR(net::splitHostPort(endpoint, &host, &port));
+  CO_RETURN_IF_ERROR(net::splitHostPort(address, &host, &port));
   const bool want_tls = !options_.tls_ca.empty() || !options_.tls_cert.empty() ||
                         !options_.tls_key.empty() || !options_.tls_server_name.empty();
   if (want_tls && !tls_) {
@@ -157,7 +169,8 @@ net::awaitable<absl::StatusOr<Client::Reached>> Client::runLifecycle(
     switch (step.kind) {
       case Kind::kDial: {
         bool refused = false;
-        auto dialled = co_await dial(step.endpoint, &refused, step.limit);
+        auto dialled = co_await dial(step.endpoint, &refused, step.limit,
+                                     plan.goal() != LinkLifecycle::Goal::kConnect);
         if (dialled.ok()) socket.emplace(std::move(*dialled));
         step = plan.onDialed(dialled.status(), refused, protocol::Clock::now());
         break;

@@ -66,6 +66,17 @@ struct ClientOptions {
   std::string tls_cert;
   std::string tls_key;
   std::string tls_server_name;
+  // Where to dial an endpoint, asked before every dial; unset: the endpoint
+  // is the address. For an agent reached through something whose address
+  // changes between attempts: a supervised `kubectl port-forward`
+  // (kube/port_forward.h) that is replaced after a cut. `after_cut` is true
+  // for every dial of a resume or a move: the connection through the
+  // address given before was cut or failed. A failure fails that dial
+  // (retried like any other within the session grace). With it, a refused
+  // connection is not taken for a gone agent: what refused is the local
+  // forwarder, which the next dial replaces.
+  std::function<net::awaitable<absl::StatusOr<std::string>>(std::string endpoint, bool after_cut)>
+      resolve_endpoint;
 };
 
 // What a move to another agent did (Client::setFailoverHandler).
@@ -288,9 +299,10 @@ class Client : public std::enable_shared_from_this<Client> {
 
   // TCP connect, then the TLS handshake when options ask for TLS. `limit`
   // (when non-zero) shortens the connect or handshake timeout.
+  // `after_cut`: for ClientOptions::resolve_endpoint.
   net::awaitable<absl::StatusOr<net::Stream>> dial(
       const std::string& endpoint, bool* refused = nullptr,
-      std::chrono::milliseconds limit = std::chrono::milliseconds(0));
+      std::chrono::milliseconds limit = std::chrono::milliseconds(0), bool after_cut = false);
   net::awaitable<absl::Status> handshake(
       Link& link, net::Stream& socket, bool resume, std::string* leftover,
       std::chrono::milliseconds limit = std::chrono::milliseconds(0));

@@ -1,0 +1,320 @@
+#include "kube/agent_manifest.h"
+
+#include <sys/random.h>
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "kube/json_read.h"
+
+namespace siphon::kube {
+
+using json_read::json;
+
+namespace {
+
+void randomBytes(void* out, size_t n) {
+  auto* p = static_cast<unsigned char*>(out);
+  while (n > 0) {
+    ssize_t r = ::getrandom(p, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) std::abort();  // no entropy source: never hand out a guessable token
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+json labels(const AgentSpec& s) {
+  json l = {{kLabelName, kLabelNameValue},
+            {"app.kubernetes.io/component", s.mode == AgentMode::kJob         ? "targeted"
+                                            : s.mode == AgentMode::kEphemeral ? "ephemeral"
+                                                                              : "targetless"},
+            {kLabelManagedBy, "siphon"},
+            {kLabelSession, s.session},
+            {kLabelMode, modeName(s.mode)}};
+  if (!s.version.empty()) l[kLabelVersion] = s.version;
+  if (!s.protocol.empty()) l[kLabelProtocol] = s.protocol;
+  if (!s.target_pod_uid.empty()) {
+    l[kLabelTargetUid] = s.target_pod_uid;
+    l[kLabelTargetContainer] = s.target_container;
+  }
+  return l;
+}
+
+json annotations(const AgentSpec& s) {
+  json a = {{kAnnotationPort, std::to_string(s.port)}, {kAnnotationSecret, s.secret}};
+  if (!s.target_pod.empty()) {
+    a[kAnnotationTarget] =
+        absl::StrCat(s.target_ns, "/pod/", s.target_pod, "/", s.target_container);
+  }
+  return a;
+}
+
+json nodeOwner(const AgentSpec& s) {
+  // Not a controller reference, and blockOwnerDeletion false: the Node's
+  // deletion never waits for the agent (agent-job.yaml says why).
+  return json::array({{{"apiVersion", "v1"},
+                       {"kind", "Node"},
+                       {"name", s.node},
+                       {"uid", s.node_uid},
+                       {"controller", false},
+                       {"blockOwnerDeletion", false}}});
+}
+
+json capabilities() { return {{"drop", json::array({"ALL"})}, {"add", agentCapabilities()}}; }
+
+// The container securityContext every form shares (agent-job.yaml's). An
+// ephemeral container carries the user itself (ephemeral-patch.yaml): the
+// pod's securityContext is the application's.
+json containerSecurity(bool with_user) {
+  json sc = {{"privileged", false},
+             // Kubernetes refuses allowPrivilegeEscalation: false with SYS_ADMIN.
+             {"allowPrivilegeEscalation", true},
+             {"readOnlyRootFilesystem", true},
+             {"capabilities", capabilities()},
+             {"seccompProfile", {{"type", "RuntimeDefault"}}},
+             {"appArmorProfile", {{"type", "Unconfined"}}}};
+  if (with_user) {
+    sc["runAsUser"] = 0;
+    sc["runAsNonRoot"] = false;
+  }
+  return sc;
+}
+
+json tokenEnv(const AgentSpec& s) {
+  return json::array({{{"name", "SIPHON_TOKEN"},
+                       {"valueFrom", {{"secretKeyRef", {{"name", s.secret}, {"key", "token"}}}}}}});
+}
+
+json resources() {
+  // agent-job.yaml's: no CPU limit (throttling a proxy in the path of the
+  // application's traffic adds latency to it).
+  return {{"requests", {{"cpu", "50m"}, {"memory", "64Mi"}}}, {"limits", {{"memory", "512Mi"}}}};
+}
+
+// The pod spec parts of the Job and the targetless pod.
+json podSpec(const AgentSpec& s, bool targeted) {
+  json container = {
+      {"name", "siphon-agent"},
+      {"image", s.image},
+      {"imagePullPolicy", "IfNotPresent"},
+      {"args", agentArgs(s)},
+      {"ports",
+       json::array({{{"name", "siphon"}, {"containerPort", s.port}, {"protocol", "TCP"}}})},
+      {"resources", resources()},
+      {"securityContext", containerSecurity(false)},
+  };
+  json mounts = json::array();
+  json volumes = json::array();
+  if (targeted) {
+    container["env"] = json::array(
+        {{{"name", "NODE_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.hostIP"}}}}}}});
+    const std::string socket =
+        s.runtime_socket.empty() ? defaultRuntimeSocket(s.runtime) : s.runtime_socket;
+    mounts.push_back({{"name", "runtime-sock"}, {"mountPath", socket}, {"readOnly", true}});
+    volumes.push_back(
+        {{"name", "runtime-sock"}, {"hostPath", {{"path", socket}, {"type", "Socket"}}}});
+  }
+  mounts.push_back({{"name", "token"}, {"mountPath", "/var/run/siphon"}, {"readOnly", true}});
+  mounts.push_back({{"name", "tmp"}, {"mountPath", "/tmp"}});
+  mounts.push_back({{"name", "run"}, {"mountPath", "/run"}});
+  volumes.push_back({{"name", "token"},
+                     {"secret",
+                      {{"secretName", s.secret},
+                       {"defaultMode", 0400},
+                       {"items", json::array({{{"key", "token"}, {"path", "token"}}})}}}});
+  volumes.push_back({{"name", "tmp"}, {"emptyDir", {{"medium", "Memory"}, {"sizeLimit", "16Mi"}}}});
+  volumes.push_back({{"name", "run"}, {"emptyDir", {{"medium", "Memory"}, {"sizeLimit", "1Mi"}}}});
+  container["volumeMounts"] = mounts;
+  json spec = {
+      {"restartPolicy", "Never"},
+      // Tolerate every taint: the target may run on a cordoned or draining
+      // node, and that is when people debug it (agent-job.yaml).
+      {"tolerations", json::array({{{"operator", "Exists"}}})},
+      {"terminationGracePeriodSeconds", 30},
+      {"hostPID", targeted},
+      {"hostNetwork", false},
+      {"hostIPC", false},
+      {"automountServiceAccountToken", false},
+      {"enableServiceLinks", false},
+      {"securityContext", {{"runAsUser", 0}, {"runAsGroup", 0}, {"runAsNonRoot", false}}},
+      {"containers", json::array({container})},
+      {"volumes", volumes},
+  };
+  if (targeted) spec["nodeName"] = s.node;
+  return spec;
+}
+
+}  // namespace
+
+std::string modeName(AgentMode mode) {
+  switch (mode) {
+    case AgentMode::kJob:
+      return "job";
+    case AgentMode::kEphemeral:
+      return "ephemeral";
+    case AgentMode::kTargetless:
+      return "targetless";
+  }
+  return "job";
+}
+
+const std::vector<std::string>& agentCapabilities() {
+  static const std::vector<std::string> kCaps = {"SYS_ADMIN", "SYS_PTRACE",      "NET_ADMIN",
+                                                 "NET_RAW",   "DAC_READ_SEARCH", "SETUID",
+                                                 "SETGID",    "SETPCAP"};
+  return kCaps;
+}
+
+std::string defaultRuntimeSocket(const std::string& runtime) {
+  if (runtime == "cri-o") return "/var/run/crio/crio.sock";
+  if (runtime == "docker") return "/var/run/docker.sock";
+  return "/run/containerd/containerd.sock";
+}
+
+std::vector<std::string> agentArgs(const AgentSpec& s) {
+  std::vector<std::string> a;
+  switch (s.mode) {
+    case AgentMode::kJob: {
+      const std::string socket =
+          s.runtime_socket.empty() ? defaultRuntimeSocket(s.runtime) : s.runtime_socket;
+      a = {"targeted", "--container-id", s.container_id, "--runtime-endpoint", socket};
+      break;
+    }
+    case AgentMode::kEphemeral:
+      a = {"ephemeral", "--container-id", s.container_id};
+      break;
+    case AgentMode::kTargetless:
+      a = {"targetless"};
+      break;
+  }
+  // Loopback only: the port-forward reaches it there, nothing else can.
+  a.insert(a.end(), {"--listen", absl::StrCat("127.0.0.1:", s.port)});
+  if (s.mode != AgentMode::kEphemeral) a.insert(a.end(), {"--token-file", "/var/run/siphon/token"});
+  // Exits by itself once no session used it for this long (after a
+  // killed client's session grace), so nothing is left running.
+  a.insert(a.end(), {"--log-format", "json", "--idle-timeout", s.idle_timeout});
+  if (s.mode == AgentMode::kEphemeral) {
+    // Where a newer agent takes this one over in place (ephemeral-upgrade-
+    // patch.yaml, docs/CONTINUITY.md "Handover"); /dev/shm is writable under
+    // a read-only root and private to this container.
+    a.insert(a.end(), {"--handover-socket", "/dev/shm/siphon-handover.sock"});
+  }
+  if (s.mode == AgentMode::kJob) {
+    // The kubelet's probes come from the node: never stolen (docs/STEAL.md).
+    a.insert(a.end(), {"--probe-source", "$(NODE_IP)"});
+  }
+  return a;
+}
+
+std::string secretManifest(const AgentSpec& s) {
+  json meta = {
+      {"name", s.secret},
+      {"namespace", s.ns},
+      {"labels",
+       {{kLabelName, kLabelNameValue}, {kLabelManagedBy, "siphon"}, {kLabelSession, s.session}}}};
+  if (s.mode == AgentMode::kJob) meta["ownerReferences"] = nodeOwner(s);
+  if (s.mode == AgentMode::kEphemeral) {
+    // The target pod holds the agent (an ephemeral container cannot be
+    // removed): its Secret goes with the pod.
+    meta["ownerReferences"] = json::array({{{"apiVersion", "v1"},
+                                            {"kind", "Pod"},
+                                            {"name", s.target_pod},
+                                            {"uid", s.target_pod_uid},
+                                            {"controller", false},
+                                            {"blockOwnerDeletion", false}}});
+  }
+  json secret = {{"apiVersion", "v1"},
+                 {"kind", "Secret"},
+                 {"metadata", meta},
+                 {"type", "Opaque"},
+                 {"stringData", {{"token", s.token}}}};
+  return secret.dump();
+}
+
+std::string secretOwnerPatch(const std::string& api_version, const std::string& kind,
+                             const std::string& name, const std::string& uid) {
+  json patch = {{"metadata",
+                 {{"ownerReferences", json::array({{{"apiVersion", api_version},
+                                                    {"kind", kind},
+                                                    {"name", name},
+                                                    {"uid", uid},
+                                                    {"controller", false},
+                                                    {"blockOwnerDeletion", false}}})}}}};
+  return patch.dump();
+}
+
+std::string jobManifest(const AgentSpec& s) {
+  json l = labels(s);
+  json job = {
+      {"apiVersion", "batch/v1"},
+      {"kind", "Job"},
+      {"metadata",
+       {{"name", s.name},
+        {"namespace", s.ns},
+        {"labels", l},
+        {"annotations", annotations(s)},
+        {"ownerReferences", nodeOwner(s)}}},
+      {"spec",
+       {// One attempt: an agent that failed must not be restarted behind the
+        // user's back; the client reports the failure.
+        {"backoffLimit", 0},
+        // What is left after the agent ends goes five minutes later (the
+        // client reads a failed agent's logs at once; a person has time too).
+        {"ttlSecondsAfterFinished", 300},
+        {"activeDeadlineSeconds", 43200},
+        {"template",
+         {{"metadata", {{"labels", l}, {"annotations", annotations(s)}}},
+          {"spec", podSpec(s, true)}}}}},
+  };
+  return job.dump();
+}
+
+std::string ephemeralPatch(const AgentSpec& s) {
+  json container = {
+      {"name", s.name},
+      {"image", s.image},
+      {"imagePullPolicy", "IfNotPresent"},
+      // Shares the application container's PID namespace: the agent sees its
+      // process (ephemeral mode finds it by its cgroup).
+      {"targetContainerName", s.target_container},
+      {"args", agentArgs(s)},
+      // The pod's Secrets only, and no new volumes: the token in the env.
+      {"env", tokenEnv(s)},
+      {"securityContext", containerSecurity(true)},
+  };
+  json patch = {{"spec", {{"ephemeralContainers", json::array({container})}}}};
+  return patch.dump();
+}
+
+std::string targetlessPodManifest(const AgentSpec& s) {
+  json pod = {{"apiVersion", "v1"},
+              {"kind", "Pod"},
+              {"metadata",
+               {{"name", s.name},
+                {"namespace", s.ns},
+                {"labels", labels(s)},
+                {"annotations", annotations(s)}}},
+              {"spec", podSpec(s, false)}};
+  return pod.dump();
+}
+
+std::string newToken() {
+  unsigned char bytes[32];
+  randomBytes(bytes, sizeof(bytes));
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
+
+std::string newSession() {
+  static constexpr char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  unsigned char bytes[5];
+  randomBytes(bytes, sizeof(bytes));
+  std::string s;
+  for (unsigned char b : bytes) s.push_back(kAlphabet[b % 36]);
+  return s;
+}
+
+}  // namespace siphon::kube

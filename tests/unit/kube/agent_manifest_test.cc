@@ -1,0 +1,180 @@
+// The objects created for an agent hold to images/k8s/ and
+// images/capabilities.txt (tests/deploy/check_generated_manifests.py holds
+// them to the YAML files field by field, and runs check_manifests.py).
+#include "kube/agent_manifest.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace siphon::kube {
+namespace {
+
+using nlohmann::json;
+
+AgentSpec jobSpec() {
+  AgentSpec s;
+  s.mode = AgentMode::kJob;
+  s.session = "k3x9q";
+  s.name = "siphon-agent-k3x9q";
+  s.secret = "siphon-token-k3x9q";
+  s.ns = "siphon";
+  s.image = "registry.example/siphon-agent:0.1.0";
+  s.token = newToken();
+  s.target_ns = "shop";
+  s.target_pod = "web-7f9c6d8b5-2xkqp";
+  s.target_pod_uid = "5d3e6c1a-9b7f-4d2e-8a61-2f0c9e4b7a11";
+  s.target_container = "app";
+  s.container_id = "containerd://9f1c7e0d2b";
+  s.runtime = "containerd";
+  s.node = "node-b";
+  s.node_uid = "0b0b0b0b-0000-0000-0000-000000000001";
+  s.version = "0.1.0";
+  s.protocol = "1.2";
+  return s;
+}
+
+std::vector<std::string> capabilitiesFile() {
+  std::ifstream in(std::string(SIPHON_SOURCE_DIR) + "/images/capabilities.txt");
+  std::vector<std::string> caps;
+  std::string line;
+  while (std::getline(in, line)) {
+    line = line.substr(0, line.find('#'));
+    while (!line.empty() && isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+    if (!line.empty()) caps.push_back(line);
+  }
+  return caps;
+}
+
+TEST(AgentManifest, CapabilitiesAreExactlyTheFile) {
+  auto file = capabilitiesFile();
+  ASSERT_FALSE(file.empty());
+  EXPECT_EQ(agentCapabilities(), file);
+}
+
+TEST(AgentManifest, JobIsPinnedOwnedAndListensOnLoopbackOnly) {
+  AgentSpec s = jobSpec();
+  json job = json::parse(jobManifest(s));
+  EXPECT_EQ(job["kind"], "Job");
+  EXPECT_EQ(job["metadata"]["namespace"], "siphon");
+  const json& owner = job["metadata"]["ownerReferences"][0];
+  EXPECT_EQ(owner["kind"], "Node");
+  EXPECT_EQ(owner["uid"], s.node_uid);
+  EXPECT_EQ(owner["blockOwnerDeletion"], false);
+  EXPECT_EQ(job["spec"]["backoffLimit"], 0);
+  EXPECT_GT(job["spec"]["ttlSecondsAfterFinished"].get<int>(), 0);
+  const json& pod = job["spec"]["template"]["spec"];
+  EXPECT_EQ(pod["nodeName"], "node-b");
+  EXPECT_EQ(pod["hostPID"], true);
+  EXPECT_EQ(pod["automountServiceAccountToken"], false);
+  EXPECT_EQ(pod["tolerations"][0]["operator"], "Exists");
+  const json& c = pod["containers"][0];
+  EXPECT_EQ(c["image"], s.image);
+  std::vector<std::string> args = c["args"];
+  auto at = [&](const std::string& flag) {
+    auto it = std::find(args.begin(), args.end(), flag);
+    return it == args.end() || it + 1 == args.end() ? std::string() : *(it + 1);
+  };
+  EXPECT_EQ(args[0], "targeted");
+  EXPECT_EQ(at("--container-id"), "containerd://9f1c7e0d2b");
+  EXPECT_EQ(at("--listen"), "127.0.0.1:7140");  // never 0.0.0.0
+  EXPECT_EQ(at("--token-file"), "/var/run/siphon/token");
+  EXPECT_EQ(at("--runtime-endpoint"), "/run/containerd/containerd.sock");
+  EXPECT_EQ(at("--idle-timeout"), "5m");
+  const json& sc = c["securityContext"];
+  EXPECT_EQ(sc["privileged"], false);
+  EXPECT_EQ(sc["capabilities"]["drop"], json::array({"ALL"}));
+  EXPECT_EQ(sc["capabilities"]["add"].get<std::vector<std::string>>(), capabilitiesFile());
+  // The socket mounted read-only where --runtime-endpoint points.
+  bool socket = false;
+  for (const auto& m : c["volumeMounts"]) {
+    if (m["mountPath"] == "/run/containerd/containerd.sock") socket = m["readOnly"] == true;
+  }
+  EXPECT_TRUE(socket);
+  // Labels name the target, for reuse and `siphon agents`.
+  const json& labels = job["spec"]["template"]["metadata"]["labels"];
+  EXPECT_EQ(labels[kLabelTargetUid], s.target_pod_uid);
+  EXPECT_EQ(labels[kLabelTargetContainer], "app");
+  EXPECT_EQ(labels[kLabelProtocol], "1.2");
+  EXPECT_EQ(labels[kLabelSession], "k3x9q");
+}
+
+TEST(AgentManifest, SecretStartsOwnedByTheNodeThenTheJob) {
+  AgentSpec s = jobSpec();
+  json secret = json::parse(secretManifest(s));
+  EXPECT_EQ(secret["kind"], "Secret");
+  EXPECT_EQ(secret["stringData"]["token"], s.token);
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["kind"], "Node");
+  json patch = json::parse(secretOwnerPatch("batch/v1", "Job", s.name, "job-uid"));
+  EXPECT_EQ(patch["metadata"]["ownerReferences"][0]["kind"], "Job");
+  EXPECT_EQ(patch["metadata"]["ownerReferences"][0]["uid"], "job-uid");
+}
+
+TEST(AgentManifest, EphemeralPatchTargetsTheContainerAndTakesTheTokenFromTheEnv) {
+  AgentSpec s = jobSpec();
+  s.mode = AgentMode::kEphemeral;
+  s.ns = "shop";
+  s.port = 7141;
+  json patch = json::parse(ephemeralPatch(s));
+  const json& c = patch["spec"]["ephemeralContainers"][0];
+  EXPECT_EQ(c["name"], s.name);
+  EXPECT_EQ(c["targetContainerName"], "app");
+  EXPECT_EQ(c["env"][0]["name"], "SIPHON_TOKEN");
+  EXPECT_EQ(c["env"][0]["valueFrom"]["secretKeyRef"]["name"], s.secret);
+  EXPECT_FALSE(c.contains("resources"));  // refused for ephemeral containers
+  EXPECT_FALSE(c.contains("ports"));
+  std::vector<std::string> args = c["args"];
+  EXPECT_EQ(args[0], "ephemeral");
+  EXPECT_NE(std::find(args.begin(), args.end(), "127.0.0.1:7141"), args.end());
+  EXPECT_EQ(std::find(args.begin(), args.end(), "--token-file"), args.end());
+  json secret = json::parse(secretManifest(s));
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["kind"], "Pod");
+  EXPECT_EQ(secret["metadata"]["ownerReferences"][0]["uid"], s.target_pod_uid);
+}
+
+TEST(AgentManifest, TargetlessPodHasNoHostAccess) {
+  AgentSpec s = jobSpec();
+  s.mode = AgentMode::kTargetless;
+  s.target_pod.clear();
+  s.target_pod_uid.clear();
+  json pod = json::parse(targetlessPodManifest(s));
+  EXPECT_EQ(pod["kind"], "Pod");
+  EXPECT_EQ(pod["spec"]["hostPID"], false);
+  EXPECT_FALSE(pod["spec"].contains("nodeName"));
+  for (const auto& v : pod["spec"]["volumes"]) EXPECT_FALSE(v.contains("hostPath"));
+  EXPECT_EQ(pod["spec"]["containers"][0]["args"][0], "targetless");
+  EXPECT_FALSE(pod["metadata"]["labels"].contains(kLabelTargetUid));
+}
+
+TEST(AgentManifest, RuntimeSockets) {
+  AgentSpec s = jobSpec();
+  s.runtime = "cri-o";
+  s.container_id = "cri-o://abc";
+  json job = json::parse(jobManifest(s));
+  std::vector<std::string> args = job["spec"]["template"]["spec"]["containers"][0]["args"];
+  EXPECT_NE(std::find(args.begin(), args.end(), "/var/run/crio/crio.sock"), args.end());
+  s.runtime_socket = "/run/k3s/containerd/containerd.sock";
+  job = json::parse(jobManifest(s));
+  EXPECT_EQ(job["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["path"],
+            "/run/k3s/containerd/containerd.sock");
+}
+
+TEST(AgentManifest, TokensAndSessionsAreRandom) {
+  std::set<std::string> tokens, sessions;
+  for (int i = 0; i < 64; ++i) {
+    std::string t = newToken();
+    EXPECT_EQ(t.size(), 64u);  // 32 bytes
+    tokens.insert(t);
+    std::string s = newSession();
+    EXPECT_EQ(s.size(), 5u);
+    for (char c : s) EXPECT_TRUE(islower(c) || isdigit(c)) << s;
+    sessions.insert(s);
+  }
+  EXPECT_EQ(tokens.size(), 64u);
+  EXPECT_GT(sessions.size(), 60u);
+}
+
+}  // namespace
+}  // namespace siphon::kube
