@@ -198,9 +198,11 @@ std::vector<std::string> agentArgs(const AgentSpec& s) {
   a.insert(a.end(), {"--log-format", "json", "--idle-timeout", s.idle_timeout});
   if (s.mode == AgentMode::kEphemeral) {
     // Where a newer agent takes this one over in place (ephemeral-upgrade-
-    // patch.yaml, docs/CONTINUITY.md "Handover"); /dev/shm is writable under
-    // a read-only root and private to this container.
-    a.insert(a.end(), {"--handover-socket", "/dev/shm/siphon-handover.sock"});
+    // patch.yaml, docs/CONTINUITY.md "Handover"): the container's own /dev,
+    // a tmpfs the runtime makes for it alone and writable under a read-only
+    // root (/dev/shm is shared by every container of the pod: the agent
+    // refuses it, docs/SECURITY.md).
+    a.insert(a.end(), {"--handover-socket", "/dev/siphon-handover.sock"});
   }
   if (s.mode == AgentMode::kJob) {
     // The kubelet's probes come from the node: never stolen (docs/STEAL.md).
