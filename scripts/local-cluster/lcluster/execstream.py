@@ -22,7 +22,7 @@ import asyncio
 import json
 import struct
 
-from .streams import SpdySession
+from .streams import SpdySession, ws_frame_head, ws_read_frame
 
 STDIN, STDOUT, STDERR, ERROR, RESIZE, CLOSE = 0, 1, 2, 3, 4, 255
 
@@ -61,32 +61,15 @@ class _Ws:
         self.lock = asyncio.Lock()
 
     async def send(self, op, data):
-        n = len(data)
-        if n < 126:
-            head = struct.pack(">BB", 0x80 | op, n)
-        elif n < 65536:
-            head = struct.pack(">BBH", 0x80 | op, 126, n)
-        else:
-            head = struct.pack(">BBQ", 0x80 | op, 127, n)
         async with self.lock:
-            self.writer.write(head + data)
+            self.writer.write(ws_frame_head(op, len(data)) + data)
             await self.writer.drain()
 
     async def recv(self):
         """The next data message (ping answered, close returns None)."""
         buf = b""
         while True:
-            b0, b1 = await self.reader.readexactly(2)
-            op = b0 & 0x0F
-            ln = b1 & 0x7F
-            if ln == 126:
-                ln = struct.unpack(">H", await self.reader.readexactly(2))[0]
-            elif ln == 127:
-                ln = struct.unpack(">Q", await self.reader.readexactly(8))[0]
-            mask = await self.reader.readexactly(4) if b1 & 0x80 else None
-            data = await self.reader.readexactly(ln) if ln else b""
-            if mask:
-                data = bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+            fin, op, data = await ws_read_frame(self.reader)
             if op == 9:
                 await self.send(10, data)
                 continue
@@ -95,7 +78,7 @@ class _Ws:
             if op == 8:
                 return None
             buf += data
-            if b0 & 0x80:
+            if fin:
                 return buf
 
 

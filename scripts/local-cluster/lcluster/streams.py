@@ -259,6 +259,31 @@ def ws_accept(key):
     return base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
 
 
+def ws_frame_head(op, n):
+    """The header of a final, unmasked frame (a server's) of opcode `op`
+    carrying `n` bytes."""
+    if n < 126:
+        return struct.pack(">BB", 0x80 | op, n)
+    if n < 65536:
+        return struct.pack(">BBH", 0x80 | op, 126, n)
+    return struct.pack(">BBQ", 0x80 | op, 127, n)
+
+
+async def ws_read_frame(reader):
+    """One frame from `reader`: (fin, opcode, payload unmasked)."""
+    b0, b1 = await reader.readexactly(2)
+    ln = b1 & 0x7F
+    if ln == 126:
+        ln = struct.unpack(">H", await reader.readexactly(2))[0]
+    elif ln == 127:
+        ln = struct.unpack(">Q", await reader.readexactly(8))[0]
+    mask = await reader.readexactly(4) if b1 & 0x80 else None
+    data = await reader.readexactly(ln) if ln else b""
+    if mask:
+        data = _unmask(data, mask)
+    return bool(b0 & 0x80), b0 & 0x0F, data
+
+
 class WebSocketStream:
     """A byte stream over WebSocket binary messages: readexactly() reads the
     concatenated payloads, write() sends one binary message per call."""
@@ -271,17 +296,7 @@ class WebSocketStream:
         self._wlock = asyncio.Lock()
 
     async def _next_frame(self):
-        b0, b1 = await self.reader.readexactly(2)
-        op = b0 & 0x0F
-        ln = b1 & 0x7F
-        if ln == 126:
-            ln = struct.unpack(">H", await self.reader.readexactly(2))[0]
-        elif ln == 127:
-            ln = struct.unpack(">Q", await self.reader.readexactly(8))[0]
-        mask = await self.reader.readexactly(4) if b1 & 0x80 else None
-        data = await self.reader.readexactly(ln) if ln else b""
-        if mask:
-            data = _unmask(data, mask)
+        _, op, data = await ws_read_frame(self.reader)
         return op, data
 
     async def _fill(self):
@@ -307,15 +322,8 @@ class WebSocketStream:
         return out
 
     async def _frame(self, op, data):
-        n = len(data)
-        if n < 126:
-            head = struct.pack(">BB", 0x80 | op, n)
-        elif n < 65536:
-            head = struct.pack(">BBH", 0x80 | op, 126, n)
-        else:
-            head = struct.pack(">BBQ", 0x80 | op, 127, n)
         async with self._wlock:
-            self.writer.write(head + data)
+            self.writer.write(ws_frame_head(op, len(data)) + data)
             await self.writer.drain()
 
     def write(self, data):

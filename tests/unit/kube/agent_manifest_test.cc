@@ -9,32 +9,14 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "tests/unit/kube/sample_spec.h"
+
 namespace siphon::kube {
 namespace {
 
 using nlohmann::json;
 
-AgentSpec jobSpec() {
-  AgentSpec s;
-  s.mode = AgentMode::kJob;
-  s.session = "k3x9q";
-  s.name = "siphon-agent-k3x9q";
-  s.secret = "siphon-token-k3x9q";
-  s.ns = "siphon";
-  s.image = "registry.example/siphon-agent:0.1.0";
-  s.token = newToken();
-  s.target_ns = "shop";
-  s.target_pod = "web-7f9c6d8b5-2xkqp";
-  s.target_pod_uid = "5d3e6c1a-9b7f-4d2e-8a61-2f0c9e4b7a11";
-  s.target_container = "app";
-  s.container_id = "containerd://9f1c7e0d2b";
-  s.runtime = "containerd";
-  s.node = "node-b";
-  s.node_uid = "0b0b0b0b-0000-0000-0000-000000000001";
-  s.version = "0.1.0";
-  s.protocol = "1.2";
-  return s;
-}
+AgentSpec jobSpec() { return sampleJobSpec("web-7f9c6d8b5-2xkqp"); }
 
 std::vector<std::string> capabilitiesFile() {
   std::ifstream in(std::string(SIPHON_SOURCE_DIR) + "/images/capabilities.txt");

@@ -10,6 +10,7 @@
 
 #include "kube/admission.h"
 #include "kube/agent_manifest.h"
+#include "tests/unit/kube/sample_spec.h"
 
 using namespace siphon::kube;
 using nlohmann::json;
@@ -20,24 +21,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1];
-  AgentSpec s;
-  s.mode = AgentMode::kJob;
-  s.session = "k3x9q";
-  s.name = "siphon-agent-k3x9q";
-  s.secret = "siphon-token-k3x9q";
-  s.ns = "siphon";
-  s.image = "registry.example/siphon-agent:0.1.0";
-  s.token = newToken();
-  s.target_ns = "shop";
-  s.target_pod = "web-0";
-  s.target_pod_uid = "5d3e6c1a-9b7f-4d2e-8a61-2f0c9e4b7a11";
-  s.target_container = "app";
-  s.container_id = "containerd://9f1c7e0d2b";
-  s.runtime = "containerd";
-  s.node = "node-b";
-  s.node_uid = "0b0b0b0b-0000-0000-0000-000000000001";
-  s.version = "0.1.0";
-  s.protocol = "1.2";
+  AgentSpec s = sampleJobSpec("web-0");
   std::ofstream(dir + "/job.yaml") << secretManifest(s) << "\n---\n" << jobManifest(s) << "\n";
   AgentSpec e = s;
   e.mode = AgentMode::kEphemeral;
