@@ -104,6 +104,13 @@ void addKubeOptions(CLI::App& app, KubeFlags& f) {
                  "An agent started for the session exits once no session used it for this long")
       ->capture_default_str()
       ->group(group);
+  app.add_option("--agent-fs-mode", f.fs_mode,
+                 "Files of the target an agent started for the session serves: ro (writes "
+                 "answer EROFS), rw (its container gets DAC_OVERRIDE, FOWNER, CHOWN, FSETID) "
+                 "or off; a running agent of another mode is not reused")
+      ->check(CLI::IsMember({"ro", "rw", "off"}))
+      ->capture_default_str()
+      ->group(group);
   app.add_option("--agent-start-timeout", f.start_timeout,
                  "How long an agent may take to get ready (failures are told at once)")
       ->capture_default_str()
@@ -160,6 +167,7 @@ absl::StatusOr<kube::KeeperOptions> keeperOptions(const KubeFlags& f) {
         absl::StrCat("--agent-start-timeout: ", start.status().message()));
   }
   o.start_timeout = *start;
+  o.fs_mode = f.fs_mode;
   o.runtime_socket = f.runtime_socket;
   o.reuse = !f.no_reuse;
   o.version = SIPHON_VERSION;

@@ -35,6 +35,7 @@ struct KubeFlags {
   std::string image;
   std::string agent_ns;
   std::string idle_timeout = "5m";
+  std::string fs_mode = "ro";
   std::string start_timeout = "2m";
   std::string runtime_socket;
   bool no_reuse = false;

@@ -63,17 +63,19 @@ json nodeOwner(const AgentSpec& s) {
                        {"blockOwnerDeletion", false}}});
 }
 
-json capabilities() { return {{"drop", json::array({"ALL"})}, {"add", agentCapabilities()}}; }
+json capabilities(const AgentSpec& s) {
+  return {{"drop", json::array({"ALL"})}, {"add", agentCapabilities(s.fs_mode)}};
+}
 
 // The container securityContext every form shares (agent-job.yaml's). An
 // ephemeral container carries the user itself (ephemeral-patch.yaml): the
 // pod's securityContext is the application's.
-json containerSecurity(bool with_user) {
+json containerSecurity(const AgentSpec& s, bool with_user) {
   json sc = {{"privileged", false},
              // Kubernetes refuses allowPrivilegeEscalation: false with SYS_ADMIN.
              {"allowPrivilegeEscalation", true},
              {"readOnlyRootFilesystem", true},
-             {"capabilities", capabilities()},
+             {"capabilities", capabilities(s)},
              {"seccompProfile", {{"type", "RuntimeDefault"}}},
              {"appArmorProfile", {{"type", "Unconfined"}}}};
   if (with_user) {
@@ -104,7 +106,7 @@ json podSpec(const AgentSpec& s, bool targeted) {
       {"ports",
        json::array({{{"name", "siphon"}, {"containerPort", s.port}, {"protocol", "TCP"}}})},
       {"resources", resources()},
-      {"securityContext", containerSecurity(false)},
+      {"securityContext", containerSecurity(s, false)},
   };
   json mounts = json::array();
   json volumes = json::array();
@@ -168,6 +170,21 @@ const std::vector<std::string>& agentCapabilities() {
   return kCaps;
 }
 
+std::vector<std::string> agentCapabilities(const std::string& fs_mode) {
+  std::vector<std::string> caps;
+  for (const auto& c : agentCapabilities()) {
+    // off: no file helper to take the target's ids.
+    if (fs_mode == "off" && (c == "SETUID" || c == "SETGID")) continue;
+    caps.push_back(c);
+  }
+  if (fs_mode == "rw") {
+    // What the agent keeps for rw (agent/common/capabilities.cc), as
+    // images/capabilities.txt says.
+    caps.insert(caps.end(), {"DAC_OVERRIDE", "FOWNER", "CHOWN", "FSETID"});
+  }
+  return caps;
+}
+
 std::string defaultRuntimeSocket(const std::string& runtime) {
   if (runtime == "cri-o") return "/var/run/crio/crio.sock";
   if (runtime == "docker") return "/var/run/docker.sock";
@@ -196,6 +213,8 @@ std::vector<std::string> agentArgs(const AgentSpec& s) {
   // Exits by itself once no session used it for this long (after a
   // killed client's session grace), so nothing is left running.
   a.insert(a.end(), {"--log-format", "json", "--idle-timeout", s.idle_timeout});
+  // Files: read-only unless asked (the agent's own default).
+  if (s.fs_mode != "ro") a.insert(a.end(), {"--fs-mode", s.fs_mode});
   if (s.mode == AgentMode::kEphemeral) {
     // Where a newer agent takes this one over in place (ephemeral-upgrade-
     // patch.yaml, docs/CONTINUITY.md "Handover"): the container's own /dev,
@@ -285,7 +304,7 @@ std::string ephemeralPatch(const AgentSpec& s) {
       {"args", agentArgs(s)},
       // The pod's Secrets only, and no new volumes: the token in the env.
       {"env", tokenEnv(s)},
-      {"securityContext", containerSecurity(true)},
+      {"securityContext", containerSecurity(s, true)},
   };
   json patch = {{"spec", {{"ephemeralContainers", json::array({container})}}}};
   return patch.dump();

@@ -34,6 +34,8 @@ inline constexpr char kLabelProtocol[] = "siphon.dev/protocol";
 inline constexpr char kAnnotationTarget[] = "siphon.dev/target";  // "NS/pod/NAME"
 inline constexpr char kAnnotationPort[] = "siphon.dev/port";
 inline constexpr char kAnnotationSecret[] = "siphon.dev/token-secret";
+// On the token's Secret: the agent's --fs-mode (absent: ro, the default).
+inline constexpr char kAnnotationFsMode[] = "siphon.dev/fs-mode";
 
 struct AgentSpec {
   AgentMode mode = AgentMode::kJob;
@@ -45,6 +47,7 @@ struct AgentSpec {
   std::string token;
   int port = 7140;
   std::string idle_timeout = "5m";
+  std::string fs_mode = "ro";  // the agent's --fs-mode: ro, rw or off
   // The target (empty in targetless mode).
   std::string target_ns, target_pod, target_pod_uid, target_container, container_id;
   std::string runtime;         // "containerd", "cri-o", "docker" (job)
@@ -54,8 +57,11 @@ struct AgentSpec {
   std::string protocol;        // the client's protocol "MAJOR.MINOR" (a label)
 };
 
-// Exactly images/capabilities.txt, in its order.
+// Exactly images/capabilities.txt, in its order (the set of --fs-mode ro).
 const std::vector<std::string>& agentCapabilities();
+// The set of an agent with this --fs-mode: rw adds DAC_OVERRIDE, FOWNER,
+// CHOWN and FSETID; off leaves out SETUID and SETGID (no file helper).
+std::vector<std::string> agentCapabilities(const std::string& fs_mode);
 // The runtime's socket on a node, by the runtime's name.
 std::string defaultRuntimeSocket(const std::string& runtime);
 

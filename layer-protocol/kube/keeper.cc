@@ -55,6 +55,7 @@ AgentSpec AgentKeeper::baseSpec(const std::string& ns) {
   s.image = options_.image;
   s.token = newToken();
   s.idle_timeout = options_.idle_timeout;
+  s.fs_mode = options_.fs_mode;
   s.runtime_socket = options_.runtime_socket;
   s.version = options_.version;
   s.protocol = options_.protocol;
@@ -62,7 +63,7 @@ AgentSpec AgentKeeper::baseSpec(const std::string& ns) {
 }
 
 absl::StatusOr<std::string> AgentKeeper::readToken(const std::string& ns, const std::string& secret,
-                                                   int* port) {
+                                                   int* port, std::string* fs_mode) {
   ASSIGN_OR_RETURN(auto r, kubectl_.run({"get", "secret", secret, "-n", ns, "-o", "json"}));
   if (!r.ok()) return kubeCallError(r, "secret/" + secret, "get secrets", ns);
   try {
@@ -72,8 +73,12 @@ absl::StatusOr<std::string> AgentKeeper::readToken(const std::string& ns, const 
       return absl::FailedPreconditionError(
           absl::StrCat("secret/", secret, " in namespace ", ns, " holds no token"));
     }
+    auto ann = json_read::strings(j, {"metadata", "annotations"});
+    if (fs_mode != nullptr) {
+      auto it = ann.find(kAnnotationFsMode);
+      *fs_mode = it == ann.end() ? "ro" : it->second;
+    }
     if (port != nullptr) {
-      auto ann = json_read::strings(j, {"metadata", "annotations"});
       int p = 0;
       if (auto it = ann.find(kAnnotationPort);
           it != ann.end() && absl::SimpleAtoi(it->second, &p)) {
@@ -100,8 +105,10 @@ absl::StatusOr<std::optional<Agent>> AgentKeeper::findRunning(const ResolvedTarg
       a.pod = target.pod.name;
       a.name = a.container = st.name;
       a.secret = "siphon-token-" + session;
-      auto token = readToken(a.ns, a.secret, &a.port);
+      std::string fs_mode;
+      auto token = readToken(a.ns, a.secret, &a.port, &fs_mode);
       if (!token.ok()) continue;  // an agent of someone else's, or its Secret is gone
+      if (fs_mode != options_.fs_mode) continue;  // files served otherwise than asked
       a.token = *std::move(token);
       return std::optional<Agent>(std::move(a));
     }
@@ -135,8 +142,10 @@ absl::StatusOr<std::optional<Agent>> AgentKeeper::findRunning(const ResolvedTarg
     a.container = "siphon-agent";
     a.name = p.labels.count("job-name") ? p.labels.at("job-name") : p.name;
     a.secret = secret->second;
-    auto token = readToken(a.ns, a.secret, &a.port);
+    std::string fs_mode;
+    auto token = readToken(a.ns, a.secret, &a.port, &fs_mode);
     if (!token.ok()) continue;
+    if (fs_mode != options_.fs_mode) continue;  // files served otherwise than asked
     a.token = *std::move(token);
     return std::optional<Agent>(std::move(a));
   }
@@ -252,7 +261,8 @@ absl::StatusOr<Agent> AgentKeeper::start(AgentSpec spec, const std::string& targ
   json secret = json::parse(secretManifest(spec));
   secret["metadata"]["annotations"] = {{kAnnotationPort, std::to_string(spec.port)},
                                        {kAnnotationSecret, spec.secret},
-                                       {kLabelMode, modeName(spec.mode)}};
+                                       {kLabelMode, modeName(spec.mode)},
+                                       {kAnnotationFsMode, spec.fs_mode}};
   if (!spec.target_pod.empty()) {
     secret["metadata"]["annotations"][kAnnotationTarget] =
         absl::StrCat(spec.target_ns, "/pod/", spec.target_pod, "/", spec.target_container);

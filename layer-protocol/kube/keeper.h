@@ -34,6 +34,9 @@ struct KeeperOptions {
   std::string image;     // the agent image (required)
   std::string agent_ns;  // empty: the target's namespace
   std::string idle_timeout = "5m";
+  // The agent's --fs-mode (ro, rw, off): an agent running with another
+  // mode is not reused (neither more nor less than asked).
+  std::string fs_mode = "ro";
   std::string runtime_socket;  // empty: the runtime's usual path
   bool reuse = true;
   std::chrono::milliseconds start_timeout{120000};
@@ -107,8 +110,10 @@ class AgentKeeper {
   absl::Status admit(const std::string& ns, Kind kind, const std::string& target_ns);
   absl::StatusOr<Agent> start(AgentSpec spec, const std::string& target_pod_for_ephemeral);
   absl::Status waitReady(Agent& agent, const std::string& image);
+  // The agent's token from its Secret, with the port and --fs-mode its
+  // annotations say (when asked).
   absl::StatusOr<std::string> readToken(const std::string& ns, const std::string& secret,
-                                        int* port);
+                                        int* port, std::string* fs_mode = nullptr);
   std::string lastLogLines(const Agent& agent, int lines);
   void rollback(const Agent& agent, bool secret_made, bool agent_made);
   bool cancelled() const { return cancelled_ && cancelled_(); }

@@ -2,7 +2,8 @@
 """`siphon --target` against the local cluster (scripts/local-cluster.sh, real
 kubectl): the scenarios of issue 41 end to end (docs/KUBERNETES.md).
 
-From a fresh cluster: exec, env, fs and steal by target; each failure's line
+From a fresh cluster: exec, env, fs, fs mount, steal and mirror by target;
+each failure's line
 (a namespace whose Pod Security level the agent cannot meet, a forbidden
 user, an image that does not exist, a wrong container); a port-forward killed
 mid-download resumes byte-exact; two sessions share one agent; Ctrl-C leaves
@@ -18,9 +19,11 @@ was up before.
 """
 
 import argparse
+import hashlib
 import http.server
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -100,6 +103,27 @@ def web_pod():
     return ready[0][2]
 
 
+class Output:
+    """A running process's stdout or stderr, read without blocking: what it
+    wrote so far."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+        self.data = b""
+        os.set_blocking(pipe.fileno(), False)
+
+    def read(self):
+        try:
+            chunk = self.pipe.read()
+        except (BlockingIOError, ValueError):  # nothing yet; closed by communicate()
+            chunk = None
+        self.data += chunk or b""
+        return self.data.decode(errors="replace")
+
+    def line(self, prefix):
+        return next((x for x in self.read().splitlines() if x.startswith(prefix)), None)
+
+
 WEB = """
 apiVersion: apps/v1
 kind: Deployment
@@ -147,7 +171,9 @@ class KubeSessionsTest(unittest.TestCase):
 
     def test_exec_env_and_fs_by_target(self):
         pod = web_pod()["metadata"]["name"]
-        r = siphon(*self.target("exec", "--local-dns", "--", "/bin/sh", "-c",
+        # No --local-dns: the pods here have no /etc/resolv.conf, which exec
+        # takes as the resolver's defaults (issue 40).
+        r = siphon(*self.target("exec", "--", "/bin/sh", "-c",
                                  "hostname; echo $SIPHON_TEST_COLOR"))
         self.assertEqual(r.returncode, 0, r.stderr.decode())
         self.assertEqual(r.stdout.decode().split(), [pod, "blue"], r.stderr.decode())
@@ -203,6 +229,67 @@ class KubeSessionsTest(unittest.TestCase):
             server.shutdown()
             server.server_close()
         self.assertEqual(p.returncode, 0, err.decode())
+        self.assertClean()
+
+    def test_mirror_by_target(self):
+        pod = web_pod()
+        ip = pod["status"]["podIP"]
+        path = f"/mirrored-{secrets.token_hex(4)}"
+        p = start("--target", f"pod/{pod['metadata']['name']}", "-n", NS, "--agent-image",
+                  ENV["AGENT_IMAGE"], "mirror", "-p", "8080", "--stdout")
+        out, err = Output(p.stdout), Output(p.stderr)
+        pods = json.loads(kubectl("get", "pods", "-n", NS, "-l", "app=web", "-o",
+                                  "json").stdout)["items"]
+        other = next(x["metadata"]["name"] for x in pods
+                     if x["metadata"]["name"] != pod["metadata"]["name"])
+        try:
+            eventually(lambda: err.line("mirror: port 8080"), "the mirror's line")
+
+            def mirrored():
+                # From the other pod: the application answers (its 404 for
+                # a file it has not), and the mirror prints the request.
+                r = kubectl("exec", "-n", NS, other, "--", "/bin/busybox", "wget", "-q", "-O-",
+                            f"http://{ip}:8080{path}", check=False)
+                self.assertIn("404", r.stderr, "the application did not answer")
+                return f"GET {path} HTTP/1.1" in out.read()
+            eventually(mirrored, "the request copied to the mirror's stdout")
+        finally:
+            p.send_signal(signal.SIGINT)
+            _, rest = p.communicate(timeout=120)
+        self.assertEqual(p.returncode, 0, err.read() + rest.decode())
+        self.assertIn(">>> #", out.read())
+        self.assertClean()
+
+    def test_fs_mount_by_target(self):
+        pod = web_pod()["metadata"]["name"]
+        want = kubectl("exec", "-n", NS, pod, "--", "/bin/busybox", "sha256sum",
+                       "/tmp/www/big").stdout.split()[0]
+        d = tempfile.mkdtemp(prefix="siphon-kube-mount.")
+        # Files written through the mount: an agent that serves them rw
+        # (--agent-fs-mode; the default is read-only).
+        p = start(*self.target("--agent-fs-mode", "rw", "fs", "mount", d))
+        out, err = Output(p.stdout), Output(p.stderr)
+        try:
+            line = eventually(lambda: out.line("mounted "), "the mounted line")
+            self.assertIn(f" at {d} (rw, agent kube:{NS}/siphon-agent-", line)
+            # The deployment's pod: its 16 MiB file read through the mount.
+            with open(os.path.join(d, "tmp/www/big"), "rb") as f:
+                self.assertEqual(hashlib.sha256(f.read()).hexdigest(), want)
+            # Written through the mount, read in the pod.
+            with open(os.path.join(d, "tmp/www/from-the-mount"), "w") as f:
+                f.write("written through siphon fs mount\n")
+            r = kubectl("exec", "-n", NS, pod, "--", "/bin/busybox", "cat",
+                        "/tmp/www/from-the-mount")
+            self.assertEqual(r.stdout, "written through siphon fs mount\n")
+            os.unlink(os.path.join(d, "tmp/www/from-the-mount"))
+        finally:
+            p.send_signal(signal.SIGINT)
+            _, rest = p.communicate(timeout=120)
+            if os.path.ismount(d):
+                subprocess.run(["fusermount3", "-u", "-z", d], check=False)
+            os.rmdir(d)
+        self.assertEqual(p.returncode, 0, err.read() + rest.decode())
+        self.assertIn("siphon: removed agent siphon-agent-", err.read() + rest.decode())
         self.assertClean()
 
     def test_each_failure_is_one_line(self):

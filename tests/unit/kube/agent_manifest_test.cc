@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -34,6 +35,36 @@ TEST(AgentManifest, CapabilitiesAreExactlyTheFile) {
   auto file = capabilitiesFile();
   ASSERT_FALSE(file.empty());
   EXPECT_EQ(agentCapabilities(), file);
+}
+
+TEST(AgentManifest, TheFileModeSetsTheAgentsOptionAndCapabilities) {
+  // ro, the agent's default: no option, exactly the file's set.
+  AgentSpec s = jobSpec();
+  std::vector<std::string> args = agentArgs(s);
+  EXPECT_EQ(std::find(args.begin(), args.end(), "--fs-mode"), args.end());
+  // rw: the option, and what the agent keeps for it (the file's comment).
+  for (AgentMode mode : {AgentMode::kJob, AgentMode::kEphemeral}) {
+    s.mode = mode;
+    s.fs_mode = "rw";
+    args = agentArgs(s);
+    auto it = std::find(args.begin(), args.end(), "--fs-mode");
+    ASSERT_NE(it, args.end());
+    EXPECT_EQ(*(it + 1), "rw");
+    json c = mode == AgentMode::kJob
+                 ? json::parse(jobManifest(s))["spec"]["template"]["spec"]["containers"][0]
+                 : json::parse(ephemeralPatch(s))["spec"]["ephemeralContainers"][0];
+    std::vector<std::string> want = capabilitiesFile();
+    want.insert(want.end(), {"DAC_OVERRIDE", "FOWNER", "CHOWN", "FSETID"});
+    EXPECT_EQ(c["securityContext"]["capabilities"]["add"].get<std::vector<std::string>>(), want);
+  }
+  // off: no file helper, so neither SETUID nor SETGID.
+  s.fs_mode = "off";
+  std::vector<std::string> caps = agentCapabilities("off");
+  EXPECT_EQ(std::find(caps.begin(), caps.end(), "SETUID"), caps.end());
+  EXPECT_EQ(std::find(caps.begin(), caps.end(), "SETGID"), caps.end());
+  EXPECT_EQ(caps.size(), capabilitiesFile().size() - 2);
+  args = agentArgs(s);
+  EXPECT_NE(std::find(args.begin(), args.end(), "off"), args.end());
 }
 
 TEST(AgentManifest, JobIsPinnedOwnedAndListensOnLoopbackOnly) {

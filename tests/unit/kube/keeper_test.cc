@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/escaping.h"
@@ -98,9 +100,10 @@ struct Scenario {
   FakeTime clock;
   std::vector<PhaseEvent> events;
   bool cancel = false;
+  KeeperOptions opts = options();
   AgentKeeper keeper() {
     return AgentKeeper(
-        k, options(), [this](const PhaseEvent& e) { events.push_back(e); },
+        k, opts, [this](const PhaseEvent& e) { events.push_back(e); },
         [this] { return cancel; }, clock.time());
   }
   std::vector<std::string> phases() const {
@@ -137,6 +140,58 @@ TEST(Keeper, ReusesARunningAgentOfTheSameContainer) {
   // A reused agent is never removed.
   EXPECT_TRUE(keeper.remove(*a).ok());
   EXPECT_TRUE(r.k.callsStarting("delete").empty());
+}
+
+std::string secretJson(const std::string& fs_mode) {
+  json ann = {{"siphon.dev/port", "7140"}};
+  if (!fs_mode.empty()) ann["siphon.dev/fs-mode"] = fs_mode;
+  return json{{"kind", "Secret"},
+              {"metadata", {{"name", "siphon-token-old"}, {"annotations", ann}}},
+              {"data", {{"token", absl::Base64Escape("the-token")}}}}
+      .dump();
+}
+
+TEST(Keeper, AnAgentServingFilesOtherwiseThanAskedIsNotReused) {
+  // The running agent serves files read-only (its Secret says so, or says
+  // nothing: the agent's default); the session asks rw: a new agent, with
+  // the write capabilities and --fs-mode rw, and its Secret says rw.
+  for (const std::string running : {"", "ro"}) {
+    Scenario r;
+    r.opts.fs_mode = "rw";
+    admitAll(r.k);
+    r.k.on("get pods -n siphon -l app.kubernetes.io/name*",
+           FakeKubectl::ok(list({agentPodJson("running")})));
+    r.k.on("get secret siphon-token-old", FakeKubectl::ok(secretJson(running)));
+    r.k.on("get pods -n siphon -l siphon.dev/session*",
+           FakeKubectl::ok(list({agentPodJson("running")})));
+    r.k.on("logs", FakeKubectl::ok("siphon-agent ready version=0.1.0 listen=127.0.0.1:7140\n"));
+    auto a = r.keeper().ensure(target());
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_TRUE(a->created) << running;
+    auto creates = r.k.callsStarting("create");
+    ASSERT_EQ(creates.size(), 2u);
+    EXPECT_EQ(json::parse(creates[0].input)["metadata"]["annotations"]["siphon.dev/fs-mode"], "rw");
+    const json c = json::parse(creates[1].input)["spec"]["template"]["spec"]["containers"][0];
+    std::vector<std::string> args = c["args"];
+    auto it = std::find(args.begin(), args.end(), "--fs-mode");
+    ASSERT_NE(it, args.end());
+    EXPECT_EQ(*(it + 1), "rw");
+    std::vector<std::string> caps = c["securityContext"]["capabilities"]["add"];
+    for (const char* cap : {"DAC_OVERRIDE", "FOWNER", "CHOWN", "FSETID"}) {
+      EXPECT_NE(std::find(caps.begin(), caps.end(), cap), caps.end()) << cap;
+    }
+  }
+  // The same agent is reused by a session that asks what it serves.
+  for (const std::string asked : {"ro", "rw"}) {
+    Scenario r;
+    r.opts.fs_mode = asked;
+    r.k.on("get pods -n siphon -l", FakeKubectl::ok(list({agentPodJson("running")})));
+    r.k.on("get secret siphon-token-old", FakeKubectl::ok(secretJson(asked)));
+    auto a = r.keeper().ensure(target());
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_FALSE(a->created) << asked;
+    EXPECT_TRUE(r.k.callsStarting("create").empty());
+  }
 }
 
 TEST(Keeper, StartsAJobAndSaysEachPhase) {
