@@ -52,7 +52,16 @@ std::vector<Permission> permissionsFor(AgentMode mode, Kind target_kind,
 // `auth can-i` arguments for one permission.
 std::vector<std::string> canIArgs(const Permission& p);
 
-// Asks every permission at once; PERMISSION_DENIED naming the first one
+// The SelfSubjectAccessReviews of `permissions`, one JSON List for one
+// `kubectl create` (what `auth can-i` sends, one process for all).
+std::string accessReviews(const std::vector<Permission>& permissions);
+// That call's arguments: each review's answer on a line, "true" or "false".
+std::vector<std::string> accessReviewArgs();
+
+// Asks every permission at once: all in one `kubectl create` of
+// SelfSubjectAccessReviews, or, when that call fails or its answer does
+// not read as one line per permission, one `auth can-i` each (in parallel).
+// PERMISSION_DENIED names the first one
 // refused: "forbidden: you may not create jobs.batch in namespace shop (to
 // create the agent's Job); the minimal Role is in images/k8s/rbac.yaml".
 // kubectl failing to answer is UNAVAILABLE with its line.

@@ -293,6 +293,15 @@ def refresh(c):
 def cmd_create(c, o):
     obj = json.loads(sys.stdin.read())
     kind = obj["kind"]
+    if kind == "List":
+        # SelfSubjectAccessReviews (what `auth can-i` sends), one answer a
+        # line as `-o jsonpath={.status.allowed}{"\n"}` prints them.
+        for item in obj["items"]:
+            a = item["spec"]["resourceAttributes"]
+            res = a["resource"] + (f".{a['group']}" if a.get("group") else "") + \
+                (f"/{a['subresource']}" if a.get("subresource") else "")
+            print("false" if forbidden(c, a["verb"], res, a.get("namespace")) else "true")
+        return
     res = {"Secret": "secrets", "Job": "jobs", "Pod": "pods"}[kind]
     ns = obj["metadata"].get("namespace") or o["ns"] or "default"
     if forbidden(c, "create", res if res != "jobs" else "jobs.batch", ns):

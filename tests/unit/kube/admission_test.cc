@@ -3,6 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/match.h"
+
 #include "tests/fakes/fake_kubectl.h"
 
 namespace siphon::kube {
@@ -75,8 +79,55 @@ TEST(Rbac, EachModeAsksWhatItUses) {
             (std::vector<std::string>{"auth", "can-i", "get", "nodes"}));
 }
 
+TEST(Rbac, OneCallReviewsEveryPermission) {
+  const auto perms = permissionsFor(AgentMode::kJob, Kind::kDeployment, "shop", "siphon");
+  // The reviews: one per permission, group and subresource split out.
+  auto reviews = nlohmann::json::parse(accessReviews(perms));
+  ASSERT_EQ(reviews["items"].size(), perms.size());
+  bool job = false, forward = false;
+  for (const auto& r : reviews["items"]) {
+    EXPECT_EQ(r["kind"], "SelfSubjectAccessReview");
+    const auto& a = r["spec"]["resourceAttributes"];
+    if (a["verb"] == "create" && a["resource"] == "jobs") job = a["group"] == "batch";
+    if (a["resource"] == "pods" && a.value("subresource", "") == "portforward") {
+      forward = !a.contains("group") && a["namespace"] == "siphon";
+    }
+  }
+  EXPECT_TRUE(job);
+  EXPECT_TRUE(forward);
+  auto answers = [&](size_t refused) {
+    std::string out;
+    for (size_t i = 0; i < perms.size(); ++i) out += i == refused ? "false\n" : "true\n";
+    return out;
+  };
+  // All allowed: one kubectl, no `auth can-i`.
+  fakes::FakeKubectl k;
+  k.on("create --validate=false", fakes::FakeKubectl::ok(answers(perms.size())));
+  EXPECT_TRUE(checkPermissions(k, perms).ok());
+  EXPECT_EQ(k.calls().size(), 1u);
+  // One refused: named as `auth can-i` would name it.
+  size_t refused = 0;
+  while (perms[refused].resource != "jobs.batch") ++refused;
+  k.on("create --validate=false", fakes::FakeKubectl::ok(answers(refused)));
+  absl::Status s = checkPermissions(k, perms);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(absl::StartsWith(s.message(), "forbidden: you may not create jobs.batch in "
+                                            "namespace siphon")) << s;
+  // Refused, or answered otherwise than one line each: `auth can-i`.
+  for (auto broken : {fakes::FakeKubectl::fail("Error from server (Forbidden)", 1),
+                      fakes::FakeKubectl::ok("true\n")}) {
+    fakes::FakeKubectl k2;
+    k2.on("create --validate=false", broken);
+    k2.on("auth can-i", fakes::FakeKubectl::ok("yes\n"));
+    EXPECT_TRUE(checkPermissions(k2, perms).ok());
+    EXPECT_EQ(k2.callsStarting("auth can-i").size(), perms.size());
+  }
+}
+
 TEST(Rbac, TheFirstForbiddenPermissionIsNamed) {
   fakes::FakeKubectl k;
+  // A cluster that refuses the one-call review: `auth can-i` each.
+  k.on("create --validate=false", fakes::FakeKubectl::fail("error: unknown", 1));
   k.on("auth can-i", fakes::FakeKubectl::ok("yes\n"));
   k.on("auth can-i create jobs.batch", {1, "no\n", ""});
   absl::Status s =
