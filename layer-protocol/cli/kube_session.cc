@@ -263,13 +263,8 @@ net::awaitable<void> KubeSession::beforeClose(std::shared_ptr<client::Client> cl
 }
 
 net::awaitable<void> KubeSession::afterClose() {
-  // The Goaway is written as soon as the loop runs the writer (a few
-  // hundred bytes on loopback); kubectl forwards it as it reads it.
-  asio::steady_timer t(co_await asio::this_coro::executor);
-  t.expires_after(std::chrono::milliseconds(200));
-  net::error_code ec;
-  co_await t.async_wait(asio::redirect_error(net::use_awaitable, ec));
   if (forward_) forward_->stop();
+  co_return;
 }
 
 void KubeSession::finish() {
@@ -364,13 +359,9 @@ net::awaitable<void> askSessions(std::vector<AgentStatus>* rows, kube::Kubectl* 
       } else {
         a.error = std::string(info.status().message());
       }
-      c->close();
-      // The Goaway through before the port-forward goes (afterClose()):
-      // else the agent counts this session, detached, for its grace.
-      asio::steady_timer pause(ex);
-      pause.expires_after(std::chrono::milliseconds(200));
-      net::error_code ec;
-      co_await pause.async_wait(asio::redirect_error(net::use_awaitable, ec));
+      // The Goaway through before the port-forward goes: else the agent
+      // counts this session, detached, for its grace.
+      co_await c->closeAndWait(kGoawayCrossing);
     } else {
       a.error = std::string(s.message());
     }

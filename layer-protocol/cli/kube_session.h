@@ -11,6 +11,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -23,6 +24,12 @@
 #include "siphon/transport/asio.h"
 
 namespace siphon::cli {
+
+// The most a session's end waits for the agent to close its connection
+// after the Goaway (Client::closeAndWait) before the port-forward goes: a
+// port-forward that carries the close back ends the wait at once; one that
+// does not (no half-close through kubectl's relay) costs this.
+inline constexpr std::chrono::milliseconds kGoawayCrossing{200};
 
 struct KubeFlags {
   std::string target;
@@ -76,9 +83,9 @@ class KubeSession {
   // Before the client ends its session: whether other sessions use the
   // agent (they keep it).
   net::awaitable<void> beforeClose(std::shared_ptr<client::Client> client);
-  // After the client ended its session: gives its Goaway a moment to pass
-  // the port-forward, then ends the port-forward (the event loop ends once
-  // nothing runs).
+  // After the client ended its session (Client::closeAndWait with
+  // kGoawayCrossing: its Goaway across the port-forward): ends the
+  // port-forward (the event loop ends once nothing runs).
   net::awaitable<void> afterClose();
   // Ends the port-forward; removes the agent this session created when no
   // other session used it (its Job or pod, and its Secret).

@@ -64,9 +64,14 @@ net::awaitable<int> run(client::ClientOptions options, CommandRun command, bool 
   }
   if (kube != nullptr) co_await kube->beforeClose(client);
   // A Goaway tells the agent to drop the session now rather than keep it
-  // for its resume grace period.
-  client->close();
-  if (kube != nullptr) co_await kube->afterClose();
+  // for its resume grace period. Through a port-forward that is about to
+  // go, it must have crossed it first: the agent's close says so.
+  if (kube != nullptr) {
+    co_await client->closeAndWait(kGoawayCrossing);
+    co_await kube->afterClose();
+  } else {
+    client->close();
+  }
   co_return rc;
 }
 

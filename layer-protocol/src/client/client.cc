@@ -32,8 +32,12 @@ uint32_t Client::maxReadSize() const {
 
 uint64_t Client::resumeCountForTest() const { return link_ ? link_->resumes : 0; }
 
-void Client::close() {
-  if (closing_) return;
+void Client::close() { closeLinks(std::nullopt); }
+
+std::vector<std::shared_ptr<net::SessionTransport>> Client::closeLinks(
+    std::optional<std::chrono::milliseconds> linger) {
+  std::vector<std::shared_ptr<net::SessionTransport>> closing;
+  if (closing_) return closing;
   closing_ = true;
   std::vector<std::shared_ptr<Link>> links;
   if (link_) links.push_back(link_);
@@ -43,10 +47,21 @@ void Client::close() {
   for (auto& l : links) {
     if (l->session && l->transport && !l->transport->closed()) {
       l->session->sendGoaway(v1::CANCELLED, "client closed the session");
-      l->transport->closeAfterFlush();
+      if (linger) {
+        l->transport->closeAfterFlushAndPeer(*linger);
+      } else {
+        l->transport->closeAfterFlush();
+      }
+      closing.push_back(l->transport);
     }
   }
   if (lost_.ok()) sessionLost(protoError(v1::CANCELLED, "client closed the session"));
+  return closing;
+}
+
+net::awaitable<void> Client::closeAndWait(std::chrono::milliseconds bound) {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  for (auto& t : closeLinks(bound)) co_await t->waitClosed(deadline);
 }
 
 void Client::cutTransportForTest() {

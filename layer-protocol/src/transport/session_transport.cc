@@ -22,6 +22,8 @@ SessionTransport::SessionTransport(Stream stream, protocol::Session& session,
       initial_(std::move(initial)),
       writer_signal_(stream_.get_executor()),
       done_signal_(stream_.get_executor()),
+      closed_signal_(stream_.get_executor()),
+      linger_timer_(stream_.get_executor()),
       tick_timer_(stream_.get_executor()) {
   error_code ec;
   auto ep = stream_.remote_endpoint(ec);
@@ -87,12 +89,28 @@ void SessionTransport::close() {
   closed_ = true;
   stream_.close();
   tick_timer_.cancel();
+  linger_timer_.cancel();
   writer_signal_.notify();
+  closed_signal_.notify();
 }
 
 void SessionTransport::closeAfterFlush() {
   close_after_flush_ = true;
   writer_signal_.notify();
+}
+
+void SessionTransport::closeAfterFlushAndPeer(std::chrono::milliseconds bound) {
+  if (!stream_.tls()) {
+    linger_ = true;
+    linger_bound_ = bound;
+  }
+  closeAfterFlush();
+}
+
+awaitable<void> SessionTransport::waitClosed(asio::steady_timer::time_point deadline) {
+  while (!closed_ && asio::steady_timer::clock_type::now() < deadline) {
+    co_await closed_signal_.wait(deadline);
+  }
 }
 
 awaitable<absl::Status> SessionTransport::run() {
@@ -123,7 +141,9 @@ awaitable<absl::Status> SessionTransport::run() {
     }
     wake();
   }
-  while (!closed_ && !close_after_flush_) {
+  // Lingering (closeAfterFlushAndPeer), the reads go on until the peer's
+  // close or the bound.
+  while (!closed_ && (!close_after_flush_ || linger_)) {
     absl::Status s;
     bool taken = false;  // by the piped receive
     if (const size_t want = session_.pipeWanted();
@@ -276,7 +296,22 @@ awaitable<void> SessionTransport::writer(std::shared_ptr<SessionTransport> self)
     }
   }
   writer_done_ = true;
-  if (close_after_flush_) close();
+  if (close_after_flush_ && linger_ && !closed_) {
+    // Everything is written: say so with a FIN, and give the peer until
+    // the bound to close its side (the reader sees it and closes).
+    error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) {
+      close();
+    } else {
+      linger_timer_.expires_after(linger_bound_);
+      linger_timer_.async_wait([self = keep_alive](error_code e) {
+        if (!e) self->close();
+      });
+    }
+  } else if (close_after_flush_) {
+    close();
+  }
   done_signal_.notify();
 }
 

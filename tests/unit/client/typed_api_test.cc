@@ -11,8 +11,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -69,6 +72,125 @@ class TypedApiTest : public ::testing::Test {
   fakes::InProcessAgent a_;
   fakes::InProcessAgent b_;
 };
+
+// A relay between a client and the agent, as a port-forward is: each chunk
+// from the client held `delay` before it goes on (a slow path), the
+// agent's bytes and its close passed back at once. With `half_close`, the
+// client's FIN is passed on once its bytes went; without, never (a relay
+// that does not carry a half-close).
+class SlowRelay : public std::enable_shared_from_this<SlowRelay> {
+ public:
+  SlowRelay(const asio::any_io_executor& ex, std::chrono::milliseconds delay, bool half_close)
+      : acceptor_(ex, {asio::ip::make_address("127.0.0.1"), 0}),
+        client_(ex),
+        agent_(ex),
+        delay_(delay),
+        half_close_(half_close) {}
+  std::string address() const {
+    return "127.0.0.1:" + std::to_string(acceptor_.local_endpoint().port());
+  }
+  // The relay goes (kubectl killed): both connections closed as they are,
+  // whatever they still held undelivered.
+  void cut() {
+    net::error_code ec;
+    client_.close(ec);
+    agent_.close(ec);
+  }
+  // Accepts one connection and relays it to `agent` ("127.0.0.1:PORT").
+  net::awaitable<void> run(std::string agent) {
+    auto self = shared_from_this();
+    co_await acceptor_.async_accept(client_, net::use_awaitable);
+    const auto colon = agent.rfind(':');
+    co_await agent_.async_connect(
+        {asio::ip::make_address(agent.substr(0, colon)),
+         static_cast<uint16_t>(std::stoi(agent.substr(colon + 1)))},
+        net::use_awaitable);
+    asio::co_spawn(acceptor_.get_executor(), pump(self, client_, agent_, delay_, half_close_),
+                   asio::detached);
+    co_await pump(self, agent_, client_, std::chrono::milliseconds(0), true);
+  }
+
+ private:
+  static net::awaitable<void> pump(std::shared_ptr<SlowRelay> keep, asio::ip::tcp::socket& from,
+                                   asio::ip::tcp::socket& to, std::chrono::milliseconds delay,
+                                   bool pass_fin) {
+    const auto hold = keep;
+    std::array<char, 16384> buf;
+    asio::steady_timer t(from.get_executor());
+    for (;;) {
+      net::error_code ec;
+      size_t n = co_await from.async_read_some(asio::buffer(buf),
+                                               asio::redirect_error(net::use_awaitable, ec));
+      if (ec) break;
+      if (delay.count() > 0) {
+        t.expires_after(delay);
+        co_await t.async_wait(asio::redirect_error(net::use_awaitable, ec));
+      }
+      co_await asio::async_write(to, asio::buffer(buf.data(), n),
+                                 asio::redirect_error(net::use_awaitable, ec));
+      if (ec) break;
+    }
+    net::error_code ec;
+    if (pass_fin) to.shutdown(asio::ip::tcp::socket::shutdown_send, ec);
+  }
+
+  asio::ip::tcp::acceptor acceptor_;
+  asio::ip::tcp::socket client_, agent_;
+  std::chrono::milliseconds delay_;
+  bool half_close_;
+};
+
+TEST_F(TypedApiTest, CloseAndWaitReturnsOnceTheAgentHasReadTheGoaway) {
+  // A session's end through a relay that is about to go (a kubectl
+  // port-forward): closeAndWait returns once the agent closed its side,
+  // having read the Goaway, so the relay may go; the agent then no longer
+  // counts the session (a session cut before its Goaway would stay,
+  // detached, for its grace). A relay that never passes the FIN on costs
+  // the bound, and no more.
+  start(a_);
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    Target watcher = Target::create(ex, options({a_.address()}));
+    EXPECT_TRUE((co_await watcher.connect()).ok());
+    for (bool half_close : {true, false}) {
+      auto relay = std::make_shared<SlowRelay>(
+          ex, std::chrono::milliseconds(half_close ? 300 : 1000), half_close);
+      asio::co_spawn(ex, relay->run(a_.address()), asio::detached);
+      ClientOptions o;
+      o.endpoints = {relay->address()};
+      o.token = kToken;
+      o.reconnect = false;
+      auto slow = Client::create(ex, o);
+      absl::Status connected = co_await slow->connect();
+      EXPECT_TRUE(connected.ok()) << connected;
+      if (!connected.ok()) co_return;
+      auto info = co_await watcher.info();
+      EXPECT_TRUE(info.ok() && info->sessions == 2) << half_close;
+      co_await slow->closeAndWait(half_close ? std::chrono::seconds(30)
+                                             : std::chrono::milliseconds(100));
+      relay->cut();
+      if (half_close) {
+        // The agent had read the Goaway before it returned: it ends the
+        // session, rather than keep it detached for its grace (minutes).
+        uint32_t sessions = 0;
+        asio::steady_timer t(ex);
+        for (int i = 0; i < 500; ++i) {
+          info = co_await watcher.info();
+          sessions = info.ok() ? info->sessions : 0;
+          if (sessions == 1) break;
+          t.expires_after(std::chrono::milliseconds(20));
+          co_await t.async_wait(net::use_awaitable);
+        }
+        EXPECT_EQ(sessions, 1u) << "the session was cut before its Goaway crossed";
+      } else {
+        // Returned at its bound (100 ms), long before the relay passed
+        // even the Goaway on (2 s).
+        info = co_await watcher.info();
+        EXPECT_TRUE(info.ok() && info->sessions == 2) << "closeAndWait waited past its bound";
+      }
+    }
+    watcher.close();
+  });
+}
 
 TEST_F(TypedApiTest, FilesReadWriteStatAndList) {
   tree_.file("etc/hostname", "pod-host\n");

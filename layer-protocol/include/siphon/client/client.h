@@ -273,6 +273,11 @@ class Client : public std::enable_shared_from_this<Client> {
   // are dropped then, and when the session is lost for good: whatever they
   // hold is released, even a stream of this client.
   void close();
+  // close(), then waits until the agent has closed each connection, which
+  // it does once it has read everything, the Goaway included, or until
+  // `bound`. For a relayed path (a kubectl port-forward) the caller is
+  // about to end: the relay may go once this returns.
+  net::awaitable<void> closeAndWait(std::chrono::milliseconds bound);
   // Cuts the transport without ending the session (tests; a network blip).
   void cutTransportForTest();
   uint64_t resumeCountForTest() const;
@@ -282,6 +287,10 @@ class Client : public std::enable_shared_from_this<Client> {
   friend class ClientStream;
   friend struct Link;
   explicit Client(net::asio::any_io_executor ex, ClientOptions options);
+  // Sends each live link its Goaway and closes it after the flush (with
+  // `linger`: after the agent's close, within it); the transports closing.
+  std::vector<std::shared_ptr<net::SessionTransport>> closeLinks(
+      std::optional<std::chrono::milliseconds> linger);
 
   struct Pending;
   // A subscription (steal, mirror) under this client's id.

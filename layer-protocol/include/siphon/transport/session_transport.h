@@ -7,6 +7,7 @@
 // Threads: everything runs on the socket's executor (one event loop).
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -37,7 +38,15 @@ class SessionTransport : public std::enable_shared_from_this<SessionTransport> {
   void close();
   // Writes what the session has queued (a Goaway, say), then closes.
   void closeAfterFlush();
+  // Writes what the session has queued, shuts down the sending side and
+  // reads on until the peer closes (its end of the connection: it has read
+  // everything, the Goaway included) or `bound` passes, then closes. On a
+  // relayed path (a kubectl port-forward) the peer's close is the one sign
+  // that the relay has carried the bytes. TLS: as closeAfterFlush().
+  void closeAfterFlushAndPeer(std::chrono::milliseconds bound);
   bool closed() const { return closed_; }
+  // Until close() has run (for whatever reason), or `deadline`.
+  awaitable<void> waitClosed(asio::steady_timer::time_point deadline);
 
   // Unsent bytes the socket may hold before the writer waits
   // (TCP_NOTSENT_LOWAT), and the most one write takes from the session.
@@ -74,6 +83,10 @@ class SessionTransport : public std::enable_shared_from_this<SessionTransport> {
   std::string peer_;
   Signal writer_signal_;
   Signal done_signal_;  // the writer or the ticker finished
+  Signal closed_signal_;  // close() ran
+  asio::steady_timer linger_timer_;  // closeAfterFlushAndPeer()'s bound
+  std::chrono::milliseconds linger_bound_{0};
+  bool linger_ = false;  // after the flush, wait for the peer's close
   asio::steady_timer tick_timer_;
   std::chrono::steady_clock::time_point rtt_noted_{};
   bool closed_ = false;
