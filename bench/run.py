@@ -45,6 +45,7 @@ from contextlib import ExitStack
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from links import Links  # noqa: E402 - the links group, beside this file
 from handover import Handover  # noqa: E402 - the handover group, beside this file
+from kube import Kube  # noqa: E402 - the kube group, beside this file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -1515,7 +1516,7 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     groups = [g for g in args.only.split(",") if g] or [
         "bulk", "bulk8", "http", "short", "filtered", "idle", "forward", "startup", "rss",
-        "services", "mirror", "isolation", "mount", "exec", "handover", "links"]
+        "services", "mirror", "isolation", "mount", "exec", "handover", "links", "kube"]
     with ExitStack() as stack:
         procs = Procs()
         stack.callback(procs.close)
@@ -1543,6 +1544,7 @@ def main():
             ("exec", b.exec_group),
             ("handover", lambda: Handover(b, log, sh, summary).run()),
             ("links", lambda: Links(b, log, sh, summary).run()),
+            ("kube", lambda: Kube(b, log, sh, summary).run()),
         ]
         for group, run in runs:
             if group not in groups:
