@@ -299,6 +299,8 @@ int realMain(int argc, char** argv) {
   if (kube_agent) {
     armKubeSignals();  // a Ctrl-C now must not stop the clean-up
     kube_agent->finish();
+    // Its port-forward's timers belong to `io`: gone before it is.
+    kube_agent.reset();
   }
   return rc;
 }
