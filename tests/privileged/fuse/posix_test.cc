@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "tests/fakes/eventually.h"
+#include "tests/fakes/remove_tree.h"
 #include "tests/privileged/fuse/mount_fixture.h"
 
 namespace siphon {
@@ -64,26 +65,6 @@ class WorkingDirectory {
  private:
   int saved_;
 };
-
-// Removes `name` in the directory `dirfd` and everything below it, however
-// deep (no path longer than a name is ever used).
-void removeTree(int dirfd, const std::string& name) {
-  const int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) {
-    (void)::unlinkat(dirfd, name.c_str(), 0);
-    return;
-  }
-  DIR* d = ::fdopendir(fd);
-  std::vector<std::string> names;
-  while (struct dirent* e = ::readdir(d)) {
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-      names.emplace_back(e->d_name);
-    }
-  }
-  for (const std::string& n : names) removeTree(::dirfd(d), n);
-  ::closedir(d);
-  (void)::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR);
-}
 
 class MountPosixTest : public fuse_test::MountFixture {
  protected:
@@ -314,7 +295,7 @@ TEST_F(MountPosixTest, PathsLongerThanPathMaxWorkFromAWorkingDirectoryInside) {
     ~Cleanup() {
       const int fd = ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
       if (fd >= 0) {
-        removeTree(fd, "deep");
+        fakes::removeTree(fd, "deep");
         ::close(fd);
       }
     }

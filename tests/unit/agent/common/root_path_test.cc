@@ -4,7 +4,6 @@
 // pieces, never a file outside the root).
 #include "agent/common/root_path.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <limits.h>
@@ -18,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/fakes/remove_tree.h"
 #include "tests/unit/agent/files/files_test_util.h"
 
 namespace siphon::agent {
@@ -95,26 +95,6 @@ std::string readAll(const UniqueFd& fd) {
   return out;
 }
 
-// Removes `name` in `dirfd` and all below it with no path longer than a
-// name (the scratch tree's own cleanup takes whole paths).
-void removeTree(int dirfd, const std::string& name) {
-  const int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) {
-    (void)::unlinkat(dirfd, name.c_str(), 0);
-    return;
-  }
-  DIR* d = ::fdopendir(fd);
-  std::vector<std::string> names;
-  while (struct dirent* e = ::readdir(d)) {
-    if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-      names.emplace_back(e->d_name);
-    }
-  }
-  for (const std::string& n : names) removeTree(::dirfd(d), n);
-  ::closedir(d);
-  (void)::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR);
-}
-
 // The scratch root with /etc/hosts ("pod"), and `depth` levels of kLevel
 // under /deep, each holding a file "here" that names its depth ("1" is
 // /deep/kLevel/here).
@@ -144,7 +124,7 @@ class RootPathLongTest : public ::testing::Test {
   void TearDown() override {
     deepest_.reset();
     const int root = ::open(tree_.root().c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
-    removeTree(root, "deep");
+    fakes::removeTree(root, "deep");
     ::close(root);
   }
 

@@ -87,6 +87,19 @@ struct Heard {
   }
 };
 
+// The old agent said one thing, a refusal naming `reason`, passed no
+// descriptor, never froze (its client was not cut) and still answers.
+void expectRefusedUnfrozen(const Heard& heard, uint64_t resumes, bool answers,
+                           const std::string& reason) {
+  ASSERT_EQ(heard.messages.size(), 1u) << "the old agent said more than a refusal";
+  EXPECT_TRUE(heard.messages[0].has_refused()) << heard.messages[0].ShortDebugString();
+  EXPECT_NE(heard.messages[0].refused().reason().find(reason), std::string::npos)
+      << heard.messages[0].ShortDebugString();
+  EXPECT_EQ(heard.descriptors, 0u);
+  EXPECT_EQ(resumes, 0u) << "the client was cut: the agent froze";
+  EXPECT_TRUE(answers);
+}
+
 Heard listen(int sock) {
   Heard h;
   while (true) {
@@ -166,17 +179,9 @@ TEST_F(HandoverServerTest, AHelloWithoutAProofGetsARefusalAndNothingIsFrozen) {
         heard = listen(conn->get());
       },
       &answers);
-  ASSERT_EQ(heard.messages.size(), 1u) << "the old agent said more than a refusal";
-  EXPECT_TRUE(heard.messages[0].has_refused()) << heard.messages[0].ShortDebugString();
-  EXPECT_NE(heard.messages[0].refused().reason().find("does not prove that it holds the handover "
-                                                      "key"),
-            std::string::npos)
-      << heard.messages[0].ShortDebugString();
+  expectRefusedUnfrozen(heard, resumes, answers, "does not prove that it holds the handover key");
   EXPECT_FALSE(heard.any(&v1::HandoverMessage::has_offer));
   EXPECT_FALSE(heard.any(&v1::HandoverMessage::has_state));
-  EXPECT_EQ(heard.descriptors, 0u);
-  EXPECT_EQ(resumes, 0u) << "the client was cut: the agent froze";
-  EXPECT_TRUE(answers);
 }
 
 TEST_F(HandoverServerTest, AProofWithAnotherKeyGetsARefusalAndNothingIsFrozen) {
@@ -205,14 +210,7 @@ TEST_F(HandoverServerTest, AProofWithAnotherKeyGetsARefusalAndNothingIsFrozen) {
         heard = listen(conn->get());
       },
       &answers);
-  ASSERT_EQ(heard.messages.size(), 1u) << "the old agent said more than a refusal";
-  EXPECT_TRUE(heard.messages[0].has_refused());
-  EXPECT_NE(heard.messages[0].refused().reason().find("does not hold this agent's handover key"),
-            std::string::npos)
-      << heard.messages[0].ShortDebugString();
-  EXPECT_EQ(heard.descriptors, 0u);
-  EXPECT_EQ(resumes, 0u) << "the client was cut: the agent froze";
-  EXPECT_TRUE(answers);
+  expectRefusedUnfrozen(heard, resumes, answers, "does not hold this agent's handover key");
 }
 
 // The control: with the key, the old agent prepares, freezes (the client
