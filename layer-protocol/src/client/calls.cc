@@ -2,6 +2,7 @@
 // numbers for file handles and subscriptions (mapped per Link), and what a
 // Link's session hands on about them (answers, opens, notices, draining).
 #include <errno.h>
+#include <fcntl.h>
 
 #include <algorithm>
 
@@ -80,6 +81,9 @@ std::shared_ptr<Link> Client::linkOf(uint64_t generation) const {
     auto l = weak.lock();
     if (l && l->generation == generation) return l;
   }
+  for (const auto& l : replicas_) {
+    if (l->generation == generation) return l;
+  }
   return nullptr;
 }
 
@@ -105,6 +109,25 @@ net::awaitable<absl::StatusOr<v1::Response>> Client::call(
     auto it = handle ? handles_.find(*handle) : handles_.end();
     if (it != handles_.end()) {
       link = linkOf(it->second.generation);
+      const bool gone = !link || !link->lost.ok();
+      if (options_.reopen_files && (gone || it->second.stale)) {
+        if (closesHandle(request)) {
+          // Nothing of it is open anywhere: closing it is done.
+          handles_.erase(it);
+          v1::Response done;
+          done.mutable_file()->mutable_done();
+          co_return done;
+        }
+        if (!it->second.path.empty()) {
+          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+              deadline - steady_timer::clock_type::now());
+          CO_RETURN_IF_ERROR(co_await reopen(*handle, std::max(left, std::chrono::milliseconds(1))));
+          it = handles_.find(*handle);
+          link = link_;
+        }
+      }
+      if (it == handles_.end()) co_return errnoStatus(EBADF, absl::StrCat(asv(op), " fd ", *handle));
+      link = linkOf(it->second.generation);
       if (!link || !link->lost.ok()) {
         std::string where = it->second.endpoint;
         if (closesHandle(request)) handles_.erase(it);
@@ -120,48 +143,91 @@ net::awaitable<absl::StatusOr<v1::Response>> Client::call(
     // Else, on the first session, a handle this client did not hand out
     // goes as given: the agent judges it.
   }
-  // Subscription ids, too, are this client's (the same rules).
+  // Subscription ids, too, are this client's (the same rules). One held on
+  // several agents (replicas) is ended on each: the answer is the first
+  // live one's, the others' are not waited for.
   std::optional<uint64_t> unsubscribing;
   if (request.has_unsubscribe()) {
     const uint64_t id = request.unsubscribe().subscription_id();
     auto it = subscriptions_.find(id);
     if (it != subscriptions_.end()) {
-      link = linkOf(it->second.generation);
-      if (!link || !link->lost.ok()) {
+      std::shared_ptr<Link> answering;
+      for (const auto& [generation, agent_id] : it->second.agents) {
+        auto l = linkOf(generation);
+        if (!l || !l->lost.ok()) continue;
+        if (!answering) {
+          // Its streams that come before the answer are still its own.
+          answering = l;
+          unsubscribing = agent_id;
+          request.mutable_unsubscribe()->set_subscription_id(agent_id);
+          continue;
+        }
+        l->subscription_ids.erase(agent_id);
+        v1::Request other;
+        other.mutable_unsubscribe()->set_subscription_id(agent_id);
+        if (l->session->sendRequest(std::move(other)).ok()) l->wake();
+      }
+      subscriptions_.erase(it);
+      if (!answering) {
         // It did not come back after a failover: nothing holds it any more.
-        subscriptions_.erase(it);
         v1::Response r;
         r.mutable_unsubscribed();
         co_return r;
       }
-      request.mutable_unsubscribe()->set_subscription_id(it->second.agent_id);
-      unsubscribing = id;
+      link = answering;
     } else if (link->generation != 1) {
       co_return protoError(v1::NOT_FOUND, absl::StrCat("no subscription ", id, " in this client"));
     }
   }
   const bool opens = opensHandle(request);
   const bool closes = closesHandle(request);
+  const bool subscribing = subscribes(request);
+  // reopen_files: a read, write or seek moves the handle's offset.
+  const bool moves_offset =
+      options_.reopen_files && handle && request.has_file() &&
+      (request.file().has_read() || request.file().has_write() || request.file().has_seek());
+  std::string open_path;
+  int32_t open_flags = 0;
+  if (options_.reopen_files && request.has_file() && request.file().has_open()) {
+    open_path = request.file().open().path();
+    open_flags = request.file().open().flags();
+  }
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - steady_timer::clock_type::now());
   auto response = co_await callOn(link, std::move(request),
                                   std::max(left, std::chrono::milliseconds(1)), 0, piped);
   if (closes) handles_.erase(*handle);
-  if (unsubscribing && (response.ok() || errorCodeOf(response.status()) == v1::NOT_FOUND)) {
-    auto it = subscriptions_.find(*unsubscribing);
-    if (it != subscriptions_.end()) {
-      link->subscription_ids.erase(it->second.agent_id);
-      subscriptions_.erase(it);
-    }
+  if (moves_offset && response.ok()) {
+    trackOffset(*handle, *response, piped != nullptr && *piped ? (*piped)->size() : 0);
   }
+  // Forgotten whatever the agent answered: the program asked to stop.
+  if (unsubscribing) link->subscription_ids.erase(*unsubscribing);
   // An opendir the agent answered whole and closed itself (closed: no
   // handle) takes no client id.
   if (opens && response.ok() && response->has_file() && response->file().has_opened() &&
       !response->file().opened().closed()) {
-    const uint64_t h = clientId(handles_, response->file().opened().fd(), link->generation,
-                                &next_handle_);
-    handles_[h] = Handle{link->generation, response->file().opened().fd(), link->endpoint};
+    const uint64_t agent_fd = response->file().opened().fd();
+    const uint64_t h = clientId(handles_, agent_fd, link->generation, &next_handle_);
+    Handle entry;
+    entry.generation = link->generation;
+    entry.agent_fd = agent_fd;
+    entry.endpoint = link->endpoint;
+    if (!open_path.empty()) {
+      // What the file is now, to know it again on another agent.
+      v1::Request fstat;
+      fstat.mutable_file()->mutable_fstat()->set_fd(agent_fd);
+      auto st = co_await callOn(link, std::move(fstat), options_.handshake_timeout, 0);
+      if (st.ok() && st->has_file() && st->file().has_stat()) {
+        entry.path = open_path;
+        entry.flags = open_flags & ~(O_CREAT | O_EXCL | O_TRUNC);
+        entry.identity = st->file().stat();
+      }
+    }
+    handles_[h] = std::move(entry);
     response->mutable_file()->mutable_opened()->set_fd(h);
+  }
+  if (subscribing && response.ok() && response->has_subscribed() && !replicas_.empty()) {
+    co_await fanOut(response->subscribed().subscription_id());
   }
   co_return response;
 }
@@ -290,7 +356,20 @@ void Client::onResponse(Link& link, v1::Response response,
                               ? p.subscription
                               : clientId(subscriptions_, agent_id, link.generation,
                                          &next_subscription_);
-      subscriptions_[id] = Subscription{std::move(p.request), link.generation, agent_id};
+      auto held = subscriptions_.find(id);
+      if (p.subscription != 0 && held == subscriptions_.end()) {
+        // Unsubscribed while it was being made here (a replica, a
+        // failover): undo it on this agent too.
+        v1::Request undo;
+        undo.mutable_unsubscribe()->set_subscription_id(agent_id);
+        if (link.session->sendRequest(std::move(undo)).ok()) link.wake();
+        p.result = protoError(v1::CANCELLED, absl::StrCat("subscription ", id, " was ended"));
+        p.done.notify();
+        return;
+      }
+      Subscription& sub = subscriptions_[id];
+      if (held == subscriptions_.end()) sub.request = std::move(p.request);
+      sub.agents[link.generation] = agent_id;
       link.subscription_ids[agent_id] = id;
       response.mutable_subscribed()->set_subscription_id(id);
     }
@@ -366,6 +445,22 @@ void Client::handOver(Link& link, std::shared_ptr<ClientStream> stream, v1::Stre
 }
 
 void Client::onDraining(Link& link, v1::Draining draining) {
+  if (options_.replicas) {
+    link.retiring = true;
+    if (&link == link_.get()) {
+      replaceCurrent(link.shared_from_this(), absl::StrCat("draining (", draining.reason(), ")"),
+                     /*draining=*/true, link.openStreams(), 0);
+      if (link_.get() == &link && on_draining_) on_draining_(draining);
+      return;
+    }
+    ReplicaEvent event;
+    event.kind = ReplicaEvent::Kind::kDraining;
+    event.endpoint = link.endpoint;
+    event.reason = draining.reason();
+    event.streams = link.openStreams();
+    emitReplica(std::move(event));
+    return;
+  }
   if (&link == link_.get() && !moving_ && canFailover()) {
     FailoverEvent event;
     event.from = link.endpoint;

@@ -44,6 +44,7 @@ std::vector<std::shared_ptr<net::SessionTransport>> Client::closeLinks(
   for (auto& weak : retiring_) {
     if (auto l = weak.lock()) links.push_back(l);
   }
+  for (auto& l : replicas_) links.push_back(l);
   for (auto& l : links) {
     if (l->session && l->transport && !l->transport->closed()) {
       l->session->sendGoaway(v1::CANCELLED, "client closed the session");

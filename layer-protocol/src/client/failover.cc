@@ -24,7 +24,23 @@ void Client::linkLost(const std::shared_ptr<Link>& link, const absl::Status& why
   if (!link->lost.ok()) return;
   link->lost = linkLostStatus(link->endpoint, why);
   auto [requests, streams] = link->failAll(link->lost);
-  if (link != link_ || closing_ || !lost_.ok()) return;
+  if (closing_ || !lost_.ok()) return;
+  if (link != link_) {
+    if (auto it = std::find(replicas_.begin(), replicas_.end(), link); it != replicas_.end()) {
+      replicas_.erase(it);
+      ReplicaEvent event;
+      event.kind = ReplicaEvent::Kind::kLost;
+      event.endpoint = link->endpoint;
+      event.status = link->lost;
+      event.streams = streams;
+      emitReplica(std::move(event));
+    }
+    return;
+  }
+  if (options_.replicas) {
+    replaceCurrent(link, std::string(why.message()), /*draining=*/false, streams, requests);
+    return;
+  }
   if (moving_) return;  // the failover under way sees it
   moveOn(link, std::string(why.message()), streams, requests);
 }
@@ -98,13 +114,13 @@ net::awaitable<void> Client::failover(std::shared_ptr<Client> self, std::shared_
   // The subscriptions, again, under their ids.
   std::vector<uint64_t> ids;
   for (const auto& [id, sub] : subscriptions_) {
-    if (sub.generation != 0) ids.push_back(id);
+    if (!sub.agents.empty()) ids.push_back(id);
   }
   for (uint64_t id : ids) {
     auto it = subscriptions_.find(id);
     if (it == subscriptions_.end()) continue;  // unsubscribed meanwhile
     v1::Request request = it->second.request;
-    it->second.generation = 0;  // gone until the new agent says otherwise
+    it->second.agents.clear();  // gone until the new agent says otherwise
     auto r = co_await callOn(next, std::move(request), options_.handshake_timeout,
                              /*subscription=*/id);
     event.subscriptions.emplace_back(id, r.ok() ? absl::OkStatus() : r.status());
@@ -132,6 +148,7 @@ void Client::sessionLost(const absl::Status& why) {
   for (auto& weak : retiring_) {
     if (auto l = weak.lock()) l->failAll(lost_);
   }
+  for (auto& l : replicas_) l->failAll(lost_);
   moved_.notify();
   if (on_lost_ && !closing_) {
     // Moved out first: the handler may drop the last reference to its owner.
@@ -154,7 +171,8 @@ void Client::releaseHandlers() {
                    on_file_events = std::exchange(on_file_events_, nullptr),
                    on_lost = std::exchange(on_lost_, nullptr),
                    on_failover = std::exchange(on_failover_, nullptr),
-                   on_resumed = std::exchange(on_resumed_, nullptr)] {});
+                   on_resumed = std::exchange(on_resumed_, nullptr),
+                   on_replica = std::exchange(on_replica_, nullptr)] {});
 }
 
 net::awaitable<bool> Client::waitForMove(std::chrono::steady_clock::time_point deadline) {

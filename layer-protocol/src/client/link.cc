@@ -246,7 +246,8 @@ net::awaitable<void> Client::runTransports(std::shared_ptr<Client> self,
     // With another agent to go to, a session that cannot be resumed within
     // the keepalive timeout is given up for a new one there; else the
     // agent's grace is the limit.
-    const bool may_move = canFailover() && link_ == link;
+    const bool may_move =
+        (canFailover() || (options_.replicas && nextReplica() != nullptr)) && link_ == link;
     const protocol::SessionLimits& limits = link->session->limits();
     auto next = co_await runLifecycle(
         LinkLifecycle::resume(link->endpoint,

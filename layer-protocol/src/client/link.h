@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -58,6 +59,7 @@ struct Link : protocol::SessionHandler, std::enable_shared_from_this<Link> {
   std::map<uint64_t, std::shared_ptr<Client::Pending>> pending;
   std::map<uint64_t, std::weak_ptr<ClientStream>> streams;
   std::map<uint64_t, uint64_t> subscription_ids;  // the agent's id -> the client's
+  std::set<uint64_t> subscribing;  // client ids being made here (replicas)
   // Streams of subscriptions (stolen, mirrored) that arrived before their
   // resubscription's answer. The streams are registered already, so what
   // comes for them meanwhile waits in them.

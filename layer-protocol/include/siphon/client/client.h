@@ -77,6 +77,39 @@ struct ClientOptions {
   // forwarder, which the next dial replaces.
   std::function<net::awaitable<absl::StatusOr<std::string>>(std::string endpoint, bool after_cut)>
       resolve_endpoint;
+  // A workload's session (several agents, one per pod, at once): besides
+  // the current session, sessions on other agents (addReplica) that carry
+  // every steal and mirror subscription, so that connections are taken
+  // whichever pod they reach. Requests and outgoing streams go to the
+  // current session only. When the current agent drains or its session is
+  // lost, a replica takes its place at once (promote); with none, the
+  // client waits for the next addReplica (calls wait within their own
+  // timeout) until abandon(), instead of moving through `endpoints`.
+  bool replicas = false;
+  // File handles of a session that is lost are opened again by path on the
+  // current one at their next use, when the file there is the same one
+  // (its type, size and modification time as when it was opened, and at
+  // the same offset); else they answer ESTALE from then on. Off: they
+  // answer EBADF (never reopened).
+  bool reopen_files = false;
+};
+
+// What happened to a replica session (Client::setReplicaHandler).
+struct ReplicaEvent {
+  enum class Kind {
+    kAdded,     // its session opened, subscriptions made (subscriptions: each id's result)
+    kFailed,    // a subscription made later could not be made there (status)
+    kDraining,  // its agent drains: its streams finish there, no new ones come
+    kLost,      // its session is gone (status: why); streams reset: streams
+    kPromoted,  // it became the current session (reason); from: the one before
+  };
+  Kind kind = Kind::kAdded;
+  std::string endpoint;
+  std::string from;
+  std::string reason;
+  absl::Status status;
+  size_t streams = 0;
+  std::vector<std::pair<uint64_t, absl::Status>> subscriptions;
 };
 
 // What a move to another agent did (Client::setFailoverHandler).
@@ -269,6 +302,33 @@ class Client : public std::enable_shared_from_this<Client> {
     on_failover_ = std::move(h);
   }
 
+  // Replicas (ClientOptions::replicas). Opens a session on `endpoint` and
+  // makes every subscription there under this client's ids; its streams
+  // come to the acceptor like the current session's. OK once the session
+  // is open (a subscription that failed there is in the kAdded event). With
+  // no live current session (lost, or draining), the new one becomes the
+  // current at once.
+  net::awaitable<absl::Status> addReplica(std::string endpoint);
+  // Makes the replica at `endpoint` the current session: requests, file
+  // opens and outgoing streams go there from now on. The one before stays
+  // a replica (its subscriptions and streams go on until its agent ends).
+  // NOT_FOUND when no live replica is there.
+  absl::Status promote(const std::string& endpoint, const std::string& reason);
+  // Ends the replica session at `endpoint` (a Goaway: the agent drops it
+  // and its subscriptions); its streams are reset. Nothing when there is none.
+  void dropReplica(const std::string& endpoint, const std::string& reason);
+  // The live replica sessions' endpoints (the current one not included).
+  std::vector<std::string> replicaEndpoints() const;
+  // No agent will come (a workload left without pods): the session ends
+  // as lost with `why` (AGENT_LOST).
+  void abandon(const absl::Status& why);
+  void setReplicaHandler(std::function<void(const ReplicaEvent&)> h) {
+    on_replica_ = std::move(h);
+  }
+  // The current session is lost (or draining) and no replica has taken
+  // its place yet.
+  bool waitingForAgent() const { return moving_ && options_.replicas; }
+
   // Ends the session (the agent drops it at once). The handlers set above
   // are dropped then, and when the session is lost for good: whatever they
   // hold is released, even a stream of this client.
@@ -296,14 +356,21 @@ class Client : public std::enable_shared_from_this<Client> {
   // A subscription (steal, mirror) under this client's id.
   struct Subscription {
     v1::Request request;  // to make it again on another agent
-    uint64_t generation = 0;  // the Link it lives on (0: none, it is gone)
-    uint64_t agent_id = 0;    // its id on that agent
+    // The Links it lives on (their generation) and its id on each agent;
+    // empty: it is gone.
+    std::map<uint64_t, uint64_t> agents;
   };
   // A file or directory handle under this client's number.
   struct Handle {
-    uint64_t generation;
-    uint64_t agent_fd;
+    uint64_t generation = 0;
+    uint64_t agent_fd = 0;
     std::string endpoint;
+    // ClientOptions::reopen_files: what it takes to open it again.
+    std::string path;  // empty: a directory, or not reopenable
+    int32_t flags = 0;
+    v1::FileStat identity;
+    int64_t offset = 0;  // of read/write/seek
+    bool stale = false;  // its file changed on the agent it moved to
   };
 
   // TCP connect, then the TLS handshake when options ask for TLS. `limit`
@@ -345,6 +412,29 @@ class Client : public std::enable_shared_from_this<Client> {
   void sessionLost(const absl::Status& why);
   void releaseHandlers();
   net::awaitable<bool> waitForMove(std::chrono::steady_clock::time_point deadline);
+  // Replicas (replicas.cc): makes subscription `id` on `link` (once; its
+  // answer maps it), the result; the live replica to take the current
+  // one's place; promotion itself; a replica's loss or drain.
+  net::awaitable<absl::Status> subscribeOn(std::shared_ptr<Link> link, uint64_t id);
+  net::awaitable<void> fanOut(uint64_t id);
+  std::shared_ptr<Link> nextReplica() const;
+  void promoteLink(const std::shared_ptr<Link>& next, std::string reason, bool keep_old);
+  // A new replica with no live current session takes its place.
+  void takeOverIfNoCurrent(const std::shared_ptr<Link>& link);
+  // The current link is gone or drains: a replica takes its place, or the
+  // client waits for one (ClientOptions::replicas).
+  void replaceCurrent(const std::shared_ptr<Link>& link, std::string reason, bool draining,
+                      size_t streams, size_t requests);
+  bool replicaLost(const std::shared_ptr<Link>& link, const absl::Status& why);
+  void emitReplica(ReplicaEvent event) {
+    if (on_replica_) on_replica_(event);
+  }
+  // reopen_files: the handle's file opened again on the current link, or
+  // ESTALE (and the handle stays stale) when it is not the same file.
+  net::awaitable<absl::Status> reopen(uint64_t handle, std::chrono::milliseconds timeout);
+  // reopen_files: the offset a read, write or seek answer moves the handle to.
+  // `piped`: the bytes of a read's answer that came in a pipe.
+  void trackOffset(uint64_t handle, const v1::Response& response, size_t piped);
   // Client handles <-> agent handles in file requests and answers.
   absl::Status mapHandleOut(v1::Request& request);
   void mapHandleIn(const v1::Request& request, v1::Response& response);
@@ -366,6 +456,7 @@ class Client : public std::enable_shared_from_this<Client> {
   std::shared_ptr<net::ssl::context> tls_;  // built from options_ on the first dial
   std::shared_ptr<Link> link_;  // the current session
   std::vector<std::weak_ptr<Link>> retiring_;  // draining agents' sessions
+  std::vector<std::shared_ptr<Link>> replicas_;  // ClientOptions::replicas
   uint64_t generations_ = 0;
   absl::Status lost_;  // non-OK once the client is gone for good
   bool closing_ = false;
@@ -384,6 +475,7 @@ class Client : public std::enable_shared_from_this<Client> {
   std::function<void(const absl::Status&)> on_lost_;
   std::function<void(const FailoverEvent&)> on_failover_;
   std::function<void(const absl::Status&)> on_resumed_;
+  std::function<void(const ReplicaEvent&)> on_replica_;
 };
 
 }  // namespace siphon::client

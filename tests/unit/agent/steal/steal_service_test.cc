@@ -6,10 +6,12 @@
 // real client with flow control and half-close, passthrough, release of
 // ports when a session unsubscribes or ends.
 //
-// Over 600 lines: one service's cases sharing the in-process agent below.
+// Over 600 lines: one service's cases sharing the in-process agent below,
+// and the client's failover and replicas, which need two such agents.
 #include "agent/steal/steal_service.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -54,6 +56,10 @@ struct FakeKernel {
   bool saw(const std::string& s) {
     std::lock_guard<std::mutex> l(mu);
     return std::find(calls.begin(), calls.end(), s) != calls.end();
+  }
+  int count(const std::string& s) {
+    std::lock_guard<std::mutex> l(mu);
+    return static_cast<int>(std::count(calls.begin(), calls.end(), s));
   }
   uint16_t listenerPort() {
     std::lock_guard<std::mutex> l(mu);
@@ -1003,6 +1009,220 @@ TEST_F(FailoverTest, WithNoOtherAgentALostSessionEndsAndADrainingOneStays) {
     info.mutable_info();
     EXPECT_EQ(errorCodeOf((co_await c->call(info)).status()), v1::AGENT_LOST);
   });
+}
+
+// A workload's session (ClientOptions::replicas): one session per pod's
+// agent at once, every subscription on each, requests on the current one.
+class ReplicaTest : public FailoverTest {
+ protected:
+  std::shared_ptr<client::Client> newReplicaClient(const asio::any_io_executor& ex,
+                                                   bool reopen_files = false) {
+    client::ClientOptions o;
+    o.endpoints = {a_.address()};
+    o.token = kToken;
+    o.client_name = "replica-test";
+    o.replicas = true;
+    o.reopen_files = reopen_files;
+    return client::Client::create(ex, o);
+  }
+  struct Replicas {
+    std::vector<client::ReplicaEvent> events;
+    size_t count(client::ReplicaEvent::Kind k) const {
+      return std::count_if(events.begin(), events.end(),
+                           [k](const client::ReplicaEvent& e) { return e.kind == k; });
+    }
+  };
+  std::shared_ptr<Replicas> watchReplicas(const std::shared_ptr<client::Client>& c) {
+    auto r = std::make_shared<Replicas>();
+    c->setReplicaHandler([r](const client::ReplicaEvent& e) { r->events.push_back(e); });
+    return r;
+  }
+};
+
+// Both replicas steal the port under one id, a connection to either reaches
+// the client; the current agent lost, the replica takes its place at once
+// (no new subscription: it held it already) and unsubscribing releases it.
+TEST_F(ReplicaTest, EveryReplicaStealsAndTheReplicaTakesOverWhenTheCurrentIsLost) {
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = newReplicaClient(ex);
+    auto seen = watch(c, ex);
+    auto replicas = watchReplicas(c);
+    EXPECT_TRUE((co_await c->connect()).ok());
+    uint64_t id = 0;
+    int fd_a = -1;
+    auto first = co_await stealOneOnA(c, seen, &id, &fd_a);
+    if (!first) co_return;
+    EXPECT_TRUE((co_await c->addReplica(b_.address())).ok());
+    EXPECT_TRUE(kernel_b_->saw("add 8080"));
+    EXPECT_EQ(replicas->count(client::ReplicaEvent::Kind::kAdded), 1u);
+    if (!replicas->events.empty() && replicas->events[0].subscriptions.size() == 1) {
+      EXPECT_EQ(replicas->events[0].subscriptions[0].first, id);
+      EXPECT_TRUE(replicas->events[0].subscriptions[0].second.ok());
+    } else {
+      ADD_FAILURE() << "no kAdded event with one subscription";
+    }
+    EXPECT_EQ(c->replicaEndpoints(), std::vector<std::string>{b_.address()});
+    EXPECT_EQ(c->endpoint(), a_.address());  // requests still go to the first
+
+    int fd_b = connectTo(kernel_b_->listenerPort());
+    EXPECT_TRUE(co_await eventually([&] { return seen->streams.size() == 2; }));
+    if (seen->streams.size() != 2) co_return;
+    EXPECT_EQ(seen->streams[1].second.stolen().subscription_id(), id);
+    auto on_b = seen->streams[1].first;
+    EXPECT_TRUE(c->acceptStream(*on_b).ok());
+
+    a_.stop();
+    EXPECT_TRUE(co_await eventually(
+        [&] { return replicas->count(client::ReplicaEvent::Kind::kPromoted) == 1; }));
+    EXPECT_EQ(c->endpoint(), b_.address());
+    EXPECT_TRUE(c->lostStatus().ok()) << c->lostStatus();
+    EXPECT_EQ(seen->moves.size(), 1u);  // told as a move too
+    EXPECT_EQ(errorCodeOf((co_await first->read()).status()), v1::AGENT_LOST);
+    // The replica's connection never noticed.
+    writeAll(fd_b, "hello");
+    auto chunk = co_await on_b->read();
+    EXPECT_TRUE(chunk.ok() && chunk->has_value() && **chunk == "hello") << chunk.status();
+    ::close(fd_a);
+    ::close(fd_b);
+    EXPECT_EQ(kernel_b_->count("add 8080"), 1);  // never made again
+
+    EXPECT_TRUE((co_await unsubscribe(c, id)).ok());
+    EXPECT_TRUE(co_await eventually([&] { return kernel_b_->saw("remove 8080"); }));
+    c->close();
+  });
+}
+
+// A subscription made after the replica came is made there too; one ended
+// is ended on both.
+TEST_F(ReplicaTest, ASubscriptionMadeLaterReachesEveryReplica) {
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = newReplicaClient(ex);
+    auto seen = watch(c, ex);
+    EXPECT_TRUE((co_await c->connect()).ok());
+    EXPECT_TRUE((co_await c->addReplica(b_.address())).ok());
+    EXPECT_FALSE(kernel_b_->saw("add 8080"));
+    auto id = co_await subscribe(c, 8080);
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) co_return;
+    EXPECT_TRUE(kernel_a_->saw("add 8080"));
+    EXPECT_TRUE(kernel_b_->saw("add 8080"));
+    int fd_b = connectTo(kernel_b_->listenerPort());
+    EXPECT_TRUE(co_await eventually([&] { return seen->streams.size() == 1; }));
+    if (seen->streams.size() == 1) {
+      EXPECT_EQ(seen->streams[0].second.stolen().subscription_id(), *id);
+    }
+    ::close(fd_b);
+    EXPECT_TRUE((co_await unsubscribe(c, *id)).ok());
+    EXPECT_TRUE(kernel_a_->saw("remove 8080"));
+    EXPECT_TRUE(co_await eventually([&] { return kernel_b_->saw("remove 8080"); }));
+    c->close();
+  });
+}
+
+// The current agent lost with no replica: calls wait, and the next replica
+// added answers them; abandon() then ends the session as lost.
+TEST_F(ReplicaTest, WithNoReplicaCallsWaitForTheNextOne) {
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = newReplicaClient(ex);
+    std::optional<absl::Status> lost;
+    c->setLostHandler([&lost](const absl::Status& s) { lost = s; });
+    EXPECT_TRUE((co_await c->connect()).ok());
+    a_.stop();
+    EXPECT_TRUE(co_await eventually([&] { return c->waitingForAgent(); }));
+    EXPECT_TRUE(c->lostStatus().ok());
+    bool answered = false;
+    absl::Status answer;
+    // Named: the coroutine reads its captures through the closure, which
+    // must outlive it.
+    auto ask = [&]() -> net::awaitable<void> {
+      v1::Request r;
+      r.mutable_info();
+      auto resp = co_await c->call(r, std::chrono::seconds(20));
+      answer = resp.status();
+      answered = true;
+    };
+    net::spawn(ex, ask(), "waiting_call");
+    asio::steady_timer t(ex);
+    t.expires_after(std::chrono::milliseconds(100));
+    co_await t.async_wait(net::use_awaitable);
+    EXPECT_FALSE(answered);
+    EXPECT_TRUE((co_await c->addReplica(b_.address())).ok());
+    EXPECT_TRUE(co_await eventually([&] { return answered; }));
+    EXPECT_TRUE(answer.ok()) << answer;
+    EXPECT_EQ(c->endpoint(), b_.address());
+    EXPECT_FALSE(c->waitingForAgent());
+
+    b_.stop();
+    EXPECT_TRUE(co_await eventually([&] { return c->waitingForAgent(); }));
+    c->abandon(absl::UnavailableError("no pod of deployment/web became Ready within 1 s"));
+    EXPECT_TRUE(lost.has_value());
+    if (lost) {
+      EXPECT_EQ(errorCodeOf(*lost), v1::AGENT_LOST);
+      EXPECT_NE(lost->message().find("no pod of deployment/web"), absl::string_view::npos);
+    }
+    c->close();
+  });
+}
+
+// reopen_files: a handle of the lost agent is opened again on the new one
+// at its next use, at its offset, when the file is the same; a file that
+// changed answers ESTALE, and closing it succeeds.
+TEST_F(ReplicaTest, HandlesReopenWhenTheFileIsTheSameAndAreStaleWhenNot) {
+  char same_path[] = "/tmp/siphon-replica-same-XXXXXX";
+  char changed_path[] = "/tmp/siphon-replica-changed-XXXXXX";
+  for (char* p : {same_path, changed_path}) {
+    int fd = ::mkstemp(p);
+    ASSERT_GE(fd, 0);
+    writeAll(fd, "contents");
+    ::close(fd);
+  }
+  auto openFile = [](const std::shared_ptr<client::Client>& c,
+                     std::string path) -> net::awaitable<absl::StatusOr<uint64_t>> {
+    v1::Request r;
+    r.mutable_file()->mutable_open()->set_path(path);
+    auto resp = co_await c->call(r);
+    if (!resp.ok()) co_return resp.status();
+    co_return resp->file().opened().fd();
+  };
+  auto readSome = [](const std::shared_ptr<client::Client>& c, uint64_t fd,
+                     uint32_t n) -> net::awaitable<absl::StatusOr<std::string>> {
+    v1::Request r;
+    r.mutable_file()->mutable_read()->set_fd(fd);
+    r.mutable_file()->mutable_read()->set_size(n);
+    auto resp = co_await c->call(r);
+    if (!resp.ok()) co_return resp.status();
+    co_return resp->file().data().data();
+  };
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = newReplicaClient(ex, /*reopen_files=*/true);
+    EXPECT_TRUE((co_await c->connect()).ok());
+    EXPECT_TRUE((co_await c->addReplica(b_.address())).ok());
+    auto same = co_await openFile(c, same_path);
+    auto changed = co_await openFile(c, changed_path);
+    EXPECT_TRUE(same.ok() && changed.ok());
+    if (!same.ok() || !changed.ok()) co_return;
+    EXPECT_EQ((co_await readSome(c, *same, 4)).value_or("?"), "cont");
+    // The other file changes while the first agent has it open.
+    int fd = ::open(changed_path, O_WRONLY | O_APPEND);
+    writeAll(fd, " and more");
+    ::close(fd);
+
+    a_.stop();
+    EXPECT_TRUE(co_await eventually([&] { return c->endpoint() == b_.address(); }));
+    EXPECT_EQ((co_await readSome(c, *same, 100)).value_or("?"), "ents");
+    auto stale = co_await readSome(c, *changed, 100);
+    EXPECT_EQ(errnoOf(stale.status()), ESTALE) << stale.status();
+    EXPECT_EQ(errnoOf((co_await readSome(c, *changed, 100)).status()), ESTALE);
+    v1::Request close_changed;
+    close_changed.mutable_file()->mutable_close()->set_fd(*changed);
+    EXPECT_TRUE((co_await c->call(close_changed)).ok());
+    v1::Request close_same;
+    close_same.mutable_file()->mutable_close()->set_fd(*same);
+    EXPECT_TRUE((co_await c->call(close_same)).ok());
+    c->close();
+  });
+  ::unlink(same_path);
+  ::unlink(changed_path);
 }
 
 }  // namespace
