@@ -170,6 +170,11 @@ def make_ready(pod):
 class DisruptionsTest(unittest.TestCase):
     def test_1_drain_evicts_the_agent_and_waits_for_the_budget(self):
         t0 = time.monotonic()
+        # Whatever fails, the later tests get both nodes back.
+        self.addCleanup(kubectl, "uncordon", NODE1, check=False)
+        for kind, name in (("deployment", "web"), ("pdb", "web"), ("job", "agent")):
+            self.addCleanup(kubectl, "delete", kind, "-n", NS, name, "--ignore-not-found",
+                            check=False)
         apply(web_deployment("web", 2, {"preferredDuringSchedulingIgnoredDuringExecution": [
             {"weight": 100, "podAffinityTerm": hostname_term("web")}]}, "marker-web"))
         running = eventually(lambda: (lambda ps: ps if len(ps) == 2 and all(
