@@ -4,13 +4,34 @@
 # its own containerd (scripts/local-cluster/, tests/cluster/README.md).
 # Real kubectl works against it.
 #
-# Usage: scripts/local-cluster.sh up|down|status
+# Usage: scripts/local-cluster.sh up|down|status|node-down NODE|node-up NODE
 #   up      starts whatever is not running (idempotent) and ends with three
 #           lines: KUBECONFIG=PATH, AGENT_IMAGE=NAME, APP_IMAGE=NAME
 #   down    stops everything and removes all it made: processes, containerd
 #           state, mounts, network namespaces, links, routes, cgroups, the
 #           state directory
 #   status  says what runs
+#   node-down NODE
+#           the node vanishes (power loss, a kernel panic, a partition):
+#           SIGKILL to its node agent (the kubelet) and to every process of
+#           its containers, at once, no grace, no preStop; then what the node
+#           lifecycle controller writes once the node's grace period (40 s)
+#           is over, written at once: the node's conditions Unknown, its
+#           pods Ready=False, the taints node.kubernetes.io/unreachable
+#           NoSchedule and NoExecute. The taint manager then deletes the pods
+#           that do not tolerate it, and those with tolerationSeconds that
+#           long after; they stay Terminating (nobody can confirm they
+#           stopped), and their controllers replace them elsewhere.
+#           Not emulated: the node's containerd and shims keep running (their
+#           containers are dead), its network namespaces, veths and pod IPs
+#           stay until node-up, the 40 s grace itself, a Node object deleted
+#           by a cloud controller (`kubectl delete node` does that).
+#   node-up NODE
+#           the node comes back: the unreachable taints go, its node agent
+#           starts again, registers Ready and reconciles what it finds: pods
+#           deleted meanwhile are cleaned up, Terminating ones finish, the
+#           others get their containers restarted (restartPolicy) or fail
+#           (Never).
 #
 # Root only. State (and the logs, in logs/) under $SIPHON_LOCAL_CLUSTER_DIR
 # (default /var/lib/siphon-local-cluster).
@@ -477,6 +498,54 @@ cmd_down() {
   note "removed"
 }
 
+# ------------------------------------------------------------------ node-down, node-up
+node_index() {
+  local i=1 n
+  for n in "${nodes[@]}"; do
+    [ "$n" = "$1" ] && { echo "$i"; return 0; }
+    i=$((i + 1))
+  done
+  die "no node $1 (nodes: ${nodes[*]})"
+}
+
+lcluster_helper() {
+  PYTHONPATH="$pkg" "$py" -m lcluster "$1" --name "$2" \
+    --server "https://127.0.0.1:$(cat "$state/apiserver.port")" --ca "$state/pki/ca.crt" \
+    --token-file "$state/pki/$2.token"
+}
+
+cmd_node_down() {
+  local n="$1" d pid p
+  node_index "$n" >/dev/null
+  alive "$state/apiserver.pid" "lcluster apiserver" >/dev/null || die "the cluster is not up"
+  d="$(node_dir "$n")"
+  if pid="$(alive "$d/node.pid" "lcluster node --name $n ")"; then
+    kill -KILL "$pid"
+    while [ -d "/proc/$pid" ] && ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null; do
+      sleep 0.05
+    done
+  fi
+  # Every process of the node's containers: they live in its cgroups.
+  for p in /proc/[0-9]*; do
+    if grep -q "/$cgroup_root/$n/" "$p/cgroup" 2>/dev/null; then
+      kill -KILL "${p#/proc/}" 2>/dev/null || true
+    fi
+  done
+  lcluster_helper node-lost "$n" || die "marking $n unreachable failed"
+  note "$n is down: NotReady (Unknown), node.kubernetes.io/unreachable:NoExecute"
+}
+
+cmd_node_up() {
+  local n="$1" i
+  i="$(node_index "$n")"
+  alive "$state/apiserver.pid" "lcluster apiserver" >/dev/null || die "the cluster is not up"
+  lcluster_helper node-back "$n" || die "removing the unreachable taints of $n failed"
+  start_containerd "$n"
+  start_node "$n" "$i"
+  wait_nodes_ready
+  note "$n is up"
+}
+
 # ------------------------------------------------------------------ status
 cmd_status() {
   if [ ! -d "$state" ]; then
@@ -508,8 +577,12 @@ case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
+  node-down | node-up)
+    [ $# -eq 2 ] || die "usage: scripts/local-cluster.sh $1 NODE"
+    if [ "$1" = node-down ]; then cmd_node_down "$2"; else cmd_node_up "$2"; fi
+    ;;
   *)
-    echo "usage: scripts/local-cluster.sh up|down|status" >&2
+    echo "usage: scripts/local-cluster.sh up|down|status|node-down NODE|node-up NODE" >&2
     exit 2
     ;;
 esac

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <optional>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -26,11 +27,16 @@ void randomBytes(void* out, size_t n) {
   }
 }
 
+// Only Siphon's own labels (app.kubernetes.io/name=siphon-agent,
+// managed-by=siphon, siphon.dev/...): the agent's pod never carries the
+// target's labels, so no PodDisruptionBudget, Service or ReplicaSet
+// selecting the application selects the agent too. A budget that did would
+// count the agent as one of the application's pods (and its eviction could
+// be refused, holding a drain), and Siphon never creates a budget of its
+// own. siphon.dev/mode says the mode (no app.kubernetes.io/component: a
+// common key in users' own selectors).
 json labels(const AgentSpec& s) {
   json l = {{kLabelName, kLabelNameValue},
-            {"app.kubernetes.io/component", s.mode == AgentMode::kJob         ? "targeted"
-                                            : s.mode == AgentMode::kEphemeral ? "ephemeral"
-                                                                              : "targetless"},
             {kLabelManagedBy, "siphon"},
             {kLabelSession, s.session},
             {kLabelMode, modeName(s.mode)}};
@@ -50,6 +56,59 @@ json annotations(const AgentSpec& s) {
         absl::StrCat(s.target_ns, "/pod/", s.target_pod, "/", s.target_container);
   }
   return a;
+}
+
+// The pod's own: the Job's and targetless pod's annotations plus
+// safe-to-evict. Cluster Autoscaler refuses to remove a node whose pods
+// have local storage (hostPath: the runtime's socket; emptyDir: the tmpfs
+// /tmp and /run) unless they say they may go. The agent may: it holds no
+// data (its tmpfs volumes are scratch space), drains its sessions on
+// SIGTERM within the grace period, and the client follows the target to
+// its next node. Never karpenter.sh/do-not-disrupt: that would block
+// consolidation and drift of every node a session runs on.
+json podAnnotations(const AgentSpec& s) {
+  json a = annotations(s);
+  a[kAnnotationSafeToEvict] = "true";
+  return a;
+}
+
+// The tolerations (agent-job.yaml has the same list and reasons).
+//  - No NoSchedule or PreferNoSchedule toleration: the targeted agent has
+//    nodeName, so the scheduler's taints never apply to it and the kubelet
+//    admits a pod against NoExecute taints only. Tolerating NoSchedule would
+//    only change what disruption tools do: Karpenter neither evicts nor
+//    waits for a pod that tolerates its karpenter.sh/disrupted:NoSchedule
+//    taint (it treats it like a DaemonSet pod), so the agent would be killed
+//    with the instance instead of draining its sessions; and a targetless
+//    agent would be scheduled onto cordoned nodes.
+//  - not-ready and unreachable (NoExecute) for kLostNodeTolerationSeconds:
+//    on a node that stopped answering, the taint manager deletes the agent
+//    when it deletes a target with the default tolerations. Without a bound
+//    the pod would stay bound to a dead node for as long as its Node object
+//    exists (an empty-key Exists toleration also stops the
+//    DefaultTolerationSeconds admission from adding the bound).
+//  - out-of-service (NoExecute) for 0 s: a node an administrator declared
+//    shut down loses the agent at once, as every pod that does not tolerate it.
+//  - every other NoExecute taint, for ever (targeted only): the agent must run
+//    wherever its target runs, and dedicated nodes carry NoExecute taints the
+//    target tolerates; the kubelet would refuse the agent there otherwise.
+// The taint manager and the kubelet take, for each taint, the first
+// toleration that matches it: the bounded ones come first, so the catch-all
+// never lifts their bound.
+json tolerations(bool targeted) {
+  auto noExecute = [](const char* key, std::optional<int> seconds) {
+    json t = {{"operator", "Exists"}, {"effect", "NoExecute"}};
+    if (key != nullptr) t["key"] = key;
+    if (seconds) t["tolerationSeconds"] = *seconds;
+    return t;
+  };
+  json t = json::array({noExecute("node.kubernetes.io/not-ready", kLostNodeTolerationSeconds),
+                        noExecute("node.kubernetes.io/unreachable", kLostNodeTolerationSeconds)});
+  if (targeted) {
+    t.push_back(noExecute("node.kubernetes.io/out-of-service", 0));
+    t.push_back(noExecute(nullptr, std::nullopt));
+  }
+  return t;
 }
 
 json nodeOwner(const AgentSpec& s) {
@@ -132,9 +191,7 @@ json podSpec(const AgentSpec& s, bool targeted) {
   container["volumeMounts"] = mounts;
   json spec = {
       {"restartPolicy", "Never"},
-      // Tolerate every taint: the target may run on a cordoned or draining
-      // node, and that is when people debug it (agent-job.yaml).
-      {"tolerations", json::array({{{"operator", "Exists"}}})},
+      {"tolerations", tolerations(targeted)},
       {"terminationGracePeriodSeconds", 30},
       {"hostPID", targeted},
       {"hostNetwork", false},
@@ -280,14 +337,18 @@ std::string jobManifest(const AgentSpec& s) {
         {"ownerReferences", nodeOwner(s)}}},
       {"spec",
        {// One attempt: an agent that failed must not be restarted behind the
-        // user's back; the client reports the failure.
+        // user's back; the client reports the failure. An evicted agent
+        // counts as failed too, so a drain's eviction is never followed by a
+        // new agent pinned (nodeName ignores the cordon) to the same node.
+        // The Job is the pod's controller owner: kubectl drain evicts such
+        // pods without --force.
         {"backoffLimit", 0},
         // What is left after the agent ends goes five minutes later (the
         // client reads a failed agent's logs at once; a person has time too).
         {"ttlSecondsAfterFinished", 300},
         {"activeDeadlineSeconds", 43200},
         {"template",
-         {{"metadata", {{"labels", l}, {"annotations", annotations(s)}}},
+         {{"metadata", {{"labels", l}, {"annotations", podAnnotations(s)}}},
           {"spec", podSpec(s, true)}}}}},
   };
   return job.dump();
@@ -317,7 +378,7 @@ std::string targetlessPodManifest(const AgentSpec& s) {
                {{"name", s.name},
                 {"namespace", s.ns},
                 {"labels", labels(s)},
-                {"annotations", annotations(s)}}},
+                {"annotations", podAnnotations(s)}}},
               {"spec", podSpec(s, false)}};
   return pod.dump();
 }

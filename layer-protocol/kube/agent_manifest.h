@@ -8,7 +8,10 @@
 //    client's version and protocol, so a later session can find and reuse
 //    it, and `siphon agents` list it;
 //  - the token Secret is owned by the Job (patched in once the Job exists;
-//    the Node owns it until then, so it is never without an owner).
+//    the Node owns it until then, so it is never without an owner);
+//  - nothing in it holds a node: every disruption tool (kubectl drain,
+//    Cluster Autoscaler, Karpenter, managed node-pool upgrades, taint-based
+//    eviction) may evict the agent's pod (agent_manifest.cc, podSpec).
 // tests/unit/kube/agent_manifest_test.cc holds these to images/k8s/ and
 // images/capabilities.txt; tests/deploy runs check_manifests.py on them.
 #pragma once
@@ -36,6 +39,14 @@ inline constexpr char kAnnotationPort[] = "siphon.dev/port";
 inline constexpr char kAnnotationSecret[] = "siphon.dev/token-secret";
 // On the token's Secret: the agent's --fs-mode (absent: ro, the default).
 inline constexpr char kAnnotationFsMode[] = "siphon.dev/fs-mode";
+// On the agent's pod: Cluster Autoscaler may evict it (its hostPath socket
+// and tmpfs volumes would otherwise count as local storage that blocks the
+// node's scale-down; agent_manifest.cc says why it is safe).
+inline constexpr char kAnnotationSafeToEvict[] = "cluster-autoscaler.kubernetes.io/safe-to-evict";
+// How long an agent stays bound to a node that stopped answering
+// (node.kubernetes.io/unreachable or not-ready, NoExecute) before it is
+// deleted: the DefaultTolerationSeconds its target gets, so both go together.
+inline constexpr int kLostNodeTolerationSeconds = 300;
 
 struct AgentSpec {
   AgentMode mode = AgentMode::kJob;

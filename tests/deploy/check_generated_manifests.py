@@ -12,7 +12,8 @@ would create for fixed inputs, and
     as in the YAML files with their placeholders filled (securityContext of
     pod and container, host namespaces, tolerations, resources, volumes and
     where they are mounted, env, the Job's limits), and the arguments are
-    the same flags; the only differences are the documented ones (listening
+    the same flags, the pod template's annotations (safe-to-evict) and
+    labels (only Siphon's); the only differences are the documented ones (listening
     on the pod's loopback, the idle timeout, the Job's TTL, labels and
     annotations naming the target, the Secret owned by the Job);
   * images/k8s/rbac.yaml grants every `kubectl auth can-i` the client asks.
@@ -98,6 +99,16 @@ class GeneratedManifestsTest(unittest.TestCase):
         self.assertEqual(gj["metadata"]["ownerReferences"], wj["metadata"]["ownerReferences"])
         for k, v in wj["metadata"]["labels"].items():
             self.assertEqual(gj["metadata"]["labels"].get(k), v, k)
+        # What disruption tools read on the pod (issue 42): the template's
+        # annotations and labels of the YAML, and only Siphon's labels.
+        wt, gt = wj["spec"]["template"]["metadata"], gj["spec"]["template"]["metadata"]
+        for k, v in (wt.get("annotations") or {}).items():
+            self.assertEqual((gt.get("annotations") or {}).get(k), v, k)
+        for k, v in wt["labels"].items():
+            self.assertEqual(gt["labels"].get(k), v, k)
+        for k in gt["labels"]:
+            self.assertTrue(k in ("app.kubernetes.io/name", "app.kubernetes.io/managed-by")
+                            or k.startswith("siphon.dev/"), k)
         wp, gp = wj["spec"]["template"]["spec"], gj["spec"]["template"]["spec"]
         self.assertEqual(sorted(gp), sorted(wp), "the pod spec's fields")
         for k in wp:

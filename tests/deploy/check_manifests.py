@@ -10,7 +10,8 @@ Each YAML document of each file is one of:
   * a Secret holding the client token,
   * a batch/v1 Job running the targeted agent (hostPID, pinned to a node,
     owned by the Node, the runtime socket read-only, the exact capability
-    set, resources, ttlSecondsAfterFinished, tolerations for every taint...),
+    set, resources, ttlSecondsAfterFinished; nothing that holds a node: see
+    check_disruption),
   * a strategic patch of a pod's ephemeralcontainers subresource,
   * a `kubectl debug --custom` partial container spec (its arguments are
     those after `--arguments-only --` in the file's comments),
@@ -310,6 +311,69 @@ class Checker:
                 return True
         return False
 
+    # ---- what lets every disruption tool evict the agent (agent-job.yaml)
+    SIPHON_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/managed-by")
+    LOST_NODE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+    def check_disruption(self, job, pod):
+        template = (job.get("spec") or {}).get("template") or {}
+        tmeta = template.get("metadata") or {}
+        ann = tmeta.get("annotations") or {}
+        self.require(ann.get("cluster-autoscaler.kubernetes.io/safe-to-evict") == "true",
+                     "pod template needs the annotation cluster-autoscaler.kubernetes.io/"
+                     "safe-to-evict: \"true\" (its hostPath counts as local storage: Cluster "
+                     "Autoscaler would keep the node)")
+        for where, meta in (("Job", job.get("metadata") or {}), ("pod template", tmeta)):
+            a = meta.get("annotations") or {}
+            self.require("karpenter.sh/do-not-disrupt" not in a,
+                         f"{where}: no karpenter.sh/do-not-disrupt (it would hold the node)")
+            for k in meta.get("labels") or {}:
+                self.require(k in self.SIPHON_LABELS or k.startswith("siphon.dev/"),
+                             f"{where}: label {k!r} is not Siphon's own (app.kubernetes.io/name, "
+                             "app.kubernetes.io/managed-by, siphon.dev/*): a "
+                             "PodDisruptionBudget of the application could select the agent")
+            labels = meta.get("labels") or {}
+            self.require(labels.get("app.kubernetes.io/name") == "siphon-agent",
+                         f"{where}: needs the label app.kubernetes.io/name: siphon-agent")
+        self.require(not tmeta.get("ownerReferences"),
+                     "pod template: no ownerReferences (the Job is the pod's controller owner, "
+                     "which lets kubectl drain evict it without --force)")
+        for v in pod.get("volumes") or []:
+            ed = v.get("emptyDir") if isinstance(v, dict) else None
+            if ed is not None:
+                self.require(ed.get("medium") == "Memory" and bool(ed.get("sizeLimit")),
+                             f"volume {v.get('name')!r}: an emptyDir must be a bounded tmpfs "
+                             "(medium: Memory, sizeLimit): scratch space, never data a drain "
+                             "would lose")
+        tol = [t for t in pod.get("tolerations") or [] if isinstance(t, dict)]
+        for t in tol:
+            self.require(t.get("effect") == "NoExecute",
+                         f"toleration {t}: only NoExecute taints (with nodeName the scheduler's "
+                         "taints never apply; tolerating karpenter.sh/disrupted:NoSchedule makes "
+                         "Karpenter skip the agent's eviction)")
+        first = {}
+        for taint in self.LOST_NODE_TAINTS + ("node.kubernetes.io/out-of-service",
+                                              "example.com/dedicated"):
+            for t in tol:
+                if t.get("effect") in (None, "", "NoExecute") and (
+                        (t.get("operator") == "Exists" and t.get("key") in (None, "", taint)) or
+                        t.get("key") == taint):
+                    first[taint] = t
+                    break
+        for taint in self.LOST_NODE_TAINTS:
+            secs = (first.get(taint) or {}).get("tolerationSeconds")
+            self.require(isinstance(secs, int) and 0 < secs <= 300,
+                         f"{taint}:NoExecute: the first toleration matching it needs a "
+                         "tolerationSeconds of 1..300 (or the pod stays bound to a dead node)")
+        oos = first.get("node.kubernetes.io/out-of-service")
+        self.require(oos is not None and oos.get("tolerationSeconds") == 0,
+                     "node.kubernetes.io/out-of-service:NoExecute: the first toleration matching "
+                     "it needs tolerationSeconds: 0 (a node declared shut down)")
+        other = first.get("example.com/dedicated")
+        self.require(other is not None and other.get("tolerationSeconds") is None,
+                     "pod needs a toleration of every other NoExecute taint (operator: Exists, "
+                     "effect: NoExecute, no key): the agent must run where its target runs")
+
     # ---- kind: Job
     def check_job(self, doc):
         self.require(doc.get("apiVersion") == "batch/v1",
@@ -345,10 +409,7 @@ class Checker:
         self.require(pod.get("hostPID") is True, "pod needs hostPID: true")
         self.require(pod.get("hostNetwork") is not True, "pod must not use hostNetwork")
         self.require(pod.get("hostIPC") is not True, "pod must not use hostIPC")
-        tol = pod.get("tolerations") or []
-        self.require(any(isinstance(t, dict) and t.get("operator") == "Exists" and not t.get("key")
-                         and not t.get("effect") for t in tol),
-                     "pod needs a toleration of every taint (operator: Exists, no key, no effect)")
+        self.check_disruption(doc, pod)
         self.require(pod.get("automountServiceAccountToken") is False,
                      "pod must not mount a service account token (automountServiceAccountToken: "
                      "false)")

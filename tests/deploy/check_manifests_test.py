@@ -172,13 +172,61 @@ class CheckManifestsTest(unittest.TestCase):
     def test_job_without_tolerations(self):
         def edit(docs):
             del self.pod(docs)["tolerations"]
-        self.assertRejected(self.broken_yaml(JOB, edit), "toleration of every taint")
+        self.assertRejected(self.broken_yaml(JOB, edit), "every other NoExecute taint")
 
-    def test_job_toleration_of_one_taint_only(self):
+    def test_job_toleration_of_every_taint(self):
+        # What the Job had before issue 42: Karpenter would skip its eviction
+        # and it would stay bound to an unreachable node for ever.
         def edit(docs):
-            self.pod(docs)["tolerations"] = [{"key": "node.kubernetes.io/unschedulable",
-                                              "operator": "Exists"}]
-        self.assertRejected(self.broken_yaml(JOB, edit), "toleration of every taint")
+            self.pod(docs)["tolerations"] = [{"operator": "Exists"}]
+        path = self.broken_yaml(JOB, edit)
+        self.assertRejected(path, "only NoExecute taints")
+        self.assertRejected(path, "node.kubernetes.io/unreachable:NoExecute: the first toleration")
+
+    def test_job_tolerates_karpenters_disruption_taint(self):
+        def edit(docs):
+            self.pod(docs)["tolerations"].insert(0, {"key": "karpenter.sh/disrupted",
+                                                     "operator": "Exists",
+                                                     "effect": "NoSchedule"})
+        self.assertRejected(self.broken_yaml(JOB, edit), "karpenter.sh/disrupted")
+
+    def test_job_catch_all_before_the_bounded_tolerations(self):
+        # The first matching toleration counts: the bound would never apply.
+        def edit(docs):
+            tol = self.pod(docs)["tolerations"]
+            tol.insert(0, tol.pop())
+        self.assertRejected(self.broken_yaml(JOB, edit),
+                            "node.kubernetes.io/not-ready:NoExecute: the first toleration")
+
+    def test_job_tolerates_out_of_service(self):
+        def edit(docs):
+            self.pod(docs)["tolerations"] = [
+                t for t in self.pod(docs)["tolerations"]
+                if t.get("key") != "node.kubernetes.io/out-of-service"]
+        self.assertRejected(self.broken_yaml(JOB, edit), "out-of-service")
+
+    def test_job_without_safe_to_evict(self):
+        def edit(docs):
+            del self.job(docs)["spec"]["template"]["metadata"]["annotations"]
+        self.assertRejected(self.broken_yaml(JOB, edit), "safe-to-evict")
+
+    def test_job_do_not_disrupt(self):
+        def edit(docs):
+            self.job(docs)["spec"]["template"]["metadata"]["annotations"][
+                "karpenter.sh/do-not-disrupt"] = "true"
+        self.assertRejected(self.broken_yaml(JOB, edit), "karpenter.sh/do-not-disrupt")
+
+    def test_job_carries_an_application_label(self):
+        def edit(docs):
+            self.job(docs)["spec"]["template"]["metadata"]["labels"]["app"] = "web"
+        self.assertRejected(self.broken_yaml(JOB, edit), "label 'app' is not Siphon's own")
+
+    def test_job_emptydir_on_disk(self):
+        def edit(docs):
+            for v in self.pod(docs)["volumes"]:
+                if "emptyDir" in v:
+                    v["emptyDir"] = {}
+        self.assertRejected(self.broken_yaml(JOB, edit), "bounded tmpfs")
 
     def test_job_owned_by_a_pod(self):
         def edit(docs):

@@ -91,14 +91,13 @@ def default_pod_spec(spec, top_level):
     if top_level:
         # The DefaultTolerationSeconds admission plugin's two tolerations.
         tols = spec.setdefault("tolerations", [])
-        keys = {(t.get("key"), t.get("effect")) for t in tols}
-        has_all = any(t.get("operator") == "Exists" and not t.get("key") and not t.get("effect")
-                      for t in tols)
-        if not has_all:
-            for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
-                if (key, "NoExecute") not in keys:
-                    tols.append({"key": key, "operator": "Exists", "effect": "NoExecute",
-                                 "tolerationSeconds": 300})
+        # A toleration with that key or none, of NoExecute or every
+        # effect, already covers the taint (whatever its tolerationSeconds).
+        for key in ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"):
+            if not any(t.get("key") in (None, "", key) and t.get("effect") in (None, "", "NoExecute")
+                       for t in tols):
+                tols.append({"key": key, "operator": "Exists", "effect": "NoExecute",
+                             "tolerationSeconds": 300})
 
 
 def _qos(spec):

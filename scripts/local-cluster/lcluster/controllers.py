@@ -7,7 +7,8 @@ of events.
 
 Controllers: Namespace (termination), garbage collector (ownerReferences,
 foreground and orphan deletion, cluster-scoped owners such as a Node),
-scheduler, node taints for cordoned nodes, Deployment, ReplicaSet,
+scheduler (taints, node affinity, pod anti-affinity), node taints for
+cordoned nodes, taint-based eviction (NoExecute), Deployment, ReplicaSet,
 StatefulSet, DaemonSet, Job (with the job-tracking finalizer, backoffLimit,
 activeDeadlineSeconds, ttlSecondsAfterFinished, suspend),
 PodDisruptionBudget status, ServiceAccount "default" per namespace.
@@ -180,7 +181,7 @@ class ControllerManager:
             await asyncio.sleep(0.02)
             self.dirty.clear()
             for step in (self.namespaces, self.garbage_collector, self.node_taints,
-                         self.deployments, self.replicasets, self.statefulsets, self.daemonsets,
+                         self.taint_eviction, self.deployments, self.replicasets, self.statefulsets, self.daemonsets,
                          self.jobs, self.scheduler, self.pdbs, self.service_accounts,
                          self.expire_events):
                 try:
@@ -391,13 +392,83 @@ class ControllerManager:
             new["metadata"].pop("resourceVersion", None)
             self._update(R.NODES, new)
 
+    def taint_eviction(self):
+        """The taint manager: a pod on a node with a NoExecute taint it does
+        not tolerate is deleted at once; one it tolerates for
+        tolerationSeconds is deleted that long after the taint's timeAdded.
+        For each taint the first matching toleration counts, as in
+        Kubernetes. Deletion is graceful: on a node whose kubelet is gone
+        the pod stays Terminating until it comes back."""
+        now = time.time()
+        nodes = {n["metadata"]["name"]: n for n in self.store.list(R.NODES)}
+        for pod in self._pods():
+            node = nodes.get(pod["spec"].get("nodeName"))
+            if node is None or _deleting(pod) or _terminal(pod):
+                continue
+            due = None
+            for taint in (node.get("spec") or {}).get("taints") or []:
+                if taint.get("effect") != "NoExecute":
+                    continue
+                tol = next((t for t in pod["spec"].get("tolerations") or []
+                            if tolerates([t], taint)), None)
+                if tol is None:
+                    due = now
+                    break
+                secs = tol.get("tolerationSeconds")
+                if secs is None:
+                    continue
+                added = errors.parse_time(taint.get("timeAdded"))
+                start = added.timestamp() if added is not None else now
+                due = min(due if due is not None else math.inf, start + max(0, secs))
+            if due is None or now < due:
+                continue
+            self.reg.event(pod, "Normal", "TaintManagerEviction",
+                           "Marking for deletion Pod %s/%s" % (pod["metadata"]["namespace"],
+                                                               pod["metadata"]["name"]),
+                           "taint-eviction-controller")
+            self._delete(R.PODS, pod)
+
+    @staticmethod
+    def _anti_affinity_terms(spec, kind):
+        aa = (spec.get("affinity") or {}).get("podAntiAffinity") or {}
+        if kind == "required":
+            return [(1, t) for t in aa.get("requiredDuringSchedulingIgnoredDuringExecution") or []]
+        return [(w.get("weight", 1), w.get("podAffinityTerm") or {})
+                for w in aa.get("preferredDuringSchedulingIgnoredDuringExecution") or []]
+
+    @staticmethod
+    def _term_hits(term, pod_ns, node, placed, by_name):
+        """Whether a pod matching the term's selector runs in the node's
+        topology domain (its topologyKey label's value)."""
+        key = term.get("topologyKey") or "kubernetes.io/hostname"
+        value = (node["metadata"].get("labels") or {}).get(key)
+        if value is None:
+            return False
+        reqs = selector_object_to_reqs(term.get("labelSelector"))
+        if reqs is None:
+            return False
+        nss = term.get("namespaces") or [pod_ns]
+        for ns, labels, node_name in placed:
+            other = by_name.get(node_name)
+            if other is None or ns not in nss:
+                continue
+            if (other["metadata"].get("labels") or {}).get(key) == value and \
+                    labels_match(reqs, labels):
+                return True
+        return False
+
     def scheduler(self):
         nodes = self.store.list(R.NODES)
+        by_name = {n["metadata"]["name"]: n for n in nodes}
         count = {}
+        # Where pods run, for pod anti-affinity (those bound in this pass
+        # added as they are).
+        placed = []
         for p in self._pods():
             n = p["spec"].get("nodeName")
             if n and not _terminal(p):
                 count[n] = count.get(n, 0) + 1
+                placed.append((p["metadata"]["namespace"], p["metadata"].get("labels") or {}, n))
         for pod in self._pods():
             spec = pod["spec"]
             if spec.get("nodeName") or _deleting(pod) or \
@@ -424,19 +495,32 @@ class ControllerManager:
                 if not node_fits_selector(spec, node):
                     no("node(s) didn't match Pod's node affinity/selector")
                     continue
+                if any(self._term_hits(t, pod["metadata"]["namespace"], node, placed, by_name)
+                       for _, t in self._anti_affinity_terms(spec, "required")):
+                    no("node(s) didn't match pod anti-affinity rules")
+                    continue
                 if count.get(node["metadata"]["name"], 0) >= 110:
                     no("Too many pods")
                     continue
                 feasible.append(node)
             if feasible:
-                node = min(feasible, key=lambda n: (count.get(n["metadata"]["name"], 0),
-                                                    n["metadata"]["name"]))
+                preferred = self._anti_affinity_terms(spec, "preferred")
+
+                def rank(n):
+                    # Preferred anti-affinity first (the weight of the terms
+                    # a node would break), then the emptier node.
+                    broken = sum(w for w, t in preferred if self._term_hits(
+                        t, pod["metadata"]["namespace"], n, placed, by_name))
+                    return broken, count.get(n["metadata"]["name"], 0), n["metadata"]["name"]
+                node = min(feasible, key=rank)
                 name = node["metadata"]["name"]
                 try:
                     self.reg.bind(pod["metadata"]["namespace"], pod["metadata"]["name"], name)
                 except errors.ApiError:
                     continue
                 count[name] = count.get(name, 0) + 1
+                placed.append((pod["metadata"]["namespace"], pod["metadata"].get("labels") or {},
+                               name))
                 self.sched_msgs.pop(pod["metadata"]["uid"], None)
                 self.reg.event(pod, "Normal", "Scheduled", "Successfully assigned %s/%s to %s" % (
                     pod["metadata"]["namespace"], pod["metadata"]["name"], name),

@@ -1,4 +1,5 @@
-"""Entry points: `python3 -m lcluster apiserver ...` and `... node ...`."""
+"""Entry points: `python3 -m lcluster apiserver ...`, `... node ...`, and the
+script's helpers (`nodes`, `node-lost`, `node-back`)."""
 
 import argparse
 import asyncio
@@ -68,6 +69,61 @@ async def run_nodes(args):
               "SchedulingDisabled" if (n.get("spec") or {}).get("unschedulable") else "")
 
 
+UNREACHABLE = "node.kubernetes.io/unreachable"
+
+
+async def run_node_lost(args):
+    """What the node lifecycle controller writes once a node stopped
+    posting its status for its grace period (40 s): the node's conditions
+    Unknown, its pods not Ready, the unreachable taints (NoSchedule, and
+    NoExecute for the taint manager)."""
+    from . import errors
+    from .client import ApiClient
+    with open(args.token_file) as f:
+        api = ApiClient(args.server, args.ca, f.read().strip())
+    path = "/api/v1/nodes/" + args.name
+    now = errors.rfc3339()
+    node = await api.get(path)
+    for c in (node.get("status") or {}).get("conditions") or []:
+        c.update({"status": "Unknown", "reason": "NodeStatusUnknown",
+                  "message": "Kubelet stopped posting node status.", "lastTransitionTime": now})
+    await api.request("PUT", path + "/status", node)
+    node = await api.get(path)
+    taints = [t for t in (node["spec"].get("taints") or []) if t.get("key") != UNREACHABLE]
+    taints += [{"key": UNREACHABLE, "effect": "NoSchedule", "timeAdded": now},
+               {"key": UNREACHABLE, "effect": "NoExecute", "timeAdded": now}]
+    node["spec"]["taints"] = taints
+    await api.request("PUT", path, node)
+    pods = await api.get("/api/v1/pods?fieldSelector=spec.nodeName%3D" + args.name)
+    for p in pods.get("items") or []:
+        st = p.get("status") or {}
+        if st.get("phase") in ("Succeeded", "Failed"):
+            continue
+        for c in st.get("conditions") or []:
+            if c["type"] in ("Ready", "ContainersReady") and c.get("status") != "False":
+                c.update({"status": "False", "lastTransitionTime": now})
+        try:
+            await api.request("PUT", "/api/v1/namespaces/%s/pods/%s/status" % (
+                p["metadata"]["namespace"], p["metadata"]["name"]), p)
+        except Exception as e:  # deleted meanwhile
+            print("pod %s: %s" % (p["metadata"]["name"], e), file=sys.stderr)
+
+
+async def run_node_back(args):
+    """The node lifecycle controller's side of a node that answers again:
+    the unreachable taints go (the node agent itself reports Ready)."""
+    from .client import ApiClient
+    with open(args.token_file) as f:
+        api = ApiClient(args.server, args.ca, f.read().strip())
+    path = "/api/v1/nodes/" + args.name
+    node = await api.get(path)
+    node["spec"]["taints"] = [t for t in node["spec"].get("taints") or []
+                              if t.get("key") != UNREACHABLE]
+    if not node["spec"]["taints"]:
+        del node["spec"]["taints"]
+    await api.request("PUT", path, node)
+
+
 async def run_node(args):
     from . import node
     n = node.Node(args)
@@ -105,12 +161,23 @@ def main(argv=None):
     q.add_argument("--ca", required=True)
     q.add_argument("--token-file", required=True)
     q.add_argument("-v", "--verbose", action="store_true")
+    for cmd in ("node-lost", "node-back"):
+        q = sub.add_parser(cmd)
+        q.add_argument("--name", required=True)
+        q.add_argument("--server", required=True)
+        q.add_argument("--ca", required=True)
+        q.add_argument("--token-file", required=True)
+        q.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
     _logging(args.verbose)
     if args.cmd == "apiserver":
         asyncio.run(run_apiserver(args))
     elif args.cmd == "nodes":
         asyncio.run(run_nodes(args))
+    elif args.cmd == "node-lost":
+        asyncio.run(run_node_lost(args))
+    elif args.cmd == "node-back":
+        asyncio.run(run_node_back(args))
     else:
         asyncio.run(run_node(args))
 

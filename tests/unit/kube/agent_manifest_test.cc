@@ -82,7 +82,6 @@ TEST(AgentManifest, JobIsPinnedOwnedAndListensOnLoopbackOnly) {
   EXPECT_EQ(pod["nodeName"], "node-b");
   EXPECT_EQ(pod["hostPID"], true);
   EXPECT_EQ(pod["automountServiceAccountToken"], false);
-  EXPECT_EQ(pod["tolerations"][0]["operator"], "Exists");
   const json& c = pod["containers"][0];
   EXPECT_EQ(c["image"], s.image);
   std::vector<std::string> args = c["args"];
@@ -112,6 +111,61 @@ TEST(AgentManifest, JobIsPinnedOwnedAndListensOnLoopbackOnly) {
   EXPECT_EQ(labels[kLabelTargetContainer], "app");
   EXPECT_EQ(labels[kLabelProtocol], "1.2");
   EXPECT_EQ(labels[kLabelSession], "k3x9q");
+}
+
+// Issue 42: nothing in the agent's pod holds a node; every disruption tool
+// may evict it (agent_manifest.cc says why for each).
+TEST(AgentManifest, NothingHoldsTheNode) {
+  AgentSpec s = jobSpec();
+  for (AgentMode mode : {AgentMode::kJob, AgentMode::kTargetless}) {
+    s.mode = mode;
+    json pod = mode == AgentMode::kJob ? json::parse(jobManifest(s))["spec"]["template"]
+                                       : json::parse(targetlessPodManifest(s));
+    const json& meta = pod["metadata"];
+    EXPECT_EQ(meta["annotations"][kAnnotationSafeToEvict], "true");
+    EXPECT_FALSE(meta["annotations"].contains("karpenter.sh/do-not-disrupt"));
+    // The Job controller makes itself the pod's controller owner; the
+    // template names no other.
+    EXPECT_FALSE(meta.contains("ownerReferences"));
+    for (const auto& [key, value] : meta["labels"].items()) {
+      EXPECT_TRUE(key == kLabelName || key == kLabelManagedBy || key.rfind("siphon.dev/", 0) == 0)
+          << key;
+    }
+    EXPECT_EQ(meta["labels"][kLabelName], kLabelNameValue);
+    EXPECT_EQ(meta["labels"][kLabelManagedBy], "siphon");
+    // Scratch tmpfs only: nothing a drain would lose.
+    for (const auto& v : pod["spec"]["volumes"]) {
+      if (!v.contains("emptyDir")) continue;
+      EXPECT_EQ(v["emptyDir"]["medium"], "Memory") << v["name"];
+      EXPECT_TRUE(v["emptyDir"].contains("sizeLimit")) << v["name"];
+    }
+    // NoExecute only (no NoSchedule: Karpenter would skip a pod tolerating
+    // karpenter.sh/disrupted), the lost-node taints bounded and first.
+    const json& tol = pod["spec"]["tolerations"];
+    for (const auto& t : tol) EXPECT_EQ(t["effect"], "NoExecute") << t.dump();
+    ASSERT_GE(tol.size(), 2u);
+    EXPECT_EQ(tol[0]["key"], "node.kubernetes.io/not-ready");
+    EXPECT_EQ(tol[0]["tolerationSeconds"], kLostNodeTolerationSeconds);
+    EXPECT_EQ(tol[1]["key"], "node.kubernetes.io/unreachable");
+    EXPECT_EQ(tol[1]["tolerationSeconds"], kLostNodeTolerationSeconds);
+    if (mode == AgentMode::kJob) {
+      // Then out-of-service at once, then every other NoExecute taint (the
+      // target's dedicated nodes) for ever.
+      ASSERT_EQ(tol.size(), 4u);
+      EXPECT_EQ(tol[2]["key"], "node.kubernetes.io/out-of-service");
+      EXPECT_EQ(tol[2]["tolerationSeconds"], 0);
+      EXPECT_FALSE(tol[3].contains("key"));
+      EXPECT_EQ(tol[3]["operator"], "Exists");
+      EXPECT_FALSE(tol[3].contains("tolerationSeconds"));
+    } else {
+      // Scheduled: no cordoned or dedicated node.
+      EXPECT_EQ(tol.size(), 2u);
+    }
+  }
+  // An evicted agent is not replaced (it would come back pinned to the
+  // drained node).
+  s.mode = AgentMode::kJob;
+  EXPECT_EQ(json::parse(jobManifest(s))["spec"]["backoffLimit"], 0);
 }
 
 TEST(AgentManifest, SecretStartsOwnedByTheNodeThenTheJob) {
