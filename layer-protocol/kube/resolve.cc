@@ -52,14 +52,19 @@ absl::StatusOr<ResolvedTarget> resolveTarget(Kubectl& kubectl, const ResolveRequ
       return absl::FailedPreconditionError(
           absl::StrCat("pod/", pod.name, " is not Ready (", podNotReadyReason(pod), ")"));
     }
+    t.field_selector = "metadata.name=" + pod.name;
   } else {
-    auto args = nsArgs(request.ns);
-    args.insert(args.begin(), {"get", kindResource(ref.kind), ref.name, "-o", "json"});
-    ASSIGN_OR_RETURN(KubectlResult r, kubectl.run(args));
-    if (!r.ok()) {
-      return kubeCallError(r, refText(ref), "get " + kindResource(ref.kind), request.ns);
+    std::string selector = ref.name;  // kLabels
+    if (ref.kind != Kind::kLabels) {
+      auto args = nsArgs(request.ns);
+      args.insert(args.begin(), {"get", kindResource(ref.kind), ref.name, "-o", "json"});
+      ASSIGN_OR_RETURN(KubectlResult r, kubectl.run(args));
+      if (!r.ok()) {
+        return kubeCallError(r, refText(ref), "get " + kindResource(ref.kind), request.ns);
+      }
+      ASSIGN_OR_RETURN(selector, workloadSelector(r.out));
     }
-    ASSIGN_OR_RETURN(std::string selector, workloadSelector(r.out));
+    t.label_selector = selector;
     // Without -n both calls use the context's namespace: the pods are the
     // workload's.
     std::vector<std::string> pargs = {"get", "pods", "-l", selector, "-o", "json"};
@@ -73,7 +78,24 @@ absl::StatusOr<ResolvedTarget> resolveTarget(Kubectl& kubectl, const ResolveRequ
     t.ready_pods = 0;
     for (const auto& p : pods) t.ready_pods += p.ready() ? 1 : 0;
   }
-  ASSIGN_OR_RETURN(t.container, chooseContainer(pod, request.container));
+  ASSIGN_OR_RETURN(ResolvedTarget in_pod, targetInPod(pod, request.container, request.need_runtime));
+  t.container = std::move(in_pod.container);
+  t.container_id = std::move(in_pod.container_id);
+  t.runtime = std::move(in_pod.runtime);
+  if (ref.kind == Kind::kPod) {
+    t.summary = absl::StrCat("pod/", pod.name, ", container ", t.container, " on ", pod.node);
+  } else {
+    t.summary = absl::StrCat(refText(ref), ": pod ", pod.name, " (", t.ready_pods, " of ", t.pods,
+                             " Ready), container ", t.container, " on ", pod.node);
+  }
+  t.pod = std::move(pod);
+  return t;
+}
+
+absl::StatusOr<ResolvedTarget> targetInPod(PodInfo pod, const std::string& container,
+                                           bool need_runtime) {
+  ResolvedTarget t;
+  ASSIGN_OR_RETURN(t.container, chooseContainer(pod, container));
   const ContainerState* state = pod.status(t.container);
   if (state == nullptr || !state->running || state->container_id.empty()) {
     std::string why = "no status yet";
@@ -87,14 +109,8 @@ absl::StatusOr<ResolvedTarget> resolveTarget(Kubectl& kubectl, const ResolveRequ
                                                       pod.name, " is not running (", why, ")"));
   }
   t.container_id = state->container_id;
-  if (request.need_runtime) {
+  if (need_runtime) {
     ASSIGN_OR_RETURN(t.runtime, runtimeOf(t.container_id));
-  }
-  if (ref.kind == Kind::kPod) {
-    t.summary = absl::StrCat("pod/", pod.name, ", container ", t.container, " on ", pod.node);
-  } else {
-    t.summary = absl::StrCat(refText(ref), ": pod ", pod.name, " (", t.ready_pods, " of ", t.pods,
-                             " Ready), container ", t.container, " on ", pod.node);
   }
   t.pod = std::move(pod);
   return t;

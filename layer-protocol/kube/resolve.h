@@ -28,6 +28,12 @@ struct ResolvedTarget {
   std::string runtime;       // "containerd", "cri-o", "docker"; empty when not needed
   size_t ready_pods = 1;     // of a workload
   size_t pods = 1;
+  // What selects the target's pods, for the session's pod watch: a
+  // workload's label selector ("app=web"), or for a pod its name
+  // ("metadata.name=web-0", a field selector: a pod recreated under the
+  // same name is the target again).
+  std::string label_selector;
+  std::string field_selector;
   // "deployment/web: pod web-7f9c (1 of 3 Ready), container app on node-1"
   std::string summary;
 };
@@ -37,6 +43,11 @@ struct ResolvedTarget {
 // missing target or container, PERMISSION_DENIED for a forbidden read
 // (kubeCallError), each with one line that says what to do.
 absl::StatusOr<ResolvedTarget> resolveTarget(Kubectl& kubectl, const ResolveRequest& request);
+
+// `pod` (Ready) as a target: its container (chooseContainer), which must
+// run, and its runtime when `need_runtime`. No selector, no summary.
+absl::StatusOr<ResolvedTarget> targetInPod(PodInfo pod, const std::string& container,
+                                           bool need_runtime);
 
 // The status for a failed kubectl call: `what` is the object ("deployment/web"),
 // `verb_resource` what was done ("get deployments.apps"), `ns` where.

@@ -30,6 +30,7 @@ const KindName kKinds[] = {
     {Kind::kReplicaSet, {"replicaset", "replicasets", "rs", "replicaset.apps", "replicasets.apps"}},
     {Kind::kDaemonSet, {"daemonset", "daemonsets", "ds", "daemonset.apps", "daemonsets.apps"}},
     {Kind::kJob, {"job", "jobs", "job.batch", "jobs.batch"}},
+    {Kind::kLabels, {"labels", "label", "selector", "l"}},
 };
 
 // Sidecars of service meshes and their kin: they proxy the application's
@@ -139,8 +140,18 @@ absl::StatusOr<TargetRef> parseTarget(std::string_view text) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--target ", asv(text), ": unknown kind '", kind,
           "' (pod, deployment, statefulset, replicaset, daemonset or job; or their short "
-          "names po, deploy, sts, rs, ds)"));
+          "names po, deploy, sts, rs, ds; or labels/SELECTOR)"));
     }
+  }
+  if (ref.kind == Kind::kLabels) {
+    // kubectl judges the selector's syntax (its answer is the error line).
+    if (name.empty() || name.find_first_of(" \t\n") != std::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--target ", asv(text),
+                       ": a label selector without spaces, e.g. labels/app=web,tier!=db"));
+    }
+    ref.name = std::string(name);
+    return ref;
   }
   if (!validName(name)) {
     return absl::InvalidArgumentError(
@@ -166,6 +177,8 @@ std::string kindName(Kind kind) {
       return "daemonset";
     case Kind::kJob:
       return "job";
+    case Kind::kLabels:
+      return "labels";
   }
   return "pod";
 }
@@ -173,6 +186,7 @@ std::string kindName(Kind kind) {
 std::string kindResource(Kind kind) {
   switch (kind) {
     case Kind::kPod:
+    case Kind::kLabels:
       return "pods";
     case Kind::kJob:
       return "jobs.batch";

@@ -16,7 +16,9 @@
 
 namespace siphon::kube {
 
-enum class Kind { kPod, kDeployment, kStatefulSet, kReplicaSet, kDaemonSet, kJob };
+// kLabels: the pods a label selector selects (`--target labels/app=web`);
+// its TargetRef's name is the selector.
+enum class Kind { kPod, kDeployment, kStatefulSet, kReplicaSet, kDaemonSet, kJob, kLabels };
 
 struct TargetRef {
   Kind kind = Kind::kPod;
@@ -25,7 +27,8 @@ struct TargetRef {
 
 // "pod/web-0", "deploy/web", "deployment.apps/web", "sts/db", "rs/x",
 // "ds/agent", "job/migrate" (and every plural and short name kubectl
-// knows); a bare "web-0" is a pod. INVALID_ARGUMENT naming the kinds for
+// knows), "labels/app=web,tier!=db" (a label selector); a bare "web-0" is
+// a pod. INVALID_ARGUMENT naming the kinds for
 // anything else.
 absl::StatusOr<TargetRef> parseTarget(std::string_view text);
 std::string kindName(Kind kind);            // "deployment"
