@@ -86,6 +86,7 @@ PodInfo podFrom(const json& j) {
   p.ns = json_read::str(j, {"metadata", "namespace"});
   p.uid = json_read::str(j, {"metadata", "uid"});
   p.creation = json_read::str(j, {"metadata", "creationTimestamp"});
+  p.deleted_at = json_read::str(j, {"metadata", "deletionTimestamp"});
   p.terminating = json_read::at(j, {"metadata", "deletionTimestamp"}) != nullptr;
   p.labels = json_read::strings(j, {"metadata", "labels"});
   p.annotations = json_read::strings(j, {"metadata", "annotations"});

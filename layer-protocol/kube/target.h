@@ -66,6 +66,7 @@ struct PodInfo {
   std::string phase;
   std::string creation;      // RFC 3339, as the API wrote it (sorts as time)
   bool terminating = false;  // metadata.deletionTimestamp set
+  std::string deleted_at;    // metadata.deletionTimestamp ("" unless terminating)
   std::map<std::string, std::string> labels;
   std::map<std::string, std::string> annotations;
   std::vector<std::string> containers;  // spec.containers' names, in order
@@ -81,6 +82,14 @@ struct PodInfo {
   const Condition* condition(std::string_view type) const;
   const ContainerState* status(std::string_view container) const;
   const ContainerState* ephemeralStatus(std::string_view container) const;
+};
+
+// One event of a pod watch (`kubectl get pods --watch`): the pod as it is
+// after it.
+struct PodEvent {
+  enum class Type { kAdded, kModified, kDeleted };
+  Type type = Type::kAdded;
+  PodInfo pod;
 };
 
 // One Pod object, or the items of a List ("kind": "PodList"/"List").

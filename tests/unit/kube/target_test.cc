@@ -76,6 +76,16 @@ TEST(Pods, ParsesARecordedList) {
   EXPECT_FALSE((*pods)[2].ready());
 }
 
+TEST(Pods, ADeletionTimestampIsKeptAndMakesItTerminating) {
+  auto p = parsePod(
+      R"({"kind":"Pod","metadata":{"name":"web-1","deletionTimestamp":"2024-05-01T10:00:00Z"},)"
+      R"("status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}})");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_TRUE(p->terminating);
+  EXPECT_EQ(p->deleted_at, "2024-05-01T10:00:00Z");
+  EXPECT_FALSE(p->ready());
+}
+
 TEST(Pods, AFieldOfTheWrongTypeIsAnErrorNamingIt) {
   auto p = parsePod(R"({"kind":"Pod","metadata":{"name":"x","labels":{"a":1}}})");
   ASSERT_FALSE(p.ok());
