@@ -47,8 +47,6 @@ void printLine(const std::string& line) {
   std::fflush(stderr);
 }
 
-std::string endpointName(const kube::Agent& a) { return absl::StrCat("kube:", a.ns, "/", a.pod); }
-
 }  // namespace
 
 void armKubeSignals() {
@@ -71,9 +69,23 @@ void addKubeOptions(CLI::App& app, KubeFlags& f) {
       app.add_option(
              "--target", f.target,
              "KIND/NAME of a workload (pod, deployment, statefulset, replicaset, daemonset, "
-             "job, or deploy, sts, rs, ds, po): its agent is found or started through "
-             "kubectl and reached through a port-forward (instead of --agent)")
+             "job, or deploy, sts, rs, ds, po; labels/SELECTOR): an agent on each of its "
+             "Ready pods is found or started through kubectl and reached through a "
+             "port-forward (instead of --agent); the session follows the pods as they come "
+             "and go")
           ->group(group);
+  app.add_option("--replicas", f.replicas,
+                 "all: steal and mirror on every Ready pod of the target, files, names, env "
+                 "and outgoing traffic through one of them; one: one pod at a time. Either "
+                 "way the session moves to another pod when its pod goes")
+      ->check(CLI::IsMember({"all", "one"}))
+      ->capture_default_str()
+      ->group(group);
+  app.add_option("--no-pod-timeout", f.no_pod_timeout,
+                 "With no Ready pod of the target (its pod gone, a replacement not Ready "
+                 "yet), how long the session waits for one before it ends")
+      ->capture_default_str()
+      ->group(group);
   app.add_option("-n,--namespace", f.ns, "Namespace of --target (default: the context's)")
       ->group(group);
   app.add_option("--container", f.container,
@@ -229,31 +241,63 @@ absl::StatusOr<std::unique_ptr<KubeSession>> KubeSession::open(const KubeFlags& 
            {"container", target.container},
            {"node", target.pod.node}}});
   ASSIGN_OR_RETURN(s->agent_, s->keeper_->ensure(target));
+  // The session follows the target's pods (kube_workload.h).
+  auto no_pod = parseDuration(flags.no_pod_timeout);
+  if (!no_pod.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--no-pod-timeout: ", no_pod.status().message()));
+  }
+  WorkloadFollower::Options& w = s->follow_;
+  w.kubectl = kubectlOptions(flags);
+  w.keeper = options;
+  w.ns = target.pod.ns;
+  w.label_selector = target.label_selector;
+  w.pod = target.label_selector.empty() ? target.pod.name : std::string();
+  w.container = flags.container;
+  w.target_text = kube::refText(ref);
+  w.single = flags.replicas == "one";
+  w.no_pod_timeout = *no_pod;
+  w.json = json;
+  s->first_pod_ = target.pod;
+  s->following_ = true;
   return s;
 }
 
 KubeSession::~KubeSession() { finish(); }
 
 void KubeSession::configure(client::ClientOptions& options, asio::any_io_executor ex) {
-  kube::PortForward::Options o;
-  o.ns = agent_.ns;
-  o.pod = agent_.pod;
-  o.remote_port = agent_.port;
-  auto* kubectl = kubectl_.get();
-  forward_ = kube::PortForward::create(
-      ex, [kubectl](const std::vector<std::string>& args) { return kubectl->argv(args); }, o);
+  forwards_ = std::make_shared<Forwards>(kubectl_.get());
+  forwards_->add(ex, agent_);
   options.endpoints = {endpointName(agent_)};
   options.token = agent_.token;
-  std::weak_ptr<kube::PortForward> weak = forward_;
-  options.resolve_endpoint = [weak](std::string,
+  std::weak_ptr<Forwards> weak = forwards_;
+  options.resolve_endpoint = [weak](std::string endpoint,
                                     bool after_cut) -> net::awaitable<absl::StatusOr<std::string>> {
     auto f = weak.lock();
     if (!f) co_return absl::CancelledError("the session is over");
-    co_return co_await f->address(after_cut);
+    co_return co_await f->address(endpoint, after_cut);
   };
+  // Every agent has a token of its own (its Secret's).
+  options.token_for = [weak](const std::string& endpoint) {
+    auto f = weak.lock();
+    return f ? f->token(endpoint) : std::string();
+  };
+  if (following_) {
+    options.replicas = true;
+    options.reopen_files = true;
+    follower_ = WorkloadFollower::create(ex, follow_, forwards_, agent_, first_pod_);
+  }
+}
+
+void KubeSession::start(std::shared_ptr<client::Client> client) {
+  if (follower_) follower_->start(std::move(client));
 }
 
 net::awaitable<void> KubeSession::beforeClose(std::shared_ptr<client::Client> client) {
+  if (follower_) {
+    co_await follower_->beforeClose();
+    co_return;
+  }
   if (!agent_.created || !client->lostStatus().ok()) co_return;
   client::Target target = client::Target::over(client);
   target.setCallTimeout(std::chrono::seconds(5));
@@ -263,14 +307,18 @@ net::awaitable<void> KubeSession::beforeClose(std::shared_ptr<client::Client> cl
 }
 
 net::awaitable<void> KubeSession::afterClose() {
-  if (forward_) forward_->stop();
+  if (forwards_) forwards_->stopAll();
   co_return;
 }
 
 void KubeSession::finish() {
   if (finished_) return;
   finished_ = true;
-  if (forward_) forward_->stop();
+  if (forwards_) forwards_->stopAll();
+  if (follower_) {
+    follower_->finish();
+    return;
+  }
   if (!keeper_ || !agent_.created) return;
   if (others_) {
     printPhase({"kept",

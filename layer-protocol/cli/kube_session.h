@@ -20,6 +20,7 @@
 #include "kube/keeper.h"
 #include "kube/kubectl.h"
 #include "kube/port_forward.h"
+#include "cli/kube_workload.h"
 #include "siphon/client/client.h"
 #include "siphon/transport/asio.h"
 
@@ -43,6 +44,8 @@ struct KubeFlags {
   std::string agent_ns;
   std::string idle_timeout = "5m";
   std::string fs_mode = "ro";
+  std::string replicas = "all";
+  std::string no_pod_timeout = "5m";
   std::string start_timeout = "2m";
   std::string runtime_socket;
   bool no_reuse = false;
@@ -80,6 +83,9 @@ class KubeSession {
   // The client's endpoint (a name: "kube:NS/POD"), token, and the
   // port-forward it dials through, started on `ex`.
   void configure(client::ClientOptions& options, net::asio::any_io_executor ex);
+  // Once the client is connected: the session follows the target's pods
+  // (every Ready pod covered, moves when its pod goes: kube_workload.h).
+  void start(std::shared_ptr<client::Client> client);
   // Before the client ends its session: whether other sessions use the
   // agent (they keep it).
   net::awaitable<void> beforeClose(std::shared_ptr<client::Client> client);
@@ -99,7 +105,11 @@ class KubeSession {
   std::unique_ptr<kube::SystemKubectl> kubectl_;
   std::unique_ptr<kube::AgentKeeper> keeper_;
   kube::Agent agent_;
-  std::shared_ptr<kube::PortForward> forward_;
+  std::shared_ptr<Forwards> forwards_;
+  bool following_ = false;
+  WorkloadFollower::Options follow_;
+  kube::PodInfo first_pod_;
+  std::shared_ptr<WorkloadFollower> follower_;
   bool others_ = false;
   bool finished_ = false;
 };

@@ -54,6 +54,7 @@ net::awaitable<int> run(client::ClientOptions options, CommandRun command, bool 
     printError(f.message);
     co_return f.exit_code;
   }
+  if (kube != nullptr) kube->start(client);
   int rc = kExitError;
   try {
     CommandEnv env{client, client::Target::over(client), json, timeout};

@@ -87,6 +87,7 @@ std::vector<Permission> permissionsFor(AgentMode mode, Kind target_kind,
   std::vector<Permission> p;
   if (mode != AgentMode::kTargetless) {
     p.push_back({"get", "pods", target_ns, "to read the target pod"});
+    p.push_back({"watch", "pods", target_ns, "to follow the target's pods"});
     if (target_kind != Kind::kPod) {
       p.push_back({"get", kindResource(target_kind), target_ns, "to read the target workload"});
       p.push_back({"list", "pods", target_ns, "to find the workload's pods"});

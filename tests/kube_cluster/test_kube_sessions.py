@@ -359,7 +359,9 @@ class KubeSessionsTest(unittest.TestCase):
             self.assertEqual(r.returncode, 0, err)
             self.assertIn("siphon: reusing the running agent siphon-agent-", err)
             self.assertIn(b"sessions          2", r.stdout)
-            self.assertEqual(len(kubectl("get", "jobs", "-n", NS, "-o", "name").stdout.split()), 1)
+            # One agent per Ready pod of the two-replica deployment, shared.
+            self.assertEqual(len(kubectl("get", "jobs", "-n", NS, "-o", "name").stdout.split()), 2)
+            self.assertEqual(err.count("siphon: reusing the running agent siphon-agent-"), 2, err)
         finally:
             p.send_signal(signal.SIGINT)
             _, err = p.communicate(timeout=120)

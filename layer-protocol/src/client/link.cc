@@ -95,7 +95,9 @@ net::awaitable<absl::Status> Client::handshake(Link& link, net::Stream& socket, 
     r.set_resume_token(link.welcome.resume_token());
     r.set_last_seq_received(link.session->receivedCount());
   }
-  v1::Frame hello = protocol::makeHello(options_.client_name, options_.token,
+  v1::Frame hello = protocol::makeHello(options_.client_name,
+                                        options_.token_for ? options_.token_for(link.endpoint)
+                                                           : options_.token,
                                         protocol::toProto(options_.limits), resume ? &r : nullptr);
   CO_RETURN_IF_ERROR(co_await net::writeFrame(socket, hello));
   const auto timeout = limit.count() > 0 ? std::min(limit, options_.handshake_timeout)
@@ -236,6 +238,8 @@ net::awaitable<void> Client::runTransports(std::shared_ptr<Client> self,
     }
     link->transport->wake();
     absl::Status why = co_await link->transport->run();
+    // Ended here (Client::dropSession): nothing to resume.
+    if (!link->lost.ok()) co_return;
     const AfterTransport after = afterTransport(closing_, link->goaway, options_.reconnect, why);
     if (after.kind == AfterTransport::Kind::kStop) co_return;
     link->session->onTransportLost();

@@ -145,7 +145,26 @@ void Client::replaceCurrent(const std::shared_ptr<Link>& link, std::string reaso
   }
   // Nothing to go to yet: a draining agent serves on meanwhile; a lost one
   // leaves calls waiting for the next replica (addReplica), or abandon().
-  if (!draining) moving_ = true;
+  if (draining || moving_) return;
+  moving_ = true;
+  ReplicaEvent event;
+  event.kind = ReplicaEvent::Kind::kWaiting;
+  event.from = link->endpoint;
+  event.reason = std::move(reason);
+  event.streams = streams;
+  emitReplica(std::move(event));
+}
+
+net::awaitable<absl::StatusOr<v1::Response>> Client::callAt(std::string endpoint,
+                                                            v1::Request request,
+                                                            std::chrono::milliseconds timeout) {
+  std::shared_ptr<Link> link;
+  if (link_ && link_->endpoint == endpoint && link_->lost.ok()) link = link_;
+  for (const auto& l : replicas_) {
+    if (!link && l->endpoint == endpoint && l->lost.ok()) link = l;
+  }
+  if (!link) co_return protoError(v1::NOT_FOUND, absl::StrCat("no live session at ", endpoint));
+  co_return co_await callOn(link, std::move(request), timeout, 0);
 }
 
 absl::Status Client::promote(const std::string& endpoint, const std::string& reason) {
@@ -158,7 +177,16 @@ absl::Status Client::promote(const std::string& endpoint, const std::string& rea
   return protoError(v1::NOT_FOUND, absl::StrCat("no live replica at ", endpoint));
 }
 
-void Client::dropReplica(const std::string& endpoint, const std::string& reason) {
+void Client::dropSession(const std::string& endpoint, const std::string& reason) {
+  if (link_ && link_->endpoint == endpoint && link_->lost.ok() && !closing_ && lost_.ok()) {
+    const std::shared_ptr<Link> current = link_;
+    if (current->session && current->transport && !current->transport->closed()) {
+      current->session->sendGoaway(v1::CANCELLED, reason);
+      current->transport->closeAfterFlush();
+    }
+    linkLost(current, protoError(v1::AGENT_LOST, reason));
+    return;
+  }
   for (const auto& l : replicas_) {
     if (l->endpoint != endpoint) continue;
     const std::shared_ptr<Link> link = l;

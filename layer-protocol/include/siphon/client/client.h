@@ -86,6 +86,9 @@ struct ClientOptions {
   // client waits for the next addReplica (calls wait within their own
   // timeout) until abandon(), instead of moving through `endpoints`.
   bool replicas = false;
+  // The token for an endpoint, when agents have tokens of their own (a
+  // workload's, one agent per pod); unset: `token` for every endpoint.
+  std::function<std::string(const std::string& endpoint)> token_for;
   // File handles of a session that is lost are opened again by path on the
   // current one at their next use, when the file there is the same one
   // (its type, size and modification time as when it was opened, and at
@@ -102,6 +105,9 @@ struct ReplicaEvent {
     kDraining,  // its agent drains: its streams finish there, no new ones come
     kLost,      // its session is gone (status: why); streams reset: streams
     kPromoted,  // it became the current session (reason); from: the one before
+    // The current session (from) is lost and no replica can take its place:
+    // calls wait for the next addReplica (or abandon()). reason: why.
+    kWaiting,
   };
   Kind kind = Kind::kAdded;
   std::string endpoint;
@@ -314,11 +320,18 @@ class Client : public std::enable_shared_from_this<Client> {
   // a replica (its subscriptions and streams go on until its agent ends).
   // NOT_FOUND when no live replica is there.
   absl::Status promote(const std::string& endpoint, const std::string& reason);
-  // Ends the replica session at `endpoint` (a Goaway: the agent drops it
-  // and its subscriptions); its streams are reset. Nothing when there is none.
-  void dropReplica(const std::string& endpoint, const std::string& reason);
+  // Ends the session at `endpoint` (a Goaway: the agent drops it and its
+  // subscriptions; its streams are reset): a replica, or the current one,
+  // whose place a replica then takes (or the client waits for one, as
+  // when it is lost). Nothing when there is none.
+  void dropSession(const std::string& endpoint, const std::string& reason);
   // The live replica sessions' endpoints (the current one not included).
   std::vector<std::string> replicaEndpoints() const;
+  // A request to the session at `endpoint` (the current one or a replica):
+  // what a workload's session asks each agent (how many sessions it has).
+  // NOT_FOUND when no live session is there.
+  net::awaitable<absl::StatusOr<v1::Response>> callAt(std::string endpoint, v1::Request request,
+                                                      std::chrono::milliseconds timeout);
   // No agent will come (a workload left without pods): the session ends
   // as lost with `why` (AGENT_LOST).
   void abandon(const absl::Status& why);
