@@ -56,8 +56,19 @@ absl::StatusOr<ExecResult> execCapture(const std::vector<std::string>& argv, std
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  static const char* kEnv[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C", nullptr};
-  char* const* envp = const_cast<char* const*>(kEnv);
+  // iptables-legacy's lock file (XTABLES_LOCKFILE, default
+  // /run/xtables.lock) is passed on: every iptables run of the agent (its
+  // steering, the guard, the start-up sweep) must take the same one. In the
+  // pod the manifest puts it in the container's /dev, the one place a
+  // read-only root leaves writable (IptablesSteering's restoreArgs()).
+  std::vector<std::string> env = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"};
+  if (const char* lock = std::getenv("XTABLES_LOCKFILE"); lock != nullptr && *lock != '\0') {
+    env.push_back(absl::StrCat("XTABLES_LOCKFILE=", lock));
+  }
+  std::vector<char*> envv;
+  for (auto& e : env) envv.push_back(e.data());
+  envv.push_back(nullptr);
+  char* const* envp = envv.data();
 
   // stdin is a socket, not a pipe: send(MSG_NOSIGNAL) to a program that
   // exits without reading gets EPIPE instead of a SIGPIPE that would kill

@@ -37,7 +37,8 @@ struct ExecOptions {
 };
 
 // Runs argv[0] (an absolute path) with `input` on its stdin and a minimal
-// environment (PATH, LC_ALL=C), its other descriptors closed. A non-zero
+// environment (PATH, LC_ALL=C, and the agent's XTABLES_LOCKFILE when set),
+// its other descriptors closed. A non-zero
 // exit is a result, not an error; errors are failures to run it at all:
 // INTERNAL (fork, pipes), the errno of setns/exec ("setns: ...",
 // "exec /usr/sbin/x: No such file or directory"), DEADLINE_EXCEEDED.

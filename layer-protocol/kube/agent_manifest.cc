@@ -60,9 +60,8 @@ json annotations(const AgentSpec& s) {
 
 // The pod's own: the Job's and targetless pod's annotations plus
 // safe-to-evict. Cluster Autoscaler refuses to remove a node whose pods
-// have local storage (hostPath: the runtime's socket; emptyDir: the tmpfs
-// /tmp and /run) unless they say they may go. The agent may: it holds no
-// data (its tmpfs volumes are scratch space), drains its sessions on
+// have local storage (hostPath: the runtime's socket) unless they say they
+// may go. The agent may: it holds no data, drains its sessions on
 // SIGTERM within the grace period, and the client follows the target to
 // its next node. Never karpenter.sh/do-not-disrupt: that would block
 // consolidation and drift of every node a session runs on.
@@ -144,9 +143,16 @@ json containerSecurity(const AgentSpec& s, bool with_user) {
   return sc;
 }
 
+// iptables-legacy's lock file (/run/xtables.lock by default) in the
+// container's own /dev: under a read-only root without an emptyDir it is the
+// one writable place (/dev/shm is the pod's, shared: never ours). The agent
+// passes it on to every iptables it runs (agent/common/exec.h).
+json xtablesLockEnv() { return {{"name", "XTABLES_LOCKFILE"}, {"value", "/dev/xtables.lock"}}; }
+
 json tokenEnv(const AgentSpec& s) {
   return json::array({{{"name", "SIPHON_TOKEN"},
-                       {"valueFrom", {{"secretKeyRef", {{"name", s.secret}, {"key", "token"}}}}}}});
+                       {"valueFrom", {{"secretKeyRef", {{"name", s.secret}, {"key", "token"}}}}}},
+                      xtablesLockEnv()});
 }
 
 json resources() {
@@ -169,9 +175,14 @@ json podSpec(const AgentSpec& s, bool targeted) {
   };
   json mounts = json::array();
   json volumes = json::array();
+  // No emptyDir: `kubectl drain` refuses a node with one unless told
+  // --delete-emptydir-data. Under the read-only root the container's own
+  // /dev (a tmpfs the runtime makes for it alone) is the one writable
+  // place: iptables-legacy takes its lock there, not in /run.
+  json env = json::array();
   if (targeted) {
-    container["env"] = json::array(
-        {{{"name", "NODE_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.hostIP"}}}}}}});
+    env.push_back(
+        {{"name", "NODE_IP"}, {"valueFrom", {{"fieldRef", {{"fieldPath", "status.hostIP"}}}}}});
     const std::string socket =
         s.runtime_socket.empty() ? defaultRuntimeSocket(s.runtime) : s.runtime_socket;
     mounts.push_back({{"name", "runtime-sock"}, {"mountPath", socket}, {"readOnly", true}});
@@ -179,15 +190,13 @@ json podSpec(const AgentSpec& s, bool targeted) {
         {{"name", "runtime-sock"}, {"hostPath", {{"path", socket}, {"type", "Socket"}}}});
   }
   mounts.push_back({{"name", "token"}, {"mountPath", "/var/run/siphon"}, {"readOnly", true}});
-  mounts.push_back({{"name", "tmp"}, {"mountPath", "/tmp"}});
-  mounts.push_back({{"name", "run"}, {"mountPath", "/run"}});
   volumes.push_back({{"name", "token"},
                      {"secret",
                       {{"secretName", s.secret},
                        {"defaultMode", 0400},
                        {"items", json::array({{{"key", "token"}, {"path", "token"}}})}}}});
-  volumes.push_back({{"name", "tmp"}, {"emptyDir", {{"medium", "Memory"}, {"sizeLimit", "16Mi"}}}});
-  volumes.push_back({{"name", "run"}, {"emptyDir", {{"medium", "Memory"}, {"sizeLimit", "1Mi"}}}});
+  env.push_back(xtablesLockEnv());
+  container["env"] = env;
   container["volumeMounts"] = mounts;
   json spec = {
       {"restartPolicy", "Never"},

@@ -315,6 +315,17 @@ class Checker:
     SIPHON_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/managed-by")
     LOST_NODE_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
+    def check_xtables_lock(self, container, ctx):
+        """Under a read-only root without an emptyDir, iptables-legacy's lock
+        (default /run/xtables.lock) must be in the container's own /dev."""
+        env = {e.get("name"): e.get("value") for e in container.get("env") or []
+               if isinstance(e, dict)}
+        lock = env.get("XTABLES_LOCKFILE") or ""
+        self.require(lock.startswith("/dev/") and not lock.startswith("/dev/shm/"),
+                     f"{ctx}: env XTABLES_LOCKFILE must name a file in the container's /dev "
+                     f"(not /dev/shm, the pod's), got {lock!r}: the root is read-only and "
+                     "there is no /run to write /run/xtables.lock in")
+
     def check_disruption(self, job, pod):
         template = (job.get("spec") or {}).get("template") or {}
         tmeta = template.get("metadata") or {}
@@ -339,12 +350,12 @@ class Checker:
                      "pod template: no ownerReferences (the Job is the pod's controller owner, "
                      "which lets kubectl drain evict it without --force)")
         for v in pod.get("volumes") or []:
-            ed = v.get("emptyDir") if isinstance(v, dict) else None
-            if ed is not None:
-                self.require(ed.get("medium") == "Memory" and bool(ed.get("sizeLimit")),
-                             f"volume {v.get('name')!r}: an emptyDir must be a bounded tmpfs "
-                             "(medium: Memory, sizeLimit): scratch space, never data a drain "
-                             "would lose")
+            self.require(not (isinstance(v, dict) and "emptyDir" in v),
+                         f"volume {v.get('name') if isinstance(v, dict) else v!r}: no emptyDir "
+                         "(`kubectl drain` refuses a node with one unless told "
+                         "--delete-emptydir-data; the agent writes only in its container's /dev)")
+        for c in pod.get("containers") or []:
+            self.check_xtables_lock(c, f"container {c.get('name')!r}")
         tol = [t for t in pod.get("tolerations") or [] if isinstance(t, dict)]
         for t in tol:
             self.require(t.get("effect") == "NoExecute",
@@ -515,6 +526,7 @@ class Checker:
         if args is not None and "--token-file" not in args:
             self.require(self.check_token_env(c, ctx),
                          f"{ctx}: the agent needs a token: SIPHON_TOKEN from a Secret")
+        self.check_xtables_lock(c, ctx)
 
     # ---- kubectl debug --custom profile
     def check_debug_profile(self, doc, text):
@@ -526,6 +538,7 @@ class Checker:
         self.check_security_context(doc.get("securityContext"), ctx)
         self.require(self.check_token_env(doc, ctx),
                      f"{ctx}: the agent needs a token: SIPHON_TOKEN from a Secret")
+        self.check_xtables_lock(doc, ctx)
         cmd = re.findall(r"--arguments-only\s+--\s+(.*)$", text, re.MULTILINE)
         if self.require(len(cmd) >= 1, f"{ctx}: the comments must show the kubectl debug command "
                         "(`... --arguments-only -- ephemeral ...`)"):

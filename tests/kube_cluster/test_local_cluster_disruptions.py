@@ -4,13 +4,13 @@ with real kubectl (issue 42, docs/NODES-fragment.md):
 
   * a Deployment's two replicas spread one per node (preferred pod
     anti-affinity), and required anti-affinity leaves a third Pending;
-  * `kubectl drain` without --force or --delete-emptydir-data evicts a Job
-    pod shaped like the agent's (images/k8s/agent-job.yaml's labels,
-    annotations and tolerations) and the Deployment's pod, waits (429,
-    retried) while a PodDisruptionBudget of the Deployment forbids it and
-    never because of the Job pod; the processes really end (one that ignores
-    SIGTERM is killed after its grace); the replacement runs on the other
-    node; the evicted Job pod is not replaced (backoffLimit 0);
+  * `kubectl drain NODE --ignore-daemonsets` (no --force, no
+    --delete-emptydir-data) evicts the real agent's Job pod
+    (images/k8s/agent-job.yaml as it ships, targeting the Deployment's pod)
+    and the Deployment's pod, waits (429, retried) while a
+    PodDisruptionBudget of the Deployment forbids it and never because of
+    the agent; the processes really end; the replacement runs on the other
+    node; the evicted Job pod is not replaced (backoffLimit 0, failed 1);
   * `local-cluster.sh node-down`: the node NotReady, its pods not Ready, the
     unreachable NoExecute taint, a pod tolerating it for 3 s deleted and
     replaced elsewhere, one tolerating it for ever still bound; `node-up`:
@@ -40,7 +40,7 @@ SKIP = 77
 ENV = {}
 NS = "disruptions"
 NODE1, NODE2 = "local-node-1", "local-node-2"
-SIGTERM_BIT = 1 << (15 - 1)  # in /proc/PID/status SigIgn
+AGENT_JOB = "siphon-agent-d1"
 
 
 def skip(reason):
@@ -100,14 +100,6 @@ def pids_with(marker):
     return out
 
 
-def ignores_sigterm(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("SigIgn:"):
-                return bool(int(line.split()[1], 16) & SIGTERM_BIT)
-    return False
-
-
 def gone(pid):
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -121,26 +113,19 @@ def loop(marker, on_term):
     return ["sh", "-c", f"trap '{on_term}' TERM; while true; do sleep 1; done # {marker}"]
 
 
-def agent_like_job(name, node, marker, grace):
-    """A Job whose pod carries agent-job.yaml's labels, annotations,
-    tolerations, nodeName and backoffLimit, with the app image's shell
-    ignoring SIGTERM instead of the agent (and none of its volumes)."""
+def agent_job(session, node, container_id):
+    """images/k8s/agent-job.yaml as it ships (its Secret and Job, the
+    placeholders filled in): the real agent, targeting container_id."""
+    node_uid = kubectl("get", "node", node, "-o", "jsonpath={.metadata.uid}").stdout
+    values = {"AGENT_NAMESPACE": NS, "SESSION": session, "NODE_NAME": node,
+              "NODE_UID": node_uid, "CONTAINER_ID": container_id,
+              "IMAGE": ENV["AGENT_IMAGE"], "TOKEN": "t" * 40}
     with open(os.path.join(REPO, "images", "k8s", "agent-job.yaml")) as f:
-        job = next(d for d in yaml.safe_load_all(f) if d and d["kind"] == "Job")
-    tmpl = job["spec"]["template"]
-    labels = {k: ("s" + marker[-5:] if "${" in str(v) else v)
-              for k, v in tmpl["metadata"]["labels"].items()}
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": name, "labels": labels},
-            "spec": {"backoffLimit": job["spec"]["backoffLimit"],
-                     "template": {
-                         "metadata": {"labels": labels,
-                                      "annotations": tmpl["metadata"]["annotations"]},
-                         "spec": {"restartPolicy": "Never", "nodeName": node,
-                                  "tolerations": tmpl["spec"]["tolerations"],
-                                  "terminationGracePeriodSeconds": grace,
-                                  "containers": [{"name": "agent", "image": ENV["APP_IMAGE"],
-                                                  "command": loop(marker, "")}]}}}}
+        text = f.read()
+    for k, v in values.items():
+        text = text.replace("${%s}" % k, v)
+    assert "${" not in "".join(l for l in text.splitlines() if not l.lstrip().startswith("#"))
+    return text
 
 
 def web_deployment(name, replicas, anti, marker):
@@ -172,7 +157,8 @@ class DisruptionsTest(unittest.TestCase):
         t0 = time.monotonic()
         # Whatever fails, the later tests get both nodes back.
         self.addCleanup(kubectl, "uncordon", NODE1, check=False)
-        for kind, name in (("deployment", "web"), ("pdb", "web"), ("job", "agent")):
+        for kind, name in (("deployment", "web"), ("pdb", "web"), ("job", AGENT_JOB),
+                           ("secret", "siphon-token-d1")):
             self.addCleanup(kubectl, "delete", kind, "-n", NS, name, "--ignore-not-found",
                             check=False)
         apply(web_deployment("web", 2, {"preferredDuringSchedulingIgnoredDuringExecution": [
@@ -188,14 +174,20 @@ class DisruptionsTest(unittest.TestCase):
         apply({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                "metadata": {"name": "web"},
                "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}})
-        apply(agent_like_job("agent", NODE1, "marker-agent-j1", 3))
-        agent = eventually(lambda: [p for p in pods("job-name=agent")
-                                    if p["status"].get("phase") == "Running"],
-                           "the agent-like Job pod running")[0]
+        # The real agent (read-only root, no emptyDir) targeting web on node 1.
+        cid = by_node[NODE1]["status"]["containerStatuses"][0]["containerID"]
+        self.assertTrue(cid.startswith("containerd://"), cid)
+        cid = cid[len("containerd://"):]
+        kubectl("apply", "-f", "-", input=agent_job("d1", NODE1, cid))
+        agent = eventually(lambda: [p for p in pods(f"job-name={AGENT_JOB}") if ready(p)],
+                           "the agent's Job pod ready")[0]
+        self.assertEqual(agent["spec"]["nodeName"], NODE1)
+        self.assertFalse([v for v in agent["spec"]["volumes"] if "emptyDir" in v])
         self.assertEqual(agent["metadata"]["ownerReferences"][0]["kind"], "Job")
         self.assertTrue(agent["metadata"]["ownerReferences"][0]["controller"])
-        agent_pids = eventually(lambda: pids_with("marker-agent-j1"), "the agent's process")
-        self.assertTrue(all(ignores_sigterm(p) for p in agent_pids))
+        agent_pids = eventually(
+            lambda: pids_with("targeted\0--container-id\0containerd://" + cid),
+            "the agent's process")
         web1_pids = pids_with("marker-web")
         eventually(lambda: kubectl("get", "pdb", "-n", NS, "web", "-o",
                                    "jsonpath={.status.currentHealthy}").stdout == "1",
@@ -212,10 +204,11 @@ class DisruptionsTest(unittest.TestCase):
         reader.start()
         try:
             # Refused by the budget, retried; the agent's pod is evicted
-            # meanwhile and its SIGTERM-ignoring shell SIGKILLed after 3 s.
+            # meanwhile (no emptyDir: no --delete-emptydir-data) and the
+            # agent ends on its SIGTERM.
             eventually(lambda: any("disruption budget" in line for line in out),
                        "drain retrying on the budget's 429")
-            eventually(lambda: not pods("job-name=agent"), "the agent's pod evicted")
+            eventually(lambda: not pods(f"job-name={AGENT_JOB}"), "the agent's pod evicted")
             self.assertTrue(all(gone(p) for p in agent_pids), "the agent's processes ended")
             self.assertIsNone(drain.poll(), "drain waits for the budget:\n" + "".join(out))
             web2 = by_node[NODE2]
@@ -242,9 +235,9 @@ class DisruptionsTest(unittest.TestCase):
         make_ready(new)
         eventually(lambda: all(ready(p) for p in pods("app=web")) and len(pods("app=web")) == 2,
                    "both web pods Ready on node 2")
-        job = json.loads(kubectl("get", "job", "-n", NS, "agent", "-o", "json").stdout)
+        job = json.loads(kubectl("get", "job", "-n", NS, AGENT_JOB, "-o", "json").stdout)
         self.assertEqual(job["status"].get("failed"), 1)
-        self.assertFalse(pods("job-name=agent"), "no new agent pod on the drained node")
+        self.assertFalse(pods(f"job-name={AGENT_JOB}"), "no new agent pod on the drained node")
         kubectl("uncordon", NODE1)
         kubectl("delete", "pdb", "-n", NS, "web")
         kubectl("delete", "deployment", "-n", NS, "web")

@@ -24,11 +24,16 @@ namespace {
 constexpr int kSoOriginalDst = 80;
 constexpr int kIp6tSoOriginalDst = 80;
 
-// iptables-legacy serialises every change on the machine-wide
-// /run/xtables.lock (every netns, kube-proxy's and the CNI's changes too)
-// and by default retries a busy lock once a second: one collision cost a
-// drain a whole second. It retries every 10 ms here. iptables-nft takes no
-// lock (it warns about -W).
+// iptables-legacy serialises changes with flock() on its lock file and by
+// default retries a busy lock once a second: one collision cost a drain a
+// whole second. It retries every 10 ms here. iptables-nft takes no lock (it
+// warns about -W). The file is a path in the caller's mount namespace, not
+// the netns it changes: on a host, /run/xtables.lock is shared with
+// kube-proxy and the CNI; in the agent's pod it is XTABLES_LOCKFILE, the
+// container's own /dev/xtables.lock (the manifests set it, execCapture()
+// passes it on), which serialises every iptables run of the agent (steering,
+// guard, start-up sweep) in every netns, as the /run emptyDir did before, and
+// never another container's.
 const std::vector<std::string>& restoreArgs(IptablesFlavor flavor) {
   static const std::vector<std::string> nft = {"--noflush", "-w", "5"};
   static const std::vector<std::string> legacy = {"--noflush", "-w", "5", "-W", "10000"};

@@ -1026,8 +1026,12 @@ class ControllerManager:
             if JOB_TRACKING not in (p["metadata"].get("finalizers") or []):
                 continue
             phase = (p.get("status") or {}).get("phase")
-            gone_early = _deleting(p) and (not p["spec"].get("nodeName") or phase == "Pending")
-            if phase in ("Succeeded", "Failed") or gone_early:
+            # A pod being deleted (an eviction, a drain) counts as failed at
+            # once, as the Job controller's isPodFailed() counts it: with
+            # backoffLimit 0 the Job fails instead of replacing it while it
+            # terminates (and then counting both).
+            deleted = _deleting(p) and phase != "Succeeded"
+            if phase in ("Succeeded", "Failed") or deleted:
                 if phase == "Succeeded":
                     st["succeeded"] = st.get("succeeded", 0) + 1
                 else:

@@ -113,6 +113,14 @@ TEST(AgentManifest, JobIsPinnedOwnedAndListensOnLoopbackOnly) {
   EXPECT_EQ(labels[kLabelSession], "k3x9q");
 }
 
+// The XTABLES_LOCKFILE a container sets ("" when none).
+std::string xtablesLockFile(const json& container) {
+  for (const auto& e : container.value("env", json::array())) {
+    if (e["name"] == "XTABLES_LOCKFILE") return e.value("value", "");
+  }
+  return "";
+}
+
 // Issue 42: nothing in the agent's pod holds a node; every disruption tool
 // may evict it (agent_manifest.cc says why for each).
 TEST(AgentManifest, NothingHoldsTheNode) {
@@ -133,12 +141,17 @@ TEST(AgentManifest, NothingHoldsTheNode) {
     }
     EXPECT_EQ(meta["labels"][kLabelName], kLabelNameValue);
     EXPECT_EQ(meta["labels"][kLabelManagedBy], "siphon");
-    // Scratch tmpfs only: nothing a drain would lose.
-    for (const auto& v : pod["spec"]["volumes"]) {
-      if (!v.contains("emptyDir")) continue;
-      EXPECT_EQ(v["emptyDir"]["medium"], "Memory") << v["name"];
-      EXPECT_TRUE(v["emptyDir"].contains("sizeLimit")) << v["name"];
+    // No emptyDir: `kubectl drain` refuses a pod with one unless told
+    // --delete-emptydir-data. The read-only root stays; iptables-legacy's
+    // lock goes to the container's own /dev.
+    for (const auto& v : pod["spec"]["volumes"]) EXPECT_FALSE(v.contains("emptyDir")) << v.dump();
+    const json& c = pod["spec"]["containers"][0];
+    EXPECT_EQ(c["securityContext"]["readOnlyRootFilesystem"], true);
+    for (const auto& m : c["volumeMounts"]) {
+      EXPECT_NE(m["mountPath"], "/run");
+      EXPECT_NE(m["mountPath"], "/tmp");
     }
+    EXPECT_EQ(xtablesLockFile(c), "/dev/xtables.lock");
     // NoExecute only (no NoSchedule: Karpenter would skip a pod tolerating
     // karpenter.sh/disrupted), the lost-node taints bounded and first.
     const json& tol = pod["spec"]["tolerations"];
@@ -190,6 +203,7 @@ TEST(AgentManifest, EphemeralPatchTargetsTheContainerAndTakesTheTokenFromTheEnv)
   EXPECT_EQ(c["targetContainerName"], "app");
   EXPECT_EQ(c["env"][0]["name"], "SIPHON_TOKEN");
   EXPECT_EQ(c["env"][0]["valueFrom"]["secretKeyRef"]["name"], s.secret);
+  EXPECT_EQ(xtablesLockFile(c), "/dev/xtables.lock");
   EXPECT_FALSE(c.contains("resources"));  // refused for ephemeral containers
   EXPECT_FALSE(c.contains("ports"));
   std::vector<std::string> args = c["args"];

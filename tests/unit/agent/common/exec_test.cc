@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <stdlib.h>
 
 #include <string>
 
@@ -45,6 +46,23 @@ TEST(NetnsExec, DeadlineKillsTheProgram) {
   auto r =
       execCapture({"/bin/sleep", "30"}, "", ExecOptions{.timeout = std::chrono::milliseconds(100)});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+// The environment is ours, not the agent's, but for iptables-legacy's lock
+// file: the pod names one in its /dev (a read-only root has no /run).
+TEST(NetnsExec, PassesOnlyTheXtablesLockFile) {
+  ASSERT_EQ(setenv("SIPHON_EXEC_TEST_SECRET", "x", 1), 0);
+  ASSERT_EQ(unsetenv("XTABLES_LOCKFILE"), 0);
+  auto r = execChecked({"/usr/bin/env"}, "");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r, "PATH=/usr/sbin:/usr/bin:/sbin:/bin\nLC_ALL=C\n");
+  ASSERT_EQ(setenv("XTABLES_LOCKFILE", "/dev/xtables.lock", 1), 0);
+  r = execChecked({"/usr/bin/env"}, "");
+  unsetenv("XTABLES_LOCKFILE");
+  unsetenv("SIPHON_EXEC_TEST_SECRET");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(*r,
+            "PATH=/usr/sbin:/usr/bin:/sbin:/bin\nLC_ALL=C\nXTABLES_LOCKFILE=/dev/xtables.lock\n");
 }
 
 TEST(NetnsExec, FindsToolsInSbin) {
