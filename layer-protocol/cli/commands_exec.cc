@@ -56,6 +56,7 @@
 #include "cli/bridge.h"
 #include "cli/command.h"
 #include "cli/exec_config.h"
+#include "kube/kubectl.h"
 #include "cli/exec_incoming.h"
 #include "cli/exit_codes.h"
 #include "cli/format.h"
@@ -215,14 +216,27 @@ struct ExecState : std::enable_shared_from_this<ExecState> {
     event(std::move(line));
   }
 
-  // Reaps the program and every orphan of it (siphon is their subreaper).
+  // Reaps the program and every orphan of it (siphon is their subreaper),
+  // never a child whose owner reaps it (kube::ownedChild: a --target
+  // session's kubectl calls, port-forwards and pod watch).
   void reap() {
     if (pid <= 0) return;
     while (true) {
       int status = 0;
-      const pid_t r = ::waitpid(-1, &status, WNOHANG);
+      pid_t r = exit_code ? 0 : ::waitpid(pid, &status, WNOHANG);
       if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) break;
+      if (r <= 0) {
+        // Peeked first: a child of someone else's stays for its owner.
+        siginfo_t next{};
+        if (::waitid(P_ALL, 0, &next, WEXITED | WNOHANG | WNOWAIT) != 0) {
+          if (errno == EINTR) continue;
+          break;
+        }
+        if (next.si_pid <= 0 || kube::ownedChild(next.si_pid)) break;
+        r = ::waitpid(next.si_pid, &status, WNOHANG);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+      }
       if (r == pid && !exit_code) {
         exit_code = exec::exitCodeOf(status);
         // What it leaves goes with it: nothing of the program outlives it.

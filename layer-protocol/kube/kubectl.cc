@@ -86,6 +86,7 @@ void reap(Call& c) {
     c.result.exit_code = -1;
   }
   c.exited = true;
+  releaseChild(c.pid);
   closeFd(c.pidfd);
 }
 
@@ -217,6 +218,26 @@ std::vector<absl::StatusOr<KubectlResult>> SystemKubectl::runAll(
   return results;
 }
 
+namespace {
+
+std::mutex g_owned_mu;
+std::set<pid_t>& ownedChildren() {
+  static std::set<pid_t> owned;
+  return owned;
+}
+
+}  // namespace
+
+bool ownedChild(pid_t pid) {
+  std::lock_guard<std::mutex> l(g_owned_mu);
+  return ownedChildren().contains(pid);
+}
+
+void releaseChild(pid_t pid) {
+  std::lock_guard<std::mutex> l(g_owned_mu);
+  ownedChildren().erase(pid);
+}
+
 absl::StatusOr<SpawnedChild> spawnChild(const std::vector<std::string>& argv, int stdin_fd,
                                         int stdout_fd, int stderr_fd) {
   // The exec's failure comes back through this pipe (closed on exec).
@@ -226,7 +247,12 @@ absl::StatusOr<SpawnedChild> spawnChild(const std::vector<std::string>& argv, in
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   const pid_t parent = ::getpid();
+  // Registered before it can end: a subreaper's reap between the fork and
+  // the registration would take it.
+  std::unique_lock<std::mutex> owned_lock(g_owned_mu);
   const pid_t pid = ::fork();
+  if (pid > 0) ownedChildren().insert(pid);
+  owned_lock.unlock();
   if (pid < 0) {
     int e = errno;
     ::close(report[0]);
@@ -269,6 +295,7 @@ absl::StatusOr<SpawnedChild> spawnChild(const std::vector<std::string>& argv, in
   if (n == sizeof(child_errno)) {
     while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
     }
+    releaseChild(pid);
     return absl::NotFoundError(kubectlMissing(argv[0], child_errno));
   }
   SpawnedChild c;

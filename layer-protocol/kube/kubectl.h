@@ -93,6 +93,13 @@ struct SpawnedChild {
 absl::StatusOr<SpawnedChild> spawnChild(const std::vector<std::string>& argv, int stdin_fd,
                                         int stdout_fd, int stderr_fd);
 
+// Children of spawnChild are reaped by their owner (their exit code is the
+// result). A subreaper that reaps its orphans (siphon exec) must leave them
+// alone: ownedChild() says whether `pid` is one; releaseChild() after the
+// owner reaped it. Threads: any.
+bool ownedChild(pid_t pid);
+void releaseChild(pid_t pid);
+
 // The line for a kubectl that cannot be run, naming what was tried.
 std::string kubectlMissing(const std::string& binary, int err);
 

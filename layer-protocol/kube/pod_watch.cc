@@ -149,6 +149,7 @@ net::awaitable<KubectlResult> PodWatch::run(std::vector<std::string> argv,
     ::waitid(P_PID, static_cast<id_t>(child->pid), &info, WEXITED);  // its stdout ended: it did
   }
   if (info.si_pid > 0 && info.si_code == CLD_EXITED) r.exit_code = info.si_status;
+  releaseChild(child->pid);
   pid_ = -1;
   for (ssize_t n;
        (n = ::pread(err, buf.data(), buf.size(), static_cast<off_t>(r.err.size()))) > 0;) {

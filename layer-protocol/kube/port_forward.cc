@@ -116,6 +116,7 @@ net::awaitable<void> PortForward::watchExit(std::shared_ptr<PortForward> self_in
                &info, WEXITED | WNOHANG) == 0) {
     code = info.si_status;
   }
+  if (info.si_pid > 0) releaseChild(info.si_pid);
   if (generation != self->generation_) co_return;
   if (self->alive_) {
     self->alive_ = false;
