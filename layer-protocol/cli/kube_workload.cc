@@ -387,8 +387,8 @@ void WorkloadFollower::onReplica(const client::ReplicaEvent& e) {
       if (it != covered_.end()) primary_uid_ = uid;
       if (waiting_since_) stopWaiting(pod);
       say("moved", absl::StrCat("files, names, env and new outgoing connections now go to ", pod,
-                                " (", e.reason, ")"),
-          {{"endpoint", e.endpoint}});
+                                " (agent ", e.endpoint, "; ", e.reason, ")"),
+          {{"endpoint", e.endpoint}, {"from", e.from}});
       break;
     case Kind::kWaiting:
       startWaiting(e.reason);

@@ -111,7 +111,10 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *a):
         pass
-http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H).serve_forever()
+try:
+    http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H).serve_forever()
+except KeyboardInterrupt:  # the session's Ctrl-C
+    sys.exit(0)
 """
 
 # The load: every pod address in IPFILE, with and without the filter's
@@ -353,7 +356,9 @@ class WorkloadsTest(unittest.TestCase):
             _, rest = p.communicate(timeout=120)
             load.close()
             ks.kubectl("-n", NS, "scale", "deploy/web", "--replicas=2", check=False)
-        self.assertEqual(p.returncode, 0, err.read() + rest.decode())
+        said = err.read() + rest.decode()
+        print("  the session said:\n    " + "\n    ".join(said.splitlines()), file=sys.stderr)
+        self.assertEqual(p.returncode, 0, said)
         self.assertClean()
 
     def test_2_a_single_pod_recreated_under_its_name(self):

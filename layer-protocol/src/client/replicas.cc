@@ -99,7 +99,8 @@ std::shared_ptr<Link> Client::nextReplica() const {
   return nullptr;
 }
 
-void Client::promoteLink(const std::shared_ptr<Link>& next, std::string reason, bool keep_old) {
+// `next` by value: callers hand an element of replicas_, which this erases.
+void Client::promoteLink(std::shared_ptr<Link> next, std::string reason, bool keep_old) {
   const std::shared_ptr<Link> old = link_;
   std::erase(replicas_, next);
   link_ = next;

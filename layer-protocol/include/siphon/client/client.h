@@ -431,7 +431,7 @@ class Client : public std::enable_shared_from_this<Client> {
   net::awaitable<absl::Status> subscribeOn(std::shared_ptr<Link> link, uint64_t id);
   net::awaitable<void> fanOut(uint64_t id);
   std::shared_ptr<Link> nextReplica() const;
-  void promoteLink(const std::shared_ptr<Link>& next, std::string reason, bool keep_old);
+  void promoteLink(std::shared_ptr<Link> next, std::string reason, bool keep_old);
   // A new replica with no live current session takes its place.
   void takeOverIfNoCurrent(const std::shared_ptr<Link>& link);
   // The current link is gone or drains: a replica takes its place, or the

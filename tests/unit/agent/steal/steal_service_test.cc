@@ -1092,6 +1092,30 @@ TEST_F(ReplicaTest, EveryReplicaStealsAndTheReplicaTakesOverWhenTheCurrentIsLost
   });
 }
 
+// promote(): the replica becomes the current session and the one before a
+// replica, both still stealing; and back again.
+TEST_F(ReplicaTest, PromoteSwapsTheCurrentSessionAndAReplica) {
+  fakes::runClient([&](const asio::any_io_executor& ex) -> net::awaitable<void> {
+    auto c = newReplicaClient(ex);
+    auto replicas = watchReplicas(c);
+    EXPECT_TRUE((co_await c->connect()).ok());
+    EXPECT_TRUE((co_await c->addReplica(b_.address())).ok());
+    EXPECT_TRUE(c->promote(b_.address(), "test").ok());
+    EXPECT_EQ(c->endpoint(), b_.address());
+    EXPECT_EQ(c->replicaEndpoints(), std::vector<std::string>{a_.address()});
+    EXPECT_EQ(replicas->count(client::ReplicaEvent::Kind::kPromoted), 1u);
+    if (!replicas->events.empty()) {
+      EXPECT_EQ(replicas->events.back().endpoint, b_.address());
+      EXPECT_EQ(replicas->events.back().from, a_.address());
+    }
+    EXPECT_TRUE(c->promote(a_.address(), "back").ok());
+    EXPECT_EQ(c->endpoint(), a_.address());
+    EXPECT_EQ(c->replicaEndpoints(), std::vector<std::string>{b_.address()});
+    EXPECT_EQ(errorCodeOf(c->promote("127.0.0.1:1", "none")), v1::NOT_FOUND);
+    c->close();
+  });
+}
+
 // A subscription made after the replica came is made there too; one ended
 // is ended on both.
 TEST_F(ReplicaTest, ASubscriptionMadeLaterReachesEveryReplica) {
