@@ -91,14 +91,10 @@ WorkloadFollower::WorkloadFollower(asio::any_io_executor ex, Options options,
       forwards_(std::move(forwards)),
       pods_(options_.container, options_.single) {
   kubectl_ = std::make_unique<kube::SystemKubectl>(options_.kubectl);
-  // The keeper's phase lines come from the worker thread: printed on the
-  // loop, in order with the rest.
-  auto ex_copy = ex_;
+  // A pod's agent starting is told in one line once it serves (or fails):
+  // not phase by phase as the first one's, while the program runs.
   keeper_ = std::make_unique<kube::AgentKeeper>(
-      *kubectl_, options_.keeper,
-      [ex_copy, json = options_.json](const kube::PhaseEvent& e) {
-        asio::post(ex_copy, [e, json] { printPhase(e, json); });
-      },
+      *kubectl_, options_.keeper, [](const kube::PhaseEvent&) {},
       [this] { return cancel_.load() || kubeInterrupted(); });
   worker_ = std::thread([this] { workerLoop(); });
 }
@@ -210,8 +206,6 @@ void WorkloadFollower::cover(const kube::PodInfo& pod) {
   Covered& c = covered_[pod.uid];
   c.pod = pod;
   c.retired = false;
-  say("covering", absl::StrCat("pod ", pod.name, " on ", pod.node, " is Ready: finding or starting its agent"),
-      {{"pod", pod.name}, {"node", pod.node}});
   std::weak_ptr<WorkloadFollower> weak = shared_from_this();
   const bool need_runtime = options_.keeper.mode == kube::AgentMode::kJob;
   const std::string container = options_.container;
@@ -269,8 +263,9 @@ net::awaitable<void> WorkloadFollower::link(std::shared_ptr<WorkloadFollower> se
   size_t linked = 0;
   for (const auto& [id, other] : covered_) linked += other.linked && !other.retired ? 1 : 0;
   say("covered",
-      absl::StrCat("pod ", c.pod.name, " on ", c.pod.node, " covered by agent ", c.agent->name,
-                   " (", linked, linked == 1 ? " pod" : " pods", " covered)"),
+      absl::StrCat("pod ", c.pod.name, " on ", c.pod.node, " is Ready: covered by agent ",
+                   c.agent->name, c.agent->created ? "" : " (reused)", " (", linked,
+                   linked == 1 ? " pod" : " pods", " covered)"),
       {{"pod", c.pod.name}, {"agent", c.agent->name}});
   if (wanted_primary_ == uid) {
     wanted_primary_.clear();

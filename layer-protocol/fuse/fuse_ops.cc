@@ -47,8 +47,11 @@ int errOf(const absl::Status& s) {
 }
 
 // A handle's failure: EIO once its session is gone (the handle is never
-// reopened on another agent), the agent's errno otherwise.
+// reopened on another agent), the agent's errno otherwise. ESTALE as it
+// is: a workload's session reopened the file on another pod and found
+// another file there (ClientOptions::reopen_files).
 int handleErr(const client::File& f, const absl::Status& s) {
+  if (client::errnoValue(s) == ESTALE) return ESTALE;
   if (!f.alive().ok()) return EIO;
   return errOf(s);
 }

@@ -327,7 +327,7 @@ class WorkloadsTest(unittest.TestCase):
             self.assertEqual(stay_failed, [], "a request to the pod that stayed failed")
             text = err.read()
             self.assertIn("siphon: pod " + replacement[0]["metadata"]["name"], text)
-            self.assertIn(" covered by agent siphon-agent-", text)
+            self.assertIn(" is Ready: covered by agent siphon-agent-", text)
             ks.kubectl("uncordon", drained)
             drained = None
 
@@ -390,6 +390,7 @@ class WorkloadsTest(unittest.TestCase):
             self.assertEqual(out.line("after /tmp/www/same"), "after /tmp/www/same ok 4096")
             self.assertEqual(out.line("after /tmp/www/big"), "after /tmp/www/big ESTALE")
             p.stdin.close()
+            p.stdin = None  # communicate() below must not flush it
             p.wait(timeout=60)
         finally:
             if p.poll() is None:
