@@ -210,7 +210,8 @@ int kubeExitCode(const absl::Status& s) {
   }
 }
 
-absl::StatusOr<std::unique_ptr<KubeSession>> KubeSession::open(const KubeFlags& flags, bool json) {
+absl::StatusOr<std::unique_ptr<KubeSession>> KubeSession::open(const KubeFlags& flags, bool json,
+                                                               bool follow) {
   std::unique_ptr<KubeSession> s(new KubeSession());
   s->json_ = json;
   ASSIGN_OR_RETURN(auto options, keeperOptions(flags));
@@ -259,7 +260,7 @@ absl::StatusOr<std::unique_ptr<KubeSession>> KubeSession::open(const KubeFlags& 
   w.no_pod_timeout = *no_pod;
   w.json = json;
   s->first_pod_ = target.pod;
-  s->following_ = true;
+  s->following_ = follow;
   return s;
 }
 

@@ -77,7 +77,10 @@ class KubeSession {
  public:
   // Resolves the target and finds or starts its agent. The status's code
   // says the exit code (kubeExitCode).
-  static absl::StatusOr<std::unique_ptr<KubeSession>> open(const KubeFlags& flags, bool json);
+  // `follow`: the session follows the target's pods (a command that runs
+  // until stopped; kube_workload.h).
+  static absl::StatusOr<std::unique_ptr<KubeSession>> open(const KubeFlags& flags, bool json,
+                                                           bool follow = true);
   ~KubeSession();
 
   // The client's endpoint (a name: "kube:NS/POD"), token, and the

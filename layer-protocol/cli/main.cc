@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <exception>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -254,10 +255,16 @@ int realMain(int argc, char** argv) {
   if (agents_listed) return runAgentsCommand(agents_command, kube, flags.json, options);
 
   CommandRun command;
+  // Commands that run until stopped follow a workload's pods (every pod
+  // covered, moving when one goes); the others are done before it matters.
+  bool long_running = false;
   for (const auto& c : commands) {
     if (!c.app->parsed()) continue;
     command = c.run;
     if (c.configure) c.configure(options);
+    static const std::set<std::string> kFollowing = {"exec",    "steal",   "mirror", "capture",
+                                                     "forward", "connect", "mount"};
+    long_running = kFollowing.contains(c.app->get_name());
   }
   if (!command) {
     printError("no command given (see siphon --help)");
@@ -268,7 +275,7 @@ int realMain(int argc, char** argv) {
   std::unique_ptr<KubeSession> kube_agent;
   if (kube_session) {
     armKubeSignals();
-    auto opened = KubeSession::open(kube, flags.json);
+    auto opened = KubeSession::open(kube, flags.json, long_running);
     if (!opened.ok()) {
       printError(sv(opened.status().message()));
       return kubeExitCode(opened.status());

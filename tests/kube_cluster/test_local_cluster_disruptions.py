@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The local cluster (scripts/local-cluster.sh) shows what disrupts a node,
-with real kubectl (issue 42, docs/NODES-fragment.md):
+with real kubectl (issue 42, docs/KUBERNETES.md, "Nodes come and go"):
 
   * a Deployment's two replicas spread one per node (preferred pod
     anti-affinity), and required anti-affinity leaves a third Pending;
