@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from links import Links  # noqa: E402 - the links group, beside this file
 from handover import Handover  # noqa: E402 - the handover group, beside this file
 from kube import Kube  # noqa: E402 - the kube group, beside this file
+from workloads import Workloads  # noqa: E402 - the workloads group, beside this file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -1516,7 +1517,8 @@ def main():
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     groups = [g for g in args.only.split(",") if g] or [
         "bulk", "bulk8", "http", "short", "filtered", "idle", "forward", "startup", "rss",
-        "services", "mirror", "isolation", "mount", "exec", "handover", "links", "kube"]
+        "services", "mirror", "isolation", "mount", "exec", "handover", "links", "kube",
+        "workloads"]
     with ExitStack() as stack:
         procs = Procs()
         stack.callback(procs.close)
@@ -1545,6 +1547,7 @@ def main():
             ("handover", lambda: Handover(b, log, sh, summary).run()),
             ("links", lambda: Links(b, log, sh, summary).run()),
             ("kube", lambda: Kube(b, log, sh, summary).run()),
+            ("workloads", lambda: Workloads(b, log, sh, summary).run()),
         ]
         for group, run in runs:
             if group not in groups:

@@ -6,7 +6,7 @@
 #
 # Usage: sudo scripts/bench.sh [--quick] [--only GROUP,...]
 #   --quick   3 repetitions of 2 s (about 6 minutes once built), for development
-#   --only    bulk,bulk8,http,short,filtered,idle,forward,startup,rss,services,mirror,isolation,mount,exec,handover,links,kube,codec
+#   --only    bulk,bulk8,http,short,filtered,idle,forward,startup,rss,services,mirror,isolation,mount,exec,handover,links,kube,workloads,codec
 #   --links   RTT_MS:LOSS_PERCENT,... the links group's links (default 20:0,50:0,20:0.5,50:0.5)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
