@@ -56,7 +56,10 @@ class Workloads(Kube):
                     return t0, stay["status"]["podIP"], go["status"]["podIP"], ip, \
                         load.ready_since[ip]
                 time.sleep(0.2)
-            raise RuntimeError("no replacement Ready within 120 s")
+            state = [(p["metadata"]["name"], p["spec"].get("nodeName"), wl.is_ready(p))
+                     for p in wl.web_pods()]
+            raise RuntimeError(f"no replacement Ready within 120 s after draining {node} "
+                               f"(pods before: {sorted(pods)}; now: {state})")
         finally:
             self.kubectl("uncordon", node, check=False)
 
@@ -67,10 +70,23 @@ class Workloads(Kube):
                 sum(1 for r in recs if r["ip"] == go_ip and not r["ok"]))
 
     def settle(self):
-        self.kubectl("-n", wl.NS, "rollout", "status", "deploy/web", "--timeout=120s")
-        deadline = time.monotonic() + 60
-        while len(wl.web_pods()) != 2 and time.monotonic() < deadline:
-            time.sleep(0.3)
+        """Two Ready pods, one per node (a drain's replacement lands beside
+        the other pod)."""
+        for _ in range(4):
+            self.kubectl("-n", wl.NS, "rollout", "status", "deploy/web", "--timeout=120s")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                pods = wl.web_pods()
+                if len(pods) == 2 and all(wl.is_ready(p) for p in pods):
+                    break
+                time.sleep(0.3)
+            if len({p["spec"].get("nodeName") for p in wl.web_pods()}) == 2:
+                return
+            # One of the two deleted: its replacement prefers the node
+            # without the other.
+            newest = max(wl.web_pods(), key=lambda p: p["metadata"]["creationTimestamp"])
+            self.kubectl("-n", wl.NS, "delete", "pod", newest["metadata"]["name"], "--wait=true")
+        raise RuntimeError("the two replicas did not spread over the two nodes")
 
     def run(self):
         was_up, app_image = self.up()
