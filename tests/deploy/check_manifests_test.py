@@ -221,12 +221,12 @@ class CheckManifestsTest(unittest.TestCase):
             self.job(docs)["spec"]["template"]["metadata"]["labels"]["app"] = "web"
         self.assertRejected(self.broken_yaml(JOB, edit), "label 'app' is not Siphon's own")
 
-    def test_job_emptydir_on_disk(self):
+    def test_job_with_an_emptydir(self):
+        # kubectl drain refuses a node whose pods have one (issue 42).
         def edit(docs):
-            for v in self.pod(docs)["volumes"]:
-                if "emptyDir" in v:
-                    v["emptyDir"] = {}
-        self.assertRejected(self.broken_yaml(JOB, edit), "bounded tmpfs")
+            self.pod(docs)["volumes"].append({"name": "tmp", "emptyDir": {"medium": "Memory"}})
+            self.agent(docs)["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
+        self.assertRejected(self.broken_yaml(JOB, edit), "no emptyDir")
 
     def test_job_owned_by_a_pod(self):
         def edit(docs):
@@ -351,10 +351,10 @@ class CheckManifestsTest(unittest.TestCase):
                              "- --handover-socket\n        - /dev/siphon-handover.sock\n", ""),
             "--take-over auto finds the old agent's socket")
 
-    def test_job_handover_socket_in_an_empty_dir(self):
+    def test_job_handover_socket_on_the_read_only_root(self):
         def edit(docs):
             self.agent(docs)["args"] += ["--handover-socket", "/tmp/siphon-handover.sock"]
-        self.assertRejected(self.broken_yaml(JOB, edit), "/tmp is an emptyDir")
+        self.assertRejected(self.broken_yaml(JOB, edit), "/tmp is on the read-only root")
 
     def test_profile_with_image(self):
         def edit(docs):
