@@ -33,34 +33,18 @@ import unittest
 
 import yaml
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SCRIPT = os.environ.get("SIPHON_LOCAL_CLUSTER_SCRIPT",
-                        os.path.join(REPO, "scripts", "local-cluster.sh"))
-SKIP = 77
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_kube_sessions import REPO, SCRIPT, skip  # noqa: E402 (the cluster's helpers)
+from test_kube_sessions import eventually as _eventually  # noqa: E402
+
 ENV = {}
 NS = "disruptions"
 NODE1, NODE2 = "local-node-1", "local-node-2"
 AGENT_JOB = "siphon-agent-d1"
 
 
-def skip(reason):
-    print("SKIPPED: " + reason)
-    sys.exit(SKIP)
-
-
 def eventually(fn, what, timeout=60.0, every=0.3):
-    """fn()'s first truthy value; the deadline only turns a hang into a failure."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            v = fn()
-            if v:
-                return v
-        except Exception as e:  # noqa: BLE001 - reported at the deadline
-            last = e
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what} (last: {last})")
+    return _eventually(fn, what, timeout=timeout, every=every)
 
 
 def kubectl(*args, check=True, input=None, timeout=120):
