@@ -320,13 +320,17 @@ void WorkloadFollower::release(const std::string& uid, const std::string& why) {
   auto it = covered_.find(uid);
   if (it == covered_.end() || it->second.removed) return;
   Covered& c = it->second;
-  c.removed = true;
-  if (!c.agent) return;
+  if (!c.agent) {
+    c.removed = true;
+    return;
+  }
   const std::string endpoint = endpointName(*c.agent);
   if (c.linked && client_) client_->dropSession(endpoint, why);
   c.linked = false;
   forwards_->stop(endpoint);
-  if (!c.agent->created || stopping_) return;  // finish() removes it
+  if (stopping_) return;  // finish() removes it
+  c.removed = true;
+  if (!c.agent->created) return;  // someone else's: left as it is
   auto* keeper = keeper_.get();
   const kube::Agent agent = *c.agent;
   auto ex = ex_;
@@ -370,11 +374,12 @@ void WorkloadFollower::onReplica(const client::ReplicaEvent& e) {
         it->second.linked = false;
         if (!it->second.retired && !stopping_) {
           // Its pod is still there: its agent crashed or was removed by
-          // someone else. Find or start one again.
+          // someone else. What is left of it goes (its Job, when this
+          // session made it), and the pod is covered again.
+          const kube::PodInfo again = it->second.pod;
           it->second.retired = true;
-          it->second.removed = true;
-          forwards_->stop(e.endpoint);
-          cover(it->second.pod);
+          release(uid, "its agent is gone");
+          cover(again);
         }
       }
       break;

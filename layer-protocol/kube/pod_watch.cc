@@ -37,8 +37,6 @@ constexpr auto kHealthy = 10s;
 constexpr int kReportAfter = 3;
 constexpr int kReportEvery = 12;
 
-std::string keyOf(const PodInfo& pod) { return pod.uid.empty() ? pod.name : pod.uid; }
-
 }  // namespace
 
 std::vector<std::string> JsonObjectSplitter::feed(std::string_view data) {
@@ -193,9 +191,9 @@ void PodWatch::onObject(const std::string& text) {
 
 void PodWatch::deliver(const PodEvent& event) {
   if (event.type == PodEvent::Type::kDeleted) {
-    known_.erase(keyOf(event.pod));
+    known_.erase(podKey(event.pod));
   } else {
-    known_[keyOf(event.pod)] = event.pod;
+    known_[podKey(event.pod)] = event.pod;
   }
   if (on_event_) on_event_(event);
 }
@@ -218,7 +216,7 @@ net::awaitable<void> PodWatch::loop(std::shared_ptr<PodWatch> self_in) {
           r.ok() ? parsePodList(out) : absl::UnavailableError(kubeError(r));
       if (pods.ok()) {
         std::set<std::string> alive;
-        for (const auto& p : *pods) alive.insert(keyOf(p));
+        for (const auto& p : *pods) alive.insert(podKey(p));
         std::vector<PodEvent> gone;
         for (const auto& [key, pod] : known_) {
           if (alive.count(key) == 0) gone.push_back({PodEvent::Type::kDeleted, pod});

@@ -198,6 +198,8 @@ std::string kindResource(Kind kind) {
 
 std::string refText(const TargetRef& ref) { return kindName(ref.kind) + "/" + ref.name; }
 
+std::string podKey(const PodInfo& pod) { return pod.uid.empty() ? pod.name : pod.uid; }
+
 bool PodInfo::ready() const {
   if (phase != "Running" || terminating) return false;
   const Condition* c = condition("Ready");

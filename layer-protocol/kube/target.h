@@ -92,6 +92,10 @@ struct PodEvent {
   PodInfo pod;
 };
 
+// A pod's identity: its UID (a pod recreated under its name is another
+// one), else its name.
+std::string podKey(const PodInfo& pod);
+
 // One Pod object, or the items of a List ("kind": "PodList"/"List").
 absl::StatusOr<PodInfo> parsePod(std::string_view json);
 absl::StatusOr<std::vector<PodInfo>> parsePodList(std::string_view json);

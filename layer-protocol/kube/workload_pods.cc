@@ -9,8 +9,6 @@
 namespace siphon::kube {
 namespace {
 
-std::string keyOf(const PodInfo& pod) { return pod.uid.empty() ? pod.name : pod.uid; }
-
 bool older(const PodInfo& a, const PodInfo& b) {
   return std::tie(a.creation, a.name) < std::tie(b.creation, b.name);
 }
@@ -45,13 +43,13 @@ std::string WorkloadPods::whyNotUsable(const PodInfo& pod) const {
 
 void WorkloadPods::retire(Pod& pod, std::string reason, std::vector<Action>& actions) {
   pod.covered = false;
-  if (keyOf(pod.info) == primary_) primary_.clear();
+  if (podKey(pod.info) == primary_) primary_.clear();
   actions.push_back({Action::kRetire, pod.info, std::move(reason)});
 }
 
 std::vector<WorkloadPods::Action> WorkloadPods::onEvent(const PodEvent& event) {
   std::vector<Action> actions;
-  const std::string key = keyOf(event.pod);
+  const std::string key = podKey(event.pod);
   if (event.type == PodEvent::Type::kDeleted) {
     auto it = pods_.find(key);
     if (it == pods_.end()) return actions;
@@ -92,7 +90,7 @@ std::vector<WorkloadPods::Action> WorkloadPods::onEvent(const PodEvent& event) {
       if (pod.covered && (first == nullptr || older(pod.info, first->info))) first = &pod;
     }
     if (first != nullptr) {
-      primary_ = keyOf(first->info);
+      primary_ = podKey(first->info);
       actions.push_back({Action::kPrimary, first->info, ""});
     }
   }
