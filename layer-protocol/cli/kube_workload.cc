@@ -1,5 +1,7 @@
 #include "cli/kube_workload.h"
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/kube_session.h"
@@ -216,6 +218,12 @@ void WorkloadFollower::cover(const kube::PodInfo& pod) {
       ASSIGN_OR_RETURN(auto target, kube::targetInPod(pod, container, need_runtime));
       return keeper->ensure(target);
     }();
+    // Kept here too: when the loop has ended, the result posted below is
+    // never taken, and finish() must still remove what was made.
+    if (auto self = weak.lock(); self && agent.ok()) {
+      std::lock_guard<std::mutex> l(self->mu_);
+      self->made_.push_back(*agent);
+    }
     asio::post(ex, [weak, uid = pod.uid, agent = std::move(agent)]() mutable {
       if (auto self = weak.lock()) self->onAgent(uid, std::move(agent));
     });
@@ -452,8 +460,12 @@ void WorkloadFollower::finish() {
   }
   cv_.notify_all();
   if (worker_.joinable()) worker_.join();
+  std::set<std::string> handled;
   for (auto& [uid, c] : covered_) {
-    if (!c.agent || !c.agent->created || c.removed) continue;
+    if (!c.agent || !c.agent->created) continue;
+    const bool done = c.removed;
+    handled.insert(c.agent->name);
+    if (done) continue;
     c.removed = true;
     if (c.others) {
       say("kept", absl::StrCat("agent ", c.agent->name,
@@ -472,6 +484,21 @@ void WorkloadFollower::finish() {
                : absl::StrCat("could not remove agent ", c.agent->name, ": ", s.message(),
                               " (it exits on its idle timeout; its Job's TTL removes the rest)"),
         {{"agent", c.agent->name}});
+  }
+  // Agents started as the session ended, whose pod the loop never heard of
+  // again.
+  std::vector<kube::Agent> made;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    made = made_;
+  }
+  for (const auto& a : made) {
+    if (!a.created || !handled.insert(a.name).second) continue;
+    absl::Status s = keeper_->remove(a);
+    say(s.ok() ? "removed" : "remove_failed",
+        s.ok() ? absl::StrCat("removed agent ", a.name, " and its token")
+               : absl::StrCat("could not remove agent ", a.name, ": ", s.message()),
+        {{"agent", a.name}});
   }
 }
 

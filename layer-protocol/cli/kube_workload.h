@@ -143,6 +143,7 @@ class WorkloadFollower : public std::enable_shared_from_this<WorkloadFollower> {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::function<void()>> jobs_;
+  std::vector<kube::Agent> made_;  // every agent the worker found or started (mu_)
   bool worker_stop_ = false;
   std::atomic<bool> cancel_{false};
 };
