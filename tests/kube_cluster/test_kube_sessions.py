@@ -425,11 +425,11 @@ class KubeSessionsTest(unittest.TestCase):
         return None
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--siphon", required=True)
-    a, rest = p.parse_known_args()
-    ARGS.siphon = os.path.abspath(a.siphon)
+def with_cluster(env, argv, before=None, after=None, verbosity=1):
+    """Runs the unittest `argv` against the local cluster: skips (77)
+    without root or the script, `up` (its KUBECONFIG=... lines into `env`),
+    `before()`, the tests, `after()`, and `down` unless it was up before.
+    The exit code."""
     if os.geteuid() != 0:
         skip("the local cluster needs root")
     if not os.path.exists(SCRIPT):
@@ -443,13 +443,25 @@ def main():
     for line in up.stdout.splitlines():
         if "=" in line:
             k, v = line.split("=", 1)
-            ENV[k] = v
+            env[k] = v
     try:
-        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False)
+        if before:
+            before()
+        prog = unittest.main(argv=[sys.argv[0]] + argv, exit=False, verbosity=verbosity)
         return 0 if prog.result.wasSuccessful() else 1
     finally:
+        if after:
+            after()
         if not was_up:
             subprocess.run([SCRIPT, "down"], timeout=300)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--siphon", required=True)
+    a, rest = p.parse_known_args()
+    ARGS.siphon = os.path.abspath(a.siphon)
+    return with_cluster(ENV, rest)
 
 
 if __name__ == "__main__":

@@ -435,26 +435,7 @@ def main():
     a.add_argument("--siphon", required=True)
     args, rest = a.parse_known_args()
     ks.ARGS.siphon = os.path.abspath(args.siphon)
-    if os.geteuid() != 0:
-        ks.skip("the local cluster needs root")
-    if not os.path.exists(ks.SCRIPT):
-        ks.skip(f"no local cluster script at {ks.SCRIPT}")
-    status = subprocess.run([ks.SCRIPT, "status"], capture_output=True, text=True, timeout=120)
-    was_up = status.returncode == 0 and "Ready" in status.stdout
-    up = subprocess.run([ks.SCRIPT, "up"], capture_output=True, text=True, timeout=900)
-    if up.returncode != 0:
-        print(up.stdout + up.stderr)
-        return 1
-    for line in up.stdout.splitlines():
-        if "=" in line:
-            k, v = line.split("=", 1)
-            ks.ENV[k] = v
-    try:
-        prog = unittest.main(argv=[sys.argv[0]] + rest, exit=False)
-        return 0 if prog.result.wasSuccessful() else 1
-    finally:
-        if not was_up:
-            subprocess.run([ks.SCRIPT, "down"], timeout=300)
+    return ks.with_cluster(ks.ENV, rest)
 
 
 if __name__ == "__main__":

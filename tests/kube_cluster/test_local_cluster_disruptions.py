@@ -34,7 +34,7 @@ import unittest
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_kube_sessions import REPO, SCRIPT, skip  # noqa: E402 (the cluster's helpers)
+from test_kube_sessions import REPO, SCRIPT, with_cluster  # noqa: E402 (the cluster's helpers)
 from test_kube_sessions import eventually as _eventually  # noqa: E402
 
 ENV = {}
@@ -340,31 +340,13 @@ class DisruptionsTest(unittest.TestCase):
 
 
 def main():
-    if os.geteuid() != 0:
-        skip("the local cluster needs root")
-    if not os.path.exists(SCRIPT):
-        skip(f"no local cluster script at {SCRIPT}")
-    status = subprocess.run([SCRIPT, "status"], capture_output=True, text=True, timeout=60)
-    was_up = status.returncode == 0 and "Ready" in status.stdout
-    up = subprocess.run([SCRIPT, "up"], capture_output=True, text=True, timeout=900)
-    if up.returncode != 0:
-        print(up.stdout + up.stderr)
-        return 1
-    for line in up.stdout.splitlines():
-        if "=" in line:
-            k, v = line.split("=", 1)
-            ENV[k] = v
-    try:
-        kubectl("create", "namespace", NS)
-        prog = unittest.main(argv=[sys.argv[0]] + sys.argv[1:], exit=False, verbosity=2)
-        return 0 if prog.result.wasSuccessful() else 1
-    finally:
+    def after():
         kubectl("delete", "namespace", NS, "--wait=false", check=False)
         for n in (NODE1, NODE2):
             kubectl("uncordon", n, check=False)
             subprocess.run([SCRIPT, "node-up", n], capture_output=True, timeout=120)
-        if not was_up:
-            subprocess.run([SCRIPT, "down"], timeout=300)
+    return with_cluster(ENV, sys.argv[1:], before=lambda: kubectl("create", "namespace", NS),
+                        after=after, verbosity=2)
 
 
 if __name__ == "__main__":
